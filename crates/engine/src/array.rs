@@ -1,0 +1,407 @@
+//! [`Array`]: an assembled array and its client-facing operations.
+//!
+//! Concurrency: every method takes `&self` and may be called from many threads. There is no
+//! global lock around member I/O. Shared state and who may change it:
+//! * `slots[role].faulty`: set by [`Array::fail_role`] under `meta`; read lock-free by the I/O path.
+//! * `meta` (mutex): superblocks, events, dirty/clean. Held while superblocks are written, never
+//!   while data I/O runs.
+//! * `dirty` (atomic): fast check that the on-disk state says "active" before a write goes out
+//!   (md writes the dirty superblock and waits for it before the first data write).
+//! * the stripe cache (parity levels) and region locks (mirrors) serialise writers per stripe.
+
+use crate::error::{EngineError, Result};
+use crate::member::Slot;
+use crate::meta::Meta;
+use crate::stripe_cache::StripeCache;
+use crate::mirror::RegionLocks;
+use format::{ROLE_FAULTY, MAX_SECTOR};
+use layout::{Geometry, Level};
+use parking_lot::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+/// Tunables of a running array.
+#[derive(Clone, Debug)]
+pub struct ArrayConfig {
+    /// How long a partial-stripe write may wait for more writes to fill its stripe. Only applies
+    /// while other writes are in flight; FUA and flush cut it short.
+    pub write_hold: Duration,
+    /// Upper bound on client data held in the stripe cache at once.
+    pub stripe_cache_bytes: usize,
+    /// Threads that issue member I/O in parallel.
+    pub io_threads: usize,
+    /// Refuse writes.
+    pub read_only: bool,
+}
+
+impl Default for ArrayConfig {
+    fn default() -> Self {
+        ArrayConfig {
+            write_hold: Duration::from_micros(500),
+            stripe_cache_bytes: 64 << 20,
+            io_threads: 16,
+            read_only: false,
+        }
+    }
+}
+
+/// An assembled array.
+pub struct Array {
+    pub(crate) name: String,
+    pub(crate) uuid: [u8; 16],
+    pub(crate) geometry: Geometry,
+    pub(crate) slots: Vec<Slot>,
+    pub(crate) meta: Mutex<Meta>,
+    pub(crate) config: ArrayConfig,
+    dirty: AtomicBool,
+    failed: AtomicBool,
+    was_dirty: bool,
+    pool: rayon::ThreadPool,
+    pub(crate) stripes: StripeCache,
+    pub(crate) regions: RegionLocks,
+    pub(crate) inflight_writes: AtomicUsize,
+}
+
+/// What `status` reports about one member.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemberStatus {
+    pub name: String,
+    pub role: Option<usize>,
+    pub state: MemberState,
+    pub dev_number: u32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemberState {
+    InSync,
+    Faulty,
+    Spare,
+}
+
+/// A snapshot of the array's state.
+#[derive(Clone, Debug)]
+pub struct ArrayStatus {
+    pub name: String,
+    pub uuid: [u8; 16],
+    pub level: Level,
+    pub layout: Option<String>,
+    pub chunk_bytes: u64,
+    pub size_bytes: u64,
+    pub raid_disks: usize,
+    pub events: u64,
+    pub members: Vec<MemberStatus>,
+    /// Roles without a usable member.
+    pub missing_roles: Vec<usize>,
+    pub dirty: bool,
+    pub failed: bool,
+    pub read_only: bool,
+}
+
+pub(crate) struct ArrayParts {
+    pub name: String,
+    pub uuid: [u8; 16],
+    pub geometry: Geometry,
+    pub slots: Vec<Slot>,
+    pub meta: Meta,
+    pub config: ArrayConfig,
+    pub was_dirty: bool,
+}
+
+impl Array {
+    pub(crate) fn from_parts(p: ArrayParts) -> Result<Array> {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(p.config.io_threads.max(2))
+            .thread_name(|i| format!("member-io-{i}"))
+            .build()
+            .map_err(|e| EngineError::Unsupported(format!("cannot start I/O threads: {e}")))?;
+        let was_dirty = p.was_dirty;
+        let stripes = StripeCache::new(p.config.stripe_cache_bytes);
+        let array = Array {
+            name: p.name,
+            uuid: p.uuid,
+            geometry: p.geometry,
+            slots: p.slots,
+            meta: Mutex::new(p.meta),
+            config: p.config,
+            dirty: AtomicBool::new(was_dirty),
+            failed: AtomicBool::new(false),
+            was_dirty,
+            pool,
+            stripes,
+            regions: RegionLocks::new(),
+            inflight_writes: AtomicUsize::new(0),
+        };
+        array.failed.store(!array.geometry.survives(&array.failed_roles()), Ordering::Release);
+        Ok(array)
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn uuid(&self) -> [u8; 16] {
+        self.uuid
+    }
+
+    pub fn geometry(&self) -> &Geometry {
+        &self.geometry
+    }
+
+    pub fn size_bytes(&self) -> u64 {
+        self.geometry.array_sectors() * 512
+    }
+
+    /// Whether the superblocks said "not cleanly stopped" when the array was assembled.
+    pub fn was_dirty_at_assembly(&self) -> bool {
+        self.was_dirty
+    }
+
+    pub fn is_read_only(&self) -> bool {
+        self.config.read_only
+    }
+
+    pub(crate) fn pool(&self) -> &rayon::ThreadPool {
+        &self.pool
+    }
+
+    pub(crate) fn slot(&self, role: usize) -> &Slot {
+        &self.slots[role]
+    }
+
+    pub(crate) fn failed_roles(&self) -> Vec<bool> {
+        self.slots.iter().map(Slot::is_faulty).collect()
+    }
+
+    /// Read `buf.len()` bytes at `offset_bytes` (both multiples of 512).
+    pub fn read(&self, offset_bytes: u64, buf: &mut [u8]) -> Result<()> {
+        self.check_range(offset_bytes, buf.len() as u64)?;
+        if self.geometry.level().has_parity() {
+            self.parity_read(offset_bytes, buf)
+        } else {
+            self.mirror_read(offset_bytes, buf)
+        }
+    }
+
+    /// Write `data` at `offset_bytes`; returns once it is on the members (durable with `fua`).
+    pub fn write(&self, offset_bytes: u64, data: &[u8], fua: bool) -> Result<()> {
+        self.check_range(offset_bytes, data.len() as u64)?;
+        self.check_writable()?;
+        self.mark_dirty()?;
+        self.inflight_writes.fetch_add(1, Ordering::AcqRel);
+        let res = if self.geometry.level().has_parity() {
+            self.parity_write(offset_bytes, data, fua)
+        } else {
+            self.mirror_write(offset_bytes, data, fua)
+        };
+        self.inflight_writes.fetch_sub(1, Ordering::AcqRel);
+        res
+    }
+
+    /// Make every write that completed before this call durable on the members.
+    pub fn flush(&self) -> Result<()> {
+        self.stripes.hurry_all();
+        self.pool.scope(|s| {
+            for role in 0..self.slots.len() {
+                s.spawn(move |_| {
+                    if let Some(m) = self.slots[role].usable() {
+                        if let Err(e) = m.dev.flush() {
+                            self.fail_role(role, &format!("flush failed: {e}"));
+                        }
+                    }
+                });
+            }
+        });
+        if self.is_failed() {
+            return Err(self.unrecoverable(0, self.size_bytes(), "too many members failed"));
+        }
+        Ok(())
+    }
+
+    /// Write zeroes over a range (in bounded pieces).
+    pub fn write_zeroes(&self, offset_bytes: u64, len_bytes: u64, fua: bool) -> Result<()> {
+        const PIECE: u64 = 1 << 20;
+        self.check_range(offset_bytes, len_bytes)?;
+        let zeroes = device::AlignedBuf::zeroed(PIECE.min(len_bytes) as usize);
+        let mut done = 0;
+        while done < len_bytes {
+            let n = PIECE.min(len_bytes - done);
+            self.write(offset_bytes + done, &zeroes[..n as usize], fua)?;
+            done += n;
+        }
+        Ok(())
+    }
+
+    fn check_range(&self, offset_bytes: u64, len_bytes: u64) -> Result<()> {
+        if offset_bytes % 512 != 0 || len_bytes % 512 != 0 {
+            return Err(EngineError::InvalidArgument(format!(
+                "request {offset_bytes}+{len_bytes} is not a multiple of 512 bytes"
+            )));
+        }
+        match offset_bytes.checked_add(len_bytes) {
+            Some(end) if end <= self.size_bytes() => Ok(()),
+            _ => Err(EngineError::InvalidArgument(format!(
+                "request {offset_bytes}+{len_bytes} beyond the array end {}",
+                self.size_bytes()
+            ))),
+        }
+    }
+
+    fn check_writable(&self) -> Result<()> {
+        if self.config.read_only {
+            return Err(EngineError::ReadOnly { array: self.name.clone(), reason: "assembled read-only".into() });
+        }
+        if self.is_failed() {
+            return Err(EngineError::ReadOnly {
+                array: self.name.clone(),
+                reason: "too many members failed; redundancy exhausted".into(),
+            });
+        }
+        Ok(())
+    }
+
+    pub fn is_failed(&self) -> bool {
+        self.failed.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn unrecoverable(&self, offset_bytes: u64, len_bytes: u64, reason: &str) -> EngineError {
+        EngineError::Unrecoverable {
+            array: self.name.clone(),
+            offset_bytes,
+            len_bytes,
+            reason: reason.to_string(),
+        }
+    }
+
+    /// Record that the array is active (dirty) on every member before the first write.
+    fn mark_dirty(&self) -> Result<()> {
+        if self.dirty.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let mut meta = self.meta.lock();
+        if self.dirty.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        meta.resync_offset = 0;
+        let failed = meta.commit();
+        drop(meta);
+        self.dirty.store(true, Ordering::Release);
+        self.fail_members_after_sb_error(failed);
+        Ok(())
+    }
+
+    /// Clean stop: flush, then record "clean" in every superblock.
+    pub fn close(&self) -> Result<()> {
+        self.flush()?;
+        if self.config.read_only {
+            return Ok(());
+        }
+        let mut meta = self.meta.lock();
+        meta.resync_offset = MAX_SECTOR;
+        let failed = meta.commit();
+        drop(meta);
+        self.dirty.store(false, Ordering::Release);
+        self.fail_members_after_sb_error(failed);
+        Ok(())
+    }
+
+    fn fail_members_after_sb_error(&self, failed: Vec<(std::sync::Arc<crate::member::Member>, std::io::Error)>) {
+        for (member, err) in failed {
+            if let Some(role) = self.role_of_member(member.dev_number) {
+                self.fail_role(role, &format!("superblock write failed: {err}"));
+            }
+        }
+    }
+
+    fn role_of_member(&self, dev_number: u32) -> Option<usize> {
+        self.slots.iter().position(|s| s.member().is_some_and(|m| m.dev_number == dev_number))
+    }
+
+    /// Mark the member in `role` faulty: stop using it, record it in every surviving
+    /// superblock (events bump), and note whether the array can still serve everything.
+    pub(crate) fn fail_role(&self, role: usize, why: &str) {
+        let slot = &self.slots[role];
+        let name = slot.member().map(|m| m.name().to_string()).unwrap_or_else(|| format!("role {role}"));
+        if self.geometry.max_degraded() == 0 {
+            tracing::error!(array = %self.name, member = %name, "I/O error on a level without redundancy: {why}");
+            return;
+        }
+        let mut meta = self.meta.lock();
+        if slot.is_faulty() {
+            return;
+        }
+        slot.set_faulty();
+        tracing::error!(array = %self.name, member = %name, role, "member marked faulty: {why}");
+        if let Some(m) = slot.member() {
+            meta.retire(m.dev_number, ROLE_FAULTY);
+        }
+        let survives = self.geometry.survives(&self.failed_roles());
+        if !survives {
+            self.failed.store(true, Ordering::Release);
+            tracing::error!(array = %self.name, "array failed: more members lost than the level tolerates");
+        }
+        let failed = meta.commit();
+        drop(meta);
+        self.fail_members_after_sb_error(failed);
+    }
+
+    /// Fail a member by name (administrator's `fail`).
+    pub fn fail_member(&self, name: &str) -> Result<()> {
+        let role = self
+            .slots
+            .iter()
+            .position(|s| s.member().is_some_and(|m| m.name() == name))
+            .ok_or_else(|| EngineError::InvalidArgument(format!("{name} is not an active member of {}", self.name)))?;
+        if self.geometry.max_degraded() == 0 {
+            return Err(EngineError::Unsupported(format!("{} has no redundancy; cannot fail {name}", self.name)));
+        }
+        self.fail_role(role, "failed by administrator");
+        Ok(())
+    }
+
+    pub fn status(&self) -> ArrayStatus {
+        let meta = self.meta.lock();
+        let mut members = Vec::new();
+        for m in &meta.members {
+            let raw = meta.roles.get(m.member.dev_number as usize).copied().unwrap_or(format::ROLE_SPARE);
+            let role = self.role_of_member(m.member.dev_number);
+            let state = match (role, raw) {
+                (Some(r), _) if !self.slots[r].is_faulty() => MemberState::InSync,
+                (_, format::ROLE_SPARE) => MemberState::Spare,
+                _ => MemberState::Faulty,
+            };
+            members.push(MemberStatus {
+                name: m.member.name().to_string(),
+                role: role.filter(|&r| !self.slots[r].is_faulty()),
+                state,
+                dev_number: m.member.dev_number,
+            });
+        }
+        let g = &self.geometry;
+        ArrayStatus {
+            name: self.name.clone(),
+            uuid: self.uuid,
+            level: g.level(),
+            layout: layout::layout_name(g.level(), g.spec().layout),
+            chunk_bytes: g.chunk_sectors() * 512,
+            size_bytes: self.size_bytes(),
+            raid_disks: g.raid_disks(),
+            events: meta.events,
+            members,
+            missing_roles: (0..self.slots.len()).filter(|&r| self.slots[r].is_faulty()).collect(),
+            dirty: self.dirty.load(Ordering::Acquire),
+            failed: self.is_failed(),
+            read_only: self.config.read_only,
+        }
+    }
+}
+
+/// Level properties the engine needs beyond the layout crate.
+pub(crate) trait LevelExt {
+    fn has_parity(self) -> bool;
+}
+
+impl LevelExt for Level {
+    fn has_parity(self) -> bool {
+        matches!(self, Level::Raid4 | Level::Raid5 | Level::Raid6)
+    }
+}

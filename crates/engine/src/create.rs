@@ -1,0 +1,198 @@
+//! `create`: write fresh md v1.2 superblocks onto a set of members.
+//!
+//! What mdadm does and we mirror: one data offset for all members (mdadm's default for the
+//! smallest member), a component size rounded down to the chunk (64 KiB for RAID1), roles in the
+//! order members are given, spares after them, a random array UUID and per-device UUIDs, and
+//! `resync_offset` 0 ("needs initial sync") unless the caller asserts the members are already
+//! consistent. Nothing is written until every member has passed its checks.
+
+use crate::error::{EngineError, Result};
+use crate::member::Member;
+use crate::meta::{now_secs, read_superblock, write_superblock};
+use device::{AlignedBuf, Device};
+use format::{feature, Superblock, MAX_SECTOR, ROLE_SPARE, SB_OFFSET_SECTORS};
+use layout::{Geometry, GeometrySpec, Level};
+use std::sync::Arc;
+
+/// What to create.
+pub struct CreateSpec {
+    pub name: String,
+    pub level: Level,
+    /// md layout value; `None` for the level's default.
+    pub layout: Option<u32>,
+    pub chunk_bytes: u64,
+    pub members: Vec<Arc<dyn Device>>,
+    pub spares: Vec<Arc<dyn Device>>,
+    /// Use at most this many bytes of each member for data.
+    pub size_bytes: Option<u64>,
+    /// Members are known to be consistent (e.g. all zero): skip the initial sync.
+    pub assume_clean: bool,
+    /// Overwrite members that already carry an md superblock.
+    pub force: bool,
+}
+
+/// What `create` wrote.
+#[derive(Clone, Debug)]
+pub struct Created {
+    pub uuid: [u8; 16],
+    pub array_bytes: u64,
+    pub data_offset_sectors: u64,
+    pub component_sectors: u64,
+}
+
+/// Sectors mdadm reserves for the bad-block log, right after the (empty) bitmap space.
+const BBLOG_SECTORS: u16 = 8;
+
+pub fn create(spec: &CreateSpec) -> Result<Created> {
+    let all: Vec<&Arc<dyn Device>> = spec.members.iter().chain(&spec.spares).collect();
+    if spec.members.is_empty() {
+        return Err(EngineError::InvalidArgument("no members given".into()));
+    }
+    if spec.members.len() < spec.level.min_disks() {
+        return Err(EngineError::InvalidArgument(format!(
+            "{} needs at least {} members, got {}",
+            spec.level.name(),
+            spec.level.min_disks(),
+            spec.members.len()
+        )));
+    }
+    check_members(&all, spec.force)?;
+    let chunk_sectors = match spec.level {
+        Level::Raid1 | Level::Linear => 0,
+        _ => spec.chunk_bytes / 512,
+    };
+    let smallest = spec.members.iter().map(|d| d.len_bytes() / 512).min().unwrap_or(0);
+    let data_offset = format::default_data_offset(smallest, chunk_sectors.max(8));
+    let mut data_sizes = Vec::new();
+    for d in &all {
+        let sectors = d.len_bytes() / 512;
+        if sectors <= data_offset + 8 {
+            return Err(EngineError::Create {
+                member: d.name().into(),
+                reason: format!("too small: {} bytes, the data area starts at {} bytes", d.len_bytes(), data_offset * 512),
+            });
+        }
+        data_sizes.push(sectors - data_offset);
+    }
+    let active_sizes = &data_sizes[..spec.members.len()];
+    let min_data = *active_sizes.iter().min().expect("at least one member");
+    let mut component = layout::component_sectors_for(spec.level, chunk_sectors, min_data);
+    if let Some(limit) = spec.size_bytes {
+        let limit = layout::component_sectors_for(spec.level, chunk_sectors, limit / 512);
+        if limit > component {
+            return Err(EngineError::InvalidArgument(format!(
+                "--size {} exceeds the {} bytes available on the smallest member",
+                limit * 512,
+                component * 512
+            )));
+        }
+        component = limit;
+    }
+    let layout_value = spec.layout.unwrap_or_else(|| layout::default_layout(spec.level));
+    let device_sectors = match spec.level {
+        Level::Raid0 | Level::Linear if spec.size_bytes.is_none() => active_sizes.to_vec(),
+        Level::Raid0 | Level::Linear => vec![component; spec.members.len()],
+        _ => Vec::new(),
+    };
+    let geometry = Geometry::new(GeometrySpec {
+        level: spec.level,
+        layout: layout_value,
+        chunk_sectors,
+        raid_disks: spec.members.len(),
+        component_sectors: component,
+        device_sectors,
+    })
+    .map_err(|e| EngineError::InvalidArgument(e.to_string()))?;
+    if geometry.array_sectors() == 0 {
+        return Err(EngineError::InvalidArgument("members too small for one chunk per member".into()));
+    }
+    let uuid = *uuid::Uuid::new_v4().as_bytes();
+    let template = template_superblock(spec, &geometry, uuid, data_offset, component);
+    let mut roles = vec![ROLE_SPARE; template.max_dev as usize];
+    for (i, r) in roles.iter_mut().enumerate().take(spec.members.len()) {
+        *r = i as u16;
+    }
+    for (i, dev) in all.iter().enumerate() {
+        let mut sb = template.clone();
+        sb.dev_roles.clone_from(&roles);
+        sb.dev_number = i as u32;
+        sb.device_uuid = *uuid::Uuid::new_v4().as_bytes();
+        sb.data_size = data_sizes[i];
+        write_member(dev, &sb).map_err(|e| EngineError::Create { member: dev.name().into(), reason: e.to_string() })?;
+    }
+    Ok(Created { uuid, array_bytes: geometry.array_sectors() * 512, data_offset_sectors: data_offset, component_sectors: component })
+}
+
+/// Refuse members that already belong to an array (unless forced) or are listed twice.
+fn check_members(all: &[&Arc<dyn Device>], force: bool) -> Result<()> {
+    for (i, d) in all.iter().enumerate() {
+        if all[..i].iter().any(|o| o.name() == d.name()) {
+            return Err(EngineError::InvalidArgument(format!("{} is listed twice", d.name())));
+        }
+        if force {
+            continue;
+        }
+        if let Ok(sb) = read_superblock(d.as_ref()) {
+            return Err(EngineError::Create {
+                member: d.name().into(),
+                reason: format!(
+                    "already holds an md superblock (array {}, name '{}'); use --force to overwrite",
+                    format::format_uuid(&sb.set_uuid),
+                    sb.set_name
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
+fn template_superblock(spec: &CreateSpec, g: &Geometry, uuid: [u8; 16], data_offset: u64, component: u64) -> Superblock {
+    let now = format::md_time(now_secs());
+    let total = spec.members.len() + spec.spares.len();
+    let max_dev = (((256 + 2 * total as u32).div_ceil(512) * 512) - 256) / 2;
+    Superblock {
+        feature_map: if spec.level == Level::Raid0 { feature::RAID0_LAYOUT } else { 0 },
+        set_uuid: uuid,
+        set_name: spec.name.clone(),
+        ctime: now,
+        level: spec.level.md_level(),
+        layout: g.spec().layout,
+        size: component,
+        chunksize: g.chunk_sectors() as u32,
+        raid_disks: spec.members.len() as u32,
+        bitmap_offset: 0,
+        new_level: 0,
+        reshape_position: 0,
+        delta_disks: 0,
+        new_layout: 0,
+        new_chunk: 0,
+        new_offset: 0,
+        data_offset,
+        data_size: 0,
+        super_offset: SB_OFFSET_SECTORS,
+        recovery_offset: 0,
+        dev_number: 0,
+        cnt_corrected_read: 0,
+        device_uuid: [0; 16],
+        devflags: 0,
+        bblog_shift: 0,
+        bblog_size: BBLOG_SECTORS,
+        bblog_offset: 16,
+        utime: now,
+        events: 0,
+        resync_offset: if spec.assume_clean || g.max_degraded() == 0 { MAX_SECTOR } else { 0 },
+        max_dev,
+        dev_roles: Vec::new(),
+    }
+}
+
+/// Write an empty bad-block log (all ones) and the superblock, then flush.
+fn write_member(dev: &Arc<dyn Device>, sb: &Superblock) -> std::io::Result<()> {
+    let bblog_at = (SB_OFFSET_SECTORS as i64 + i64::from(sb.bblog_offset)) as u64 * 512;
+    let mut bblog = AlignedBuf::zeroed(usize::from(sb.bblog_size) * 512);
+    bblog.fill(0xff);
+    dev.write_at(&bblog, bblog_at, false)?;
+    let member = Member { dev: dev.clone(), data_offset_bytes: sb.data_offset * 512, dev_number: sb.dev_number };
+    write_superblock(&member, sb)?;
+    dev.flush()
+}

@@ -1,0 +1,87 @@
+//! Member I/O fan-out: the only place the engine calls into devices for data.
+//!
+//! A request's member operations run in parallel on a dedicated thread pool (blocking I/O, so not
+//! the global rayon pool), or inline when there is one. A failed operation marks its member
+//! faulty (via [`Array::fail_role`], which records it in the superblocks) before the caller
+//! sees the error, so that the caller can fall back to redundancy at once.
+
+use crate::array::Array;
+use std::io;
+
+pub(crate) enum IoKind<'a> {
+    Read(&'a mut [u8]),
+    Write(&'a [u8], bool),
+}
+
+/// One operation on the member filling `role`, at `offset_bytes` into its data area.
+pub(crate) struct MemberIo<'a> {
+    pub role: usize,
+    pub offset_bytes: u64,
+    pub kind: IoKind<'a>,
+    pub ok: bool,
+}
+
+impl<'a> MemberIo<'a> {
+    pub fn read(role: usize, offset_bytes: u64, buf: &'a mut [u8]) -> MemberIo<'a> {
+        MemberIo { role, offset_bytes, kind: IoKind::Read(buf), ok: false }
+    }
+
+    pub fn write(role: usize, offset_bytes: u64, buf: &'a [u8], fua: bool) -> MemberIo<'a> {
+        MemberIo { role, offset_bytes, kind: IoKind::Write(buf, fua), ok: false }
+    }
+
+    fn run(&mut self, array: &Array) -> Option<io::Error> {
+        let Some(member) = array.slot(self.role).usable() else {
+            return None;
+        };
+        let at = member.data_offset_bytes + self.offset_bytes;
+        let res = match &mut self.kind {
+            IoKind::Read(buf) => member.dev.read_at(buf, at),
+            IoKind::Write(buf, fua) => member.dev.write_at(buf, at, *fua),
+        };
+        match res {
+            Ok(()) => {
+                self.ok = true;
+                None
+            }
+            Err(e) => Some(e),
+        }
+    }
+
+    fn op_name(&self) -> &'static str {
+        match self.kind {
+            IoKind::Read(_) => "read",
+            IoKind::Write(..) => "write",
+        }
+    }
+}
+
+impl Array {
+    /// Run `ios` (in parallel when more than one). Each `ok` tells whether it succeeded; a
+    /// member that failed has been marked faulty on return. Returns true if all succeeded.
+    pub(crate) fn run_io(&self, ios: &mut [MemberIo<'_>]) -> bool {
+        let mut errors: Vec<(usize, &'static str, u64, io::Error)> = Vec::new();
+        if ios.len() == 1 {
+            if let Some(e) = ios[0].run(self) {
+                errors.push((ios[0].role, ios[0].op_name(), ios[0].offset_bytes, e));
+            }
+        } else {
+            let found = parking_lot::Mutex::new(Vec::new());
+            self.pool().scope(|s| {
+                for op in ios.iter_mut() {
+                    let found = &found;
+                    s.spawn(move |_| {
+                        if let Some(e) = op.run(self) {
+                            found.lock().push((op.role, op.op_name(), op.offset_bytes, e));
+                        }
+                    });
+                }
+            });
+            errors = found.into_inner();
+        }
+        for (role, op, offset, e) in &errors {
+            self.fail_role(*role, &format!("{op} at data byte {offset} failed: {e}"));
+        }
+        ios.iter().all(|op| op.ok)
+    }
+}

@@ -1,0 +1,23 @@
+//! The array engine: assembles md arrays from member devices and serves reads, writes and
+//! flushes on them with md's layouts, parity and superblocks.
+//!
+//! Layers below (pure): `layout` maps addresses, `parity` computes XOR / P+Q, `format` encodes
+//! superblocks. The engine sees members only through `device::Device`. Frontends (NBD, CLI) call
+//! [`Array`]'s methods from as many threads as they like.
+
+mod array;
+mod assemble;
+mod create;
+mod error;
+mod io;
+mod member;
+mod meta;
+mod mirror;
+mod stripe;
+mod stripe_cache;
+
+pub use array::{Array, ArrayConfig, ArrayStatus, MemberState, MemberStatus};
+pub use assemble::{assemble, AssembleOptions};
+pub use create::{create, CreateSpec, Created};
+pub use error::{EngineError, Result};
+pub use meta::read_superblock;

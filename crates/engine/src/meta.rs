@@ -1,0 +1,85 @@
+//! Superblock bookkeeping: every change of array state goes through here.
+//!
+//! md keeps one superblock per member, all carrying the same array-wide fields (events,
+//! `resync_offset`, the `dev_roles` table) and each its own device fields (`dev_number`,
+//! `data_offset`, `recovery_offset`, device UUID). [`Meta`] holds them, behind the array's
+//! metadata mutex, and every change is: mutate the array-wide fields, bump `events`, write the
+//! superblock of every member that is not faulty with FUA. A member whose superblock write fails
+//! is faulty: the caller records that in a further update (md does the same).
+//!
+//! Events only go up here (md may step back by one on clean transitions; we never do, which is
+//! allowed: md accepts any member whose count is within one of the freshest).
+
+use crate::member::Member;
+use device::AlignedBuf;
+use format::{Superblock, SB_BYTES, SB_OFFSET_SECTORS};
+use std::io;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// Byte offset of the v1.2 superblock on every member.
+pub const SB_OFFSET_BYTES: u64 = SB_OFFSET_SECTORS * 512;
+
+pub(crate) struct MemberSb {
+    pub member: Arc<Member>,
+    pub sb: Superblock,
+    /// False once the member is faulty: md stops writing its superblock.
+    pub writable: bool,
+}
+
+pub(crate) struct Meta {
+    pub members: Vec<MemberSb>,
+    pub events: u64,
+    pub resync_offset: u64,
+    pub roles: Vec<u16>,
+}
+
+pub(crate) fn now_secs() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+impl Meta {
+    /// Bump events and write every writable superblock. Returns the members whose write failed.
+    pub fn commit(&mut self) -> Vec<(Arc<Member>, io::Error)> {
+        self.events += 1;
+        let utime = format::md_time(now_secs());
+        let mut failed = Vec::new();
+        for m in self.members.iter_mut().filter(|m| m.writable) {
+            m.sb.events = self.events;
+            m.sb.resync_offset = self.resync_offset;
+            m.sb.dev_roles.clone_from(&self.roles);
+            m.sb.utime = utime;
+            if let Err(e) = write_superblock(&m.member, &m.sb) {
+                failed.push((m.member.clone(), e));
+            }
+        }
+        failed
+    }
+
+    /// Stop writing this member's superblock and record `role` for it in the table.
+    pub fn retire(&mut self, dev_number: u32, role: u16) {
+        if let Some(idx) = self.roles.get_mut(dev_number as usize) {
+            *idx = role;
+        }
+        for m in self.members.iter_mut().filter(|m| m.member.dev_number == dev_number) {
+            m.writable = false;
+        }
+    }
+}
+
+/// Write one member's superblock durably (FUA).
+pub(crate) fn write_superblock(member: &Member, sb: &Superblock) -> io::Result<()> {
+    let block = sb.encode();
+    let buf = AlignedBuf::copy_from(&block[..SB_BYTES]);
+    member.dev.write_at(&buf, SB_OFFSET_BYTES, true)
+}
+
+/// Read and decode a member's superblock; errors name the reason, the caller adds the member.
+pub fn read_superblock(dev: &dyn device::Device) -> Result<Superblock, String> {
+    if dev.len_bytes() < SB_OFFSET_BYTES + SB_BYTES as u64 {
+        return Err(format!("too small ({} bytes) to hold an md superblock", dev.len_bytes()));
+    }
+    let mut buf = AlignedBuf::zeroed(SB_BYTES);
+    dev.read_at(&mut buf, SB_OFFSET_BYTES).map_err(|e| format!("cannot read superblock: {e}"))?;
+    Superblock::decode(&buf).map_err(|e| e.to_string())
+}

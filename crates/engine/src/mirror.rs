@@ -1,0 +1,143 @@
+//! Levels without parity: linear, RAID0, RAID1, RAID10.
+//!
+//! Every array sector has one or more copies (`Geometry::map_copies`). Reads take one usable copy
+//! per piece, all pieces in parallel, and retry a failed piece on the next copy (the failed
+//! member has been marked faulty by then). Writes go to every usable copy in parallel and succeed
+//! when each piece reached at least one copy.
+//!
+//! Why region locks: two overlapping writes in flight could land in different orders on two
+//! mirrors and leave them different forever. Writers to redundant levels hold a lock per 64 KiB
+//! region of the array (a fixed table of mutexes, taken in index order, so no deadlock); reads
+//! take no lock.
+
+use crate::array::Array;
+use crate::error::Result;
+use crate::io::MemberIo;
+use layout::Level;
+use parking_lot::{Mutex, MutexGuard};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// Writers to redundant non-parity levels serialise per region of this many bytes.
+const REGION_BYTES: u64 = 64 * 1024;
+/// Size of the lock table (regions hash onto it).
+const REGION_LOCKS: usize = 1024;
+
+pub(crate) struct RegionLocks {
+    locks: Vec<Mutex<()>>,
+    next_read: AtomicUsize,
+}
+
+impl RegionLocks {
+    pub fn new() -> RegionLocks {
+        RegionLocks { locks: (0..REGION_LOCKS).map(|_| Mutex::new(())).collect(), next_read: AtomicUsize::new(0) }
+    }
+
+    fn lock_range(&self, offset_bytes: u64, len_bytes: u64) -> Vec<MutexGuard<'_, ()>> {
+        let first = offset_bytes / REGION_BYTES;
+        let last = (offset_bytes + len_bytes.max(1) - 1) / REGION_BYTES;
+        let mut idx: Vec<usize> =
+            (first..=last.min(first + REGION_LOCKS as u64)).map(|r| (r % REGION_LOCKS as u64) as usize).collect();
+        idx.sort_unstable();
+        idx.dedup();
+        idx.into_iter().map(|i| self.locks[i].lock()).collect()
+    }
+}
+
+/// One contiguous piece of a request that lives on the same copies.
+struct Piece {
+    array_offset: u64,
+    buf_offset: usize,
+    len: usize,
+    copies: layout::Copies,
+}
+
+impl Array {
+    fn pieces(&self, offset_bytes: u64, len: usize) -> Vec<Piece> {
+        let mut out = Vec::new();
+        let mut done = 0usize;
+        while done < len {
+            let at = offset_bytes + done as u64;
+            let copies = self.geometry.map_copies(at / 512);
+            let mut n = (copies.run_sectors() * 512).min((len - done) as u64);
+            if self.geometry.level() == Level::Raid1 {
+                n = n.min(REGION_BYTES - at % REGION_BYTES);
+            }
+            assert!(n > 0, "layout returned an empty run at byte {at}");
+            out.push(Piece { array_offset: at, buf_offset: done, len: n as usize, copies });
+            done += n as usize;
+        }
+        out
+    }
+
+    pub(crate) fn mirror_read(&self, offset_bytes: u64, buf: &mut [u8]) -> Result<()> {
+        let pieces = self.pieces(offset_bytes, buf.len());
+        let spread = self.regions.next_read.fetch_add(1, Ordering::Relaxed);
+        // attempt[i]: how many copies of piece i have been tried
+        let mut attempt = vec![0usize; pieces.len()];
+        let mut pending: Vec<usize> = (0..pieces.len()).collect();
+        while !pending.is_empty() {
+            let mut ios = Vec::new();
+            let mut which = Vec::new();
+            let mut rest: &mut [u8] = buf;
+            let mut consumed = 0usize;
+            for &i in &pending {
+                let p = &pieces[i];
+                let Some(copy) = self.pick_copy(p, spread + i, &mut attempt[i]) else {
+                    return Err(self.unrecoverable(p.array_offset, p.len as u64, "no usable copy left"));
+                };
+                let (_, tail) = std::mem::take(&mut rest).split_at_mut(p.buf_offset - consumed);
+                let (mine, tail) = tail.split_at_mut(p.len);
+                rest = tail;
+                consumed = p.buf_offset + p.len;
+                ios.push(MemberIo::read(copy.dev, copy.dev_sector * 512, mine));
+                which.push(i);
+            }
+            self.run_io(&mut ios);
+            let failed: Vec<usize> = ios.iter().zip(&which).filter(|(op, _)| !op.ok).map(|(_, &i)| i).collect();
+            if !failed.is_empty() && self.geometry.max_degraded() == 0 {
+                let p = &pieces[failed[0]];
+                return Err(self.unrecoverable(p.array_offset, p.len as u64, "member read failed on a level without redundancy"));
+            }
+            pending = failed;
+        }
+        Ok(())
+    }
+
+    /// The next usable copy of a piece to try, starting from a spread-out index so that
+    /// concurrent reads use all mirrors.
+    fn pick_copy(&self, p: &Piece, spread: usize, attempt: &mut usize) -> Option<layout::Loc> {
+        let n = p.copies.len();
+        while *attempt < n {
+            let copy = p.copies.get((spread + *attempt) % n);
+            *attempt += 1;
+            if !self.slot(copy.dev).is_faulty() {
+                return Some(copy);
+            }
+        }
+        None
+    }
+
+    pub(crate) fn mirror_write(&self, offset_bytes: u64, data: &[u8], fua: bool) -> Result<()> {
+        let _guards = (self.geometry.max_degraded() > 0).then(|| self.regions.lock_range(offset_bytes, data.len() as u64));
+        let pieces = self.pieces(offset_bytes, data.len());
+        let mut ios = Vec::new();
+        let mut owner = Vec::new();
+        for (i, p) in pieces.iter().enumerate() {
+            let bytes = &data[p.buf_offset..p.buf_offset + p.len];
+            for copy in p.copies.iter().filter(|c| !self.slot(c.dev).is_faulty()) {
+                ios.push(MemberIo::write(copy.dev, copy.dev_sector * 512, bytes, fua));
+                owner.push(i);
+            }
+        }
+        self.run_io(&mut ios);
+        let mut written = vec![false; pieces.len()];
+        for (op, &i) in ios.iter().zip(&owner) {
+            written[i] |= op.ok;
+        }
+        if let Some(i) = written.iter().position(|w| !w) {
+            let p = &pieces[i];
+            return Err(self.unrecoverable(p.array_offset, p.len as u64, "write reached no copy"));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,441 @@
+//! RAID4/5/6 data path: direct reads, batched stripe writes, degraded reconstruction.
+//!
+//! Reads of a healthy member go straight from the member into the caller's buffer, without a
+//! lock and without the cache. A read whose member is faulty (or fails) claims the row and
+//! reconstructs the piece from the rest of the stripe.
+//!
+//! A write batch (see `stripe_cache`) is split into column intervals (byte ranges inside the
+//! chunk where some piece lands); each interval is an independent parity domain and is written
+//! by the cheapest of:
+//! * reconstruct-write (RCW): read the data chunks not fully overwritten, compute parity from
+//!   all data; a full stripe reads nothing;
+//! * read-modify-write (RMW): read old data of the chunks being written and old parity, fold
+//!   the difference into parity (`P ^= Δ`, `Q ^= g^slot·Δ`);
+//! * degraded: when any member of the row is faulty, read every usable member, reconstruct the
+//!   missing chunks, apply the new data and recompute all parity.
+//! RMW is chosen only when it reads strictly fewer chunks, as md does with `rmw_level` 1. A read
+//! failure marks the member faulty and the interval is planned again (now degraded); a write
+//! failure marks it faulty and the stripe stays recoverable through the remaining members.
+
+use crate::array::Array;
+use crate::error::Result;
+use crate::io::MemberIo;
+use crate::stripe_cache::{covers_all, merge, Completion, Piece};
+use device::AlignedBuf;
+use layout::{Level, StripeRoles};
+use std::time::Instant;
+
+/// How often one interval may be planned again after member failures before giving up.
+const MAX_REPLANS: usize = 4;
+
+enum Outcome {
+    Done,
+    Replan,
+}
+
+/// Every chunk of one column interval of a stripe, reconstructed where a member is missing.
+struct RowBufs {
+    data: Vec<AlignedBuf>,
+    p: AlignedBuf,
+    q: Option<AlignedBuf>,
+}
+
+impl Array {
+    fn chunk_bytes(&self) -> u64 {
+        self.geometry.chunk_sectors() * 512
+    }
+
+    /// Pieces of a byte range: (row, data_index, offset in chunk, length, offset in request).
+    fn parity_pieces(&self, offset_bytes: u64, len: usize) -> Vec<(u64, usize, u64, usize, usize)> {
+        let chunk = self.chunk_bytes();
+        let mut out = Vec::new();
+        let mut done = 0usize;
+        while done < len {
+            let at = offset_bytes + done as u64;
+            let pos = self.geometry.locate(at / 512);
+            let off = pos.offset_sectors * 512 + at % 512;
+            let n = ((chunk - off) as usize).min(len - done);
+            out.push((pos.stripe, pos.data_index, off, n, done));
+            done += n;
+        }
+        out
+    }
+
+    pub(crate) fn parity_read(&self, offset_bytes: u64, buf: &mut [u8]) -> Result<()> {
+        let pieces = self.parity_pieces(offset_bytes, buf.len());
+        let mut direct = Vec::new();
+        let mut slow = Vec::new();
+        let mut rest: &mut [u8] = buf;
+        for &(row, d, off, len, _) in &pieces {
+            let (mine, tail) = std::mem::take(&mut rest).split_at_mut(len);
+            rest = tail;
+            let dev = self.geometry.stripe_roles(row).data_dev(d);
+            if self.slot(dev).is_faulty() {
+                slow.push((row, d, off, mine));
+            } else {
+                direct.push((MemberIo::read(dev, row * self.chunk_bytes() + off, mine), row, d, off));
+            }
+        }
+        let mut ios: Vec<MemberIo<'_>> = Vec::with_capacity(direct.len());
+        let mut meta = Vec::with_capacity(direct.len());
+        for (io, row, d, off) in direct {
+            ios.push(io);
+            meta.push((row, d, off));
+        }
+        if !self.run_io(&mut ios) {
+            for (io, (row, d, off)) in ios.into_iter().zip(meta) {
+                if !io.ok {
+                    if let crate::io::IoKind::Read(b) = io.kind {
+                        slow.push((row, d, off, b));
+                    }
+                }
+            }
+        }
+        for (row, d, off, out) in slow {
+            self.degraded_read(row, d, off, out)?;
+        }
+        Ok(())
+    }
+
+    fn degraded_read(&self, row: u64, d: usize, off: u64, out: &mut [u8]) -> Result<()> {
+        let r = self.stripes.get(row);
+        let st = r.claim(r.st.lock());
+        drop(st);
+        let res = (|| {
+            let roles = self.geometry.stripe_roles(row);
+            for _ in 0..MAX_REPLANS {
+                if let Some(bufs) = self.read_row(&roles, row * self.chunk_bytes() + off, out.len())? {
+                    out.copy_from_slice(&bufs.data[d]);
+                    return Ok(());
+                }
+            }
+            Err(self.unrecoverable(0, out.len() as u64, "members kept failing during reconstruction"))
+        })();
+        r.release();
+        self.stripes.put(row);
+        res
+    }
+
+    pub(crate) fn parity_write(&self, offset_bytes: u64, data: &[u8], fua: bool) -> Result<()> {
+        let reserved = self.stripes.reserve(data.len());
+        let pieces = self.parity_pieces(offset_bytes, data.len());
+        let done = Completion::new(pieces.len());
+        let hold = if self.inflight_writes.load(std::sync::atomic::Ordering::Acquire) > 1 {
+            self.config.write_hold
+        } else {
+            std::time::Duration::ZERO
+        };
+        let deadline = Instant::now() + hold;
+        let mut rows: Vec<u64> = Vec::new();
+        let mut led = Vec::new();
+        let m = self.geometry.data_disks();
+        let mut i = 0;
+        while i < pieces.len() {
+            let row = pieces[i].0;
+            let r = self.stripes.get(row);
+            rows.push(row);
+            let mut st = r.st.lock();
+            while i < pieces.len() && pieces[i].0 == row {
+                let (_, d, off, len, at) = pieces[i];
+                let bytes = data[at..at + len].to_vec();
+                st.pending.push(Piece { data_index: d, offset: off, data: bytes, fua, done: done.clone() });
+                i += 1;
+            }
+            if !st.leader {
+                st.leader = true;
+                led.push((row, r.clone()));
+            } else if covers_all(&st.pending, m) {
+                r.cv.notify_all();
+            }
+        }
+        for (row, r) in led {
+            self.lead_batch(row, &r, deadline);
+        }
+        let res = done.wait();
+        for row in rows {
+            self.stripes.put(row);
+        }
+        self.stripes.unreserve(reserved);
+        res.map_err(|reason| self.unrecoverable(offset_bytes, data.len() as u64, &reason))
+    }
+
+    fn lead_batch(&self, row: u64, r: &crate::stripe_cache::Row, deadline: Instant) {
+        let m = self.geometry.data_disks();
+        let st = r.hold(r.st.lock(), deadline, |p| covers_all(p, m));
+        let mut st = r.claim(st);
+        assert!(st.leader, "row {row}: leader lost its role before taking the batch");
+        let batch = std::mem::take(&mut st.pending);
+        st.leader = false;
+        st.hurry = false;
+        drop(st);
+        let res = self.write_batch(row, &batch).map_err(|e| e.to_string());
+        r.release();
+        for p in &batch {
+            p.done.complete(&res);
+        }
+    }
+
+    fn write_batch(&self, row: u64, batch: &[Piece]) -> Result<()> {
+        let roles = self.geometry.stripe_roles(row);
+        for (a, b) in merge(batch.iter().map(|p| (p.offset, p.end())).collect()) {
+            self.write_interval(row, &roles, a, b, batch)?;
+        }
+        if self.is_failed() {
+            return Err(self.unrecoverable(row * self.chunk_bytes(), 0, "too many members failed"));
+        }
+        Ok(())
+    }
+
+    fn write_interval(&self, row: u64, roles: &StripeRoles, a: u64, b: u64, batch: &[Piece]) -> Result<()> {
+        let m = self.geometry.data_disks();
+        let mut dirty = vec![false; m];
+        let mut full = vec![false; m];
+        for (d, (is_dirty, is_full)) in dirty.iter_mut().zip(full.iter_mut()).enumerate() {
+            let cov = merge(
+                batch
+                    .iter()
+                    .filter(|p| p.data_index == d && p.offset < b && p.end() > a)
+                    .map(|p| (p.offset.max(a), p.end().min(b)))
+                    .collect(),
+            );
+            *is_dirty = !cov.is_empty();
+            *is_full = cov.first() == Some(&(a, b));
+        }
+        let fua = batch.iter().any(|p| p.fua);
+        let ctx = Interval { row, roles, a, b, batch, dirty: &dirty, full: &full, fua };
+        for _ in 0..MAX_REPLANS {
+            let any_missing = (0..self.geometry.raid_disks()).any(|dev| self.slot(dev).is_faulty());
+            let parity = if roles.q_dev().is_some() { 2 } else { 1 };
+            let rmw_reads = dirty.iter().filter(|&&x| x).count() + parity;
+            let rcw_reads = full.iter().filter(|&&x| !x).count();
+            let outcome = if any_missing {
+                self.degraded_write(&ctx)?
+            } else if rmw_reads < rcw_reads {
+                self.rmw_write(&ctx)
+            } else {
+                self.rcw_write(&ctx)
+            };
+            if let Outcome::Done = outcome {
+                return Ok(());
+            }
+        }
+        Err(self.unrecoverable(row * self.chunk_bytes() + a, b - a, "members kept failing during a stripe write"))
+    }
+
+    fn rcw_write(&self, c: &Interval<'_>) -> Outcome {
+        let len = (c.b - c.a) as usize;
+        let at = c.row * self.chunk_bytes() + c.a;
+        let mut data: Vec<AlignedBuf> = (0..c.dirty.len()).map(|_| AlignedBuf::zeroed(len)).collect();
+        let mut ios: Vec<MemberIo<'_>> = data
+            .iter_mut()
+            .enumerate()
+            .filter(|(d, _)| !c.full[*d])
+            .map(|(d, buf)| MemberIo::read(c.roles.data_dev(d), at, buf))
+            .collect();
+        if !ios.is_empty() && !self.run_io(&mut ios) {
+            return Outcome::Replan;
+        }
+        drop(ios);
+        for (d, buf) in data.iter_mut().enumerate() {
+            c.overlay(d, buf);
+        }
+        let (p, q) = self.compute_parity(c.roles, &data);
+        self.write_row(c, at, &data, &p, q.as_ref());
+        Outcome::Done
+    }
+
+    fn rmw_write(&self, c: &Interval<'_>) -> Outcome {
+        let len = (c.b - c.a) as usize;
+        let at = c.row * self.chunk_bytes() + c.a;
+        let dirty: Vec<usize> = (0..c.dirty.len()).filter(|&d| c.dirty[d]).collect();
+        let mut old: Vec<AlignedBuf> = dirty.iter().map(|_| AlignedBuf::zeroed(len)).collect();
+        let mut p = AlignedBuf::zeroed(len);
+        let mut q = c.roles.q_dev().map(|_| AlignedBuf::zeroed(len));
+        {
+            let mut ios: Vec<MemberIo<'_>> =
+                old.iter_mut().zip(&dirty).map(|(buf, &d)| MemberIo::read(c.roles.data_dev(d), at, buf)).collect();
+            ios.push(MemberIo::read(c.roles.p_dev(), at, &mut p));
+            if let (Some(qd), Some(qb)) = (c.roles.q_dev(), q.as_mut()) {
+                ios.push(MemberIo::read(qd, at, qb));
+            }
+            if !self.run_io(&mut ios) {
+                return Outcome::Replan;
+            }
+        }
+        let mut new_data: Vec<AlignedBuf> = Vec::with_capacity(dirty.len());
+        for (delta, &d) in old.iter_mut().zip(&dirty) {
+            let mut new = delta.clone();
+            c.overlay(d, &mut new);
+            parity::xor_into(delta, &new);
+            match q.as_mut() {
+                Some(q) => parity::pq_update(delta, c.roles.slot(d), &mut p, q),
+                None => parity::xor_into(&mut p, delta),
+            }
+            new_data.push(new);
+        }
+        let mut ios: Vec<MemberIo<'_>> =
+            new_data.iter().zip(&dirty).map(|(buf, &d)| MemberIo::write(c.roles.data_dev(d), at, buf, c.fua)).collect();
+        ios.push(MemberIo::write(c.roles.p_dev(), at, &p, c.fua));
+        if let (Some(qd), Some(qb)) = (c.roles.q_dev(), q.as_ref()) {
+            ios.push(MemberIo::write(qd, at, qb, c.fua));
+        }
+        self.run_io(&mut ios);
+        Outcome::Done
+    }
+
+    fn degraded_write(&self, c: &Interval<'_>) -> Result<Outcome> {
+        let at = c.row * self.chunk_bytes() + c.a;
+        let Some(mut bufs) = self.read_row(c.roles, at, (c.b - c.a) as usize)? else {
+            return Ok(Outcome::Replan);
+        };
+        for (d, buf) in bufs.data.iter_mut().enumerate() {
+            c.overlay(d, buf);
+        }
+        let (p, q) = self.compute_parity(c.roles, &bufs.data);
+        bufs.p = p;
+        bufs.q = q;
+        self.write_row(c, at, &bufs.data, &bufs.p, bufs.q.as_ref());
+        Ok(Outcome::Done)
+    }
+
+    /// Write the dirty data chunks and the parity of an interval to every usable member.
+    fn write_row(&self, c: &Interval<'_>, at: u64, data: &[AlignedBuf], p: &[u8], q: Option<&AlignedBuf>) {
+        let mut ios: Vec<MemberIo<'_>> = data
+            .iter()
+            .enumerate()
+            .filter(|(d, _)| c.dirty[*d] && !self.slot(c.roles.data_dev(*d)).is_faulty())
+            .map(|(d, buf)| MemberIo::write(c.roles.data_dev(d), at, buf, c.fua))
+            .collect();
+        if !self.slot(c.roles.p_dev()).is_faulty() {
+            ios.push(MemberIo::write(c.roles.p_dev(), at, p, c.fua));
+        }
+        if let (Some(qd), Some(qb)) = (c.roles.q_dev(), q) {
+            if !self.slot(qd).is_faulty() {
+                ios.push(MemberIo::write(qd, at, qb, c.fua));
+            }
+        }
+        self.run_io(&mut ios);
+    }
+
+    /// P (and Q) of a stripe's data chunks, given in data-index order.
+    fn compute_parity(&self, roles: &StripeRoles, data: &[AlignedBuf]) -> (AlignedBuf, Option<AlignedBuf>) {
+        let len = data[0].len();
+        let mut p = AlignedBuf::zeroed(len);
+        if roles.q_dev().is_none() {
+            let refs: Vec<&[u8]> = data.iter().map(|b| &b[..]).collect();
+            parity::xor_gen(&refs, &mut p);
+            return (p, None);
+        }
+        let mut q = AlignedBuf::zeroed(len);
+        let mut by_slot: Vec<&[u8]> = vec![&[]; data.len()];
+        for (d, buf) in data.iter().enumerate() {
+            by_slot[roles.slot(d)] = buf;
+        }
+        parity::pq_gen(&by_slot, &mut p, &mut q);
+        (p, Some(q))
+    }
+
+    /// Read every usable member of a stripe over `len` bytes at `at` and rebuild what is
+    /// missing. `Ok(None)`: a member failed while reading (it is faulty now); plan again.
+    fn read_row(&self, roles: &StripeRoles, at: u64, len: usize) -> Result<Option<RowBufs>> {
+        let n = self.geometry.raid_disks();
+        let missing: Vec<usize> = (0..n).filter(|&dev| self.slot(dev).is_faulty()).collect();
+        if missing.len() > self.geometry.max_degraded() {
+            return Err(self.unrecoverable(at, len as u64, "more members missing than the level tolerates"));
+        }
+        let mut dev_bufs: Vec<AlignedBuf> = (0..n).map(|_| AlignedBuf::zeroed(len)).collect();
+        let mut ios: Vec<MemberIo<'_>> = dev_bufs
+            .iter_mut()
+            .enumerate()
+            .filter(|(dev, _)| !missing.contains(dev))
+            .map(|(dev, buf)| MemberIo::read(dev, at, buf))
+            .collect();
+        if !self.run_io(&mut ios) {
+            return Ok(None);
+        }
+        drop(ios);
+        self.reconstruct(roles, &mut dev_bufs, &missing);
+        let mut slots: Vec<Option<AlignedBuf>> = dev_bufs.into_iter().map(Some).collect();
+        let data = (0..self.geometry.data_disks()).map(|d| slots[roles.data_dev(d)].take().expect("data chunk")).collect();
+        let p = slots[roles.p_dev()].take().expect("P chunk");
+        let q = roles.q_dev().map(|qd| slots[qd].take().expect("Q chunk"));
+        Ok(Some(RowBufs { data, p, q }))
+    }
+
+    /// Rebuild the chunks of `missing` devices (at most the level's tolerance) in place.
+    fn reconstruct(&self, roles: &StripeRoles, dev_bufs: &mut [AlignedBuf], missing: &[usize]) {
+        if missing.is_empty() {
+            return;
+        }
+        if self.geometry.level() != Level::Raid6 {
+            let mut refs: Vec<&mut [u8]> = dev_bufs.iter_mut().map(|b| &mut b[..]).collect();
+            parity::raid5_recover(&mut refs, missing[0]);
+            return;
+        }
+        let lost = lost_of(roles, missing);
+        let m = self.geometry.data_disks();
+        let (p_dev, q_dev) = (roles.p_dev(), roles.q_dev().expect("raid6 has Q"));
+        let mut cells: Vec<Option<&mut AlignedBuf>> = dev_bufs.iter_mut().map(Some).collect();
+        let mut p = cells[p_dev].take().expect("P");
+        let mut q = cells[q_dev].take().expect("Q");
+        let mut by_slot: Vec<Option<&mut [u8]>> = (0..m).map(|_| None).collect();
+        for d in 0..m {
+            by_slot[roles.slot(d)] = Some(&mut cells[roles.data_dev(d)].take().expect("data")[..]);
+        }
+        let mut data: Vec<&mut [u8]> = by_slot.into_iter().map(|s| s.expect("every slot filled")).collect();
+        parity::raid6_recover(&mut data, &mut p, &mut q, lost);
+    }
+}
+
+/// Translate missing devices of a RAID6 stripe into what the recovery math needs.
+fn lost_of(roles: &StripeRoles, missing: &[usize]) -> parity::Lost {
+    use layout::ChunkRole;
+    let mut slots = Vec::new();
+    let (mut p, mut q) = (false, false);
+    for &dev in missing {
+        match roles.role_of(dev) {
+            ChunkRole::Data(d) => slots.push(roles.slot(d)),
+            ChunkRole::P => p = true,
+            ChunkRole::Q => q = true,
+        }
+    }
+    slots.sort_unstable();
+    match (slots.as_slice(), p, q) {
+        ([], false, false) => parity::Lost::Nothing,
+        ([], true, false) => parity::Lost::P,
+        ([], false, true) => parity::Lost::Q,
+        ([], true, true) => parity::Lost::PQ,
+        ([a], false, false) => parity::Lost::Data(*a),
+        ([a], true, false) => parity::Lost::DataP(*a),
+        ([a], false, true) => parity::Lost::DataQ(*a),
+        ([a, b], false, false) => parity::Lost::DataData(*a, *b),
+        _ => unreachable!("read_row checked that at most two chunks are missing"),
+    }
+}
+
+/// One column interval of a batch being written.
+struct Interval<'a> {
+    row: u64,
+    roles: &'a StripeRoles,
+    a: u64,
+    b: u64,
+    batch: &'a [Piece],
+    dirty: &'a [bool],
+    full: &'a [bool],
+    fua: bool,
+}
+
+impl Interval<'_> {
+    /// Apply the batch's bytes for data chunk `d` to `buf` (which holds [a, b)), in arrival
+    /// order so that a later write wins over an earlier one.
+    fn overlay(&self, d: usize, buf: &mut [u8]) {
+        for p in self.batch.iter().filter(|p| p.data_index == d) {
+            let lo = p.offset.max(self.a);
+            let hi = p.end().min(self.b);
+            if lo < hi {
+                let src = &p.data[(lo - p.offset) as usize..(hi - p.offset) as usize];
+                buf[(lo - self.a) as usize..(hi - self.a) as usize].copy_from_slice(src);
+            }
+        }
+    }
+}

@@ -1,0 +1,243 @@
+//! The stripe cache of the parity levels: where writes to one stripe meet and wait their turn.
+//!
+//! A *row* is one stripe of the layout (the chunks at the same device offset on every member).
+//! Writers split their request into pieces (one per data chunk touched) and append them to
+//! their rows' `pending` lists. The writer that finds a row without a leader becomes its
+//! leader: it waits a short, bounded time for the row to fill (clustering, like a plugged queue),
+//! waits until no batch of the row is running (`busy`), takes every pending piece as one batch,
+//! computes parity once for all of them and writes. Other writers just wait for their pieces'
+//! completion. Consequences the rest of the engine relies on:
+//! * `pending` non-empty ⇒ `leader` is true (whoever set `leader` takes them), checked by assert.
+//! * At most one batch or exclusive reader per row at a time (`busy`), so reads of parity and
+//!   data inside a batch are consistent, and degraded reads see whole stripes.
+//! * The hold ends early when the row is full, a piece is FUA, or a flush hurries every row.
+//! * Memory is bounded: client data in pending pieces is limited by a byte budget taken before
+//!   enqueueing (all of a request's budget at once, so no hold-and-wait deadlock).
+//!
+//! Rows exist in the map only while some thread uses them (`users`); idle stripes are not kept.
+
+use parking_lot::{Condvar, Mutex, MutexGuard};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// One piece of a client write: bytes for data chunk `data_index` of a row.
+pub(crate) struct Piece {
+    pub data_index: usize,
+    /// Byte offset inside the chunk.
+    pub offset: u64,
+    pub data: Vec<u8>,
+    pub fua: bool,
+    pub done: Arc<Completion>,
+}
+
+impl Piece {
+    pub fn end(&self) -> u64 {
+        self.offset + self.data.len() as u64
+    }
+}
+
+/// Completion of a whole client request: counts its pieces down, keeps the first error.
+pub(crate) struct Completion {
+    st: Mutex<(usize, Option<String>)>,
+    cv: Condvar,
+}
+
+impl Completion {
+    pub fn new(pieces: usize) -> Arc<Completion> {
+        Arc::new(Completion { st: Mutex::new((pieces, None)), cv: Condvar::new() })
+    }
+
+    pub fn complete(&self, res: &Result<(), String>) {
+        let mut st = self.st.lock();
+        assert!(st.0 > 0, "completion counted down past zero");
+        st.0 -= 1;
+        if let Err(e) = res {
+            st.1.get_or_insert_with(|| e.clone());
+        }
+        if st.0 == 0 {
+            self.cv.notify_all();
+        }
+    }
+
+    pub fn wait(&self) -> Result<(), String> {
+        let mut st = self.st.lock();
+        while st.0 > 0 {
+            self.cv.wait(&mut st);
+        }
+        st.1.take().map_or(Ok(()), Err)
+    }
+}
+
+#[derive(Default)]
+pub(crate) struct RowState {
+    pub pending: Vec<Piece>,
+    pub leader: bool,
+    pub busy: bool,
+    pub hurry: bool,
+}
+
+pub(crate) struct Row {
+    pub st: Mutex<RowState>,
+    pub cv: Condvar,
+}
+
+struct Budget {
+    avail: Mutex<usize>,
+    cv: Condvar,
+    total: usize,
+}
+
+pub(crate) struct StripeCache {
+    rows: Mutex<HashMap<u64, (Arc<Row>, usize)>>,
+    budget: Budget,
+}
+
+impl StripeCache {
+    pub fn new(budget_bytes: usize) -> StripeCache {
+        let total = budget_bytes.max(1 << 20);
+        StripeCache {
+            rows: Mutex::new(HashMap::new()),
+            budget: Budget { avail: Mutex::new(total), cv: Condvar::new(), total },
+        }
+    }
+
+    /// Reserve room for `bytes` of client data (capped at the whole budget); returns the amount.
+    pub fn reserve(&self, bytes: usize) -> usize {
+        let want = bytes.min(self.budget.total);
+        let mut avail = self.budget.avail.lock();
+        while *avail < want {
+            self.budget.cv.wait(&mut avail);
+        }
+        *avail -= want;
+        want
+    }
+
+    pub fn unreserve(&self, bytes: usize) {
+        let mut avail = self.budget.avail.lock();
+        *avail += bytes;
+        assert!(*avail <= self.budget.total, "stripe budget returned more than taken");
+        self.budget.cv.notify_all();
+    }
+
+    /// Take a reference to a row, creating it if needed.
+    pub fn get(&self, row: u64) -> Arc<Row> {
+        let mut rows = self.rows.lock();
+        let entry = rows
+            .entry(row)
+            .or_insert_with(|| (Arc::new(Row { st: Mutex::new(RowState::default()), cv: Condvar::new() }), 0));
+        entry.1 += 1;
+        entry.0.clone()
+    }
+
+    /// Drop a reference taken by `get`; the row leaves the map with its last user.
+    pub fn put(&self, row: u64) {
+        let mut rows = self.rows.lock();
+        let entry = rows.get_mut(&row).expect("put of a row that was never taken");
+        entry.1 -= 1;
+        if entry.1 == 0 {
+            let (r, _) = rows.remove(&row).expect("row present");
+            let st = r.st.lock();
+            assert!(st.pending.is_empty() && !st.leader && !st.busy, "row {row} left the cache with work in it");
+        }
+    }
+
+    /// Number of rows in use (for status and tests).
+    pub fn active_rows(&self) -> usize {
+        self.rows.lock().len()
+    }
+
+    /// End every row's hold now (a flush arrived).
+    pub fn hurry_all(&self) {
+        let rows: Vec<Arc<Row>> = self.rows.lock().values().map(|(r, _)| r.clone()).collect();
+        for r in rows {
+            let mut st = r.st.lock();
+            if st.leader {
+                st.hurry = true;
+                r.cv.notify_all();
+            }
+        }
+    }
+}
+
+impl Row {
+    /// Wait until no batch or exclusive reader runs, then claim the row.
+    pub fn claim<'a>(&'a self, mut st: MutexGuard<'a, RowState>) -> MutexGuard<'a, RowState> {
+        while st.busy {
+            self.cv.wait(&mut st);
+        }
+        st.busy = true;
+        st
+    }
+
+    /// Release a claim.
+    pub fn release(&self) {
+        let mut st = self.st.lock();
+        assert!(st.busy, "release of an unclaimed row");
+        st.busy = false;
+        self.cv.notify_all();
+    }
+
+    /// Leader's wait: until `deadline`, or earlier if the row is full, hurried or has a FUA piece.
+    pub fn hold<'a>(
+        &'a self,
+        mut st: MutexGuard<'a, RowState>,
+        deadline: Instant,
+        full: impl Fn(&[Piece]) -> bool,
+    ) -> MutexGuard<'a, RowState> {
+        loop {
+            if st.hurry || st.pending.iter().any(|p| p.fua) || full(&st.pending) {
+                return st;
+            }
+            if self.cv.wait_until(&mut st, deadline).timed_out() {
+                return st;
+            }
+        }
+    }
+}
+
+/// Merge byte intervals into sorted, disjoint ones.
+pub(crate) fn merge(mut v: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
+    v.sort_unstable();
+    let mut out: Vec<(u64, u64)> = Vec::with_capacity(v.len());
+    for (a, b) in v {
+        match out.last_mut() {
+            Some(last) if a <= last.1 => last.1 = last.1.max(b),
+            _ => out.push((a, b)),
+        }
+    }
+    out
+}
+
+/// True if every column some piece touches is covered by all `data_disks` data chunks: the
+/// batch can then be written without reading anything.
+pub(crate) fn covers_all(pending: &[Piece], data_disks: usize) -> bool {
+    if pending.is_empty() {
+        return false;
+    }
+    let union = merge(pending.iter().map(|p| (p.offset, p.end())).collect());
+    (0..data_disks).all(|d| {
+        let cov = merge(pending.iter().filter(|p| p.data_index == d).map(|p| (p.offset, p.end())).collect());
+        union.iter().all(|u| cov.iter().any(|c| c.0 <= u.0 && u.1 <= c.1))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn piece(d: usize, off: u64, len: usize) -> Piece {
+        Piece { data_index: d, offset: off, data: vec![0; len], fua: false, done: Completion::new(1) }
+    }
+
+    #[test]
+    fn merge_and_cover() {
+        assert_eq!(merge(vec![(5, 9), (0, 2), (2, 4), (8, 12)]), vec![(0, 4), (5, 12)]);
+        let p = vec![piece(0, 0, 4096), piece(1, 0, 4096)];
+        assert!(!covers_all(&p, 3));
+        let p = vec![piece(0, 0, 4096), piece(1, 0, 2048), piece(1, 2048, 2048), piece(2, 0, 4096)];
+        assert!(covers_all(&p, 3));
+        let p = vec![piece(0, 0, 4096), piece(1, 512, 4096), piece(2, 0, 4096)];
+        assert!(!covers_all(&p, 3));
+    }
+}

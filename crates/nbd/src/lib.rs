@@ -1,0 +1,70 @@
+//! `nbd`: the NBD (Network Block Device) server side of ironraid.
+//!
+//! Layers:
+//! - [`proto`]: protocol constants (pure);
+//! - [`codec`]: parsing/encoding of every message, big-endian, no I/O, never
+//!   panics on arbitrary input (proptest + fuzz targets);
+//! - [`command`]: pure validation of a request against the negotiation;
+//! - `handshake`, `transmission`: async protocol state machines over any
+//!   `AsyncRead + AsyncWrite` stream;
+//! - [`Server`]: Unix/TCP listeners, connection limits, graceful shutdown,
+//!   generic over the [`Backend`] trait.
+//!
+//! # Supported
+//! Fixed newstyle handshake (`FIXED_NEWSTYLE | NO_ZEROES`; unknown client
+//! flags close the connection). Options: `EXPORT_NAME`, `ABORT`, `LIST`,
+//! `INFO`, `GO` (replies `NBD_INFO_EXPORT`, `BLOCK_SIZE`, and `NAME` /
+//! `DESCRIPTION` when asked; `""` selects the first export), `STRUCTURED_REPLY`,
+//! `LIST_META_CONTEXT` / `SET_META_CONTEXT` (`base:allocation`, reporting
+//! everything as allocated data). `STARTTLS` and anything else get
+//! `NBD_REP_ERR_UNSUP`; malformed options `NBD_REP_ERR_INVALID`; option data
+//! above `Limits::max_option_bytes` `NBD_REP_ERR_TOO_BIG` (discarded up to
+//! 1 MiB, beyond that the connection is closed).
+//!
+//! Transmission flags: `HAS_FLAGS, SEND_FLUSH, SEND_FUA, SEND_TRIM,
+//! SEND_WRITE_ZEROES, SEND_FAST_ZERO, SEND_CACHE, CAN_MULTI_CONN`, plus
+//! `SEND_DF` with structured replies and `READ_ONLY` for read-only backends.
+//! Commands: READ, WRITE, FLUSH, TRIM, WRITE_ZEROES (`NO_HOLE`, `FAST_ZERO` →
+//! `ENOTSUP` unless [`Backend::fast_zero`]), CACHE, DISC, BLOCK_STATUS.
+//! Reads under structured replies are one `OFFSET_DATA` chunk (so `DF` always
+//! holds); a failed large read without `DF` is re-read piecewise and
+//! answered with data chunks plus `ERROR_OFFSET` chunks.
+//!
+//! # Validation (per request)
+//! Bad magic → connection closed. Unknown command, flag not allowed for the
+//! command, READ beyond the end, READ longer than the advertised maximum,
+//! misalignment (only if the client asked for `NBD_INFO_BLOCK_SIZE`),
+//! FLUSH with non-zero offset/length, BLOCK_STATUS without a negotiated
+//! context or with length 0 → `EINVAL`. WRITE / WRITE_ZEROES beyond the end →
+//! `ENOSPC` (as the spec prefers). Write-type commands on a read-only export
+//! → `EPERM`. A WRITE longer than the maximum closes the connection (its
+//! payload is not read); a WRITE whose payload ends early closes the
+//! connection with nothing written. Zero-length READ/WRITE/TRIM/ZERO/CACHE
+//! succeed as no-ops. TRIM, WRITE_ZEROES and CACHE may be longer than the
+//! maximum block size: they are split into `max`-sized backend calls.
+//!
+//! # Limits and invariants
+//! See [`Limits`]: in-flight requests and payload bytes per connection
+//! (back-pressure: the socket is not read while at the limit), option size
+//! and count, handshake timeout, connection count, shutdown grace period.
+//! Backend calls run on tokio's blocking pool; replies are queued only after
+//! the backend call returned and are written by one writer task per
+//! connection, so a FLUSH (an engine-wide barrier by the [`Backend`]
+//! contract) covers every write already acknowledged. Backend errors are
+//! mapped by [`errno_for`] to `EPERM, EIO, EINVAL, ENOSPC, EOVERFLOW,
+//! ENOTSUP` only. Payload buffers are 4 KiB aligned ([`buf::AlignedBuf`]).
+//! No `unsafe` code.
+
+#![forbid(unsafe_code)]
+
+mod backend;
+pub mod buf;
+pub mod codec;
+pub mod command;
+mod handshake;
+pub mod proto;
+mod server;
+mod transmission;
+
+pub use backend::{errno_for, Backend, BlockSizes, Export, MAX_PAYLOAD};
+pub use server::{Limits, Server};
