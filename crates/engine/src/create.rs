@@ -177,7 +177,7 @@ fn template_superblock(spec: &CreateSpec, g: &Geometry, uuid: [u8; 16], data_off
         devflags: 0,
         bblog_shift: 0,
         bblog_size: BBLOG_SECTORS,
-        bblog_offset: 16,
+        bblog_offset: (8 + format::bm_space(spec.members.iter().map(|d| d.len_bytes() / 512).min().unwrap_or(0))) as i32,
         utime: now,
         events: 0,
         resync_offset: if spec.assume_clean || g.max_degraded() == 0 { MAX_SECTOR } else { 0 },

@@ -130,9 +130,15 @@ mod tests {
 
     #[test]
     fn errno_mapping_never_leaks() {
-        assert_eq!(errno_for(&io::Error::from_raw_os_error(libc::EDQUOT)), ENOSPC);
+        assert_eq!(
+            errno_for(&io::Error::from_raw_os_error(libc::EDQUOT)),
+            ENOSPC
+        );
         assert_eq!(errno_for(&io::Error::from_raw_os_error(libc::EROFS)), EPERM);
-        assert_eq!(errno_for(&io::Error::from_raw_os_error(libc::ENOTSUP)), ENOTSUP);
+        assert_eq!(
+            errno_for(&io::Error::from_raw_os_error(libc::ENOTSUP)),
+            ENOTSUP
+        );
         assert_eq!(errno_for(&io::Error::from_raw_os_error(libc::ENOENT)), EIO);
         assert_eq!(errno_for(&io::Error::from_raw_os_error(9999)), EIO);
         assert_eq!(errno_for(&io::Error::other("x")), EIO);
@@ -148,13 +154,27 @@ mod tests {
             max: u32::MAX,
         }
         .sanitized();
-        assert_eq!(b, BlockSizes { min: 1, preferred: 2048, max: MAX_PAYLOAD });
+        assert_eq!(
+            b,
+            BlockSizes {
+                min: 1,
+                preferred: 2048,
+                max: MAX_PAYLOAD
+            }
+        );
         let b = BlockSizes {
             min: 4096,
             preferred: 512,
             max: 10_000,
         }
         .sanitized();
-        assert_eq!(b, BlockSizes { min: 4096, preferred: 4096, max: 8192 });
+        assert_eq!(
+            b,
+            BlockSizes {
+                min: 4096,
+                preferred: 4096,
+                max: 8192
+            }
+        );
     }
 }

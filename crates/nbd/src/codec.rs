@@ -521,7 +521,12 @@ pub fn chunk_error_offset(handle: u64, flags: u16, error: u32, msg: &str, offset
 }
 
 /// An `NBD_REPLY_TYPE_BLOCK_STATUS` chunk with `(length, status)` extents.
-pub fn chunk_block_status(handle: u64, flags: u16, context: u32, extents: &[(u32, u32)]) -> Vec<u8> {
+pub fn chunk_block_status(
+    handle: u64,
+    flags: u16,
+    context: u32,
+    extents: &[(u32, u32)],
+) -> Vec<u8> {
     let length = (4 + 8 * extents.len()) as u32;
     let mut out = Vec::with_capacity(STRUCTURED_HEADER_LEN + length as usize);
     out.extend_from_slice(&chunk_header(&ChunkHeader {
@@ -563,9 +568,12 @@ mod tests {
             offset: 0,
             length: 0,
         });
+        assert!(matches!(
+            parse_request(&b[..5]),
+            Err(CodecError::Truncated { .. })
+        ));
         b[0] ^= 1;
         assert!(matches!(parse_request(&b), Err(CodecError::BadMagic(_))));
-        assert!(matches!(parse_request(&b[..5]), Err(CodecError::Truncated { .. })));
     }
 
     #[test]

@@ -22,13 +22,37 @@ pub struct ExportParams {
 /// A validated command.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Command {
-    Read { offset: u64, len: u32, df: bool },
-    Write { offset: u64, len: u32, fua: bool },
+    Read {
+        offset: u64,
+        len: u32,
+        df: bool,
+    },
+    Write {
+        offset: u64,
+        len: u32,
+        fua: bool,
+    },
     Flush,
-    Trim { offset: u64, len: u32, fua: bool },
-    WriteZeroes { offset: u64, len: u32, fua: bool, may_trim: bool },
-    Cache { offset: u64, len: u32 },
-    BlockStatus { offset: u64, len: u32, req_one: bool },
+    Trim {
+        offset: u64,
+        len: u32,
+        fua: bool,
+    },
+    WriteZeroes {
+        offset: u64,
+        len: u32,
+        fua: bool,
+        may_trim: bool,
+    },
+    Cache {
+        offset: u64,
+        len: u32,
+    },
+    BlockStatus {
+        offset: u64,
+        len: u32,
+        req_one: bool,
+    },
     Disconnect,
 }
 
@@ -186,12 +210,18 @@ mod tests {
         assert_eq!(e(req(CMD_READ, 0, 1, 512)), EINVAL);
         assert_eq!(e(req(CMD_FLUSH, 0, 1, 0)), EINVAL);
         assert_eq!(e(req(CMD_BLOCK_STATUS, 0, 0, 512)), EINVAL);
-        assert_eq!(e(req(CMD_WRITE_ZEROES, CMD_FLAG_FAST_ZERO, 0, 512)), ENOTSUP);
+        assert_eq!(
+            e(req(CMD_WRITE_ZEROES, CMD_FLAG_FAST_ZERO, 0, 512)),
+            ENOTSUP
+        );
         let ro = ExportParams {
             flags: p.flags | FLAG_READ_ONLY,
             ..p
         };
-        assert_eq!(validate(&req(CMD_TRIM, 0, 0, 512), &ro).unwrap_err().errno, EPERM);
+        assert_eq!(
+            validate(&req(CMD_TRIM, 0, 0, 512), &ro).unwrap_err().errno,
+            EPERM
+        );
     }
 
     #[test]
@@ -199,13 +229,25 @@ mod tests {
         let p = params();
         assert_eq!(
             validate(&req(CMD_READ, CMD_FLAG_DF | CMD_FLAG_FUA, 512, 1024), &p),
-            Ok(Command::Read { offset: 512, len: 1024, df: true })
+            Ok(Command::Read {
+                offset: 512,
+                len: 1024,
+                df: true
+            })
         );
-        assert_eq!(validate(&req(CMD_DISC, 0, 0, 0), &p), Ok(Command::Disconnect));
+        assert_eq!(
+            validate(&req(CMD_DISC, 0, 0, 0), &p),
+            Ok(Command::Disconnect)
+        );
         assert_eq!(validate(&req(CMD_READ, 0, 0, 0), &p).map(|_| ()), Ok(()));
         assert_eq!(
             validate(&req(CMD_WRITE_ZEROES, CMD_FLAG_NO_HOLE, 0, 1 << 20), &p),
-            Ok(Command::WriteZeroes { offset: 0, len: 1 << 20, fua: false, may_trim: false })
+            Ok(Command::WriteZeroes {
+                offset: 0,
+                len: 1 << 20,
+                fua: false,
+                may_trim: false
+            })
         );
     }
 }

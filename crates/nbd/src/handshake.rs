@@ -195,11 +195,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Haggle<'_, S> {
             return Ok(Step::Close);
         }
         let mut sink = tokio::io::sink();
-        let copied = tokio::io::copy(
-            &mut (&mut *self.stream).take(u64::from(length)),
-            &mut sink,
-        )
-        .await?;
+        let copied =
+            tokio::io::copy(&mut (&mut *self.stream).take(u64::from(length)), &mut sink).await?;
         if copied != u64::from(length) {
             return Ok(Step::Close);
         }

@@ -311,9 +311,7 @@ fn execute(
             _ => Ok(()),
         },
         Command::Flush => b.flush(),
-        Command::Trim { offset, len, fua } => {
-            split(ctx, offset, len, |o, l| b.trim(o, l, fua))
-        }
+        Command::Trim { offset, len, fua } => split(ctx, offset, len, |o, l| b.trim(o, l, fua)),
         Command::WriteZeroes {
             offset,
             len,
@@ -327,7 +325,8 @@ fn execute(
             req_one: _,
         } => {
             // Everything is allocated data: one extent covers the request.
-            let c = codec::chunk_block_status(h, REPLY_FLAG_DONE, META_BASE_ALLOCATION_ID, &[(len, 0)]);
+            let c =
+                codec::chunk_block_status(h, REPLY_FLAG_DONE, META_BASE_ALLOCATION_ID, &[(len, 0)]);
             return (c, None);
         }
         Command::Disconnect => Ok(()),
@@ -398,7 +397,10 @@ fn locate_read_error(ctx: &Ctx, h: u64, offset: u64, buf: &mut [u8]) -> Vec<u8> 
     };
     while pos < len {
         let n = piece.min(len - pos);
-        match ctx.backend.read(offset + pos as u64, &mut buf[pos..pos + n]) {
+        match ctx
+            .backend
+            .read(offset + pos as u64, &mut buf[pos..pos + n])
+        {
             Ok(()) => {
                 run.get_or_insert(pos);
             }
@@ -407,7 +409,13 @@ fn locate_read_error(ctx: &Ctx, h: u64, offset: u64, buf: &mut [u8]) -> Vec<u8> 
                     flush_run(&mut out, buf, s, pos);
                 }
                 let at = offset + pos as u64;
-                out.extend(codec::chunk_error_offset(h, 0, errno_for(&e), &e.to_string(), at));
+                out.extend(codec::chunk_error_offset(
+                    h,
+                    0,
+                    errno_for(&e),
+                    &e.to_string(),
+                    at,
+                ));
             }
         }
         pos += n;

@@ -20,7 +20,10 @@ fn random_bytes(n: usize) -> Vec<u8> {
 
 fn json_field<'a>(json: &'a str, key: &str) -> &'a str {
     let pat = format!("\"{key}\": ");
-    let i = json.find(&pat).unwrap_or_else(|| panic!("{key} missing in {json}")) + pat.len();
+    let i = json
+        .find(&pat)
+        .unwrap_or_else(|| panic!("{key} missing in {json}"))
+        + pat.len();
     let rest = &json[i..];
     let end = rest.find([',', '\n', '}']).unwrap();
     rest[..end].trim()
@@ -35,7 +38,16 @@ fn nbdinfo_json_reports_size_flags_and_block_sizes() {
     let t = TestServer::one("disk0", b);
     let json = run(Command::new("nbdinfo").arg("--json").arg(t.uri("disk0")));
     assert_eq!(json_field(&json, "export-size"), (3 * MIB).to_string());
-    for f in ["can_flush", "can_fua", "can_trim", "can_zero", "can_multi_conn", "can_cache", "can_fast_zero", "can_df"] {
+    for f in [
+        "can_flush",
+        "can_fua",
+        "can_trim",
+        "can_zero",
+        "can_multi_conn",
+        "can_cache",
+        "can_fast_zero",
+        "can_df",
+    ] {
         assert_eq!(json_field(&json, f), "true", "{f} in {json}");
     }
     assert_eq!(json_field(&json, "is_read_only"), "false");
@@ -85,10 +97,19 @@ fn nbdcopy_roundtrip(connections: u32) {
     std::fs::write(&src, &data).unwrap();
     std::fs::write(&dst, []).unwrap();
     let conns = format!("--connections={connections}");
-    run(Command::new("nbdcopy").arg(&conns).arg(&src).arg(t.uri("d")));
+    run(Command::new("nbdcopy")
+        .arg(&conns)
+        .arg(&src)
+        .arg(t.uri("d")));
     assert!(b.snapshot() == data, "backend differs after nbdcopy in");
-    run(Command::new("nbdcopy").arg(&conns).arg(t.uri("d")).arg(&dst));
-    assert!(std::fs::read(&dst).unwrap() == data, "file differs after nbdcopy out");
+    run(Command::new("nbdcopy")
+        .arg(&conns)
+        .arg(t.uri("d"))
+        .arg(&dst));
+    assert!(
+        std::fs::read(&dst).unwrap() == data,
+        "file differs after nbdcopy out"
+    );
     t.stop().unwrap();
 }
 
@@ -115,8 +136,20 @@ fn qemu_io_odd_offsets_and_qemu_img_compare() {
     let t = TestServer::one("q", b.clone());
     let out = run(Command::new("qemu-io")
         .args(["-f", "raw", &t.uri("q")])
-        .args(["-c", "write -P 0xab 513 1000", "-c", "read -P 0xab 513 1000"])
-        .args(["-c", "write -z 4096 8192", "-c", "discard 65536 4096", "-c", "flush"]));
+        .args([
+            "-c",
+            "write -P 0xab 513 1000",
+            "-c",
+            "read -P 0xab 513 1000",
+        ])
+        .args([
+            "-c",
+            "write -z 4096 8192",
+            "-c",
+            "discard 65536 4096",
+            "-c",
+            "flush",
+        ]));
     assert!(!out.contains("verification failed"), "{out}");
     let snap = b.snapshot();
     assert_eq!(snap[512], 0);
@@ -132,8 +165,15 @@ fn qemu_io_odd_offsets_and_qemu_img_compare() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("verification failed"), "{stdout}");
 
+    qemu_img_compare(&t, &snap);
+    t.stop().unwrap();
+}
+
+/// `qemu-img compare` sees `snap` equal to the export, and a one-byte change
+/// as different.
+fn qemu_img_compare(t: &TestServer, snap: &[u8]) {
     let img = t.dir.path().join("ref.img");
-    std::fs::write(&img, &snap).unwrap();
+    std::fs::write(&img, snap).unwrap();
     let cmp = |img: &std::path::Path| {
         Command::new("qemu-img")
             .args(["compare", "-f", "raw", "-F", "raw"])
@@ -143,12 +183,19 @@ fn qemu_io_odd_offsets_and_qemu_img_compare() {
             .unwrap()
     };
     let same = cmp(&img);
-    assert!(same.status.success(), "{}", String::from_utf8_lossy(&same.stdout));
-    let mut other = snap.clone();
+    assert!(
+        same.status.success(),
+        "{}",
+        String::from_utf8_lossy(&same.stdout)
+    );
+    let mut other = snap.to_vec();
     other[700_000] ^= 0x5a;
     std::fs::write(&img, &other).unwrap();
-    assert_eq!(cmp(&img).status.code(), Some(1), "qemu-img compare must see the difference");
-    t.stop().unwrap();
+    assert_eq!(
+        cmp(&img).status.code(),
+        Some(1),
+        "qemu-img compare must see the difference"
+    );
 }
 
 #[test]
@@ -160,11 +207,15 @@ fn fio_randrw_verify() {
     let t = TestServer::one("f", b.clone());
     let out = run(Command::new("fio")
         .args(["--name=nbdtest", "--ioengine=nbd", "--rw=randrw", "--bs=4k"])
-        .args(["--iodepth=16", "--size=8M", "--verify=crc32c", "--do_verify=1"])
+        .args([
+            "--iodepth=16",
+            "--size=8M",
+            "--verify=crc32c",
+            "--do_verify=1",
+        ])
         .args(["--verify_fatal=1", "--output-format=terse"])
         .arg(format!("--uri={}", t.uri("f"))));
     assert!(!out.is_empty());
     assert!(b.writes.load(std::sync::atomic::Ordering::SeqCst) > 0);
     t.stop().unwrap();
 }
-

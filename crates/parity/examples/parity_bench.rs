@@ -14,6 +14,8 @@
 //! GB/s = 10^9 × (source bytes: (n−1) or (n−2) chunks per stripe) / second, one
 //! thread. `hot` reuses one stripe (cache resident); `cold` walks sequentially
 //! through ≥ 256 MiB of stripes so data comes from DRAM. Best of 3 runs.
+//! `--no-stream` disables non-temporal stores (see
+//! `parity::set_streaming_store_threshold`; default: blocks ≥ 64 KiB stream).
 //! `ours` = the runtime-selected backend, `scalar` = the portable u64 SWAR
 //! backend, `isal` = Debian's libisal (feature `isal` only).
 
@@ -168,6 +170,7 @@ fn run_op(op: Op, imp: Imp, stripe: &mut [u8], n: usize, chunk: usize) {
 }
 
 /// Best-of-`reps` throughput in GB/s.
+#[allow(clippy::too_many_arguments)]
 fn measure(
     arena: &mut Arena,
     op: Op,
@@ -217,11 +220,19 @@ fn cross_check(arena: &mut Arena) {
         run_op(Op::Pq, Imp::Isal, st, n, chunk);
         let theirs = st[(n - 2) * chunk..].to_vec();
         run_op(Op::Pq, Imp::Ours, st, n, chunk);
-        assert_eq!(&st[(n - 2) * chunk..], &theirs[..], "pq_gen differs from ISA-L");
+        assert_eq!(
+            &st[(n - 2) * chunk..],
+            &theirs[..],
+            "pq_gen differs from ISA-L"
+        );
         run_op(Op::Xor, Imp::Isal, st, n, chunk);
         let theirs = st[(n - 1) * chunk..].to_vec();
         run_op(Op::Xor, Imp::Ours, st, n, chunk);
-        assert_eq!(&st[(n - 1) * chunk..], &theirs[..], "xor_gen differs from ISA-L");
+        assert_eq!(
+            &st[(n - 1) * chunk..],
+            &theirs[..],
+            "xor_gen differs from ISA-L"
+        );
         let c = &mut st[..chunk];
         // SAFETY: valid buffer of `chunk` bytes; ISA-L only reads it.
         let theirs = unsafe { isal::crc32_iscsi(c.as_mut_ptr(), chunk as i32, 0x1234_5678) };
@@ -243,9 +254,16 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let quick = args.iter().any(|a| a == "--quick");
     let json = args.iter().any(|a| a == "--json");
-    if let Some(bad) = args.iter().find(|a| *a != "--quick" && *a != "--json") {
-        eprintln!("unknown argument {bad}; usage: parity_bench [--quick] [--json]");
+    let no_stream = args.iter().any(|a| a == "--no-stream");
+    if let Some(bad) = args
+        .iter()
+        .find(|a| !["--quick", "--json", "--no-stream"].contains(&a.as_str()))
+    {
+        eprintln!("unknown argument {bad}; usage: parity_bench [--quick] [--json] [--no-stream]");
         std::process::exit(2);
+    }
+    if no_stream {
+        parity::set_streaming_store_threshold(usize::MAX);
     }
     let (target, reps) = if quick {
         (Duration::from_millis(40), 1)
@@ -293,7 +311,9 @@ fn main() {
 
     let get = |r: &Row, imp: Imp| {
         rows.iter()
-            .find(|x| x.op == r.op && x.n == r.n && x.chunk == r.chunk && x.cold == r.cold && x.imp == imp)
+            .find(|x| {
+                x.op == r.op && x.n == r.n && x.chunk == r.chunk && x.cold == r.cold && x.imp == imp
+            })
             .map(|x| x.gbps)
     };
 
@@ -322,8 +342,12 @@ fn main() {
     }
 
     println!(
-        "parity_bench: backend={} single thread, GB/s of source data, best of {reps} x {} ms{}",
+        "parity_bench: backend={} streaming-store threshold={} single thread, GB/s of source data, best of {reps} x {} ms{}",
         parity::backend_name(),
+        match parity::streaming_store_threshold() {
+            usize::MAX => "off".to_string(),
+            t => format!("{} KiB", t >> 10),
+        },
         target.as_millis(),
         if quick { " (quick)" } else { "" }
     );

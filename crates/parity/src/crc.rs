@@ -70,7 +70,10 @@ mod tests {
         let data: Vec<u8> = (0..1000u32).map(|i| (i * 7 + 3) as u8).collect();
         for seed in [0, 0xFFFF_FFFF, 0x1234_5678, 0xdead_beef] {
             for cut in [0, 1, 7, 500, 999, 1000] {
-                assert_eq!(crc32c_raw(seed, &data[..cut]), raw_bitwise(seed, &data[..cut]));
+                assert_eq!(
+                    crc32c_raw(seed, &data[..cut]),
+                    raw_bitwise(seed, &data[..cut])
+                );
                 let chained = crc32c_raw(crc32c_raw(seed, &data[..cut]), &data[cut..]);
                 assert_eq!(chained, crc32c_raw(seed, &data));
             }

@@ -61,7 +61,7 @@
 //! ([`Backend::detect`], logged via [`backend_name`]): AVX2 if the CPU has it, else
 //! the portable u64-SWAR `scalar` backend. The environment variable
 //! `IRONRAID_PARITY_BACKEND=scalar` forces the portable one. [`Backend`] methods
-//! run a specific backend (tests compare them). [`reference`] is the byte-wise
+//! run a specific backend (tests compare them). [`reference`](mod@reference) is the byte-wise
 //! oracle. All lengths are allowed (SIMD handles the tail with scalar code) and
 //! buffers may be arbitrarily aligned.
 //!
@@ -82,7 +82,31 @@ pub use crc::{crc32c, crc32c_append, crc32c_raw};
 pub use gf::{gf_exp, gf_inv, gf_log, gf_mul};
 pub use scalar::reference;
 
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+
+/// Default for [`streaming_store_threshold`]: 64 KiB.
+pub const DEFAULT_STREAMING_STORE_THRESHOLD: usize = 64 << 10;
+
+static NT_THRESHOLD: AtomicUsize = AtomicUsize::new(DEFAULT_STREAMING_STORE_THRESHOLD);
+
+/// Block length from which the SIMD backend writes *generated* blocks (xor_gen's
+/// destination, P/Q of pq_gen, rebuilt blocks) with non-temporal stores that
+/// bypass the caches, provided the output buffers are 32-byte aligned.
+///
+/// Streaming stores avoid the read-for-ownership and the cache pollution of
+/// output that the CPU will not read again (parity headed for a disk): they give
+/// 1.2–2× the throughput on cold (DRAM-resident) stripes, but cost up to 2× when
+/// the same small buffers are reused over and over while cache resident.
+/// Accumulating operations (`xor_into`, `pq_update`, `gf_mul_xor`) never stream.
+pub fn streaming_store_threshold() -> usize {
+    NT_THRESHOLD.load(Ordering::Relaxed)
+}
+
+/// Set [`streaming_store_threshold`] process-wide (`usize::MAX` disables
+/// streaming stores, `0` uses them whenever the buffers are aligned).
+pub fn set_streaming_store_threshold(bytes: usize) {
+    NT_THRESHOLD.store(bytes, Ordering::Relaxed);
+}
 
 /// What a RAID6 stripe lost. Slots index `data` (syndrome order).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -10,7 +10,11 @@ use crate::{Backend, Lost, Mode};
 
 fn check_lengths(blocks: &[&mut [u8]], len: usize) {
     for b in blocks {
-        assert_eq!(b.len(), len, "all blocks of a stripe must have the same length");
+        assert_eq!(
+            b.len(),
+            len,
+            "all blocks of a stripe must have the same length"
+        );
     }
 }
 

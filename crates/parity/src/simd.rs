@@ -17,10 +17,10 @@
 //!   both halves looked up with `vpshufb` in 16-entry tables (`gf::NIBBLE[c]`).
 
 use core::arch::x86_64::{
-    __m256i, _mm256_add_epi8, _mm256_and_si256, _mm256_broadcastsi128_si256,
-    _mm256_cmpgt_epi8, _mm256_loadu_si256, _mm256_set1_epi8, _mm256_setzero_si256,
-    _mm256_shuffle_epi8, _mm256_srli_epi16, _mm256_storeu_si256, _mm256_xor_si256,
-    _mm_loadu_si128,
+    __m256i, _mm256_add_epi8, _mm256_and_si256, _mm256_broadcastsi128_si256, _mm256_cmpgt_epi8,
+    _mm256_loadu_si256, _mm256_set1_epi8, _mm256_setzero_si256, _mm256_shuffle_epi8,
+    _mm256_srli_epi16, _mm256_storeu_si256, _mm256_stream_si256, _mm256_xor_si256, _mm_loadu_si128,
+    _mm_sfence,
 };
 
 use std::sync::OnceLock;
@@ -55,12 +55,25 @@ impl Avx2 {
     pub(crate) fn xor(self, srcs: &[&[u8]], dst: &mut [u8], acc: bool) {
         assert!(!srcs.is_empty());
         assert!(srcs.iter().all(|s| s.len() == dst.len()));
+        // Streaming stores only for pure writes (with `acc` dst was just read).
+        let nt = !acc && dst.len() >= nt_min() && (dst.as_ptr() as usize) & (W - 1) == 0;
         let mut off = 0;
         // SAFETY: `self` proves AVX2 is available; all sources have dst.len() bytes
-        // (asserted above), which is what `xor_blocks` requires.
+        // (asserted above), which is what `xor_blocks` requires; with `nt`, dst is
+        // 32-byte aligned (checked just above).
         unsafe {
-            off = xor_blocks::<WIDE>(srcs, dst, acc, off);
-            off = xor_blocks::<1>(srcs, dst, acc, off);
+            if nt {
+                off = xor_blocks::<WIDE, true>(srcs, dst, acc, off);
+                off = xor_blocks::<1, true>(srcs, dst, acc, off);
+            } else {
+                off = xor_blocks::<WIDE, false>(srcs, dst, acc, off);
+                off = xor_blocks::<1, false>(srcs, dst, acc, off);
+            }
+        }
+        if nt {
+            // See `syndrome`: order the streaming stores.
+            // SAFETY: SSE is part of the x86-64 baseline (and implied by AVX2).
+            unsafe { _mm_sfence() };
         }
         scalar::xor(srcs, dst, acc, off);
     }
@@ -134,28 +147,75 @@ impl Avx2 {
             Mode::DataP(a) | Mode::DataQ(a) => (a, 0),
             Mode::DataData(a, b) => (a, b),
         };
+        let aligned = |b: &[u8]| (b.as_ptr() as usize) & (W - 1) == 0;
+        let nt = len >= nt_min()
+            && match mode {
+                Mode::Gen => aligned(p) && aligned(q),
+                Mode::GenQ => aligned(q),
+                Mode::DataP(_) => aligned(da) && aligned(p),
+                Mode::DataQ(_) => aligned(da) && aligned(q),
+                Mode::DataData(..) => aligned(da) && aligned(db),
+            };
         let o = &mut Outs { p, q, da, db };
-        let mut off = 0;
         // SAFETY: AVX2 proven by `self`; every buffer the chosen mode touches has
         // `len` bytes and every non-empty data block has `len` bytes (asserted above);
-        // `top` indexes a non-empty block.
-        unsafe {
-            off = match mode {
-                Mode::Gen => syndrome_blocks::<WIDE, GEN>(data, top, o, ca, cb, len, off),
-                Mode::GenQ => syndrome_blocks::<WIDE, GENQ>(data, top, o, ca, cb, len, off),
-                Mode::DataP(_) => syndrome_blocks::<2, DATAP>(data, top, o, ca, cb, len, off),
-                Mode::DataQ(_) => syndrome_blocks::<2, DATAQ>(data, top, o, ca, cb, len, off),
-                Mode::DataData(..) => syndrome_blocks::<2, DATADATA>(data, top, o, ca, cb, len, off),
-            };
-            off = match mode {
-                Mode::Gen => syndrome_blocks::<1, GEN>(data, top, o, ca, cb, len, off),
-                Mode::GenQ => syndrome_blocks::<1, GENQ>(data, top, o, ca, cb, len, off),
-                Mode::DataP(_) => syndrome_blocks::<1, DATAP>(data, top, o, ca, cb, len, off),
-                Mode::DataQ(_) => syndrome_blocks::<1, DATAQ>(data, top, o, ca, cb, len, off),
-                Mode::DataData(..) => syndrome_blocks::<1, DATADATA>(data, top, o, ca, cb, len, off),
-            };
+        // `top` indexes a non-empty block; with `nt` every written buffer is
+        // 32-byte aligned (checked just above).
+        let off = unsafe {
+            match (mode, nt) {
+                (Mode::Gen, false) => syndrome_all::<GEN, WIDE, false>(data, top, o, ca, cb, len),
+                (Mode::Gen, true) => syndrome_all::<GEN, WIDE, true>(data, top, o, ca, cb, len),
+                (Mode::GenQ, false) => syndrome_all::<GENQ, WIDE, false>(data, top, o, ca, cb, len),
+                (Mode::GenQ, true) => syndrome_all::<GENQ, WIDE, true>(data, top, o, ca, cb, len),
+                (Mode::DataP(_), false) => {
+                    syndrome_all::<DATAP, 2, false>(data, top, o, ca, cb, len)
+                }
+                (Mode::DataP(_), true) => syndrome_all::<DATAP, 2, true>(data, top, o, ca, cb, len),
+                (Mode::DataQ(_), false) => {
+                    syndrome_all::<DATAQ, 2, false>(data, top, o, ca, cb, len)
+                }
+                (Mode::DataQ(_), true) => syndrome_all::<DATAQ, 2, true>(data, top, o, ca, cb, len),
+                (Mode::DataData(..), false) => {
+                    syndrome_all::<DATADATA, 2, false>(data, top, o, ca, cb, len)
+                }
+                (Mode::DataData(..), true) => {
+                    syndrome_all::<DATADATA, 2, true>(data, top, o, ca, cb, len)
+                }
+            }
+        };
+        if nt {
+            // Non-temporal stores are weakly ordered: fence them before anyone
+            // (another thread, a DMA submission) can observe the buffers.
+            // SAFETY: SSE is part of the x86-64 baseline (and implied by AVX2).
+            unsafe { _mm_sfence() };
         }
         scalar::syndrome(data, top, mode, o.p, o.q, o.da, o.db, len, off);
+    }
+}
+
+/// Minimum block length for non-temporal (cache-bypassing) parity stores.
+#[inline]
+fn nt_min() -> usize {
+    crate::streaming_store_threshold()
+}
+
+/// Both block loops of the syndrome kernel (wide, then single vectors).
+///
+/// # Safety
+/// As [`syndrome_blocks`].
+#[target_feature(enable = "avx2")]
+unsafe fn syndrome_all<const M: u8, const L: usize, const NT: bool>(
+    data: &[&[u8]],
+    top: Option<usize>,
+    o: &mut Outs<'_, '_, '_, '_>,
+    ca: u8,
+    cb: u8,
+    len: usize,
+) -> usize {
+    // SAFETY: forwarded contract.
+    unsafe {
+        let off = syndrome_blocks::<L, M, NT>(data, top, o, ca, cb, len, 0);
+        syndrome_blocks::<1, M, NT>(data, top, o, ca, cb, len, off)
     }
 }
 
@@ -198,6 +258,24 @@ unsafe fn st(d: &mut [u8], off: usize, v: __m256i) {
     unsafe { _mm256_storeu_si256(d.as_mut_ptr().add(off).cast(), v) }
 }
 
+/// 32-byte store to `d[off..off + 32]`, non-temporal (bypassing the caches) if `NT`.
+///
+/// # Safety
+/// `off + 32 <= d.len()`; if `NT`, `d.as_ptr() + off` is 32-byte aligned.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn stx<const NT: bool>(d: &mut [u8], off: usize, v: __m256i) {
+    if NT {
+        debug_assert!(off + W <= d.len());
+        debug_assert_eq!((d.as_ptr() as usize + off) % W, 0);
+        // SAFETY: in bounds and 32-byte aligned by the caller's contract.
+        unsafe { _mm256_stream_si256(d.as_mut_ptr().add(off).cast(), v) }
+    } else {
+        // SAFETY: in bounds by the caller's contract.
+        unsafe { st(d, off, v) }
+    }
+}
+
 /// Per-byte multiply by 2 in GF(2^8)/0x11d.
 #[target_feature(enable = "avx2")]
 #[inline]
@@ -237,9 +315,10 @@ fn mulc(v: __m256i, t: (__m256i, __m256i), m0f: __m256i) -> __m256i {
 /// offset of the first unprocessed byte.
 ///
 /// # Safety
-/// AVX2 available; `srcs` non-empty; every source has `dst.len()` bytes.
+/// AVX2 available; `srcs` non-empty; every source has `dst.len()` bytes;
+/// if `NT`, `dst` is 32-byte aligned.
 #[target_feature(enable = "avx2")]
-unsafe fn xor_blocks<const L: usize>(
+unsafe fn xor_blocks<const L: usize, const NT: bool>(
     srcs: &[&[u8]],
     dst: &mut [u8],
     acc: bool,
@@ -249,7 +328,7 @@ unsafe fn xor_blocks<const L: usize>(
     let rest = if acc { srcs } else { &srcs[1..] };
     while off + L * W <= len {
         let mut v = [_mm256_setzero_si256(); L];
-        // SAFETY (all loads/stores in this iteration): off + L*W <= len and every
+        // SAFETY: (all loads/stores in this iteration) off + L*W <= len and every
         // source and dst have `len` bytes.
         unsafe {
             for (j, x) in v.iter_mut().enumerate() {
@@ -265,7 +344,7 @@ unsafe fn xor_blocks<const L: usize>(
                 }
             }
             for (j, x) in v.iter().enumerate() {
-                st(dst, off + j * W, *x);
+                stx::<NT>(dst, off + j * W, *x);
             }
         }
         off += L * W;
@@ -336,10 +415,11 @@ unsafe fn pq_update_blocks<const L: usize>(
 ///
 /// # Safety
 /// AVX2 available; every non-empty `data[i]` has `len` bytes; `top` (if any)
-/// indexes a non-empty block; every buffer in `o` that mode `M` uses has `len` bytes.
+/// indexes a non-empty block; every buffer in `o` that mode `M` uses has `len` bytes;
+/// if `NT`, every buffer that mode `M` writes is 32-byte aligned.
 #[target_feature(enable = "avx2")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn syndrome_blocks<const L: usize, const M: u8>(
+unsafe fn syndrome_blocks<const L: usize, const M: u8, const NT: bool>(
     data: &[&[u8]],
     top: Option<usize>,
     o: &mut Outs<'_, '_, '_, '_>,
@@ -355,7 +435,7 @@ unsafe fn syndrome_blocks<const L: usize, const M: u8>(
     while off + L * W <= len {
         let mut pv = [_mm256_setzero_si256(); L];
         let mut qv = [_mm256_setzero_si256(); L];
-        // SAFETY (all loads/stores in this iteration): off + L*W <= len, and every
+        // SAFETY: (all loads/stores in this iteration) off + L*W <= len, and every
         // block read or written here has `len` bytes per the function contract.
         unsafe {
             if let Some(top) = top {
@@ -382,26 +462,26 @@ unsafe fn syndrome_blocks<const L: usize, const M: u8>(
                 let x = off + j * W;
                 match M {
                     GEN => {
-                        st(o.p, x, pv[j]);
-                        st(o.q, x, qv[j]);
+                        stx::<NT>(o.p, x, pv[j]);
+                        stx::<NT>(o.q, x, qv[j]);
                     }
-                    GENQ => st(o.q, x, qv[j]),
+                    GENQ => stx::<NT>(o.q, x, qv[j]),
                     DATAP => {
                         let d = mulc(_mm256_xor_si256(ld(o.q, x), qv[j]), ta, m0f);
-                        st(o.da, x, d);
-                        st(o.p, x, _mm256_xor_si256(pv[j], d));
+                        stx::<NT>(o.da, x, d);
+                        stx::<NT>(o.p, x, _mm256_xor_si256(pv[j], d));
                     }
                     DATAQ => {
                         let d = _mm256_xor_si256(ld(o.p, x), pv[j]);
-                        st(o.da, x, d);
-                        st(o.q, x, _mm256_xor_si256(qv[j], mulc(d, ta, m0f)));
+                        stx::<NT>(o.da, x, d);
+                        stx::<NT>(o.q, x, _mm256_xor_si256(qv[j], mulc(d, ta, m0f)));
                     }
                     _ => {
                         let pxy = _mm256_xor_si256(ld(o.p, x), pv[j]);
                         let qxy = _mm256_xor_si256(ld(o.q, x), qv[j]);
                         let b = _mm256_xor_si256(mulc(pxy, ta, m0f), mulc(qxy, tb, m0f));
-                        st(o.db, x, b);
-                        st(o.da, x, _mm256_xor_si256(b, pxy));
+                        stx::<NT>(o.db, x, b);
+                        stx::<NT>(o.da, x, _mm256_xor_si256(b, pxy));
                     }
                 }
             }

@@ -24,6 +24,18 @@ pub fn config() -> ArrayConfig {
 
 /// Create and assemble an array of `n` simulated members of `member_bytes` each.
 pub fn sim_array(level: Level, layout: Option<u32>, n: usize, chunk_bytes: u64, member_bytes: u64, seed: u64) -> SimArray {
+    sim_array_with(level, layout, n, chunk_bytes, member_bytes, seed, config())
+}
+
+pub fn sim_array_with(
+    level: Level,
+    layout: Option<u32>,
+    n: usize,
+    chunk_bytes: u64,
+    member_bytes: u64,
+    seed: u64,
+    config: ArrayConfig,
+) -> SimArray {
     let sims: Vec<Arc<SimDevice>> =
         (0..n).map(|i| Arc::new(SimDevice::new(format!("sim{i}"), member_bytes, seed.wrapping_mul(31).wrapping_add(i as u64)))).collect();
     create(&CreateSpec {
@@ -38,7 +50,7 @@ pub fn sim_array(level: Level, layout: Option<u32>, n: usize, chunk_bytes: u64, 
         force: false,
     })
     .expect("create");
-    let array = assemble(devs(&sims), AssembleOptions { name: None, config: config() }).expect("assemble");
+    let array = assemble(devs(&sims), AssembleOptions { name: None, config }).expect("assemble");
     SimArray { sims, array, level, layout }
 }
 

@@ -235,7 +235,10 @@ impl RawClient {
             assert_eq!(c.option_reply().0, REP_ACK);
             c.structured = true;
         }
-        c.send_option(OPT_GO, &codec::encode_info_request(name, &[INFO_BLOCK_SIZE]));
+        c.send_option(
+            OPT_GO,
+            &codec::encode_info_request(name, &[INFO_BLOCK_SIZE]),
+        );
         loop {
             let (h, data) = c.option_reply();
             match h {
@@ -252,7 +255,9 @@ impl RawClient {
     }
 
     pub fn send_option(&mut self, option: u32, data: &[u8]) {
-        self.s.write_all(&codec::encode_option(option, data)).unwrap();
+        self.s
+            .write_all(&codec::encode_option(option, data))
+            .unwrap();
     }
 
     /// Reads one option reply: (reply type, data).

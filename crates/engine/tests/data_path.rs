@@ -1,0 +1,206 @@
+//! What the data path promises, observed through the simulated members' counters.
+
+mod common;
+
+use common::{devs, sim_array};
+use device::{Device, SimDevice};
+use layout::Level;
+use std::sync::Arc;
+
+fn reads(sa: &common::SimArray) -> u64 {
+    sa.sims.iter().map(|s| s.stats().reads).sum()
+}
+
+fn writes(sa: &common::SimArray) -> u64 {
+    sa.sims.iter().map(|s| s.stats().writes).sum()
+}
+
+#[test]
+fn full_stripe_write_issues_no_reads() {
+    for (level, n) in [(Level::Raid5, 4), (Level::Raid6, 6), (Level::Raid4, 5)] {
+        let sa = sim_array(level, None, n, 64 << 10, 8 << 20, 1);
+        let stripe = sa.array.geometry().data_disks() as u64 * (64 << 10);
+        let before = reads(&sa);
+        let data = vec![0x5au8; (stripe * 3) as usize];
+        sa.array.write(stripe, &data, false).unwrap();
+        assert_eq!(reads(&sa), before, "{level:?}: full-stripe writes must not read");
+        let mut back = vec![0u8; data.len()];
+        sa.array.read(stripe, &mut back).unwrap();
+        assert!(back == data);
+        common::check_redundancy(&sa);
+    }
+}
+
+#[test]
+fn small_write_takes_read_modify_write_large_partial_takes_reconstruct_write() {
+    // 8 members RAID5: a 4 KiB write in one chunk reads old data + parity (2 reads) rather
+    // than the 6 other data chunks.
+    let sa = sim_array(Level::Raid5, None, 8, 64 << 10, 8 << 20, 2);
+    let before = reads(&sa);
+    sa.array.write(4096, &[1u8; 4096], false).unwrap();
+    assert_eq!(reads(&sa) - before, 2, "RMW reads old data and P");
+    // 6 of 7 data chunks fully written: RCW reads only the 7th.
+    let before = reads(&sa);
+    sa.array.write(0, &vec![2u8; 6 * (64 << 10)], false).unwrap();
+    assert_eq!(reads(&sa) - before, 1, "RCW reads the one data chunk not overwritten");
+    common::check_redundancy(&sa);
+    // RAID6 RMW reads old data, P and Q.
+    let sa = sim_array(Level::Raid6, None, 8, 64 << 10, 8 << 20, 3);
+    let before = reads(&sa);
+    sa.array.write(8192, &[3u8; 4096], false).unwrap();
+    assert_eq!(reads(&sa) - before, 3);
+    common::check_redundancy(&sa);
+}
+
+#[test]
+fn concurrent_writes_to_one_stripe_share_one_parity_update() {
+    let config = engine::ArrayConfig { write_hold: std::time::Duration::from_millis(50), ..common::config() };
+    let sa = common::sim_array_with(Level::Raid5, None, 5, 64 << 10, 8 << 20, 4, config);
+    let array = Arc::new(sa.array);
+    // The first write marks the array dirty (a superblock write per member); get it done first.
+    array.write(40 << 20 >> 4, &[0u8; 4096], false).unwrap();
+    let before: u64 = sa.sims.iter().map(|s| s.stats().writes).sum();
+    // Four writers each fill one data chunk of stripe 0, all at once.
+    let barrier = std::sync::Barrier::new(4);
+    std::thread::scope(|s| {
+        for d in 0..4u64 {
+            let (array, barrier) = (array.clone(), &barrier);
+            s.spawn(move || {
+                barrier.wait();
+                array.write(d * (64 << 10), &vec![d as u8 + 1; 64 << 10], false).unwrap()
+            });
+        }
+    });
+    let after: u64 = sa.sims.iter().map(|s| s.stats().writes).sum();
+    // Unmerged: 4 × (data + parity) = 8. The first writer may go alone (nothing else was in
+    // flight when it started: 2 writes); the other three merge into one full stripe (3 + 1).
+    assert!(after - before <= 6, "expected merged parity updates, saw {} member writes", after - before);
+    let sa2 = common::SimArray { sims: sa.sims, array: Arc::try_unwrap(array).ok().unwrap(), level: Level::Raid5, layout: None };
+    common::check_redundancy(&sa2);
+}
+
+#[test]
+fn healthy_reads_go_straight_to_one_member() {
+    let sa = sim_array(Level::Raid6, None, 6, 64 << 10, 8 << 20, 5);
+    let before = reads(&sa);
+    let mut buf = vec![0u8; 8192];
+    sa.array.read(4096, &mut buf).unwrap();
+    assert_eq!(reads(&sa) - before, 1);
+    assert_eq!(writes(&sa), writes(&sa));
+}
+
+#[test]
+fn raid6_survives_any_two_failures_including_p_and_q() {
+    let n = 6;
+    for a in 0..n {
+        for b in a + 1..n {
+            let sa = sim_array(Level::Raid6, None, n, 16 << 10, 4 << 20, 100 + (a * n + b) as u64);
+            let size = sa.array.size_bytes() as usize;
+            let data: Vec<u8> = (0..size).map(|i| (i * 7 + i / 4096) as u8).collect();
+            sa.array.write(0, &data, false).unwrap();
+            sa.sims[a].set_dead(true);
+            sa.sims[b].set_dead(true);
+            let mut back = vec![0u8; size];
+            sa.array.read(0, &mut back).unwrap_or_else(|e| panic!("lost {a},{b}: {e}"));
+            assert!(back == data, "lost {a},{b}: wrong data");
+            // Degraded writes keep working and read back.
+            sa.array.write(4096, &[9u8; 65536], false).unwrap();
+            let mut small = vec![0u8; 65536];
+            sa.array.read(4096, &mut small).unwrap();
+            assert!(small.iter().all(|&x| x == 9));
+            let st = sa.array.status();
+            assert_eq!(st.missing_roles, vec![a, b]);
+            // A third failure: the array refuses rather than return wrong data.
+            let c = (0..n).find(|x| *x != a && *x != b).unwrap();
+            sa.sims[c].set_dead(true);
+            let mut buf = vec![0u8; size];
+            assert!(sa.array.read(0, &mut buf).is_err(), "three lost members must give an error");
+        }
+    }
+}
+
+#[test]
+fn member_failure_is_recorded_in_survivors_superblocks() {
+    let sa = sim_array(Level::Raid5, None, 4, 64 << 10, 8 << 20, 6);
+    sa.array.write(0, &[1u8; 4096], false).unwrap();
+    let ev0 = engine::read_superblock(sa.sims[0].as_ref()).unwrap().events;
+    sa.sims[2].set_dead(true);
+    let mut buf = vec![0u8; 1 << 20];
+    sa.array.read(0, &mut buf).unwrap();
+    for (i, s) in sa.sims.iter().enumerate().filter(|(i, _)| *i != 2) {
+        let sb = engine::read_superblock(s.as_ref()).unwrap();
+        assert!(sb.events > ev0, "member {i}: events not bumped");
+        assert_eq!(sb.role_of(2), format::DevRole::Faulty, "member {i} does not record the failure");
+    }
+    // Reassembly leaves the faulty member out and runs degraded.
+    sa.sims[2].set_dead(false);
+    drop(sa.array);
+    let again = common::reassemble(&sa.sims).unwrap();
+    assert_eq!(again.status().missing_roles, vec![2]);
+}
+
+#[test]
+fn assembly_refuses_bad_members_with_their_name() {
+    let sa = sim_array(Level::Raid5, None, 4, 64 << 10, 8 << 20, 7);
+    drop(sa.array);
+    // Another array's member.
+    let other = sim_array(Level::Raid5, None, 4, 64 << 10, 8 << 20, 8);
+    let mut mixed = devs(&sa.sims[..3]);
+    let stranger: Arc<dyn Device> = other.sims[3].clone();
+    mixed.push(stranger);
+    let err = engine::assemble(mixed, Default::default()).err().expect("mixed arrays must be refused").to_string();
+    assert!(err.contains("sim3") && err.contains("belongs to array"), "{err}");
+    // A flipped bit in a superblock.
+    sa.sims[1].flip_bit(4096 + 100, 3);
+    let err = engine::assemble(devs(&sa.sims), Default::default()).err().expect("bad checksum refused").to_string();
+    assert!(err.contains("sim1"), "{err}");
+    sa.sims[1].flip_bit(4096 + 100, 3);
+    // Too few members.
+    let err = engine::assemble(devs(&sa.sims[..2]), Default::default()).err().expect("too few").to_string();
+    assert!(err.contains("too few"), "{err}");
+    // An empty device.
+    let blank: Arc<dyn Device> = Arc::new(SimDevice::new("blank", 8 << 20, 9));
+    let err = engine::assemble(vec![blank], Default::default()).err().expect("no sb").to_string();
+    assert!(err.contains("blank"), "{err}");
+}
+
+#[test]
+fn stale_member_is_not_read_as_current() {
+    let sa = sim_array(Level::Raid1, None, 2, 0, 4 << 20, 10);
+    sa.array.write(0, &[1u8; 4096], false).unwrap();
+    let snapshot = sa.sims[1].contents();
+    // Fail member 1, write new data, close.
+    sa.sims[1].set_dead(true);
+    sa.array.write(0, &[2u8; 4096], false).unwrap();
+    sa.array.close().unwrap();
+    drop(sa.array);
+    // Member 1 comes back with its old image (older events): it must be left out.
+    sa.sims[1].set_dead(false);
+    sa.sims[1].scribble(0, &snapshot);
+    let again = common::reassemble(&sa.sims).unwrap();
+    for _ in 0..8 {
+        let mut buf = vec![0u8; 4096];
+        again.read(0, &mut buf).unwrap();
+        assert!(buf.iter().all(|&b| b == 2), "stale data served");
+    }
+}
+
+#[test]
+fn create_refuses_members_already_in_an_array() {
+    let sa = sim_array(Level::Raid1, None, 2, 0, 4 << 20, 11);
+    let err = engine::create(&engine::CreateSpec {
+        name: "again".into(),
+        level: Level::Raid1,
+        layout: None,
+        chunk_bytes: 0,
+        members: devs(&sa.sims),
+        spares: vec![],
+        size_bytes: None,
+        assume_clean: true,
+        force: false,
+    })
+    .err()
+    .expect("refused")
+    .to_string();
+    assert!(err.contains("sim0") && err.contains("--force"), "{err}");
+}

@@ -1,0 +1,495 @@
+//! Hand-crafted (often malformed) protocol traffic over a raw Unix socket.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::Shutdown;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{MemBackend, RawClient, TestServer};
+use nbd::codec;
+use nbd::proto::*;
+use nbd::Limits;
+
+const MIB: usize = 1 << 20;
+
+fn server() -> (Arc<MemBackend>, TestServer) {
+    let b = Arc::new(MemBackend::new(MIB));
+    let t = TestServer::one("d", b.clone());
+    (b, t)
+}
+
+/// A READ through `c` works (simple replies).
+fn read_ok(c: &mut RawClient, handle: u64) {
+    c.request(CMD_READ, 0, handle, 0, 512);
+    assert_eq!(c.simple_reply(), (0, handle));
+    let mut d = vec![0u8; 512];
+    c.s.read_exact(&mut d).unwrap();
+}
+
+fn wait_until(mut f: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !f() {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "condition never became true"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn bad_request_magic_closes_only_that_connection() {
+    let (_b, t) = server();
+    let mut other = RawClient::connect(&t.sock, "d", false);
+    let mut c = RawClient::connect(&t.sock, "d", false);
+    let mut bad = codec::encode_request(&codec::Request {
+        flags: 0,
+        command: CMD_READ,
+        handle: 1,
+        offset: 0,
+        length: 512,
+    });
+    bad[0] = 0xff;
+    c.s.write_all(&bad).unwrap();
+    assert!(c.is_closed());
+    read_ok(&mut other, 2);
+    let mut fresh = RawClient::connect(&t.sock, "d", true);
+    fresh.request(CMD_FLUSH, 0, 3, 0, 0);
+    assert_eq!(fresh.simple_reply(), (0, 3));
+}
+
+#[test]
+fn unknown_command_and_bad_flags_get_einval() {
+    let (b, t) = server();
+    let mut c = RawClient::connect(&t.sock, "d", false);
+    c.request(42, 0, 1, 0, 0);
+    assert_eq!(c.simple_reply(), (EINVAL, 1));
+    // WRITE with DF (only valid on READ): EINVAL, payload consumed.
+    c.request(CMD_WRITE, CMD_FLAG_DF, 2, 0, 512);
+    c.s.write_all(&[0xee; 512]).unwrap();
+    assert_eq!(c.simple_reply(), (EINVAL, 2));
+    // DF without structured replies is not allowed on READ either.
+    c.request(CMD_READ, CMD_FLAG_DF, 3, 0, 512);
+    assert_eq!(c.simple_reply(), (EINVAL, 3));
+    // Undefined flag bit.
+    c.request(CMD_FLUSH, 1 << 9, 4, 0, 0);
+    assert_eq!(c.simple_reply(), (EINVAL, 4));
+    // BLOCK_STATUS without a negotiated context.
+    c.request(CMD_BLOCK_STATUS, 0, 5, 0, 512);
+    assert_eq!(c.simple_reply(), (EINVAL, 5));
+    read_ok(&mut c, 6);
+    assert_eq!(b.writes.load(Ordering::SeqCst), 0);
+    assert!(b.snapshot().iter().all(|&x| x == 0));
+}
+
+#[test]
+fn out_of_range_requests() {
+    let (b, t) = server();
+    let mut c = RawClient::connect(&t.sock, "d", false);
+    c.request(CMD_READ, 0, 1, MIB as u64 - 512, 1024);
+    assert_eq!(c.simple_reply(), (EINVAL, 1));
+    c.request(CMD_READ, 0, 2, u64::MAX - 100, 512);
+    assert_eq!(c.simple_reply(), (EINVAL, 2));
+    c.request(CMD_WRITE, 0, 3, MIB as u64, 512);
+    c.s.write_all(&[1; 512]).unwrap();
+    assert_eq!(c.simple_reply(), (ENOSPC, 3));
+    c.request(CMD_WRITE_ZEROES, 0, 4, MIB as u64 - 512, 1024);
+    assert_eq!(c.simple_reply(), (ENOSPC, 4));
+    c.request(CMD_TRIM, 0, 5, MIB as u64, 512);
+    assert_eq!(c.simple_reply(), (EINVAL, 5));
+    // Misaligned (the client asked for block sizes: min 512).
+    c.request(CMD_READ, 0, 6, 1, 512);
+    assert_eq!(c.simple_reply(), (EINVAL, 6));
+    // Length above the advertised maximum (1 MiB) on a READ.
+    c.request(CMD_READ, 0, 7, 0, 2 * MIB as u32);
+    assert_eq!(c.simple_reply(), (EINVAL, 7));
+    // Zero-length READ is a successful no-op.
+    c.request(CMD_READ, 0, 8, 0, 0);
+    assert_eq!(c.simple_reply(), (0, 8));
+    read_ok(&mut c, 9);
+    assert_eq!(b.writes.load(Ordering::SeqCst), 0);
+}
+
+#[test]
+fn write_longer_than_max_disconnects() {
+    let (b, t) = server();
+    let mut c = RawClient::connect(&t.sock, "d", false);
+    c.request(CMD_WRITE, 0, 1, 0, 2 * MIB as u32);
+    let _ = c.s.write_all(&[7; 4096]);
+    assert!(c.is_closed());
+    assert_eq!(b.writes.load(Ordering::SeqCst), 0);
+    let mut c = RawClient::connect(&t.sock, "d", false);
+    read_ok(&mut c, 2);
+}
+
+#[test]
+fn write_payload_cut_short_writes_nothing() {
+    let (b, t) = server();
+    let mut c = RawClient::connect(&t.sock, "d", false);
+    c.request(CMD_WRITE, 0, 1, 4096, 4096);
+    c.s.write_all(&[0x55; 1000]).unwrap();
+    c.s.shutdown(Shutdown::Write).unwrap();
+    assert!(c.is_closed());
+    wait_until(|| t.server.active_connections() == 0);
+    assert_eq!(b.writes.load(Ordering::SeqCst), 0);
+    assert!(b.snapshot().iter().all(|&x| x == 0));
+    // A complete write on another connection does land.
+    let mut c = RawClient::connect(&t.sock, "d", false);
+    c.request(CMD_WRITE, CMD_FLAG_FUA, 2, 4096, 512);
+    c.s.write_all(&[0x55; 512]).unwrap();
+    assert_eq!(c.simple_reply(), (0, 2));
+    assert!(b.snapshot()[4096..4608].iter().all(|&x| x == 0x55));
+}
+
+#[test]
+fn read_only_export_rejects_writes_with_eperm() {
+    let mut m = MemBackend::new(MIB);
+    m.read_only = true;
+    let b = Arc::new(m);
+    let t = TestServer::one("ro", b.clone());
+    let mut c = RawClient::connect(&t.sock, "ro", false);
+    assert_ne!(c.flags & FLAG_READ_ONLY, 0);
+    c.request(CMD_WRITE, 0, 1, 0, 512);
+    c.s.write_all(&[1; 512]).unwrap();
+    assert_eq!(c.simple_reply(), (EPERM, 1));
+    c.request(CMD_TRIM, 0, 2, 0, 512);
+    assert_eq!(c.simple_reply(), (EPERM, 2));
+    c.request(CMD_WRITE_ZEROES, 0, 3, 0, 512);
+    assert_eq!(c.simple_reply(), (EPERM, 3));
+    read_ok(&mut c, 4);
+    assert_eq!(b.writes.load(Ordering::SeqCst), 0);
+}
+
+#[test]
+fn handshake_options_unknown_invalid_too_big() {
+    let (_b, t) = server();
+    let mut c = RawClient::greet(&t.sock);
+    c.send_option(99, b"whatever");
+    assert_eq!(c.option_reply().0, REP_ERR_UNSUP);
+    c.send_option(OPT_STARTTLS, &[]);
+    assert_eq!(c.option_reply().0, REP_ERR_UNSUP);
+    c.send_option(OPT_LIST, &[1, 2, 3]);
+    assert_eq!(c.option_reply().0, REP_ERR_INVALID);
+    c.send_option(OPT_GO, &[0, 0, 0, 9, b'x']);
+    assert_eq!(c.option_reply().0, REP_ERR_INVALID);
+    c.send_option(OPT_INFO, &codec::encode_info_request("nope", &[]));
+    assert_eq!(c.option_reply().0, REP_ERR_UNKNOWN);
+    // Meta contexts need structured replies first.
+    c.send_option(
+        OPT_SET_META_CONTEXT,
+        &codec::encode_meta_request("d", &[META_BASE_ALLOCATION]),
+    );
+    assert_eq!(c.option_reply().0, REP_ERR_INVALID);
+    c.send_option(7777, &vec![0u8; 8000]);
+    assert_eq!(c.option_reply().0, REP_ERR_TOO_BIG);
+    c.send_option(OPT_LIST, &[]);
+    let (ty, data) = c.option_reply();
+    assert_eq!(ty, REP_SERVER);
+    assert_eq!(&data[..5], &[0, 0, 0, 1, b'd']);
+    assert_eq!(c.option_reply().0, REP_ACK);
+    // Haggling continues: GO works.
+    c.send_option(
+        OPT_GO,
+        &codec::encode_info_request("d", &[INFO_NAME, INFO_DESCRIPTION]),
+    );
+    let mut seen = Vec::new();
+    loop {
+        let (ty, data) = c.option_reply();
+        if ty == REP_ACK {
+            break;
+        }
+        assert_eq!(ty, REP_INFO);
+        seen.push(u16::from_be_bytes([data[0], data[1]]));
+    }
+    seen.sort();
+    assert_eq!(
+        seen,
+        vec![INFO_EXPORT, INFO_NAME, INFO_DESCRIPTION, INFO_BLOCK_SIZE]
+    );
+    read_ok(&mut c, 1);
+}
+
+#[test]
+fn handshake_closing_paths() {
+    let (_b, t) = server();
+    // Unknown client flags.
+    let mut s = std::os::unix::net::UnixStream::connect(&t.sock).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut g = [0u8; 18];
+    s.read_exact(&mut g).unwrap();
+    s.write_all(&0x8000_0001u32.to_be_bytes()).unwrap();
+    assert!(matches!(s.read(&mut g), Ok(0)));
+    // ABORT: ACK then close.
+    let mut c = RawClient::greet(&t.sock);
+    c.send_option(OPT_ABORT, &[]);
+    assert_eq!(c.option_reply().0, REP_ACK);
+    assert!(c.is_closed());
+    // EXPORT_NAME of an unknown export: closed without reply.
+    let mut c = RawClient::greet(&t.sock);
+    c.send_option(OPT_EXPORT_NAME, b"nope");
+    assert!(c.is_closed());
+    // EXPORT_NAME "" reaches the default export (NO_ZEROES: 10 bytes).
+    let mut c = RawClient::greet(&t.sock);
+    c.send_option(OPT_EXPORT_NAME, b"");
+    let mut r = [0u8; 10];
+    c.s.read_exact(&mut r).unwrap();
+    assert_eq!(u64::from_be_bytes(r[..8].try_into().unwrap()), MIB as u64);
+    read_ok(&mut c, 1);
+    // Bad option magic.
+    let mut c = RawClient::greet(&t.sock);
+    c.s.write_all(&[0u8; 16]).unwrap();
+    assert!(c.is_closed());
+}
+
+#[test]
+fn handshake_timeout_and_option_count() {
+    let b = Arc::new(MemBackend::new(MIB));
+    let limits = Limits {
+        handshake_timeout: Duration::from_millis(300),
+        max_options: 3,
+        ..Limits::default()
+    };
+    let t = TestServer::start(vec![common::export("d", b)], limits);
+    let mut c = RawClient::greet(&t.sock);
+    let start = Instant::now();
+    assert!(c.is_closed());
+    assert!(start.elapsed() < Duration::from_secs(5));
+    let mut c = RawClient::greet(&t.sock);
+    for _ in 0..3 {
+        c.send_option(99, &[]);
+        assert_eq!(c.option_reply().0, REP_ERR_UNSUP);
+    }
+    assert!(c.is_closed());
+}
+
+fn be32(d: &[u8]) -> u32 {
+    u32::from_be_bytes(d[..4].try_into().unwrap())
+}
+
+/// Structured replies + SET_META_CONTEXT(base:allocation) + GO; returns the
+/// client and the context id the server assigned.
+fn connect_with_meta(t: &TestServer) -> (RawClient, u32) {
+    let mut c = RawClient::greet(&t.sock);
+    c.send_option(OPT_STRUCTURED_REPLY, &[]);
+    assert_eq!(c.option_reply().0, REP_ACK);
+    c.send_option(OPT_LIST_META_CONTEXT, &codec::encode_meta_request("d", &[]));
+    let (ty, data) = c.option_reply();
+    assert_eq!(
+        (ty, &data[4..]),
+        (REP_META_CONTEXT, META_BASE_ALLOCATION.as_bytes())
+    );
+    assert_eq!(c.option_reply().0, REP_ACK);
+    let q = codec::encode_meta_request("d", &[META_BASE_ALLOCATION]);
+    c.send_option(OPT_SET_META_CONTEXT, &q);
+    let (ty, data) = c.option_reply();
+    assert_eq!(ty, REP_META_CONTEXT);
+    assert_eq!(c.option_reply().0, REP_ACK);
+    c.send_option(OPT_GO, &codec::encode_info_request("d", &[]));
+    while c.option_reply().0 != REP_ACK {}
+    c.structured = true;
+    (c, be32(&data))
+}
+
+#[test]
+fn structured_read_chunks_and_errors() {
+    let mut m = MemBackend::new(MIB);
+    m.fail_reads = Some((8192, 8192 + 512));
+    let t = TestServer::one("d", Arc::new(m));
+    let mut c = RawClient::connect(&t.sock, "d", true);
+    assert_ne!(c.flags & FLAG_SEND_DF, 0);
+    // Good read: one OFFSET_DATA chunk with DONE.
+    c.request(CMD_READ, CMD_FLAG_DF, 1, 0, 4096);
+    let (h, d) = c.chunk();
+    let got = (h.chunk_type, h.flags, h.handle, d.len());
+    assert_eq!(got, (REPLY_TYPE_OFFSET_DATA, REPLY_FLAG_DONE, 1, 4104));
+    // Failing read without DF: data chunks + ERROR_OFFSET at the bad block.
+    c.request(CMD_READ, 0, 2, 0, 65536);
+    let (mut data_bytes, mut error_offsets) = (0, Vec::new());
+    loop {
+        let (h, d) = c.chunk();
+        match h.chunk_type {
+            REPLY_TYPE_OFFSET_DATA => data_bytes += d.len() - 8,
+            REPLY_TYPE_ERROR_OFFSET => {
+                assert_eq!(be32(&d), EIO);
+                error_offsets.push(u64::from_be_bytes(d[d.len() - 8..].try_into().unwrap()));
+            }
+            t => assert_eq!(t, REPLY_TYPE_NONE),
+        }
+        if h.flags & REPLY_FLAG_DONE != 0 {
+            break;
+        }
+    }
+    assert_eq!(error_offsets, vec![8192]);
+    assert_eq!(data_bytes, 65536 - 4096);
+    // Failing read with DF: a single ERROR chunk.
+    c.request(CMD_READ, CMD_FLAG_DF, 3, 8192, 512);
+    let (h, d) = c.chunk();
+    assert_eq!((h.chunk_type, h.flags), (REPLY_TYPE_ERROR, REPLY_FLAG_DONE));
+    assert_eq!(be32(&d), EIO);
+    // Invalid READ under structured replies: structured error.
+    c.request(CMD_READ, 0, 4, MIB as u64, 512);
+    let (h, d) = c.chunk();
+    assert_eq!((h.chunk_type, h.handle), (REPLY_TYPE_ERROR, 4));
+    assert_eq!(be32(&d), EINVAL);
+    // Block status: this connection selected no context.
+    c.request(CMD_BLOCK_STATUS, 0, 5, 0, 4096);
+    assert_eq!(c.chunk().0.chunk_type, REPLY_TYPE_ERROR);
+}
+
+#[test]
+fn block_status_base_allocation() {
+    let (_b, t) = server();
+    let (mut c, ctx_id) = connect_with_meta(&t);
+    c.request(CMD_BLOCK_STATUS, 0, 6, 4096, 8192);
+    let (h, d) = c.chunk();
+    assert_eq!(
+        (h.chunk_type, h.flags),
+        (REPLY_TYPE_BLOCK_STATUS, REPLY_FLAG_DONE)
+    );
+    assert_eq!(be32(&d), ctx_id);
+    // One extent: 8192 bytes, status 0 (allocated data).
+    assert_eq!(&d[4..], &[0, 0, 0x20, 0, 0, 0, 0, 0]);
+    c.request(CMD_BLOCK_STATUS, CMD_FLAG_REQ_ONE, 7, 0, 512);
+    assert_eq!(c.chunk().0.chunk_type, REPLY_TYPE_BLOCK_STATUS);
+    c.request(CMD_BLOCK_STATUS, 0, 8, 0, 0);
+    assert_eq!(c.chunk().0.chunk_type, REPLY_TYPE_ERROR);
+    c.request(CMD_BLOCK_STATUS, 0, 9, MIB as u64 - 512, 1024);
+    assert_eq!(c.chunk().0.chunk_type, REPLY_TYPE_ERROR);
+}
+
+#[test]
+fn simple_read_error_has_no_payload() {
+    let mut m = MemBackend::new(MIB);
+    m.fail_reads = Some((0, 512));
+    let t = TestServer::one("d", Arc::new(m));
+    let mut c = RawClient::connect(&t.sock, "d", false);
+    c.request(CMD_READ, 0, 1, 0, 4096);
+    assert_eq!(c.simple_reply(), (EIO, 1));
+    c.request(CMD_READ, 0, 2, 4096, 512);
+    assert_eq!(c.simple_reply(), (0, 2));
+}
+
+#[test]
+fn zeroes_trim_fast_zero_and_cache() {
+    let mut m = MemBackend::new(MIB);
+    m.block_sizes.max = 65536;
+    let b = Arc::new(m);
+    let t = TestServer::one("d", b.clone());
+    b.data.lock().unwrap().fill(0xff);
+    let mut c = RawClient::connect(&t.sock, "d", false);
+    c.request(CMD_WRITE_ZEROES, CMD_FLAG_FAST_ZERO, 1, 0, 4096);
+    assert_eq!(c.simple_reply(), (ENOTSUP, 1));
+    assert!(b.snapshot().iter().all(|&x| x == 0xff));
+    c.request(
+        CMD_WRITE_ZEROES,
+        CMD_FLAG_NO_HOLE | CMD_FLAG_FUA,
+        2,
+        512,
+        1024,
+    );
+    assert_eq!(c.simple_reply(), (0, 2));
+    // TRIM and CACHE longer than the 64 KiB maximum are split, not refused.
+    c.request(CMD_TRIM, 0, 3, 4096, (MIB - 4096) as u32);
+    assert_eq!(c.simple_reply(), (0, 3));
+    c.request(CMD_CACHE, 0, 4, 0, MIB as u32);
+    assert_eq!(c.simple_reply(), (0, 4));
+    c.request(CMD_FLUSH, 0, 5, 0, 0);
+    assert_eq!(c.simple_reply(), (0, 5));
+    let s = b.snapshot();
+    assert!(s[..512].iter().all(|&x| x == 0xff));
+    assert!(s[512..1536].iter().all(|&x| x == 0));
+    assert!(s[1536..4096].iter().all(|&x| x == 0xff));
+    assert!(s[4096..].iter().all(|&x| x == 0));
+}
+
+#[test]
+fn pipelined_requests_all_answered() {
+    let b = Arc::new(MemBackend::new(MIB));
+    let limits = Limits {
+        max_inflight_per_conn: 2,
+        ..Limits::default()
+    };
+    let t = TestServer::start(vec![common::export("d", b.clone())], limits);
+    let mut c = RawClient::connect(&t.sock, "d", false);
+    let mut batch = Vec::new();
+    for i in 0..200u64 {
+        batch.extend_from_slice(&codec::encode_request(&codec::Request {
+            flags: 0,
+            command: CMD_WRITE,
+            handle: i,
+            offset: i * 4096,
+            length: 4096,
+        }));
+        batch.extend_from_slice(&[i as u8; 4096]);
+    }
+    let mut w = c.s.try_clone().unwrap();
+    let sender = std::thread::spawn(move || w.write_all(&batch).unwrap());
+    let mut handles: Vec<u64> = (0..200)
+        .map(|_| {
+            let (e, h) = c.simple_reply();
+            assert_eq!(e, 0);
+            h
+        })
+        .collect();
+    sender.join().unwrap();
+    handles.sort();
+    assert_eq!(handles, (0..200).collect::<Vec<_>>());
+    let s = b.snapshot();
+    for i in 0..200usize {
+        assert!(s[i * 4096..(i + 1) * 4096].iter().all(|&x| x == i as u8));
+    }
+}
+
+#[test]
+fn client_vanishing_mid_request_leaves_server_healthy() {
+    let (b, t) = server();
+    {
+        // Half a header, then gone.
+        let mut c = RawClient::connect(&t.sock, "d", false);
+        c.s.write_all(&[0x25, 0x60, 0x95]).unwrap();
+    }
+    {
+        // Many reads queued, nobody reading the replies.
+        let mut c = RawClient::connect(&t.sock, "d", false);
+        for i in 0..64 {
+            c.request(CMD_READ, 0, i, 0, 65536);
+        }
+    }
+    {
+        // Gone in the middle of the handshake.
+        let mut c = RawClient::greet(&t.sock);
+        c.s.write_all(&IHAVEOPT.to_be_bytes()).unwrap();
+    }
+    wait_until(|| t.server.active_connections() == 0);
+    let mut c = RawClient::connect(&t.sock, "d", false);
+    read_ok(&mut c, 1);
+    assert_eq!(b.writes.load(Ordering::SeqCst), 0);
+}
+
+#[test]
+fn connection_limit() {
+    let b = Arc::new(MemBackend::new(MIB));
+    let limits = Limits {
+        max_connections: 1,
+        ..Limits::default()
+    };
+    let t = TestServer::start(vec![common::export("d", b)], limits);
+    let mut first = RawClient::connect(&t.sock, "d", false);
+    let mut s = std::os::unix::net::UnixStream::connect(&t.sock).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut g = [0u8; 18];
+    assert!(matches!(s.read(&mut g), Ok(0) | Err(_)));
+    read_ok(&mut first, 1);
+    c_disc(first);
+    wait_until(|| t.server.active_connections() == 0);
+    let mut again = RawClient::connect(&t.sock, "d", false);
+    read_ok(&mut again, 2);
+}
+
+fn c_disc(mut c: RawClient) {
+    c.request(CMD_DISC, 0, 99, 0, 0);
+    assert!(c.is_closed());
+}

@@ -1,0 +1,75 @@
+//! The control socket (`RUNDIR/NAME.ctl`): one JSON request line, one JSON response line.
+//!
+//! The daemon serves it; `status`, `detail`, `stop`, `fail` … are clients. Requests are small
+//! and bounded (`MAX_REQUEST_BYTES`); a malformed request gets an error response, never a crash.
+
+use crate::rundir;
+use crate::status::Detail;
+use anyhow::{bail, Context};
+use serde::{Deserialize, Serialize};
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::time::Duration;
+
+/// Largest request line the daemon reads.
+pub const MAX_REQUEST_BYTES: usize = 64 * 1024;
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "cmd", rename_all = "snake_case")]
+pub enum Request {
+    Detail,
+    Stop,
+    Fail { member: String },
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, Default)]
+pub struct Response {
+    pub ok: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<Detail>,
+}
+
+impl Response {
+    pub fn ok() -> Response {
+        Response { ok: true, ..Response::default() }
+    }
+
+    pub fn err(msg: impl Into<String>) -> Response {
+        Response { ok: false, error: Some(msg.into()), detail: None }
+    }
+}
+
+/// Send one request to the daemon running array `name`.
+pub fn call(name: &str, req: &Request) -> anyhow::Result<Response> {
+    let path = rundir::control_socket(name);
+    let mut stream = UnixStream::connect(&path)
+        .with_context(|| format!("no running array '{name}' (cannot connect to {})", path.display()))?;
+    stream.set_read_timeout(Some(Duration::from_secs(60)))?;
+    let mut line = serde_json::to_string(req)?;
+    line.push('\n');
+    stream.write_all(line.as_bytes())?;
+    let mut reader = BufReader::new(stream);
+    let mut answer = String::new();
+    reader.read_line(&mut answer).context("reading the daemon's answer")?;
+    if answer.is_empty() {
+        bail!("array '{name}': daemon closed the control connection without answering");
+    }
+    let resp: Response = serde_json::from_str(&answer).context("daemon sent a malformed answer")?;
+    Ok(resp)
+}
+
+/// Names of arrays whose control socket answers.
+pub fn running_arrays() -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(rundir::rundir()) else {
+        return Vec::new();
+    };
+    let mut names: Vec<String> = entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|n| n.strip_suffix(".ctl")).map(str::to_string))
+        .filter(|n| UnixStream::connect(rundir::control_socket(n)).is_ok())
+        .collect();
+    names.sort();
+    names
+}

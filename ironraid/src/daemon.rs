@@ -1,0 +1,237 @@
+//! `ironraid run`: assemble an array and serve it over NBD until told to stop.
+//!
+//! Life cycle: open and lock every member (flock, so a second daemon on the same members is
+//! refused), assemble, bind the control socket and the NBD listeners, serve. SIGINT, SIGTERM or
+//! a `stop` request start the clean stop: the NBD server stops accepting and drains in-flight
+//! requests, the array is flushed and marked clean in every superblock, sockets are removed, and
+//! the process exits 0. A daemon killed any other way leaves the superblocks saying "active",
+//! which the next `run` reports.
+
+use crate::backend::ArrayBackend;
+use crate::control::{Request, Response, MAX_REQUEST_BYTES};
+use crate::rundir;
+use crate::status::Detail;
+use anyhow::{anyhow, bail, Context};
+use device::{Device, FileDevice, OpenMode};
+use engine::{Array, ArrayConfig, AssembleOptions};
+use std::os::unix::net::UnixStream as StdUnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, UnixListener};
+use tokio::sync::watch;
+
+pub struct RunArgs {
+    pub name: Option<String>,
+    pub nbd: Vec<String>,
+    pub members: Vec<PathBuf>,
+    pub read_only: bool,
+    pub buffered: bool,
+    pub write_hold: Duration,
+}
+
+enum Listen {
+    Unix(PathBuf),
+    Tcp(String),
+}
+
+fn parse_listen(addr: &str) -> anyhow::Result<Listen> {
+    if let Some(p) = addr.strip_prefix("unix:") {
+        return Ok(Listen::Unix(PathBuf::from(p)));
+    }
+    if let Some(hp) = addr.strip_prefix("tcp:") {
+        return Ok(Listen::Tcp(hp.to_string()));
+    }
+    bail!("--nbd {addr}: expected unix:PATH or tcp:HOST:PORT")
+}
+
+/// Open and lock members for a running array.
+pub fn open_members(paths: &[PathBuf], mode: OpenMode) -> anyhow::Result<Vec<Arc<dyn Device>>> {
+    let mut devs: Vec<Arc<dyn Device>> = Vec::new();
+    for p in paths {
+        let path = std::fs::canonicalize(p).with_context(|| format!("{}: cannot open member", p.display()))?;
+        let dev = FileDevice::open(&path, mode).with_context(|| format!("{}: cannot open member", p.display()))?;
+        dev.lock_exclusive().map_err(|e| anyhow!("{e} (is another ironraid running this array?)"))?;
+        tracing::debug!(member = %path.display(), direct = dev.uses_direct_io(), "member opened");
+        devs.push(Arc::new(dev));
+    }
+    Ok(devs)
+}
+
+pub fn run(args: RunArgs) -> anyhow::Result<()> {
+    let listens: Vec<Listen> = args.nbd.iter().map(|a| parse_listen(a)).collect::<anyhow::Result<_>>()?;
+    let mode = if args.read_only {
+        OpenMode::ReadOnly
+    } else if args.buffered {
+        OpenMode::Buffered
+    } else {
+        OpenMode::ReadWrite
+    };
+    let devs = open_members(&args.members, mode)?;
+    let config = ArrayConfig { read_only: args.read_only, write_hold: args.write_hold, ..ArrayConfig::default() };
+    let array = engine::assemble(devs, AssembleOptions { name: args.name.clone(), config }).map_err(|e| anyhow!("{e}"))?;
+    let array = Arc::new(array);
+    let name = array.name().to_string();
+    if name.is_empty() || name.contains('/') {
+        bail!("array name '{name}' cannot name a socket; pass --name");
+    }
+    if array.was_dirty_at_assembly() {
+        tracing::warn!(array = %name, "array was not stopped cleanly (superblocks say active); its redundancy may be inconsistent where writes were in flight");
+    }
+    let g = array.geometry();
+    tracing::info!(
+        array = %name,
+        level = g.level().name(),
+        members = g.raid_disks(),
+        size_bytes = array.size_bytes(),
+        parity = parity::backend_name(),
+        "assembled"
+    );
+    let dir = rundir::rundir();
+    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create runtime directory {}", dir.display()))?;
+    let ctl_path = rundir::control_socket(&name);
+    claim_socket_path(&ctl_path, &name)?;
+    let mut listens = listens;
+    if listens.is_empty() {
+        listens.push(Listen::Unix(rundir::nbd_socket(&name)));
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .max_blocking_threads(512)
+        .enable_all()
+        .thread_name("ironraid")
+        .build()?;
+    let res = rt.block_on(serve(array.clone(), name.clone(), ctl_path.clone(), listens));
+    let closed = res.and_then(|()| {
+        tracing::info!(array = %name, "flushing and marking clean");
+        array.close().map_err(|e| anyhow!("{e}"))
+    });
+    let _ = std::fs::remove_file(&ctl_path);
+    closed?;
+    tracing::info!(array = %name, "stopped cleanly");
+    Ok(())
+}
+
+/// Refuse to start when a live daemon owns the socket path; remove a stale one.
+fn claim_socket_path(path: &Path, name: &str) -> anyhow::Result<()> {
+    if path.exists() {
+        if StdUnixStream::connect(path).is_ok() {
+            bail!("array '{name}' is already running (control socket {} answers)", path.display());
+        }
+        std::fs::remove_file(path).with_context(|| format!("removing stale socket {}", path.display()))?;
+    }
+    Ok(())
+}
+
+async fn serve(array: Arc<Array>, name: String, ctl_path: PathBuf, listens: Vec<Listen>) -> anyhow::Result<()> {
+    let backend = Arc::new(ArrayBackend(array.clone()));
+    let export = nbd::Export { name: name.clone(), description: format!("ironraid array {name}"), backend };
+    let limits = nbd::Limits { max_inflight_bytes_per_conn: 64 << 20, ..nbd::Limits::default() };
+    let server = nbd::Server::new(vec![export], limits);
+    let mut tasks = tokio::task::JoinSet::new();
+    let mut addrs = Vec::new();
+    let mut unix_paths = Vec::new();
+    for l in listens {
+        match l {
+            Listen::Unix(p) => {
+                claim_socket_path(&p, &name)?;
+                let listener = UnixListener::bind(&p).with_context(|| format!("cannot listen on {}", p.display()))?;
+                set_mode_0600(&p)?;
+                addrs.push(format!("unix:{}", p.display()));
+                tracing::info!(socket = %p.display(), "serving NBD");
+                unix_paths.push(p);
+                tasks.spawn(server.clone().serve_unix(listener));
+            }
+            Listen::Tcp(hp) => {
+                let listener = TcpListener::bind(&hp).await.with_context(|| format!("cannot listen on tcp:{hp}"))?;
+                let local = listener.local_addr()?;
+                addrs.push(format!("tcp:{local}"));
+                tracing::info!(address = %local, "serving NBD over TCP");
+                tasks.spawn(server.clone().serve_tcp(listener));
+            }
+        }
+    }
+    let ctl = UnixListener::bind(&ctl_path).with_context(|| format!("cannot listen on {}", ctl_path.display()))?;
+    set_mode_0600(&ctl_path)?;
+    let (stop_tx, mut stop_rx) = watch::channel(false);
+    let ctl_task = tokio::spawn(control_loop(ctl, array.clone(), addrs, stop_tx));
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: stopping"),
+        _ = sigterm.recv() => tracing::info!("SIGTERM: stopping"),
+        _ = stop_rx.changed() => tracing::info!("stop requested"),
+    }
+    server.shutdown();
+    while let Some(r) = tasks.join_next().await {
+        if let Ok(Err(e)) = r {
+            tracing::warn!("NBD listener ended with: {e}");
+        }
+    }
+    ctl_task.abort();
+    for p in unix_paths {
+        let _ = std::fs::remove_file(p);
+    }
+    Ok(())
+}
+
+fn set_mode_0600(path: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .with_context(|| format!("chmod 0600 {}", path.display()))
+}
+
+async fn control_loop(listener: UnixListener, array: Arc<Array>, addrs: Vec<String>, stop: watch::Sender<bool>) {
+    let stop = Arc::new(stop);
+    loop {
+        let Ok((stream, _)) = listener.accept().await else { continue };
+        let (array, addrs, stop) = (array.clone(), addrs.clone(), stop.clone());
+        tokio::spawn(async move {
+            let (rd, mut wr) = stream.into_split();
+            let mut line = String::new();
+            let mut reader = BufReader::new(rd.take(MAX_REQUEST_BYTES as u64));
+            if reader.read_line(&mut line).await.is_err() {
+                return;
+            }
+            let resp = match serde_json::from_str::<Request>(&line) {
+                Err(e) => Response::err(format!("malformed request: {e}")),
+                Ok(req) => handle(req, &array, &addrs, &stop).await,
+            };
+            let mut out = serde_json::to_string(&resp).unwrap_or_else(|_| "{\"ok\":false}".into());
+            out.push('\n');
+            let _ = wr.write_all(out.as_bytes()).await;
+        });
+    }
+}
+
+async fn handle(req: Request, array: &Arc<Array>, addrs: &[String], stop: &watch::Sender<bool>) -> Response {
+    match req {
+        Request::Detail => {
+            Response { ok: true, error: None, detail: Some(Detail::from_status(&array.status(), addrs.to_vec())) }
+        }
+        Request::Stop => {
+            let _ = stop.send(true);
+            Response::ok()
+        }
+        Request::Fail { member } => {
+            let array = array.clone();
+            match tokio::task::spawn_blocking(move || array.fail_member(&member)).await {
+                Ok(Ok(())) => Response::ok(),
+                Ok(Err(e)) => Response::err(e.to_string()),
+                Err(e) => Response::err(e.to_string()),
+            }
+        }
+    }
+}
+
+/// Wait until process `pid` (a daemon told to stop) has exited.
+pub fn wait_exit(pid: u32, timeout: Duration) -> bool {
+    let deadline = std::time::Instant::now() + timeout;
+    while std::time::Instant::now() < deadline {
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}

@@ -1,0 +1,163 @@
+//! Status as users and scripts see it: the `detail --json` contract of `shared/INTERFACE.md`,
+//! and the mdstat-like text of `status`.
+
+use engine::{ArrayStatus, MemberState};
+use layout::Level;
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Detail {
+    pub name: String,
+    pub uuid: String,
+    pub level: String,
+    pub layout: Option<String>,
+    pub chunk_bytes: u64,
+    pub size_bytes: u64,
+    pub raid_devices: usize,
+    pub events: u64,
+    pub state: String,
+    pub consistency_policy: String,
+    pub integrity: Option<String>,
+    pub members: Vec<MemberDetail>,
+    pub sync: SyncDetail,
+    pub mismatch_count: u64,
+    /// Extension: where the NBD export listens.
+    #[serde(default)]
+    pub nbd: Vec<String>,
+    /// Extension: the daemon's process id.
+    #[serde(default)]
+    pub pid: u32,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct MemberDetail {
+    pub path: String,
+    pub role: Option<usize>,
+    pub state: String,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct SyncDetail {
+    pub action: String,
+    pub done_bytes: u64,
+    pub total_bytes: u64,
+    pub rate_bytes_per_s: u64,
+}
+
+impl Detail {
+    pub fn from_status(s: &ArrayStatus, nbd: Vec<String>) -> Detail {
+        let degraded = !s.missing_roles.is_empty();
+        let state = if s.failed {
+            "failed"
+        } else if s.read_only {
+            "read-only"
+        } else if degraded {
+            "degraded"
+        } else if s.dirty {
+            "active"
+        } else {
+            "clean"
+        };
+        let redundant = !matches!(s.level, Level::Raid0 | Level::Linear);
+        Detail {
+            name: s.name.clone(),
+            uuid: format::format_uuid_mdadm(&s.uuid),
+            level: s.level.name().to_string(),
+            layout: s.layout.clone(),
+            chunk_bytes: s.chunk_bytes,
+            size_bytes: s.size_bytes,
+            raid_devices: s.raid_disks,
+            events: s.events,
+            state: state.into(),
+            consistency_policy: if redundant { "resync" } else { "none" }.into(),
+            integrity: None,
+            members: s
+                .members
+                .iter()
+                .map(|m| MemberDetail {
+                    path: m.name.clone(),
+                    role: m.role,
+                    state: match m.state {
+                        MemberState::InSync => "in_sync",
+                        MemberState::Faulty => "faulty",
+                        MemberState::Spare => "spare",
+                    }
+                    .into(),
+                })
+                .collect(),
+            sync: SyncDetail { action: "idle".into(), done_bytes: 0, total_bytes: 0, rate_bytes_per_s: 0 },
+            mismatch_count: 0,
+            nbd,
+            pid: std::process::id(),
+        }
+    }
+
+    /// Two or three lines in the spirit of /proc/mdstat.
+    pub fn mdstat(&self) -> String {
+        let mut line1 = format!(
+            "{} : {} {}",
+            self.name,
+            if self.state == "failed" { "broken" } else { "active" },
+            self.level
+        );
+        if self.state == "read-only" {
+            line1 = format!("{} : active (read-only) {}", self.name, self.level);
+        }
+        for m in &self.members {
+            let base = std::path::Path::new(&m.path).file_name().map(|f| f.to_string_lossy().to_string()).unwrap_or_default();
+            let tag = match m.state.as_str() {
+                "faulty" => "(F)",
+                "spare" => "(S)",
+                _ => "",
+            };
+            line1.push_str(&format!(" {base}[{}]{tag}", m.role.map(|r| r.to_string()).unwrap_or_else(|| "-".into())));
+        }
+        let mut roles = vec!['_'; self.raid_devices];
+        for m in self.members.iter().filter(|m| m.state == "in_sync") {
+            if let Some(r) = m.role {
+                roles[r] = 'U';
+            }
+        }
+        let working = roles.iter().filter(|&&c| c == 'U').count();
+        let geometry = match self.level.as_str() {
+            "raid4" | "raid5" | "raid6" => format!(
+                " level {}, {}k chunk, algorithm {}",
+                &self.level[4..],
+                self.chunk_bytes / 1024,
+                self.layout.as_deref().unwrap_or("-")
+            ),
+            "raid10" => format!(" {}K chunks {}", self.chunk_bytes / 1024, self.layout.as_deref().unwrap_or("")),
+            "raid0" => format!(" {}k chunks", self.chunk_bytes / 1024),
+            _ => String::new(),
+        };
+        let mut out = format!(
+            "{line1}\n      {} blocks super 1.2{geometry} [{}/{working}] [{}]  state {}\n",
+            self.size_bytes / 1024,
+            self.raid_devices,
+            roles.iter().collect::<String>(),
+            self.state
+        );
+        if self.sync.action != "idle" && self.sync.total_bytes > 0 {
+            out.push_str(&progress_line(&self.sync));
+        }
+        out
+    }
+}
+
+/// mdstat's progress line: bar, percent, done/total KiB, time left, speed.
+pub fn progress_line(s: &SyncDetail) -> String {
+    let permille = (s.done_bytes.saturating_mul(1000) / s.total_bytes.max(1)).min(1000);
+    let filled = (permille / 50) as usize;
+    let bar: String = "=".repeat(filled) + ">" + &".".repeat(20 - filled.min(20));
+    let left = s.total_bytes.saturating_sub(s.done_bytes);
+    let finish_min = if s.rate_bytes_per_s > 0 { left as f64 / s.rate_bytes_per_s as f64 / 60.0 } else { 0.0 };
+    format!(
+        "      [{bar}]  {} = {:.1}% ({}/{}) finish={:.1}min speed={}K/sec\n",
+        s.action,
+        permille as f64 / 10.0,
+        s.done_bytes / 1024,
+        s.total_bytes / 1024,
+        finish_min,
+        s.rate_bytes_per_s / 1024
+    )
+}
