@@ -7,6 +7,23 @@ use std::sync::Arc;
 
 pub struct ArrayBackend(pub Arc<Array>);
 
+const SECTOR: u64 = 512;
+
+fn is_aligned(offset: u64, len: usize) -> bool {
+    offset % SECTOR == 0 && len as u64 % SECTOR == 0
+}
+
+impl ArrayBackend {
+    /// Read the whole sectors covering `offset..offset+len`; returns their start and bytes.
+    fn read_covering(&self, offset: u64, len: usize) -> io::Result<(u64, Vec<u8>)> {
+        let start = offset / SECTOR * SECTOR;
+        let end = (offset + len as u64).div_ceil(SECTOR) * SECTOR;
+        let mut whole = vec![0u8; (end - start) as usize];
+        self.0.read(start, &mut whole).map_err(io::Error::from)?;
+        Ok((start, whole))
+    }
+}
+
 impl Backend for ArrayBackend {
     fn size_bytes(&self) -> u64 {
         self.0.size_bytes()
@@ -22,11 +39,27 @@ impl Backend for ArrayBackend {
     }
 
     fn read(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
-        self.0.read(offset, buf).map_err(io::Error::from)
+        if is_aligned(offset, buf.len()) {
+            return self.0.read(offset, buf).map_err(io::Error::from);
+        }
+        let (start, mut whole) = self.read_covering(offset, buf.len())?;
+        let at = (offset - start) as usize;
+        buf.copy_from_slice(&whole[at..at + buf.len()]);
+        whole.clear();
+        Ok(())
     }
 
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> io::Result<()> {
-        self.0.write(offset, data, fua).map_err(io::Error::from)
+        if is_aligned(offset, data.len()) {
+            return self.0.write(offset, data, fua).map_err(io::Error::from);
+        }
+        // A client that did not negotiate block sizes may send byte ranges: widen to whole
+        // sectors (read, patch, write). Not atomic against a concurrent write to the same
+        // edge sectors, which NBD leaves undefined anyway.
+        let (start, mut whole) = self.read_covering(offset, data.len())?;
+        let at = (offset - start) as usize;
+        whole[at..at + data.len()].copy_from_slice(data);
+        self.0.write(start, &whole, fua).map_err(io::Error::from)
     }
 
     fn flush(&self) -> io::Result<()> {

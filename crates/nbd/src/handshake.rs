@@ -150,7 +150,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Haggle<'_, S> {
         let mut hdr = [0u8; OPTION_HEADER_LEN];
         tokio::select! {
             r = self.stream.read_exact(&mut hdr) => { r?; }
-            _ = shutdown.wait_for(|s| *s) => return Ok(Step::Close),
+            _ = crate::server::stopped(shutdown) => return Ok(Step::Close),
         }
         let Ok(h) = codec::parse_option_header(&hdr) else {
             debug!("closing: bad option magic");

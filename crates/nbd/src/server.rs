@@ -123,7 +123,7 @@ impl Server {
         let mut conns = JoinSet::new();
         loop {
             tokio::select! {
-                _ = stop.wait_for(|s| *s) => break,
+                _ = stopped(&mut stop) => break,
                 Some(_) = conns.join_next(), if !conns.is_empty() => {}
                 r = accept() => match r {
                     Ok(s) => self.clone().spawn_conn(&mut conns, s),
@@ -159,7 +159,7 @@ impl Server {
                         debug!("connection ended: {e}");
                     }
                 }
-                _ = async { let _ = stop.wait_for(|s| *s).await; tokio::time::sleep(grace).await } => {
+                _ = async { stopped(&mut stop).await; tokio::time::sleep(grace).await } => {
                     warn!("connection did not drain within {grace:?}; dropping it");
                 }
             }
@@ -187,5 +187,30 @@ impl Server {
             max_inflight_bytes: self.limits.max_inflight_bytes_per_conn,
         };
         transmission::serve(stream, backend, neg, cfg, stop).await
+    }
+}
+
+/// Resolves once shutdown was requested. (Wraps `wait_for` so that no
+/// non-`Send` watch guard is held across an await: every future of this
+/// crate stays `Send`.)
+pub(crate) async fn stopped(rx: &mut watch::Receiver<bool>) {
+    let _ = rx.wait_for(|s| *s).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn assert_send<T: Send>(_: &T) {}
+
+    /// The serve futures must be spawnable on a multi-threaded runtime.
+    #[allow(dead_code)]
+    fn serve_futures_are_send(
+        s: Arc<Server>,
+        u: tokio::net::UnixListener,
+        t: tokio::net::TcpListener,
+    ) {
+        assert_send(&s.clone().serve_unix(u));
+        assert_send(&s.serve_tcp(t));
     }
 }

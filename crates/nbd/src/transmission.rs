@@ -137,13 +137,13 @@ async fn reader_loop<R: AsyncRead + Unpin>(
     loop {
         let slot = tokio::select! {
             p = slots.clone().acquire_owned() => p.map_err(io::Error::other)?,
-            _ = shutdown.wait_for(|s| *s) => return Ok(()),
+            _ = crate::server::stopped(shutdown) => return Ok(()),
             _ = tx.closed() => return Ok(()),
         };
         let mut hdr = [0u8; REQUEST_LEN];
         let read = tokio::select! {
             r = rd.read_exact(&mut hdr) => r,
-            _ = shutdown.wait_for(|s| *s) => return Ok(()),
+            _ = crate::server::stopped(shutdown) => return Ok(()),
             _ = tx.closed() => return Ok(()),
         };
         if let Err(e) = read {
@@ -225,7 +225,7 @@ async fn handle<R: AsyncRead + Unpin>(
         let mut buf = AlignedBuf::new(req.length as usize);
         let read = tokio::select! {
             r = rd.read_exact(buf.as_mut_slice()) => r.map(|_| ()),
-            _ = p.shutdown.wait_for(|s| *s) => Err(io::ErrorKind::Interrupted.into()),
+            _ = crate::server::stopped(p.shutdown) => Err(io::ErrorKind::Interrupted.into()),
         };
         if let Err(e) = read {
             debug!("closing: write payload not received: {e}");

@@ -132,7 +132,17 @@ fn qemu_io_odd_offsets_and_qemu_img_compare() {
     if !have("qemu-io") || !have("qemu-img") {
         return;
     }
-    let b = Arc::new(MemBackend::new(MIB));
+    // min 512: qemu aligns (read-modify-write); min 1: the odd request
+    // reaches the server as is.
+    for min in [512, 1] {
+        qemu_io_odd_offsets(min);
+    }
+}
+
+fn qemu_io_odd_offsets(min: u32) {
+    let mut m = MemBackend::new(MIB);
+    m.block_sizes.min = min;
+    let b = Arc::new(m);
     let t = TestServer::one("q", b.clone());
     let out = run(Command::new("qemu-io")
         .args(["-f", "raw", &t.uri("q")])
@@ -213,9 +223,42 @@ fn fio_randrw_verify() {
             "--verify=crc32c",
             "--do_verify=1",
         ])
-        .args(["--verify_fatal=1", "--output-format=terse"])
+        .args([
+            "--verify_fatal=1",
+            "--verify_state_save=0",
+            "--output-format=terse",
+        ])
+        .current_dir(t.dir.path())
         .arg(format!("--uri={}", t.uri("f"))));
     assert!(!out.is_empty());
     assert!(b.writes.load(std::sync::atomic::Ordering::SeqCst) > 0);
     t.stop().unwrap();
+}
+
+#[test]
+fn nbdinfo_over_tcp() {
+    if !have("nbdinfo") {
+        return;
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let server = nbd::Server::new(
+        vec![common::export("t", Arc::new(MemBackend::new(MIB)))],
+        nbd::Limits::default(),
+    );
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let task = rt.spawn(server.clone().serve_tcp(listener));
+    let json = run(Command::new("nbdinfo")
+        .arg("--json")
+        .arg(format!("nbd://127.0.0.1:{port}/t")));
+    assert_eq!(json_field(&json, "export-size"), MIB.to_string());
+    server.shutdown();
+    rt.block_on(task).unwrap().unwrap();
+    assert_eq!(server.active_connections(), 0);
 }

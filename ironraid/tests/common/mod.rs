@@ -1,0 +1,175 @@
+//! End-to-end harness: member files in a temp dir, the real `ironraid` binary, real clients.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_ironraid");
+
+pub struct Env {
+    pub dir: tempfile::TempDir,
+    pub members: Vec<PathBuf>,
+    pub name: String,
+}
+
+/// True if `prog` is on PATH; tests that need it say they are skipped otherwise.
+pub fn have(prog: &str) -> bool {
+    Command::new("sh").arg("-c").arg(format!("command -v {prog}")).output().map(|o| o.status.success()).unwrap_or(false)
+}
+
+pub fn require(progs: &[&str]) -> bool {
+    for p in progs {
+        if !have(p) {
+            eprintln!("SKIP: {p} not installed (./scripts/test.sh installs it)");
+            return false;
+        }
+    }
+    true
+}
+
+impl Env {
+    /// `n` sparse member files of `member_bytes` each.
+    pub fn new(name: &str, n: usize, member_bytes: u64) -> Env {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::create_dir_all(dir.path().join("run")).unwrap();
+        let members = (0..n)
+            .map(|i| {
+                let p = dir.path().join(format!("m{i}.img"));
+                std::fs::File::create(&p).unwrap().set_len(member_bytes).unwrap();
+                p
+            })
+            .collect();
+        Env { dir, members, name: name.into() }
+    }
+
+    pub fn rundir(&self) -> PathBuf {
+        self.dir.path().join("run")
+    }
+
+    pub fn cmd(&self) -> Command {
+        let mut c = Command::new(BIN);
+        c.env("IRONRAID_RUNDIR", self.rundir());
+        c
+    }
+
+    /// Run `ironraid ARGS`; returns the output (not checked).
+    pub fn ironraid(&self, args: &[&str]) -> Output {
+        self.cmd().args(args).output().expect("spawn ironraid")
+    }
+
+    pub fn ok(&self, args: &[&str]) -> String {
+        let out = self.ironraid(args);
+        assert!(
+            out.status.success(),
+            "ironraid {args:?} failed ({}):\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    pub fn member_args(&self) -> Vec<String> {
+        self.members.iter().map(|m| m.display().to_string()).collect()
+    }
+
+    pub fn create(&self, level: &str, extra: &[&str]) -> String {
+        let mut args: Vec<String> =
+            vec!["create".into(), "--level".into(), level.into(), "--name".into(), self.name.clone(), "--assume-clean".into()];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        args.extend(self.member_args());
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        self.ok(&refs).trim().to_string()
+    }
+
+    pub fn socket(&self) -> PathBuf {
+        self.rundir().join(format!("{}.nbd", self.name))
+    }
+
+    pub fn uri(&self) -> String {
+        format!("nbd+unix:///{}?socket={}", self.name, self.socket().display())
+    }
+
+    /// Start `ironraid run` over `members` and wait for the socket.
+    pub fn run(&self, members: &[PathBuf]) -> Daemon {
+        let log = self.dir.path().join(format!("daemon-{}.log", Instant::now().elapsed().as_nanos()));
+        let mut c = self.cmd();
+        c.arg("run").args(members).stdin(Stdio::null()).stdout(Stdio::null()).stderr(std::fs::File::create(&log).unwrap());
+        let child = c.spawn().expect("spawn ironraid run");
+        let mut d = Daemon { child, log };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !self.socket().exists() || !self.rundir().join(format!("{}.ctl", self.name)).exists() {
+            if let Ok(Some(st)) = d.child.try_wait() {
+                panic!("ironraid run exited early ({st}):\n{}", d.log_text());
+            }
+            assert!(Instant::now() < deadline, "daemon did not create its sockets:\n{}", d.log_text());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        d
+    }
+
+    pub fn run_all(&self) -> Daemon {
+        self.run(&self.members)
+    }
+
+    /// `ironraid stop NAME` and wait for the daemon to exit 0.
+    pub fn stop(&self, mut d: Daemon) -> String {
+        self.ok(&["stop", &self.name]);
+        let st = d.child.wait().unwrap();
+        let log = d.log_text();
+        assert!(st.success(), "daemon exit {st}:\n{log}");
+        log
+    }
+}
+
+pub struct Daemon {
+    pub child: Child,
+    pub log: PathBuf,
+}
+
+impl Daemon {
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn kill9(mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Run a shell-free command, assert success, return stdout.
+pub fn sh(prog: &str, args: &[&str]) -> String {
+    let out = Command::new(prog).args(args).output().unwrap_or_else(|e| panic!("spawn {prog}: {e}"));
+    assert!(
+        out.status.success(),
+        "{prog} {args:?} failed ({}):\nstdout: {}\nstderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A file of `len` pseudo-random bytes (seeded).
+pub fn random_file(path: &Path, len: usize, seed: u64) {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut data = vec![0u8; len];
+    rng.fill(&mut data[..]);
+    std::fs::write(path, data).unwrap();
+}
+
+pub fn same_files(a: &Path, b: &Path) -> bool {
+    std::fs::read(a).unwrap() == std::fs::read(b).unwrap()
+}

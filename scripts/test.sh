@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Runs every test of ironraid. Installs the Debian packages the tests need when missing.
+#
+#   ./scripts/test.sh            everything (unit, property, simulation, real clients, style)
+#   QUICK=1 ./scripts/test.sh    skip the fuzz smoke run
+#
+# Knobs: IRONRAID_SIM_CASES (seeds per simulation test), IRONRAID_SEED (replay one seed).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_pkgs=()
+have() { command -v "$1" >/dev/null 2>&1; }
+have nbdinfo || need_pkgs+=(libnbd-bin)
+have nbdkit || need_pkgs+=(nbdkit)
+have fio || need_pkgs+=(fio)
+have mdadm || need_pkgs+=(mdadm)
+have qemu-io || need_pkgs+=(qemu-utils)
+have mkfs.ext4 || need_pkgs+=(e2fsprogs)
+have fusermount3 || need_pkgs+=(fuse3)
+have losetup || need_pkgs+=(mount)
+if [ ${#need_pkgs[@]} -gt 0 ]; then
+  echo "== installing ${need_pkgs[*]}"
+  if [ "$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_pkgs[@]}" >/dev/null
+fi
+
+echo "== style: cargo fmt, clippy, banned markers"
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets -q -- -D warnings
+if grep -rnE '\bdbg!|\btodo!|\bunimplemented!|FIXME' --include=*.rs crates ironraid; then
+  echo "banned marker found (dbg!/todo!/unimplemented!/FIXME)" >&2
+  exit 1
+fi
+
+echo "== build"
+cargo build --release -q
+
+echo "== tests"
+export IRONRAID_SIM_CASES="${IRONRAID_SIM_CASES:-40}"
+cargo test --workspace --release -q 2>&1 | tee target/test-output.txt | grep -vE '^$|^running 0 tests|0 passed; 0 failed; 0 ignored; 0 measured'
+
+if [ -z "${QUICK:-}" ] && [ -d fuzz ] && rustup toolchain list 2>/dev/null | grep -q nightly; then
+  echo "== fuzz smoke (20 s per target)"
+  have cargo-fuzz || cargo install -q cargo-fuzz || true
+  if have cargo-fuzz; then
+    for t in $(cargo +nightly fuzz list --fuzz-dir fuzz 2>/dev/null); do
+      cargo +nightly fuzz run --fuzz-dir fuzz "$t" -- -max_total_time=20 -rss_limit_mb=2048 >/dev/null 2>target/fuzz-$t.log \
+        || { echo "fuzz target $t failed:"; tail -30 target/fuzz-$t.log; exit 1; }
+      echo "fuzz $t: ok"
+    done
+  fi
+fi
+
+passed=$(grep -Eo '[0-9]+ passed' target/test-output.txt | awk '{s+=$1} END {print s+0}')
+failed=$(grep -Eo '[0-9]+ failed' target/test-output.txt | awk '{s+=$1} END {print s+0}')
+echo "all tests: $passed passed, $failed failed"
