@@ -63,7 +63,10 @@
 //! `IRONRAID_PARITY_BACKEND=scalar` forces the portable one. [`Backend`] methods
 //! run a specific backend (tests compare them). [`reference`](mod@reference) is the byte-wise
 //! oracle. All lengths are allowed (SIMD handles the tail with scalar code) and
-//! buffers may be arbitrarily aligned.
+//! buffers may be arbitrarily aligned. There is no SSSE3/AVX-512 backend: x86 CPUs
+//! without AVX2 use the SWAR code. Generated blocks of at least
+//! [`streaming_store_threshold`] bytes (default 64 KiB) are written with
+//! non-temporal stores when 32-byte aligned.
 //!
 //! Length mismatches and out-of-range slots are programming errors and panic.
 
@@ -145,7 +148,8 @@ pub(crate) enum Mode {
     DataData(u8, u8),
 }
 
-/// An implementation of the parity kernels.
+/// An implementation of the parity kernels. Every method panics if the backend is
+/// not [available](Backend::is_available) on the running CPU.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Backend {
