@@ -228,8 +228,11 @@ async fn handle(req: Request, array: &Arc<Array>, addrs: &[String], stop: &watch
 pub fn wait_exit(pid: u32, timeout: Duration) -> bool {
     let deadline = std::time::Instant::now() + timeout;
     while std::time::Instant::now() < deadline {
-        if !Path::new(&format!("/proc/{pid}")).exists() {
-            return true;
+        // Gone, or a zombie waiting for its parent to reap it.
+        match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+            Err(_) => return true,
+            Ok(stat) if stat.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('Z')) => return true,
+            Ok(_) => {}
         }
         std::thread::sleep(Duration::from_millis(20));
     }
