@@ -10,7 +10,7 @@ pub struct ArrayBackend(pub Arc<Array>);
 const SECTOR: u64 = 512;
 
 fn is_aligned(offset: u64, len: usize) -> bool {
-    offset % SECTOR == 0 && len as u64 % SECTOR == 0
+    offset.is_multiple_of(SECTOR) && (len as u64).is_multiple_of(SECTOR)
 }
 
 impl ArrayBackend {
@@ -35,7 +35,11 @@ impl Backend for ArrayBackend {
 
     fn block_sizes(&self) -> BlockSizes {
         let chunk = (self.0.geometry().chunk_sectors() * 512) as u32;
-        BlockSizes { min: 512, preferred: chunk.clamp(4096, 1 << 20), max: nbd::MAX_PAYLOAD }
+        BlockSizes {
+            min: 512,
+            preferred: chunk.clamp(4096, 1 << 20),
+            max: nbd::MAX_PAYLOAD,
+        }
     }
 
     fn read(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
@@ -75,6 +79,8 @@ impl Backend for ArrayBackend {
     }
 
     fn write_zeroes(&self, offset: u64, len: u64, fua: bool, _may_trim: bool) -> io::Result<()> {
-        self.0.write_zeroes(offset, len, fua).map_err(io::Error::from)
+        self.0
+            .write_zeroes(offset, len, fua)
+            .map_err(io::Error::from)
     }
 }

@@ -33,26 +33,39 @@ pub struct Response {
 
 impl Response {
     pub fn ok() -> Response {
-        Response { ok: true, ..Response::default() }
+        Response {
+            ok: true,
+            ..Response::default()
+        }
     }
 
     pub fn err(msg: impl Into<String>) -> Response {
-        Response { ok: false, error: Some(msg.into()), detail: None }
+        Response {
+            ok: false,
+            error: Some(msg.into()),
+            detail: None,
+        }
     }
 }
 
 /// Send one request to the daemon running array `name`.
 pub fn call(name: &str, req: &Request) -> anyhow::Result<Response> {
     let path = rundir::control_socket(name);
-    let mut stream = UnixStream::connect(&path)
-        .with_context(|| format!("no running array '{name}' (cannot connect to {})", path.display()))?;
+    let mut stream = UnixStream::connect(&path).with_context(|| {
+        format!(
+            "no running array '{name}' (cannot connect to {})",
+            path.display()
+        )
+    })?;
     stream.set_read_timeout(Some(Duration::from_secs(60)))?;
     let mut line = serde_json::to_string(req)?;
     line.push('\n');
     stream.write_all(line.as_bytes())?;
     let mut reader = BufReader::new(stream);
     let mut answer = String::new();
-    reader.read_line(&mut answer).context("reading the daemon's answer")?;
+    reader
+        .read_line(&mut answer)
+        .context("reading the daemon's answer")?;
     if answer.is_empty() {
         bail!("array '{name}': daemon closed the control connection without answering");
     }
@@ -67,7 +80,12 @@ pub fn running_arrays() -> Vec<String> {
     };
     let mut names: Vec<String> = entries
         .flatten()
-        .filter_map(|e| e.file_name().to_str().and_then(|n| n.strip_suffix(".ctl")).map(str::to_string))
+        .filter_map(|e| {
+            e.file_name()
+                .to_str()
+                .and_then(|n| n.strip_suffix(".ctl"))
+                .map(str::to_string)
+        })
         .filter(|n| UnixStream::connect(rundir::control_socket(n)).is_ok())
         .collect();
     names.sort();

@@ -50,9 +50,12 @@ fn parse_listen(addr: &str) -> anyhow::Result<Listen> {
 pub fn open_members(paths: &[PathBuf], mode: OpenMode) -> anyhow::Result<Vec<Arc<dyn Device>>> {
     let mut devs: Vec<Arc<dyn Device>> = Vec::new();
     for p in paths {
-        let path = std::fs::canonicalize(p).with_context(|| format!("{}: cannot open member", p.display()))?;
-        let dev = FileDevice::open(&path, mode).with_context(|| format!("{}: cannot open member", p.display()))?;
-        dev.lock_exclusive().map_err(|e| anyhow!("{e} (is another ironraid running this array?)"))?;
+        let path = std::fs::canonicalize(p)
+            .with_context(|| format!("{}: cannot open member", p.display()))?;
+        let dev = FileDevice::open(&path, mode)
+            .with_context(|| format!("{}: cannot open member", p.display()))?;
+        dev.lock_exclusive()
+            .map_err(|e| anyhow!("{e} (is another ironraid running this array?)"))?;
         tracing::debug!(member = %path.display(), direct = dev.uses_direct_io(), "member opened");
         devs.push(Arc::new(dev));
     }
@@ -60,7 +63,11 @@ pub fn open_members(paths: &[PathBuf], mode: OpenMode) -> anyhow::Result<Vec<Arc
 }
 
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
-    let listens: Vec<Listen> = args.nbd.iter().map(|a| parse_listen(a)).collect::<anyhow::Result<_>>()?;
+    let listens: Vec<Listen> = args
+        .nbd
+        .iter()
+        .map(|a| parse_listen(a))
+        .collect::<anyhow::Result<_>>()?;
     let mode = if args.read_only {
         OpenMode::ReadOnly
     } else if args.buffered {
@@ -69,8 +76,19 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         OpenMode::ReadWrite
     };
     let devs = open_members(&args.members, mode)?;
-    let config = ArrayConfig { read_only: args.read_only, write_hold: args.write_hold, ..ArrayConfig::default() };
-    let array = engine::assemble(devs, AssembleOptions { name: args.name.clone(), config }).map_err(|e| anyhow!("{e}"))?;
+    let config = ArrayConfig {
+        read_only: args.read_only,
+        write_hold: args.write_hold,
+        ..ArrayConfig::default()
+    };
+    let array = engine::assemble(
+        devs,
+        AssembleOptions {
+            name: args.name.clone(),
+            config,
+        },
+    )
+    .map_err(|e| anyhow!("{e}"))?;
     let array = Arc::new(array);
     let name = array.name().to_string();
     if name.is_empty() || name.contains('/') {
@@ -89,7 +107,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         "assembled"
     );
     let dir = rundir::rundir();
-    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create runtime directory {}", dir.display()))?;
+    std::fs::create_dir_all(&dir)
+        .with_context(|| format!("cannot create runtime directory {}", dir.display()))?;
     let ctl_path = rundir::control_socket(&name);
     claim_socket_path(&ctl_path, &name)?;
     let mut listens = listens;
@@ -102,7 +121,12 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         .enable_all()
         .thread_name("ironraid")
         .build()?;
-    let res = rt.block_on(serve(array.clone(), name.clone(), ctl_path.clone(), listens));
+    let res = rt.block_on(serve(
+        array.clone(),
+        name.clone(),
+        ctl_path.clone(),
+        listens,
+    ));
     let closed = res.and_then(|()| {
         tracing::info!(array = %name, "flushing and marking clean");
         array.close().map_err(|e| anyhow!("{e}"))
@@ -117,17 +141,33 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
 fn claim_socket_path(path: &Path, name: &str) -> anyhow::Result<()> {
     if path.exists() {
         if StdUnixStream::connect(path).is_ok() {
-            bail!("array '{name}' is already running (control socket {} answers)", path.display());
+            bail!(
+                "array '{name}' is already running (control socket {} answers)",
+                path.display()
+            );
         }
-        std::fs::remove_file(path).with_context(|| format!("removing stale socket {}", path.display()))?;
+        std::fs::remove_file(path)
+            .with_context(|| format!("removing stale socket {}", path.display()))?;
     }
     Ok(())
 }
 
-async fn serve(array: Arc<Array>, name: String, ctl_path: PathBuf, listens: Vec<Listen>) -> anyhow::Result<()> {
+async fn serve(
+    array: Arc<Array>,
+    name: String,
+    ctl_path: PathBuf,
+    listens: Vec<Listen>,
+) -> anyhow::Result<()> {
     let backend = Arc::new(ArrayBackend(array.clone()));
-    let export = nbd::Export { name: name.clone(), description: format!("ironraid array {name}"), backend };
-    let limits = nbd::Limits { max_inflight_bytes_per_conn: 64 << 20, ..nbd::Limits::default() };
+    let export = nbd::Export {
+        name: name.clone(),
+        description: format!("ironraid array {name}"),
+        backend,
+    };
+    let limits = nbd::Limits {
+        max_inflight_bytes_per_conn: 64 << 20,
+        ..nbd::Limits::default()
+    };
     let server = nbd::Server::new(vec![export], limits);
     let mut tasks = tokio::task::JoinSet::new();
     let mut addrs = Vec::new();
@@ -136,7 +176,8 @@ async fn serve(array: Arc<Array>, name: String, ctl_path: PathBuf, listens: Vec<
         match l {
             Listen::Unix(p) => {
                 claim_socket_path(&p, &name)?;
-                let listener = UnixListener::bind(&p).with_context(|| format!("cannot listen on {}", p.display()))?;
+                let listener = UnixListener::bind(&p)
+                    .with_context(|| format!("cannot listen on {}", p.display()))?;
                 set_mode_0600(&p)?;
                 addrs.push(format!("unix:{}", p.display()));
                 tracing::info!(socket = %p.display(), "serving NBD");
@@ -144,7 +185,9 @@ async fn serve(array: Arc<Array>, name: String, ctl_path: PathBuf, listens: Vec<
                 tasks.spawn(server.clone().serve_unix(listener));
             }
             Listen::Tcp(hp) => {
-                let listener = TcpListener::bind(&hp).await.with_context(|| format!("cannot listen on tcp:{hp}"))?;
+                let listener = TcpListener::bind(&hp)
+                    .await
+                    .with_context(|| format!("cannot listen on tcp:{hp}"))?;
                 let local = listener.local_addr()?;
                 addrs.push(format!("tcp:{local}"));
                 tracing::info!(address = %local, "serving NBD over TCP");
@@ -152,7 +195,8 @@ async fn serve(array: Arc<Array>, name: String, ctl_path: PathBuf, listens: Vec<
             }
         }
     }
-    let ctl = UnixListener::bind(&ctl_path).with_context(|| format!("cannot listen on {}", ctl_path.display()))?;
+    let ctl = UnixListener::bind(&ctl_path)
+        .with_context(|| format!("cannot listen on {}", ctl_path.display()))?;
     set_mode_0600(&ctl_path)?;
     let (stop_tx, mut stop_rx) = watch::channel(false);
     let ctl_task = tokio::spawn(control_loop(ctl, array.clone(), addrs, stop_tx));
@@ -181,10 +225,17 @@ fn set_mode_0600(path: &Path) -> anyhow::Result<()> {
         .with_context(|| format!("chmod 0600 {}", path.display()))
 }
 
-async fn control_loop(listener: UnixListener, array: Arc<Array>, addrs: Vec<String>, stop: watch::Sender<bool>) {
+async fn control_loop(
+    listener: UnixListener,
+    array: Arc<Array>,
+    addrs: Vec<String>,
+    stop: watch::Sender<bool>,
+) {
     let stop = Arc::new(stop);
     loop {
-        let Ok((stream, _)) = listener.accept().await else { continue };
+        let Ok((stream, _)) = listener.accept().await else {
+            continue;
+        };
         let (array, addrs, stop) = (array.clone(), addrs.clone(), stop.clone());
         tokio::spawn(async move {
             let (rd, mut wr) = stream.into_split();
@@ -204,11 +255,18 @@ async fn control_loop(listener: UnixListener, array: Arc<Array>, addrs: Vec<Stri
     }
 }
 
-async fn handle(req: Request, array: &Arc<Array>, addrs: &[String], stop: &watch::Sender<bool>) -> Response {
+async fn handle(
+    req: Request,
+    array: &Arc<Array>,
+    addrs: &[String],
+    stop: &watch::Sender<bool>,
+) -> Response {
     match req {
-        Request::Detail => {
-            Response { ok: true, error: None, detail: Some(Detail::from_status(&array.status(), addrs.to_vec())) }
-        }
+        Request::Detail => Response {
+            ok: true,
+            error: None,
+            detail: Some(Detail::from_status(&array.status(), addrs.to_vec())),
+        },
         Request::Stop => {
             let _ = stop.send(true);
             Response::ok()
@@ -231,7 +289,14 @@ pub fn wait_exit(pid: u32, timeout: Duration) -> bool {
         // Gone, or a zombie waiting for its parent to reap it.
         match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
             Err(_) => return true,
-            Ok(stat) if stat.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('Z')) => return true,
+            Ok(stat)
+                if stat
+                    .rsplit(')')
+                    .next()
+                    .is_some_and(|rest| rest.trim_start().starts_with('Z')) =>
+            {
+                return true
+            }
             Ok(_) => {}
         }
         std::thread::sleep(Duration::from_millis(20));

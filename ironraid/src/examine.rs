@@ -64,7 +64,9 @@ fn describe(path: &str, sb: &Superblock) -> Examined {
         path: path.to_string(),
         uuid: format::format_uuid_mdadm(&sb.set_uuid),
         name: sb.set_name.clone(),
-        level: level.map(|l| l.name().to_string()).unwrap_or_else(|| format!("unknown({})", sb.level)),
+        level: level
+            .map(|l| l.name().to_string())
+            .unwrap_or_else(|| format!("unknown({})", sb.level)),
         layout: level.and_then(|l| layout::layout_name(l, sb.layout)),
         chunk_bytes: u64::from(sb.chunksize) * 512,
         raid_disks: sb.raid_disks,

@@ -18,7 +18,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 #[derive(Parser)]
-#[command(name = "ironraid", version, about = "Software RAID in user space: Linux md's on-disk format, served over NBD")]
+#[command(
+    name = "ironraid",
+    version,
+    about = "Software RAID in user space: Linux md's on-disk format, served over NBD"
+)]
 struct Cli {
     /// More log output (-v debug, -vv trace).
     #[arg(short, long, action = ArgAction::Count, global = true)]
@@ -74,9 +78,7 @@ enum Cmd {
     /// Stop a running array cleanly: drain, flush, mark clean, exit.
     Stop { name: String },
     /// Create a 4-member RAID5 over sparse files in DIR and serve it.
-    Demo {
-        dir: Option<PathBuf>,
-    },
+    Demo { dir: Option<PathBuf> },
 }
 
 #[derive(clap::Args)]
@@ -136,14 +138,25 @@ fn init_logging(verbose: u8) {
     };
     let filter = tracing_subscriber::EnvFilter::try_from_env("IRONRAID_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false).init();
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .init();
 }
 
 fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
     match cmd {
         Cmd::Create(a) => create(a).map(|uuid| println!("{uuid}")),
         Cmd::Examine { json, members } => examine::examine(&members, json),
-        Cmd::Run { name, nbd, read_only, no_direct, write_hold_us, members } => daemon::run(daemon::RunArgs {
+        Cmd::Run {
+            name,
+            nbd,
+            read_only,
+            no_direct,
+            write_hold_us,
+            members,
+        } => daemon::run(daemon::RunArgs {
             name,
             nbd,
             members,
@@ -155,7 +168,12 @@ fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
         Cmd::Detail { name, json } => detail(&name, json),
         Cmd::Fail { name, member } => {
             let member = std::fs::canonicalize(&member).unwrap_or(member);
-            expect_ok(control::call(&name, &control::Request::Fail { member: member.display().to_string() })?)
+            expect_ok(control::call(
+                &name,
+                &control::Request::Fail {
+                    member: member.display().to_string(),
+                },
+            )?)
         }
         Cmd::Stop { name } => stop(&name),
         Cmd::Demo { dir } => demo(dir),
@@ -166,12 +184,17 @@ fn expect_ok(resp: control::Response) -> anyhow::Result<()> {
     if resp.ok {
         Ok(())
     } else {
-        bail!("{}", resp.error.unwrap_or_else(|| "daemon refused without a reason".into()))
+        bail!(
+            "{}",
+            resp.error
+                .unwrap_or_else(|| "daemon refused without a reason".into())
+        )
     }
 }
 
 fn create(a: CreateArgs) -> anyhow::Result<String> {
-    let level = layout::Level::parse(&a.level).ok_or_else(|| anyhow!("unknown level '{}'", a.level))?;
+    let level =
+        layout::Level::parse(&a.level).ok_or_else(|| anyhow!("unknown level '{}'", a.level))?;
     if a.consistency_policy != "resync" || a.journal.is_some() || a.integrity.is_some() {
         bail!("--consistency-policy other than resync, --journal and --integrity are not implemented yet");
     }
@@ -181,13 +204,20 @@ fn create(a: CreateArgs) -> anyhow::Result<String> {
         .map(|l| layout::parse_layout(level, l).map_err(|e| anyhow!("--layout {l}: {e}")))
         .transpose()?;
     let chunk_bytes = size::parse_size(&a.chunk).map_err(|e| anyhow!("--chunk: {e}"))?;
-    let size_bytes = a.size.as_deref().map(size::parse_size).transpose().map_err(|e| anyhow!("--size: {e}"))?;
+    let size_bytes = a
+        .size
+        .as_deref()
+        .map(size::parse_size)
+        .transpose()
+        .map_err(|e| anyhow!("--size: {e}"))?;
     let open = |paths: &[PathBuf]| -> anyhow::Result<Vec<Arc<dyn Device>>> {
         paths
             .iter()
             .map(|p| {
-                let path = std::fs::canonicalize(p).with_context(|| format!("{}: cannot open member", p.display()))?;
-                let d = FileDevice::open(&path, OpenMode::Buffered).with_context(|| format!("{}: cannot open member", p.display()))?;
+                let path = std::fs::canonicalize(p)
+                    .with_context(|| format!("{}: cannot open member", p.display()))?;
+                let d = FileDevice::open(&path, OpenMode::Buffered)
+                    .with_context(|| format!("{}: cannot open member", p.display()))?;
                 d.lock_exclusive().map_err(|e| anyhow!("{e}"))?;
                 Ok(Arc::new(d) as Arc<dyn Device>)
             })
@@ -225,7 +255,10 @@ fn fetch_detail(name: &str) -> anyhow::Result<status::Detail> {
 }
 
 fn status(json: bool) -> anyhow::Result<()> {
-    let details: Vec<status::Detail> = control::running_arrays().iter().filter_map(|n| fetch_detail(n).ok()).collect();
+    let details: Vec<status::Detail> = control::running_arrays()
+        .iter()
+        .filter_map(|n| fetch_detail(n).ok())
+        .collect();
     if json {
         println!("{}", serde_json::to_string_pretty(&details)?);
         return Ok(());
@@ -247,9 +280,20 @@ fn detail(name: &str, json: bool) -> anyhow::Result<()> {
         return Ok(());
     }
     print!("{}", d.mdstat());
-    println!("  uuid {}  size {} ({} bytes)  events {}", d.uuid, size::human(d.size_bytes), d.size_bytes, d.events);
+    println!(
+        "  uuid {}  size {} ({} bytes)  events {}",
+        d.uuid,
+        size::human(d.size_bytes),
+        d.size_bytes,
+        d.events
+    );
     for m in &d.members {
-        println!("  {:>5}  {:<9} {}", m.role.map(|r| r.to_string()).unwrap_or_else(|| "-".into()), m.state, m.path);
+        println!(
+            "  {:>5}  {:<9} {}",
+            m.role.map(|r| r.to_string()).unwrap_or_else(|| "-".into()),
+            m.state,
+            m.path
+        );
     }
     for a in &d.nbd {
         println!("  nbd   {a}");
@@ -271,14 +315,17 @@ fn demo(dir: Option<PathBuf>) -> anyhow::Result<()> {
     const MEMBER_BYTES: u64 = 256 << 20;
     let dir = dir.unwrap_or_else(|| std::env::temp_dir().join("ironraid-demo"));
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    if std::env::var_os("IRONRAID_RUNDIR").is_none() && std::fs::create_dir_all(rundir::rundir()).is_err() {
+    if std::env::var_os("IRONRAID_RUNDIR").is_none()
+        && std::fs::create_dir_all(rundir::rundir()).is_err()
+    {
         std::env::set_var("IRONRAID_RUNDIR", dir.join("run"));
     }
     let members: Vec<PathBuf> = (0..4).map(|i| dir.join(format!("member{i}.img"))).collect();
     let fresh = members.iter().any(|m| !m.exists());
     if fresh {
         for m in &members {
-            let f = std::fs::File::create(m).with_context(|| format!("cannot create {}", m.display()))?;
+            let f = std::fs::File::create(m)
+                .with_context(|| format!("cannot create {}", m.display()))?;
             f.set_len(MEMBER_BYTES)?;
         }
         let uuid = create(CreateArgs {
@@ -295,7 +342,10 @@ fn demo(dir: Option<PathBuf>) -> anyhow::Result<()> {
             force: false,
             members: members.clone(),
         })?;
-        println!("created RAID5 'demo' ({uuid}) over 4 sparse files in {}", dir.display());
+        println!(
+            "created RAID5 'demo' ({uuid}) over 4 sparse files in {}",
+            dir.display()
+        );
     } else {
         println!("reusing the RAID5 'demo' members in {}", dir.display());
     }

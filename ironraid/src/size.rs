@@ -10,14 +10,21 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
                 'M' => 20,
                 'G' => 30,
                 'T' => 40,
-                _ => return Err(format!("'{s}': unknown size suffix '{c}' (use K, M, G or T)")),
+                _ => {
+                    return Err(format!(
+                        "'{s}': unknown size suffix '{c}' (use K, M, G or T)"
+                    ))
+                }
             };
             (&s[..i], shift)
         }
         _ => (s, 0),
     };
-    let n: u64 = digits.parse().map_err(|_| format!("'{s}' is not a size (plain bytes or a number with K, M, G, T)"))?;
-    n.checked_mul(1u64 << shift).ok_or_else(|| format!("'{s}' is too large"))
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("'{s}' is not a size (plain bytes or a number with K, M, G, T)"))?;
+    n.checked_mul(1u64 << shift)
+        .ok_or_else(|| format!("'{s}' is too large"))
 }
 
 /// "512K", "1.5M"-style rendering for humans.

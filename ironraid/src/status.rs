@@ -85,7 +85,12 @@ impl Detail {
                     .into(),
                 })
                 .collect(),
-            sync: SyncDetail { action: "idle".into(), done_bytes: 0, total_bytes: 0, rate_bytes_per_s: 0 },
+            sync: SyncDetail {
+                action: "idle".into(),
+                done_bytes: 0,
+                total_bytes: 0,
+                rate_bytes_per_s: 0,
+            },
             mismatch_count: 0,
             nbd,
             pid: std::process::id(),
@@ -97,20 +102,30 @@ impl Detail {
         let mut line1 = format!(
             "{} : {} {}",
             self.name,
-            if self.state == "failed" { "broken" } else { "active" },
+            if self.state == "failed" {
+                "broken"
+            } else {
+                "active"
+            },
             self.level
         );
         if self.state == "read-only" {
             line1 = format!("{} : active (read-only) {}", self.name, self.level);
         }
         for m in &self.members {
-            let base = std::path::Path::new(&m.path).file_name().map(|f| f.to_string_lossy().to_string()).unwrap_or_default();
+            let base = std::path::Path::new(&m.path)
+                .file_name()
+                .map(|f| f.to_string_lossy().to_string())
+                .unwrap_or_default();
             let tag = match m.state.as_str() {
                 "faulty" => "(F)",
                 "spare" => "(S)",
                 _ => "",
             };
-            line1.push_str(&format!(" {base}[{}]{tag}", m.role.map(|r| r.to_string()).unwrap_or_else(|| "-".into())));
+            line1.push_str(&format!(
+                " {base}[{}]{tag}",
+                m.role.map(|r| r.to_string()).unwrap_or_else(|| "-".into())
+            ));
         }
         let mut roles = vec!['_'; self.raid_devices];
         for m in self.members.iter().filter(|m| m.state == "in_sync") {
@@ -126,7 +141,11 @@ impl Detail {
                 self.chunk_bytes / 1024,
                 self.layout.as_deref().unwrap_or("-")
             ),
-            "raid10" => format!(" {}K chunks {}", self.chunk_bytes / 1024, self.layout.as_deref().unwrap_or("")),
+            "raid10" => format!(
+                " {}K chunks {}",
+                self.chunk_bytes / 1024,
+                self.layout.as_deref().unwrap_or("")
+            ),
             "raid0" => format!(" {}k chunks", self.chunk_bytes / 1024),
             _ => String::new(),
         };
@@ -150,7 +169,11 @@ pub fn progress_line(s: &SyncDetail) -> String {
     let filled = (permille / 50) as usize;
     let bar: String = "=".repeat(filled) + ">" + &".".repeat(20 - filled.min(20));
     let left = s.total_bytes.saturating_sub(s.done_bytes);
-    let finish_min = if s.rate_bytes_per_s > 0 { left as f64 / s.rate_bytes_per_s as f64 / 60.0 } else { 0.0 };
+    let finish_min = if s.rate_bytes_per_s > 0 {
+        left as f64 / s.rate_bytes_per_s as f64 / 60.0
+    } else {
+        0.0
+    };
     format!(
         "      [{bar}]  {} = {:.1}% ({}/{}) finish={:.1}min speed={}K/sec\n",
         s.action,

@@ -11,7 +11,12 @@ const MEMBER: u64 = 64 << 20;
 
 fn mdadm_field(out: &str, key: &str) -> String {
     out.lines()
-        .find_map(|l| l.trim().strip_prefix(key).and_then(|r| r.trim().strip_prefix(':')).map(|v| v.trim().to_string()))
+        .find_map(|l| {
+            l.trim()
+                .strip_prefix(key)
+                .and_then(|r| r.trim().strip_prefix(':'))
+                .map(|v| v.trim().to_string())
+        })
         .unwrap_or_else(|| panic!("mdadm output lacks '{key}':\n{out}"))
 }
 
@@ -44,12 +49,21 @@ fn mdadm_examine_agrees_with_ironraid_examine() {
             assert_eq!(mdadm_field(&out, "Raid Level"), md_level);
             assert_eq!(e["level"], md_level);
             assert_eq!(mdadm_field(&out, "Raid Devices"), n.to_string());
-            assert_eq!(mdadm_field(&out, "Data Offset"), format!("{} sectors", e["data_offset_sectors"]));
-            assert_eq!(mdadm_field(&out, "Device Role"), format!("Active device {i}"));
+            assert_eq!(
+                mdadm_field(&out, "Data Offset"),
+                format!("{} sectors", e["data_offset_sectors"])
+            );
+            assert_eq!(
+                mdadm_field(&out, "Device Role"),
+                format!("Active device {i}")
+            );
             assert_eq!(e["role"], i);
             assert_eq!(mdadm_field(&out, "Events"), e["events"].to_string());
             if md_level != "raid1" {
-                assert_eq!(mdadm_field(&out, "Chunk Size"), format!("{}K", e["chunk_bytes"].as_u64().unwrap() / 1024));
+                assert_eq!(
+                    mdadm_field(&out, "Chunk Size"),
+                    format!("{}K", e["chunk_bytes"].as_u64().unwrap() / 1024)
+                );
             }
             if md_level != "raid0" {
                 let arr = mdadm_field(&out, "Array Size");
@@ -75,7 +89,14 @@ fn mdadm_examine_agrees_with_ironraid_examine() {
 fn create_refuses_used_members_and_bad_usage() {
     let env = Env::new("used", 3, MEMBER);
     env.create("5", &[]);
-    let out = env.ironraid(&["create", "--level", "5", env.members[0].to_str().unwrap(), env.members[1].to_str().unwrap(), env.members[2].to_str().unwrap()]);
+    let out = env.ironraid(&[
+        "create",
+        "--level",
+        "5",
+        env.members[0].to_str().unwrap(),
+        env.members[1].to_str().unwrap(),
+        env.members[2].to_str().unwrap(),
+    ]);
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("m0.img") && err.contains("--force"), "{err}");
@@ -83,10 +104,24 @@ fn create_refuses_used_members_and_bad_usage() {
     assert_eq!(env.ironraid(&["create"]).status.code(), Some(2));
     assert_eq!(env.ironraid(&["frobnicate"]).status.code(), Some(2));
     // Bad values exit 1 with a reason.
-    let out = env.ironraid(&["create", "--level", "7", "--force", env.members[0].to_str().unwrap()]);
+    let out = env.ironraid(&[
+        "create",
+        "--level",
+        "7",
+        "--force",
+        env.members[0].to_str().unwrap(),
+    ]);
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown level"));
-    let out = env.ironraid(&["create", "--level", "5", "--chunk", "12Q", "--force", env.members[0].to_str().unwrap()]);
+    let out = env.ironraid(&[
+        "create",
+        "--level",
+        "5",
+        "--chunk",
+        "12Q",
+        "--force",
+        env.members[0].to_str().unwrap(),
+    ]);
     assert_eq!(out.status.code(), Some(1));
     // A corrupt superblock is named in the error.
     let mut bytes = std::fs::read(&env.members[1]).unwrap();
@@ -96,7 +131,12 @@ fn create_refuses_used_members_and_bad_usage() {
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("m1.img") && err.contains("checksum"), "{err}");
-    let out = env.ironraid(&["run", env.members[0].to_str().unwrap(), env.members[1].to_str().unwrap(), env.members[2].to_str().unwrap()]);
+    let out = env.ironraid(&[
+        "run",
+        env.members[0].to_str().unwrap(),
+        env.members[1].to_str().unwrap(),
+        env.members[2].to_str().unwrap(),
+    ]);
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("m1.img"));
 }
@@ -107,14 +147,28 @@ fn kill9_leaves_dirty_clean_stop_leaves_clean_and_second_daemon_is_refused() {
     env.create("5", &[]);
     let d = env.run_all();
     // A second daemon on the same members is refused.
-    let out = env.ironraid(&["run", env.members[0].to_str().unwrap(), env.members[1].to_str().unwrap(), env.members[2].to_str().unwrap()]);
+    let out = env.ironraid(&[
+        "run",
+        env.members[0].to_str().unwrap(),
+        env.members[1].to_str().unwrap(),
+        env.members[2].to_str().unwrap(),
+    ]);
     assert_eq!(out.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("in use"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("in use"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     // Write something so the array goes active, then kill -9.
     if require(&["qemu-io"]) {
-        sh("qemu-io", &["-f", "raw", &env.uri(), "-c", "write -P 0x42 0 1M"]);
+        sh(
+            "qemu-io",
+            &["-f", "raw", &env.uri(), "-c", "write -P 0x42 0 1M"],
+        );
     }
-    let ex: serde_json::Value = serde_json::from_str(&env.ok(&["examine", "--json", env.members[0].to_str().unwrap()])).unwrap();
+    let ex: serde_json::Value =
+        serde_json::from_str(&env.ok(&["examine", "--json", env.members[0].to_str().unwrap()]))
+            .unwrap();
     assert_eq!(ex[0]["state"], "active");
     d.kill9();
     let d = env.run_all();
@@ -127,7 +181,9 @@ fn kill9_leaves_dirty_clean_stop_leaves_clean_and_second_daemon_is_refused() {
     let status = env.ok(&["status"]);
     assert!(status.contains("dirty : active raid5"), "{status}");
     env.stop(d);
-    let ex: serde_json::Value = serde_json::from_str(&env.ok(&["examine", "--json", env.members[0].to_str().unwrap()])).unwrap();
+    let ex: serde_json::Value =
+        serde_json::from_str(&env.ok(&["examine", "--json", env.members[0].to_str().unwrap()]))
+            .unwrap();
     assert_eq!(ex[0]["state"], "clean");
 }
 
@@ -137,7 +193,7 @@ fn handshake(sock: &std::path::Path) -> UnixStream {
     s.read_exact(&mut hello).unwrap();
     assert_eq!(&hello[..8], b"NBDMAGIC");
     s.write_all(&3u32.to_be_bytes()).unwrap(); // FIXED_NEWSTYLE | NO_ZEROES
-    // NBD_OPT_EXPORT_NAME "" : reply is size(8) + flags(2)
+                                               // NBD_OPT_EXPORT_NAME "" : reply is size(8) + flags(2)
     s.write_all(&0x49484156454F5054u64.to_be_bytes()).unwrap();
     s.write_all(&1u32.to_be_bytes()).unwrap();
     s.write_all(&0u32.to_be_bytes()).unwrap();
@@ -161,7 +217,10 @@ fn simple_reply(s: &mut UnixStream) -> (u32, u64) {
     let mut rep = [0u8; 16];
     s.read_exact(&mut rep).unwrap();
     assert_eq!(u32::from_be_bytes(rep[..4].try_into().unwrap()), 0x67446698);
-    (u32::from_be_bytes(rep[4..8].try_into().unwrap()), u64::from_be_bytes(rep[8..].try_into().unwrap()))
+    (
+        u32::from_be_bytes(rep[4..8].try_into().unwrap()),
+        u64::from_be_bytes(rep[8..].try_into().unwrap()),
+    )
 }
 
 #[test]
@@ -172,9 +231,15 @@ fn malformed_requests_get_errors_and_change_nothing() {
     let env = Env::new("bad", 3, MEMBER);
     env.create("5", &["--chunk", "64K"]);
     let d = env.run_all();
-    sh("qemu-io", &["-f", "raw", &env.uri(), "-c", "write -P 0x5a 0 4M"]);
+    sh(
+        "qemu-io",
+        &["-f", "raw", &env.uri(), "-c", "write -P 0x5a 0 4M"],
+    );
     const MAGIC: u32 = 0x25609513;
-    let size: u64 = sh("nbdinfo", &["--size", &env.uri()]).trim().parse().unwrap();
+    let size: u64 = sh("nbdinfo", &["--size", &env.uri()])
+        .trim()
+        .parse()
+        .unwrap();
     let mut s = handshake(&env.socket());
     // Unknown command → EINVAL (22).
     request(&mut s, MAGIC, 0, 99, 1, 0, 512);
@@ -194,7 +259,11 @@ fn malformed_requests_get_errors_and_change_nothing() {
     // Bad magic: the server drops this connection only.
     request(&mut s, 0xdeadbeef, 0, 0, 5, 0, 512);
     let mut buf = [0u8; 1];
-    assert_eq!(s.read(&mut buf).unwrap_or(0), 0, "connection should close on bad magic");
+    assert_eq!(
+        s.read(&mut buf).unwrap_or(0),
+        0,
+        "connection should close on bad magic"
+    );
     // A write whose payload is cut short, then the client vanishes.
     let mut s = handshake(&env.socket());
     request(&mut s, MAGIC, 0, 1, 6, 0, 65536);
@@ -202,7 +271,10 @@ fn malformed_requests_get_errors_and_change_nothing() {
     drop(s);
     std::thread::sleep(std::time::Duration::from_millis(200));
     // Data intact, other clients fine.
-    let out = sh("qemu-io", &["-f", "raw", &env.uri(), "-c", "read -P 0x5a 0 4M"]);
+    let out = sh(
+        "qemu-io",
+        &["-f", "raw", &env.uri(), "-c", "read -P 0x5a 0 4M"],
+    );
     assert!(!out.contains("verification failed"), "{out}");
     env.stop(d);
 }

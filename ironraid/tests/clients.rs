@@ -15,19 +15,46 @@ fn nbdinfo_reports_size_and_flags() {
     let env = Env::new("info5", 4, MEMBER);
     env.create("5", &["--chunk", "64K"]);
     let d = env.run_all();
-    let detail: serde_json::Value = serde_json::from_str(&env.ok(&["detail", "info5", "--json"])).unwrap();
-    let json: serde_json::Value = serde_json::from_str(&sh("nbdinfo", &["--json", &env.uri()])).unwrap();
+    let detail: serde_json::Value =
+        serde_json::from_str(&env.ok(&["detail", "info5", "--json"])).unwrap();
+    let json: serde_json::Value =
+        serde_json::from_str(&sh("nbdinfo", &["--json", &env.uri()])).unwrap();
     let export = &json["exports"][0];
     assert_eq!(export["export-size"], detail["size_bytes"]);
-    for flag in ["can_flush", "can_fua", "can_trim", "can_zero", "can_multi_conn"] {
-        assert_eq!(export[flag], serde_json::Value::Bool(true), "{flag} in {export}");
+    for flag in [
+        "can_flush",
+        "can_fua",
+        "can_trim",
+        "can_zero",
+        "can_multi_conn",
+    ] {
+        assert_eq!(
+            export[flag],
+            serde_json::Value::Bool(true),
+            "{flag} in {export}"
+        );
     }
     assert_eq!(export["is_read_only"], serde_json::Value::Bool(false));
     assert_eq!(export["block_size_minimum"], 512);
-    let list = sh("nbdinfo", &["--list", &format!("nbd+unix://?socket={}", env.socket().display())]);
-    assert!(list.contains("export=\"info5\"") || list.contains("info5"), "{list}");
+    let list = sh(
+        "nbdinfo",
+        &[
+            "--list",
+            &format!("nbd+unix://?socket={}", env.socket().display()),
+        ],
+    );
+    assert!(
+        list.contains("export=\"info5\"") || list.contains("info5"),
+        "{list}"
+    );
     // Default export "" reaches the array too.
-    let plain = sh("nbdinfo", &["--size", &format!("nbd+unix://?socket={}", env.socket().display())]);
+    let plain = sh(
+        "nbdinfo",
+        &[
+            "--size",
+            &format!("nbd+unix://?socket={}", env.socket().display()),
+        ],
+    );
     assert_eq!(plain.trim(), detail["size_bytes"].to_string());
     env.stop(d);
 }
@@ -39,7 +66,10 @@ fn copy_roundtrip(level: &str, n: usize, extra: &[&str]) {
     let back = env.dir.path().join("back.bin");
     random_file(&src, DATA, 42);
     let d = env.run_all();
-    sh("nbdcopy", &["--connections=4", src.to_str().unwrap(), &env.uri()]);
+    sh(
+        "nbdcopy",
+        &["--connections=4", src.to_str().unwrap(), &env.uri()],
+    );
     sh("nbdcopy", &[&env.uri(), back.to_str().unwrap()]);
     let got = std::fs::read(&back).unwrap();
     let want = std::fs::read(&src).unwrap();
@@ -50,7 +80,10 @@ fn copy_roundtrip(level: &str, n: usize, extra: &[&str]) {
     let d = env.run_all();
     let back2 = env.dir.path().join("back2.bin");
     sh("nbdcopy", &[&env.uri(), back2.to_str().unwrap()]);
-    assert!(std::fs::read(&back2).unwrap()[..DATA] == want[..], "{level}: differs after restart");
+    assert!(
+        std::fs::read(&back2).unwrap()[..DATA] == want[..],
+        "{level}: differs after restart"
+    );
     assert!(!d.log_text().contains("not stopped cleanly"));
     env.stop(d);
 }
@@ -121,17 +154,36 @@ fn qemu_io_odd_offsets_and_qemu_img_compare() {
     // Reference image with the same content; qemu-img compare sees no difference.
     let refimg = env.dir.path().join("ref.img");
     let size: u64 = sh("nbdinfo", &["--size", &uri]).trim().parse().unwrap();
-    std::fs::File::create(&refimg).unwrap().set_len(size).unwrap();
+    std::fs::File::create(&refimg)
+        .unwrap()
+        .set_len(size)
+        .unwrap();
     sh(
         "qemu-io",
         &[
-            "-f", "raw", refimg.to_str().unwrap(),
-            "-c", "write -P 0xab 513 1000",
-            "-c", "write -P 0xcd 70001 200000",
-            "-c", "write -P 0x11 1048575 3",
+            "-f",
+            "raw",
+            refimg.to_str().unwrap(),
+            "-c",
+            "write -P 0xab 513 1000",
+            "-c",
+            "write -P 0xcd 70001 200000",
+            "-c",
+            "write -P 0x11 1048575 3",
         ],
     );
-    let cmp = sh("qemu-img", &["compare", "-f", "raw", "-F", "raw", refimg.to_str().unwrap(), &uri]);
+    let cmp = sh(
+        "qemu-img",
+        &[
+            "compare",
+            "-f",
+            "raw",
+            "-F",
+            "raw",
+            refimg.to_str().unwrap(),
+            &uri,
+        ],
+    );
     assert!(cmp.contains("identical"), "{cmp}");
     env.stop(d);
 }
@@ -183,13 +235,23 @@ fn degraded_raid5_serves_correct_data() {
     env.stop(d);
     // Member 2 is gone: the array runs degraded and reconstructs its chunks from parity.
     std::fs::remove_file(&env.members[2]).unwrap();
-    let survivors: Vec<_> = env.members.iter().enumerate().filter(|(i, _)| *i != 2).map(|(_, m)| m.clone()).collect();
+    let survivors: Vec<_> = env
+        .members
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != 2)
+        .map(|(_, m)| m.clone())
+        .collect();
     let d = env.run(&survivors);
-    let detail: serde_json::Value = serde_json::from_str(&env.ok(&["detail", "deg5", "--json"])).unwrap();
+    let detail: serde_json::Value =
+        serde_json::from_str(&env.ok(&["detail", "deg5", "--json"])).unwrap();
     assert_eq!(detail["state"], "degraded", "{detail}");
     let back = env.dir.path().join("back.bin");
     sh("nbdcopy", &[&env.uri(), back.to_str().unwrap()]);
-    assert!(std::fs::read(&back).unwrap()[..DATA] == std::fs::read(&src).unwrap()[..], "degraded read differs");
+    assert!(
+        std::fs::read(&back).unwrap()[..DATA] == std::fs::read(&src).unwrap()[..],
+        "degraded read differs"
+    );
     // Degraded writes work too.
     let src2 = env.dir.path().join("src2.bin");
     random_file(&src2, DATA, 8);

@@ -9,7 +9,11 @@ use std::time::{Duration, Instant};
 fn wait_for(path: &std::path::Path) {
     let deadline = Instant::now() + Duration::from_secs(20);
     while !path.exists() {
-        assert!(Instant::now() < deadline, "{} did not appear", path.display());
+        assert!(
+            Instant::now() < deadline,
+            "{} did not appear",
+            path.display()
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -22,15 +26,26 @@ struct Fuse {
 impl Fuse {
     fn start(uri: &str, mnt: &std::path::Path) -> Fuse {
         std::fs::create_dir_all(mnt).unwrap();
-        let child = Command::new("nbdfuse").arg(mnt).arg(uri).stdout(Stdio::null()).spawn().expect("nbdfuse");
+        let child = Command::new("nbdfuse")
+            .arg(mnt)
+            .arg(uri)
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("nbdfuse");
         wait_for(&mnt.join("nbd"));
-        Fuse { child, mnt: mnt.to_path_buf() }
+        Fuse {
+            child,
+            mnt: mnt.to_path_buf(),
+        }
     }
 }
 
 impl Drop for Fuse {
     fn drop(&mut self) {
-        let _ = Command::new("fusermount3").arg("-u").arg(&self.mnt).status();
+        let _ = Command::new("fusermount3")
+            .arg("-u")
+            .arg(&self.mnt)
+            .status();
         let _ = self.child.wait();
     }
 }
@@ -39,12 +54,21 @@ struct Loop(String);
 
 impl Loop {
     fn attach(file: &std::path::Path) -> Option<Loop> {
-        let out = Command::new("losetup").args(["-f", "--show", "--direct-io=off"]).arg(file).output().ok()?;
+        let out = Command::new("losetup")
+            .args(["-f", "--show", "--direct-io=off"])
+            .arg(file)
+            .output()
+            .ok()?;
         if !out.status.success() {
-            eprintln!("SKIP: losetup failed: {}", String::from_utf8_lossy(&out.stderr));
+            eprintln!(
+                "SKIP: losetup failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
             return None;
         }
-        Some(Loop(String::from_utf8_lossy(&out.stdout).trim().to_string()))
+        Some(Loop(
+            String::from_utf8_lossy(&out.stdout).trim().to_string(),
+        ))
     }
 }
 
@@ -55,12 +79,23 @@ impl Drop for Loop {
 }
 
 fn checksums(dir: &std::path::Path) -> String {
-    sh("sh", &["-c", &format!("cd {} && find . -type f -print0 | sort -z | xargs -0 sha256sum", dir.display())])
+    sh(
+        "sh",
+        &[
+            "-c",
+            &format!(
+                "cd {} && find . -type f -print0 | sort -z | xargs -0 sha256sum",
+                dir.display()
+            ),
+        ],
+    )
 }
 
 #[test]
 fn ext4_on_nbdfuse_survives_restart_and_fsck() {
-    if !require(&["nbdfuse", "losetup", "mkfs.ext4", "e2fsck", "fusermount3"]) || !std::path::Path::new("/dev/fuse").exists() {
+    if !require(&["nbdfuse", "losetup", "mkfs.ext4", "e2fsck", "fusermount3"])
+        || !std::path::Path::new("/dev/fuse").exists()
+    {
         return;
     }
     let env = Env::new("fs5", 4, 96 << 20);
@@ -72,7 +107,9 @@ fn ext4_on_nbdfuse_survives_restart_and_fsck() {
     let sums;
     {
         let fuse = Fuse::start(&env.uri(), &fuse_dir);
-        let Some(lo) = Loop::attach(&fuse.mnt.join("nbd")) else { return };
+        let Some(lo) = Loop::attach(&fuse.mnt.join("nbd")) else {
+            return;
+        };
         sh("mkfs.ext4", &["-q", "-F", &lo.0]);
         sh("mount", &[&lo.0, mnt.to_str().unwrap()]);
         // A tree of files of assorted sizes.
@@ -84,22 +121,38 @@ fn ext4_on_nbdfuse_survives_restart_and_fsck() {
         sh("sh", &["-c", &script]);
         sums = checksums(&mnt);
         sh("umount", &[mnt.to_str().unwrap()]);
-        let fsck = Command::new("e2fsck").args(["-fn", &lo.0]).output().unwrap();
-        assert!(fsck.status.success(), "e2fsck: {}", String::from_utf8_lossy(&fsck.stdout));
+        let fsck = Command::new("e2fsck")
+            .args(["-fn", &lo.0])
+            .output()
+            .unwrap();
+        assert!(
+            fsck.status.success(),
+            "e2fsck: {}",
+            String::from_utf8_lossy(&fsck.stdout)
+        );
     }
     env.stop(d);
     // Restart the daemon and mount again: the same files, byte for byte.
     let d = env.run_all();
     {
         let fuse = Fuse::start(&env.uri(), &fuse_dir);
-        let Some(lo) = Loop::attach(&fuse.mnt.join("nbd")) else { return };
+        let Some(lo) = Loop::attach(&fuse.mnt.join("nbd")) else {
+            return;
+        };
         sh("mount", &[&lo.0, mnt.to_str().unwrap()]);
         let again = checksums(&mnt);
         sh("umount", &[mnt.to_str().unwrap()]);
         assert_eq!(sums, again, "file contents changed across a daemon restart");
         assert!(sums.lines().count() == 72, "expected 72 files:\n{sums}");
-        let fsck = Command::new("e2fsck").args(["-fn", &lo.0]).output().unwrap();
-        assert!(fsck.status.success(), "e2fsck after restart: {}", String::from_utf8_lossy(&fsck.stdout));
+        let fsck = Command::new("e2fsck")
+            .args(["-fn", &lo.0])
+            .output()
+            .unwrap();
+        assert!(
+            fsck.status.success(),
+            "e2fsck after restart: {}",
+            String::from_utf8_lossy(&fsck.stdout)
+        );
     }
     env.stop(d);
 }

@@ -50,13 +50,25 @@ impl FileDevice {
                 format!("{name}: not a regular file or block device"),
             ));
         }
-        let raw_len = if is_block { buffered.seek(SeekFrom::End(0))? } else { meta.len() };
+        let raw_len = if is_block {
+            buffered.seek(SeekFrom::End(0))?
+        } else {
+            meta.len()
+        };
         let len_bytes = raw_len / SECTOR_BYTES * SECTOR_BYTES;
         let (direct, dio_mem_align, dio_offset_align) = match mode {
             OpenMode::ReadWrite => open_direct(path, &buffered),
             OpenMode::ReadOnly | OpenMode::Buffered => (None, 0, 0),
         };
-        Ok(FileDevice { name, buffered, direct, dio_mem_align, dio_offset_align, len_bytes, is_block })
+        Ok(FileDevice {
+            name,
+            buffered,
+            direct,
+            dio_mem_align,
+            dio_offset_align,
+            len_bytes,
+            is_block,
+        })
     }
 
     /// Whether requests that meet the alignment go around the page cache.
@@ -68,7 +80,10 @@ impl FileDevice {
     pub fn lock_exclusive(&self) -> io::Result<()> {
         rustix::fs::flock(&self.buffered, FlockOperation::NonBlockingLockExclusive).map_err(|e| {
             if e == rustix::io::Errno::WOULDBLOCK {
-                io::Error::new(io::ErrorKind::WouldBlock, format!("{}: in use by another process", self.name))
+                io::Error::new(
+                    io::ErrorKind::WouldBlock,
+                    format!("{}: in use by another process", self.name),
+                )
             } else {
                 e.into()
             }
@@ -78,9 +93,9 @@ impl FileDevice {
     fn pick(&self, ptr: *const u8, offset_bytes: u64, len: usize) -> &File {
         match &self.direct {
             Some(direct)
-                if (ptr as usize) % self.dio_mem_align == 0
-                    && offset_bytes % self.dio_offset_align == 0
-                    && (len as u64) % self.dio_offset_align == 0 =>
+                if (ptr as usize).is_multiple_of(self.dio_mem_align)
+                    && offset_bytes.is_multiple_of(self.dio_offset_align)
+                    && (len as u64).is_multiple_of(self.dio_offset_align) =>
             {
                 direct
             }
@@ -91,7 +106,12 @@ impl FileDevice {
 
 /// Try `O_DIRECT`; `None` when the file system refuses it (tmpfs) or reports no alignment.
 fn open_direct(path: &Path, buffered: &File) -> (Option<File>, usize, u64) {
-    let Ok(stx) = rustix::fs::statx(buffered, "", rustix::fs::AtFlags::EMPTY_PATH, StatxFlags::DIOALIGN) else {
+    let Ok(stx) = rustix::fs::statx(
+        buffered,
+        "",
+        rustix::fs::AtFlags::EMPTY_PATH,
+        StatxFlags::DIOALIGN,
+    ) else {
         return (None, 0, 0);
     };
     let mem = stx.stx_dio_mem_align as usize;
@@ -100,7 +120,12 @@ fn open_direct(path: &Path, buffered: &File) -> (Option<File>, usize, u64) {
         return (None, 0, 0);
     }
     let flags = rustix::fs::OFlags::DIRECT.bits() as i32;
-    match OpenOptions::new().read(true).write(true).custom_flags(flags).open(path) {
+    match OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(flags)
+        .open(path)
+    {
         Ok(f) => (Some(f), mem, off),
         Err(_) => (None, 0, 0),
     }
@@ -117,7 +142,8 @@ impl Device for FileDevice {
 
     fn read_at(&self, buf: &mut [u8], offset_bytes: u64) -> io::Result<()> {
         check_range(self, offset_bytes, buf.len() as u64);
-        self.pick(buf.as_ptr(), offset_bytes, buf.len()).read_exact_at(buf, offset_bytes)
+        self.pick(buf.as_ptr(), offset_bytes, buf.len())
+            .read_exact_at(buf, offset_bytes)
     }
 
     fn write_at(&self, buf: &[u8], offset_bytes: u64, fua: bool) -> io::Result<()> {
@@ -135,7 +161,10 @@ impl Device for FileDevice {
                 rustix::io::ReadWriteFlags::DSYNC,
             )?;
             if n == 0 {
-                return Err(io::Error::new(io::ErrorKind::WriteZero, format!("{}: short write", self.name)));
+                return Err(io::Error::new(
+                    io::ErrorKind::WriteZero,
+                    format!("{}: short write", self.name),
+                ));
             }
             done += n;
         }
@@ -181,7 +210,10 @@ mod tests {
     fn round_trip_aligned_and_unaligned_buffers() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("m0");
-        std::fs::File::create(&path).unwrap().set_len(1 << 20).unwrap();
+        std::fs::File::create(&path)
+            .unwrap()
+            .set_len(1 << 20)
+            .unwrap();
         let dev = FileDevice::open(&path, OpenMode::ReadWrite).unwrap();
         assert_eq!(dev.len_bytes(), 1 << 20);
         let mut data = AlignedBuf::zeroed(8192);
@@ -206,7 +238,10 @@ mod tests {
     fn exclusive_lock_refuses_second_holder() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("m0");
-        std::fs::File::create(&path).unwrap().set_len(1 << 16).unwrap();
+        std::fs::File::create(&path)
+            .unwrap()
+            .set_len(1 << 16)
+            .unwrap();
         let a = FileDevice::open(&path, OpenMode::ReadWrite).unwrap();
         let b = FileDevice::open(&path, OpenMode::ReadWrite).unwrap();
         a.lock_exclusive().unwrap();

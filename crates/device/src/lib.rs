@@ -49,10 +49,20 @@ pub trait Device: Send + Sync {
 
 /// Asserts the sector contract shared by every backend.
 fn check_range(dev: &dyn Device, offset_bytes: u64, len_bytes: u64) {
-    assert!(offset_bytes % SECTOR_BYTES == 0, "{}: offset {offset_bytes} not sector aligned", dev.name());
-    assert!(len_bytes % SECTOR_BYTES == 0, "{}: length {len_bytes} not sector aligned", dev.name());
     assert!(
-        offset_bytes.checked_add(len_bytes).is_some_and(|end| end <= dev.len_bytes()),
+        offset_bytes.is_multiple_of(SECTOR_BYTES),
+        "{}: offset {offset_bytes} not sector aligned",
+        dev.name()
+    );
+    assert!(
+        len_bytes.is_multiple_of(SECTOR_BYTES),
+        "{}: length {len_bytes} not sector aligned",
+        dev.name()
+    );
+    assert!(
+        offset_bytes
+            .checked_add(len_bytes)
+            .is_some_and(|end| end <= dev.len_bytes()),
         "{}: I/O {offset_bytes}+{len_bytes} beyond device end {}",
         dev.name(),
         dev.len_bytes()

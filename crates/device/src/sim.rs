@@ -204,7 +204,11 @@ impl Device for SimDevice {
         if fua {
             st.durable[start..start + buf.len()].copy_from_slice(&stored);
         }
-        st.pending.push(Pending { offset_bytes: at, bytes: stored, fua });
+        st.pending.push(Pending {
+            offset_bytes: at,
+            bytes: stored,
+            fua,
+        });
         Ok(())
     }
 
@@ -246,15 +250,26 @@ mod tests {
         assert!(img[..4096].iter().all(|&b| b == 1));
         assert!(img[8192..12288].iter().all(|&b| b == 2));
         let survived = img[16384..32768].iter().filter(|&&b| b == 3).count();
-        assert!(survived > 0 && survived < 16384, "seed 7 should keep some, lose some: {survived}");
+        assert!(
+            survived > 0 && survived < 16384,
+            "seed 7 should keep some, lose some: {survived}"
+        );
     }
 
     #[test]
     fn same_seed_same_faults() {
         let run = |seed| {
             let dev = SimDevice::new("sim", 1 << 20, seed);
-            dev.set_faults(Faults { write_error: 0.1, lost_write: 0.1, misdirected_write: 0.1, bit_rot: 0.1, ..Faults::default() });
-            let results: Vec<bool> = (0..200u64).map(|i| dev.write_at(&[i as u8; 512], (i % 64) * 512, false).is_ok()).collect();
+            dev.set_faults(Faults {
+                write_error: 0.1,
+                lost_write: 0.1,
+                misdirected_write: 0.1,
+                bit_rot: 0.1,
+                ..Faults::default()
+            });
+            let results: Vec<bool> = (0..200u64)
+                .map(|i| dev.write_at(&[i as u8; 512], (i % 64) * 512, false).is_ok())
+                .collect();
             (results, dev.contents(), dev.stats())
         };
         assert_eq!(run(42).0, run(42).0);
@@ -262,7 +277,12 @@ mod tests {
         assert_eq!(run(42).2, run(42).2);
         assert_ne!(run(42).1, run(43).1);
         let stats = run(42).2;
-        assert!(stats.errors_injected > 0 && stats.writes_lost > 0 && stats.writes_misdirected > 0 && stats.bits_flipped > 0);
+        assert!(
+            stats.errors_injected > 0
+                && stats.writes_lost > 0
+                && stats.writes_misdirected > 0
+                && stats.bits_flipped > 0
+        );
     }
 
     #[test]

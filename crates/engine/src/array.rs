@@ -12,9 +12,9 @@
 use crate::error::{EngineError, Result};
 use crate::member::Slot;
 use crate::meta::Meta;
-use crate::stripe_cache::StripeCache;
 use crate::mirror::RegionLocks;
-use format::{ROLE_FAULTY, MAX_SECTOR};
+use crate::stripe_cache::StripeCache;
+use format::{MAX_SECTOR, ROLE_FAULTY};
 use layout::{Geometry, Level};
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -131,7 +131,10 @@ impl Array {
             regions: RegionLocks::new(),
             inflight_writes: AtomicUsize::new(0),
         };
-        array.failed.store(!array.geometry.survives(&array.failed_roles()), Ordering::Release);
+        array.failed.store(
+            !array.geometry.survives(&array.failed_roles()),
+            Ordering::Release,
+        );
         Ok(array)
     }
 
@@ -232,7 +235,7 @@ impl Array {
     }
 
     fn check_range(&self, offset_bytes: u64, len_bytes: u64) -> Result<()> {
-        if offset_bytes % 512 != 0 || len_bytes % 512 != 0 {
+        if !offset_bytes.is_multiple_of(512) || !len_bytes.is_multiple_of(512) {
             return Err(EngineError::InvalidArgument(format!(
                 "request {offset_bytes}+{len_bytes} is not a multiple of 512 bytes"
             )));
@@ -248,7 +251,10 @@ impl Array {
 
     fn check_writable(&self) -> Result<()> {
         if self.config.read_only {
-            return Err(EngineError::ReadOnly { array: self.name.clone(), reason: "assembled read-only".into() });
+            return Err(EngineError::ReadOnly {
+                array: self.name.clone(),
+                reason: "assembled read-only".into(),
+            });
         }
         if self.is_failed() {
             return Err(EngineError::ReadOnly {
@@ -263,7 +269,12 @@ impl Array {
         self.failed.load(Ordering::Acquire)
     }
 
-    pub(crate) fn unrecoverable(&self, offset_bytes: u64, len_bytes: u64, reason: &str) -> EngineError {
+    pub(crate) fn unrecoverable(
+        &self,
+        offset_bytes: u64,
+        len_bytes: u64,
+        reason: &str,
+    ) -> EngineError {
         EngineError::Unrecoverable {
             array: self.name.clone(),
             offset_bytes,
@@ -304,7 +315,10 @@ impl Array {
         Ok(())
     }
 
-    fn fail_members_after_sb_error(&self, failed: Vec<(std::sync::Arc<crate::member::Member>, std::io::Error)>) {
+    fn fail_members_after_sb_error(
+        &self,
+        failed: Vec<(std::sync::Arc<crate::member::Member>, std::io::Error)>,
+    ) {
         for (member, err) in failed {
             if let Some(role) = self.role_of_member(member.dev_number) {
                 self.fail_role(role, &format!("superblock write failed: {err}"));
@@ -313,14 +327,19 @@ impl Array {
     }
 
     fn role_of_member(&self, dev_number: u32) -> Option<usize> {
-        self.slots.iter().position(|s| s.member().is_some_and(|m| m.dev_number == dev_number))
+        self.slots
+            .iter()
+            .position(|s| s.member().is_some_and(|m| m.dev_number == dev_number))
     }
 
     /// Mark the member in `role` faulty: stop using it, record it in every surviving
     /// superblock (events bump), and note whether the array can still serve everything.
     pub(crate) fn fail_role(&self, role: usize, why: &str) {
         let slot = &self.slots[role];
-        let name = slot.member().map(|m| m.name().to_string()).unwrap_or_else(|| format!("role {role}"));
+        let name = slot
+            .member()
+            .map(|m| m.name().to_string())
+            .unwrap_or_else(|| format!("role {role}"));
         if self.geometry.max_degraded() == 0 {
             tracing::error!(array = %self.name, member = %name, "I/O error on a level without redundancy: {why}");
             return;
@@ -350,9 +369,17 @@ impl Array {
             .slots
             .iter()
             .position(|s| s.member().is_some_and(|m| m.name() == name))
-            .ok_or_else(|| EngineError::InvalidArgument(format!("{name} is not an active member of {}", self.name)))?;
+            .ok_or_else(|| {
+                EngineError::InvalidArgument(format!(
+                    "{name} is not an active member of {}",
+                    self.name
+                ))
+            })?;
         if self.geometry.max_degraded() == 0 {
-            return Err(EngineError::Unsupported(format!("{} has no redundancy; cannot fail {name}", self.name)));
+            return Err(EngineError::Unsupported(format!(
+                "{} has no redundancy; cannot fail {name}",
+                self.name
+            )));
         }
         self.fail_role(role, "failed by administrator");
         Ok(())
@@ -362,7 +389,11 @@ impl Array {
         let meta = self.meta.lock();
         let mut members = Vec::new();
         for m in &meta.members {
-            let raw = meta.roles.get(m.member.dev_number as usize).copied().unwrap_or(format::ROLE_SPARE);
+            let raw = meta
+                .roles
+                .get(m.member.dev_number as usize)
+                .copied()
+                .unwrap_or(format::ROLE_SPARE);
             let role = self.role_of_member(m.member.dev_number);
             let state = match (role, raw) {
                 (Some(r), _) if !self.slots[r].is_faulty() => MemberState::InSync,
@@ -387,7 +418,9 @@ impl Array {
             raid_disks: g.raid_disks(),
             events: meta.events,
             members,
-            missing_roles: (0..self.slots.len()).filter(|&r| self.slots[r].is_faulty()).collect(),
+            missing_roles: (0..self.slots.len())
+                .filter(|&r| self.slots[r].is_faulty())
+                .collect(),
             dirty: self.dirty.load(Ordering::Acquire),
             failed: self.is_failed(),
             read_only: self.config.read_only,

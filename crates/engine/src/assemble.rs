@@ -13,7 +13,7 @@
 use crate::array::{Array, ArrayConfig, ArrayParts};
 use crate::error::{EngineError, Result};
 use crate::member::{Member, Slot};
-use crate::meta::{read_superblock, Meta, MemberSb};
+use crate::meta::{read_superblock, MemberSb, Meta};
 use device::Device;
 use format::{DevRole, Superblock, MAX_SECTOR};
 use layout::{Geometry, GeometrySpec, Level};
@@ -33,7 +33,10 @@ pub fn assemble(devs: Vec<Arc<dyn Device>>, opts: AssembleOptions) -> Result<Arr
     }
     let mut found: Vec<(Arc<dyn Device>, Superblock)> = Vec::new();
     for dev in devs {
-        let sb = read_superblock(dev.as_ref()).map_err(|reason| EngineError::Assemble { member: dev.name().into(), reason })?;
+        let sb = read_superblock(dev.as_ref()).map_err(|reason| EngineError::Assemble {
+            member: dev.name().into(),
+            reason,
+        })?;
         if let Some((first, fsb)) = found.first() {
             if sb.set_uuid != fsb.set_uuid {
                 return Err(EngineError::Assemble {
@@ -51,13 +54,25 @@ pub fn assemble(devs: Vec<Arc<dyn Device>>, opts: AssembleOptions) -> Result<Arr
         if found.iter().any(|(_, o)| o.dev_number == sb.dev_number) {
             return Err(EngineError::Assemble {
                 member: dev.name().into(),
-                reason: format!("device number {} appears twice (the same member given twice, or a copy)", sb.dev_number),
+                reason: format!(
+                    "device number {} appears twice (the same member given twice, or a copy)",
+                    sb.dev_number
+                ),
             });
         }
         found.push((dev, sb));
     }
-    let freshest = found.iter().map(|(_, sb)| sb.events).max().expect("non-empty");
-    let best = found.iter().find(|(_, sb)| sb.events == freshest).expect("max exists").1.clone();
+    let freshest = found
+        .iter()
+        .map(|(_, sb)| sb.events)
+        .max()
+        .expect("non-empty");
+    let best = found
+        .iter()
+        .find(|(_, sb)| sb.events == freshest)
+        .expect("max exists")
+        .1
+        .clone();
     let level = Level::from_md(best.level).ok_or_else(|| EngineError::Assemble {
         member: found[0].0.name().into(),
         reason: format!("unknown RAID level {}", best.level),
@@ -79,9 +94,14 @@ pub fn assemble(devs: Vec<Arc<dyn Device>>, opts: AssembleOptions) -> Result<Arr
                 })
             }
             DevRole::Spare => spares.push((dev, sb)),
-            DevRole::Faulty => tracing::warn!(member = %dev.name(), "member recorded as faulty; left out"),
+            DevRole::Faulty => {
+                tracing::warn!(member = %dev.name(), "member recorded as faulty; left out")
+            }
             DevRole::Journal => {
-                return Err(EngineError::Unsupported(format!("{}: journal devices are not supported yet", dev.name())))
+                return Err(EngineError::Unsupported(format!(
+                    "{}: journal devices are not supported yet",
+                    dev.name()
+                )))
             }
         }
     }
@@ -98,19 +118,26 @@ pub fn assemble(devs: Vec<Arc<dyn Device>>, opts: AssembleOptions) -> Result<Arr
             ),
         });
     }
-    for (dev, sb) in by_role.iter().flatten().chain(spares.iter().map(|s| s)) {
+    for (dev, sb) in by_role.iter().flatten().chain(spares.iter()) {
         let needed = (sb.data_offset + best.size) * 512;
         if dev.len_bytes() < needed && level != Level::Raid0 && level != Level::Linear {
             return Err(EngineError::Assemble {
                 member: dev.name().into(),
-                reason: format!("device has {} bytes but the array needs {needed}", dev.len_bytes()),
+                reason: format!(
+                    "device has {} bytes but the array needs {needed}",
+                    dev.len_bytes()
+                ),
             });
         }
     }
     build(opts, best, geometry, by_role, spares)
 }
 
-fn geometry_from(best: &Superblock, level: Level, by_role: &[Option<(Arc<dyn Device>, Superblock)>]) -> Result<Geometry> {
+fn geometry_from(
+    best: &Superblock,
+    level: Level,
+    by_role: &[Option<(Arc<dyn Device>, Superblock)>],
+) -> Result<Geometry> {
     let device_sectors = match level {
         Level::Raid0 | Level::Linear => by_role
             .iter()
@@ -126,19 +153,36 @@ fn geometry_from(best: &Superblock, level: Level, by_role: &[Option<(Arc<dyn Dev
         component_sectors: best.size,
         device_sectors,
     })
-    .map_err(|e| EngineError::Assemble { member: format!("array '{}'", best.set_name), reason: e.to_string() })
+    .map_err(|e| EngineError::Assemble {
+        member: format!("array '{}'", best.set_name),
+        reason: e.to_string(),
+    })
 }
 
 type Found = (Arc<dyn Device>, Superblock);
 
-fn build(opts: AssembleOptions, best: Superblock, geometry: Geometry, by_role: Vec<Option<Found>>, spares: Vec<Found>) -> Result<Array> {
+fn build(
+    opts: AssembleOptions,
+    best: Superblock,
+    geometry: Geometry,
+    by_role: Vec<Option<Found>>,
+    spares: Vec<Found>,
+) -> Result<Array> {
     let mut members = Vec::new();
     let mut slots = Vec::new();
     let mut roles = best.dev_roles.clone();
     for entry in by_role {
         let member = entry.map(|(dev, sb)| {
-            let m = Arc::new(Member { dev, data_offset_bytes: sb.data_offset * 512, dev_number: sb.dev_number });
-            members.push(MemberSb { member: m.clone(), sb, writable: true });
+            let m = Arc::new(Member {
+                dev,
+                data_offset_bytes: sb.data_offset * 512,
+                dev_number: sb.dev_number,
+            });
+            members.push(MemberSb {
+                member: m.clone(),
+                sb,
+                writable: true,
+            });
             m
         });
         slots.push(Slot::new(member));
@@ -152,11 +196,32 @@ fn build(opts: AssembleOptions, best: Superblock, geometry: Geometry, by_role: V
         }
     }
     for (dev, sb) in spares {
-        let m = Arc::new(Member { dev, data_offset_bytes: sb.data_offset * 512, dev_number: sb.dev_number });
-        members.push(MemberSb { member: m, sb, writable: true });
+        let m = Arc::new(Member {
+            dev,
+            data_offset_bytes: sb.data_offset * 512,
+            dev_number: sb.dev_number,
+        });
+        members.push(MemberSb {
+            member: m,
+            sb,
+            writable: true,
+        });
     }
     let was_dirty = best.resync_offset != MAX_SECTOR;
-    let meta = Meta { members, events: best.events, resync_offset: best.resync_offset, roles };
+    let meta = Meta {
+        members,
+        events: best.events,
+        resync_offset: best.resync_offset,
+        roles,
+    };
     let name = opts.name.clone().unwrap_or_else(|| best.set_name.clone());
-    Array::from_parts(ArrayParts { name, uuid: best.set_uuid, geometry, slots, meta, config: opts.config, was_dirty })
+    Array::from_parts(ArrayParts {
+        name,
+        uuid: best.set_uuid,
+        geometry,
+        slots,
+        meta,
+        config: opts.config,
+        was_dirty,
+    })
 }

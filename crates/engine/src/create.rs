@@ -61,7 +61,12 @@ pub fn create(spec: &CreateSpec) -> Result<Created> {
         Level::Raid1 | Level::Linear => 0,
         _ => spec.chunk_bytes / 512,
     };
-    let smallest = spec.members.iter().map(|d| d.len_bytes() / 512).min().unwrap_or(0);
+    let smallest = spec
+        .members
+        .iter()
+        .map(|d| d.len_bytes() / 512)
+        .min()
+        .unwrap_or(0);
     let data_offset = format::default_data_offset(smallest, chunk_sectors.max(8));
     let mut data_sizes = Vec::new();
     for d in &all {
@@ -69,7 +74,11 @@ pub fn create(spec: &CreateSpec) -> Result<Created> {
         if sectors <= data_offset + 8 {
             return Err(EngineError::Create {
                 member: d.name().into(),
-                reason: format!("too small: {} bytes, the data area starts at {} bytes", d.len_bytes(), data_offset * 512),
+                reason: format!(
+                    "too small: {} bytes, the data area starts at {} bytes",
+                    d.len_bytes(),
+                    data_offset * 512
+                ),
             });
         }
         data_sizes.push(sectors - data_offset);
@@ -88,7 +97,9 @@ pub fn create(spec: &CreateSpec) -> Result<Created> {
         }
         component = limit;
     }
-    let layout_value = spec.layout.unwrap_or_else(|| layout::default_layout(spec.level));
+    let layout_value = spec
+        .layout
+        .unwrap_or_else(|| layout::default_layout(spec.level));
     let device_sectors = match spec.level {
         Level::Raid0 | Level::Linear if spec.size_bytes.is_none() => active_sizes.to_vec(),
         Level::Raid0 | Level::Linear => vec![component; spec.members.len()],
@@ -104,7 +115,9 @@ pub fn create(spec: &CreateSpec) -> Result<Created> {
     })
     .map_err(|e| EngineError::InvalidArgument(e.to_string()))?;
     if geometry.array_sectors() == 0 {
-        return Err(EngineError::InvalidArgument("members too small for one chunk per member".into()));
+        return Err(EngineError::InvalidArgument(
+            "members too small for one chunk per member".into(),
+        ));
     }
     let uuid = *uuid::Uuid::new_v4().as_bytes();
     let template = template_superblock(spec, &geometry, uuid, data_offset, component);
@@ -118,16 +131,27 @@ pub fn create(spec: &CreateSpec) -> Result<Created> {
         sb.dev_number = i as u32;
         sb.device_uuid = *uuid::Uuid::new_v4().as_bytes();
         sb.data_size = data_sizes[i];
-        write_member(dev, &sb).map_err(|e| EngineError::Create { member: dev.name().into(), reason: e.to_string() })?;
+        write_member(dev, &sb).map_err(|e| EngineError::Create {
+            member: dev.name().into(),
+            reason: e.to_string(),
+        })?;
     }
-    Ok(Created { uuid, array_bytes: geometry.array_sectors() * 512, data_offset_sectors: data_offset, component_sectors: component })
+    Ok(Created {
+        uuid,
+        array_bytes: geometry.array_sectors() * 512,
+        data_offset_sectors: data_offset,
+        component_sectors: component,
+    })
 }
 
 /// Refuse members that already belong to an array (unless forced) or are listed twice.
 fn check_members(all: &[&Arc<dyn Device>], force: bool) -> Result<()> {
     for (i, d) in all.iter().enumerate() {
         if all[..i].iter().any(|o| o.name() == d.name()) {
-            return Err(EngineError::InvalidArgument(format!("{} is listed twice", d.name())));
+            return Err(EngineError::InvalidArgument(format!(
+                "{} is listed twice",
+                d.name()
+            )));
         }
         if force {
             continue;
@@ -146,12 +170,22 @@ fn check_members(all: &[&Arc<dyn Device>], force: bool) -> Result<()> {
     Ok(())
 }
 
-fn template_superblock(spec: &CreateSpec, g: &Geometry, uuid: [u8; 16], data_offset: u64, component: u64) -> Superblock {
+fn template_superblock(
+    spec: &CreateSpec,
+    g: &Geometry,
+    uuid: [u8; 16],
+    data_offset: u64,
+    component: u64,
+) -> Superblock {
     let now = format::md_time(now_secs());
     let total = spec.members.len() + spec.spares.len();
     let max_dev = (((256 + 2 * total as u32).div_ceil(512) * 512) - 256) / 2;
     Superblock {
-        feature_map: if spec.level == Level::Raid0 { feature::RAID0_LAYOUT } else { 0 },
+        feature_map: if spec.level == Level::Raid0 {
+            feature::RAID0_LAYOUT
+        } else {
+            0
+        },
         set_uuid: uuid,
         set_name: spec.name.clone(),
         ctime: now,
@@ -177,10 +211,20 @@ fn template_superblock(spec: &CreateSpec, g: &Geometry, uuid: [u8; 16], data_off
         devflags: 0,
         bblog_shift: 0,
         bblog_size: BBLOG_SECTORS,
-        bblog_offset: (8 + format::bm_space(spec.members.iter().map(|d| d.len_bytes() / 512).min().unwrap_or(0))) as i32,
+        bblog_offset: (8 + format::bm_space(
+            spec.members
+                .iter()
+                .map(|d| d.len_bytes() / 512)
+                .min()
+                .unwrap_or(0),
+        )) as i32,
         utime: now,
         events: 0,
-        resync_offset: if spec.assume_clean || g.max_degraded() == 0 { MAX_SECTOR } else { 0 },
+        resync_offset: if spec.assume_clean || g.max_degraded() == 0 {
+            MAX_SECTOR
+        } else {
+            0
+        },
         max_dev,
         dev_roles: Vec::new(),
     }
@@ -192,7 +236,11 @@ fn write_member(dev: &Arc<dyn Device>, sb: &Superblock) -> std::io::Result<()> {
     let mut bblog = AlignedBuf::zeroed(usize::from(sb.bblog_size) * 512);
     bblog.fill(0xff);
     dev.write_at(&bblog, bblog_at, false)?;
-    let member = Member { dev: dev.clone(), data_offset_bytes: sb.data_offset * 512, dev_number: sb.dev_number };
+    let member = Member {
+        dev: dev.clone(),
+        data_offset_bytes: sb.data_offset * 512,
+        dev_number: sb.dev_number,
+    };
     write_superblock(&member, sb)?;
     dev.flush()
 }

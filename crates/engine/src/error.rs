@@ -7,10 +7,20 @@ pub enum EngineError {
     /// A member device failed an operation (the member has been marked faulty when this is
     /// returned to a client: redundancy could not cover it).
     #[error("{member}: {op} at byte {offset_bytes}: {source}")]
-    MemberIo { member: String, op: &'static str, offset_bytes: u64, source: io::Error },
+    MemberIo {
+        member: String,
+        op: &'static str,
+        offset_bytes: u64,
+        source: io::Error,
+    },
     /// Too many members are missing or faulty to serve this range.
     #[error("array {array} cannot serve bytes {offset_bytes}..+{len_bytes}: {reason}")]
-    Unrecoverable { array: String, offset_bytes: u64, len_bytes: u64, reason: String },
+    Unrecoverable {
+        array: String,
+        offset_bytes: u64,
+        len_bytes: u64,
+        reason: String,
+    },
     /// The array refuses writes.
     #[error("array {array} is read-only: {reason}")]
     ReadOnly { array: String, reason: String },

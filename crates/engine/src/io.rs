@@ -23,17 +23,25 @@ pub(crate) struct MemberIo<'a> {
 
 impl<'a> MemberIo<'a> {
     pub fn read(role: usize, offset_bytes: u64, buf: &'a mut [u8]) -> MemberIo<'a> {
-        MemberIo { role, offset_bytes, kind: IoKind::Read(buf), ok: false }
+        MemberIo {
+            role,
+            offset_bytes,
+            kind: IoKind::Read(buf),
+            ok: false,
+        }
     }
 
     pub fn write(role: usize, offset_bytes: u64, buf: &'a [u8], fua: bool) -> MemberIo<'a> {
-        MemberIo { role, offset_bytes, kind: IoKind::Write(buf, fua), ok: false }
+        MemberIo {
+            role,
+            offset_bytes,
+            kind: IoKind::Write(buf, fua),
+            ok: false,
+        }
     }
 
     fn run(&mut self, array: &Array) -> Option<io::Error> {
-        let Some(member) = array.slot(self.role).usable() else {
-            return None;
-        };
+        let member = array.slot(self.role).usable()?;
         let at = member.data_offset_bytes + self.offset_bytes;
         let res = match &mut self.kind {
             IoKind::Read(buf) => member.dev.read_at(buf, at),
@@ -72,7 +80,9 @@ impl Array {
                     let found = &found;
                     s.spawn(move |_| {
                         if let Some(e) = op.run(self) {
-                            found.lock().push((op.role, op.op_name(), op.offset_bytes, e));
+                            found
+                                .lock()
+                                .push((op.role, op.op_name(), op.offset_bytes, e));
                         }
                     });
                 }

@@ -33,7 +33,10 @@ pub struct Slot {
 impl Slot {
     pub fn new(member: Option<Arc<Member>>) -> Slot {
         let faulty = AtomicBool::new(member.is_none());
-        Slot { member: RwLock::new(member), faulty }
+        Slot {
+            member: RwLock::new(member),
+            faulty,
+        }
     }
 
     /// The member if it may be used for I/O.

@@ -35,7 +35,10 @@ pub(crate) struct Meta {
 }
 
 pub(crate) fn now_secs() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }
 
 impl Meta {
@@ -61,7 +64,11 @@ impl Meta {
         if let Some(idx) = self.roles.get_mut(dev_number as usize) {
             *idx = role;
         }
-        for m in self.members.iter_mut().filter(|m| m.member.dev_number == dev_number) {
+        for m in self
+            .members
+            .iter_mut()
+            .filter(|m| m.member.dev_number == dev_number)
+        {
             m.writable = false;
         }
     }
@@ -77,9 +84,13 @@ pub(crate) fn write_superblock(member: &Member, sb: &Superblock) -> io::Result<(
 /// Read and decode a member's superblock; errors name the reason, the caller adds the member.
 pub fn read_superblock(dev: &dyn device::Device) -> Result<Superblock, String> {
     if dev.len_bytes() < SB_OFFSET_BYTES + SB_BYTES as u64 {
-        return Err(format!("too small ({} bytes) to hold an md superblock", dev.len_bytes()));
+        return Err(format!(
+            "too small ({} bytes) to hold an md superblock",
+            dev.len_bytes()
+        ));
     }
     let mut buf = AlignedBuf::zeroed(SB_BYTES);
-    dev.read_at(&mut buf, SB_OFFSET_BYTES).map_err(|e| format!("cannot read superblock: {e}"))?;
+    dev.read_at(&mut buf, SB_OFFSET_BYTES)
+        .map_err(|e| format!("cannot read superblock: {e}"))?;
     Superblock::decode(&buf).map_err(|e| e.to_string())
 }

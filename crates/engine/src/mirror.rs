@@ -29,14 +29,18 @@ pub(crate) struct RegionLocks {
 
 impl RegionLocks {
     pub fn new() -> RegionLocks {
-        RegionLocks { locks: (0..REGION_LOCKS).map(|_| Mutex::new(())).collect(), next_read: AtomicUsize::new(0) }
+        RegionLocks {
+            locks: (0..REGION_LOCKS).map(|_| Mutex::new(())).collect(),
+            next_read: AtomicUsize::new(0),
+        }
     }
 
     fn lock_range(&self, offset_bytes: u64, len_bytes: u64) -> Vec<MutexGuard<'_, ()>> {
         let first = offset_bytes / REGION_BYTES;
         let last = (offset_bytes + len_bytes.max(1) - 1) / REGION_BYTES;
-        let mut idx: Vec<usize> =
-            (first..=last.min(first + REGION_LOCKS as u64)).map(|r| (r % REGION_LOCKS as u64) as usize).collect();
+        let mut idx: Vec<usize> = (first..=last.min(first + REGION_LOCKS as u64))
+            .map(|r| (r % REGION_LOCKS as u64) as usize)
+            .collect();
         idx.sort_unstable();
         idx.dedup();
         idx.into_iter().map(|i| self.locks[i].lock()).collect()
@@ -63,7 +67,12 @@ impl Array {
                 n = n.min(REGION_BYTES - at % REGION_BYTES);
             }
             assert!(n > 0, "layout returned an empty run at byte {at}");
-            out.push(Piece { array_offset: at, buf_offset: done, len: n as usize, copies });
+            out.push(Piece {
+                array_offset: at,
+                buf_offset: done,
+                len: n as usize,
+                copies,
+            });
             done += n as usize;
         }
         out
@@ -83,7 +92,11 @@ impl Array {
             for &i in &pending {
                 let p = &pieces[i];
                 let Some(copy) = self.pick_copy(p, spread + i, &mut attempt[i]) else {
-                    return Err(self.unrecoverable(p.array_offset, p.len as u64, "no usable copy left"));
+                    return Err(self.unrecoverable(
+                        p.array_offset,
+                        p.len as u64,
+                        "no usable copy left",
+                    ));
                 };
                 let (_, tail) = std::mem::take(&mut rest).split_at_mut(p.buf_offset - consumed);
                 let (mine, tail) = tail.split_at_mut(p.len);
@@ -93,10 +106,19 @@ impl Array {
                 which.push(i);
             }
             self.run_io(&mut ios);
-            let failed: Vec<usize> = ios.iter().zip(&which).filter(|(op, _)| !op.ok).map(|(_, &i)| i).collect();
+            let failed: Vec<usize> = ios
+                .iter()
+                .zip(&which)
+                .filter(|(op, _)| !op.ok)
+                .map(|(_, &i)| i)
+                .collect();
             if !failed.is_empty() && self.geometry.max_degraded() == 0 {
                 let p = &pieces[failed[0]];
-                return Err(self.unrecoverable(p.array_offset, p.len as u64, "member read failed on a level without redundancy"));
+                return Err(self.unrecoverable(
+                    p.array_offset,
+                    p.len as u64,
+                    "member read failed on a level without redundancy",
+                ));
             }
             pending = failed;
         }
@@ -118,7 +140,8 @@ impl Array {
     }
 
     pub(crate) fn mirror_write(&self, offset_bytes: u64, data: &[u8], fua: bool) -> Result<()> {
-        let _guards = (self.geometry.max_degraded() > 0).then(|| self.regions.lock_range(offset_bytes, data.len() as u64));
+        let _guards = (self.geometry.max_degraded() > 0)
+            .then(|| self.regions.lock_range(offset_bytes, data.len() as u64));
         let pieces = self.pieces(offset_bytes, data.len());
         let mut ios = Vec::new();
         let mut owner = Vec::new();

@@ -13,6 +13,7 @@
 //!   the difference into parity (`P ^= Δ`, `Q ^= g^slot·Δ`);
 //! * degraded: when any member of the row is faulty, read every usable member, reconstruct the
 //!   missing chunks, apply the new data and recompute all parity.
+//!
 //! RMW is chosen only when it reads strictly fewer chunks, as md does with `rmw_level` 1. A read
 //! failure marks the member faulty and the interval is planned again (now degraded); a write
 //! failure marks it faulty and the stripe stays recoverable through the remaining members.
@@ -73,7 +74,12 @@ impl Array {
             if self.slot(dev).is_faulty() {
                 slow.push((row, d, off, mine));
             } else {
-                direct.push((MemberIo::read(dev, row * self.chunk_bytes() + off, mine), row, d, off));
+                direct.push((
+                    MemberIo::read(dev, row * self.chunk_bytes() + off, mine),
+                    row,
+                    d,
+                    off,
+                ));
             }
         }
         let mut ios: Vec<MemberIo<'_>> = Vec::with_capacity(direct.len());
@@ -104,12 +110,18 @@ impl Array {
         let res = (|| {
             let roles = self.geometry.stripe_roles(row);
             for _ in 0..MAX_REPLANS {
-                if let Some(bufs) = self.read_row(&roles, row * self.chunk_bytes() + off, out.len())? {
+                if let Some(bufs) =
+                    self.read_row(&roles, row * self.chunk_bytes() + off, out.len())?
+                {
                     out.copy_from_slice(&bufs.data[d]);
                     return Ok(());
                 }
             }
-            Err(self.unrecoverable(0, out.len() as u64, "members kept failing during reconstruction"))
+            Err(self.unrecoverable(
+                0,
+                out.len() as u64,
+                "members kept failing during reconstruction",
+            ))
         })();
         r.release();
         self.stripes.put(row);
@@ -120,7 +132,11 @@ impl Array {
         let reserved = self.stripes.reserve(data.len());
         let pieces = self.parity_pieces(offset_bytes, data.len());
         let done = Completion::new(pieces.len());
-        let hold = if self.inflight_writes.load(std::sync::atomic::Ordering::Acquire) > 1 {
+        let hold = if self
+            .inflight_writes
+            .load(std::sync::atomic::Ordering::Acquire)
+            > 1
+        {
             self.config.write_hold
         } else {
             std::time::Duration::ZERO
@@ -138,7 +154,13 @@ impl Array {
             while i < pieces.len() && pieces[i].0 == row {
                 let (_, d, off, len, at) = pieces[i];
                 let bytes = data[at..at + len].to_vec();
-                st.pending.push(Piece { data_index: d, offset: off, data: bytes, fua, done: done.clone() });
+                st.pending.push(Piece {
+                    data_index: d,
+                    offset: off,
+                    data: bytes,
+                    fua,
+                    done: done.clone(),
+                });
                 i += 1;
             }
             if !st.leader {
@@ -163,7 +185,10 @@ impl Array {
         let m = self.geometry.data_disks();
         let st = r.hold(r.st.lock(), deadline, |p| covers_all(p, m));
         let mut st = r.claim(st);
-        assert!(st.leader, "row {row}: leader lost its role before taking the batch");
+        assert!(
+            st.leader,
+            "row {row}: leader lost its role before taking the batch"
+        );
         let batch = std::mem::take(&mut st.pending);
         st.leader = false;
         st.hurry = false;
@@ -186,7 +211,14 @@ impl Array {
         Ok(())
     }
 
-    fn write_interval(&self, row: u64, roles: &StripeRoles, a: u64, b: u64, batch: &[Piece]) -> Result<()> {
+    fn write_interval(
+        &self,
+        row: u64,
+        roles: &StripeRoles,
+        a: u64,
+        b: u64,
+        batch: &[Piece],
+    ) -> Result<()> {
         let m = self.geometry.data_disks();
         let mut dirty = vec![false; m];
         let mut full = vec![false; m];
@@ -202,7 +234,16 @@ impl Array {
             *is_full = cov.first() == Some(&(a, b));
         }
         let fua = batch.iter().any(|p| p.fua);
-        let ctx = Interval { row, roles, a, b, batch, dirty: &dirty, full: &full, fua };
+        let ctx = Interval {
+            row,
+            roles,
+            a,
+            b,
+            batch,
+            dirty: &dirty,
+            full: &full,
+            fua,
+        };
         for _ in 0..MAX_REPLANS {
             let any_missing = (0..self.geometry.raid_disks()).any(|dev| self.slot(dev).is_faulty());
             let parity = if roles.q_dev().is_some() { 2 } else { 1 };
@@ -219,13 +260,19 @@ impl Array {
                 return Ok(());
             }
         }
-        Err(self.unrecoverable(row * self.chunk_bytes() + a, b - a, "members kept failing during a stripe write"))
+        Err(self.unrecoverable(
+            row * self.chunk_bytes() + a,
+            b - a,
+            "members kept failing during a stripe write",
+        ))
     }
 
     fn rcw_write(&self, c: &Interval<'_>) -> Outcome {
         let len = (c.b - c.a) as usize;
         let at = c.row * self.chunk_bytes() + c.a;
-        let mut data: Vec<AlignedBuf> = (0..c.dirty.len()).map(|_| AlignedBuf::zeroed(len)).collect();
+        let mut data: Vec<AlignedBuf> = (0..c.dirty.len())
+            .map(|_| AlignedBuf::zeroed(len))
+            .collect();
         let mut ios: Vec<MemberIo<'_>> = data
             .iter_mut()
             .enumerate()
@@ -252,8 +299,11 @@ impl Array {
         let mut p = AlignedBuf::zeroed(len);
         let mut q = c.roles.q_dev().map(|_| AlignedBuf::zeroed(len));
         {
-            let mut ios: Vec<MemberIo<'_>> =
-                old.iter_mut().zip(&dirty).map(|(buf, &d)| MemberIo::read(c.roles.data_dev(d), at, buf)).collect();
+            let mut ios: Vec<MemberIo<'_>> = old
+                .iter_mut()
+                .zip(&dirty)
+                .map(|(buf, &d)| MemberIo::read(c.roles.data_dev(d), at, buf))
+                .collect();
             ios.push(MemberIo::read(c.roles.p_dev(), at, &mut p));
             if let (Some(qd), Some(qb)) = (c.roles.q_dev(), q.as_mut()) {
                 ios.push(MemberIo::read(qd, at, qb));
@@ -273,8 +323,11 @@ impl Array {
             }
             new_data.push(new);
         }
-        let mut ios: Vec<MemberIo<'_>> =
-            new_data.iter().zip(&dirty).map(|(buf, &d)| MemberIo::write(c.roles.data_dev(d), at, buf, c.fua)).collect();
+        let mut ios: Vec<MemberIo<'_>> = new_data
+            .iter()
+            .zip(&dirty)
+            .map(|(buf, &d)| MemberIo::write(c.roles.data_dev(d), at, buf, c.fua))
+            .collect();
         ios.push(MemberIo::write(c.roles.p_dev(), at, &p, c.fua));
         if let (Some(qd), Some(qb)) = (c.roles.q_dev(), q.as_ref()) {
             ios.push(MemberIo::write(qd, at, qb, c.fua));
@@ -299,7 +352,14 @@ impl Array {
     }
 
     /// Write the dirty data chunks and the parity of an interval to every usable member.
-    fn write_row(&self, c: &Interval<'_>, at: u64, data: &[AlignedBuf], p: &[u8], q: Option<&AlignedBuf>) {
+    fn write_row(
+        &self,
+        c: &Interval<'_>,
+        at: u64,
+        data: &[AlignedBuf],
+        p: &[u8],
+        q: Option<&AlignedBuf>,
+    ) {
         let mut ios: Vec<MemberIo<'_>> = data
             .iter()
             .enumerate()
@@ -318,7 +378,11 @@ impl Array {
     }
 
     /// P (and Q) of a stripe's data chunks, given in data-index order.
-    fn compute_parity(&self, roles: &StripeRoles, data: &[AlignedBuf]) -> (AlignedBuf, Option<AlignedBuf>) {
+    fn compute_parity(
+        &self,
+        roles: &StripeRoles,
+        data: &[AlignedBuf],
+    ) -> (AlignedBuf, Option<AlignedBuf>) {
         let len = data[0].len();
         let mut p = AlignedBuf::zeroed(len);
         if roles.q_dev().is_none() {
@@ -341,7 +405,11 @@ impl Array {
         let n = self.geometry.raid_disks();
         let missing: Vec<usize> = (0..n).filter(|&dev| self.slot(dev).is_faulty()).collect();
         if missing.len() > self.geometry.max_degraded() {
-            return Err(self.unrecoverable(at, len as u64, "more members missing than the level tolerates"));
+            return Err(self.unrecoverable(
+                at,
+                len as u64,
+                "more members missing than the level tolerates",
+            ));
         }
         let mut dev_bufs: Vec<AlignedBuf> = (0..n).map(|_| AlignedBuf::zeroed(len)).collect();
         let mut ios: Vec<MemberIo<'_>> = dev_bufs
@@ -356,7 +424,9 @@ impl Array {
         drop(ios);
         self.reconstruct(roles, &mut dev_bufs, &missing);
         let mut slots: Vec<Option<AlignedBuf>> = dev_bufs.into_iter().map(Some).collect();
-        let data = (0..self.geometry.data_disks()).map(|d| slots[roles.data_dev(d)].take().expect("data chunk")).collect();
+        let data = (0..self.geometry.data_disks())
+            .map(|d| slots[roles.data_dev(d)].take().expect("data chunk"))
+            .collect();
         let p = slots[roles.p_dev()].take().expect("P chunk");
         let q = roles.q_dev().map(|qd| slots[qd].take().expect("Q chunk"));
         Ok(Some(RowBufs { data, p, q }))
@@ -376,14 +446,17 @@ impl Array {
         let m = self.geometry.data_disks();
         let (p_dev, q_dev) = (roles.p_dev(), roles.q_dev().expect("raid6 has Q"));
         let mut cells: Vec<Option<&mut AlignedBuf>> = dev_bufs.iter_mut().map(Some).collect();
-        let mut p = cells[p_dev].take().expect("P");
-        let mut q = cells[q_dev].take().expect("Q");
+        let p = cells[p_dev].take().expect("P");
+        let q = cells[q_dev].take().expect("Q");
         let mut by_slot: Vec<Option<&mut [u8]>> = (0..m).map(|_| None).collect();
         for d in 0..m {
             by_slot[roles.slot(d)] = Some(&mut cells[roles.data_dev(d)].take().expect("data")[..]);
         }
-        let mut data: Vec<&mut [u8]> = by_slot.into_iter().map(|s| s.expect("every slot filled")).collect();
-        parity::raid6_recover(&mut data, &mut p, &mut q, lost);
+        let mut data: Vec<&mut [u8]> = by_slot
+            .into_iter()
+            .map(|s| s.expect("every slot filled"))
+            .collect();
+        parity::raid6_recover(&mut data, p, q, lost);
     }
 }
 

@@ -45,7 +45,10 @@ pub(crate) struct Completion {
 
 impl Completion {
     pub fn new(pieces: usize) -> Arc<Completion> {
-        Arc::new(Completion { st: Mutex::new((pieces, None)), cv: Condvar::new() })
+        Arc::new(Completion {
+            st: Mutex::new((pieces, None)),
+            cv: Condvar::new(),
+        })
     }
 
     pub fn complete(&self, res: &Result<(), String>) {
@@ -98,7 +101,11 @@ impl StripeCache {
         let total = budget_bytes.max(1 << 20);
         StripeCache {
             rows: Mutex::new(HashMap::new()),
-            budget: Budget { avail: Mutex::new(total), cv: Condvar::new(), total },
+            budget: Budget {
+                avail: Mutex::new(total),
+                cv: Condvar::new(),
+                total,
+            },
         }
     }
 
@@ -116,16 +123,25 @@ impl StripeCache {
     pub fn unreserve(&self, bytes: usize) {
         let mut avail = self.budget.avail.lock();
         *avail += bytes;
-        assert!(*avail <= self.budget.total, "stripe budget returned more than taken");
+        assert!(
+            *avail <= self.budget.total,
+            "stripe budget returned more than taken"
+        );
         self.budget.cv.notify_all();
     }
 
     /// Take a reference to a row, creating it if needed.
     pub fn get(&self, row: u64) -> Arc<Row> {
         let mut rows = self.rows.lock();
-        let entry = rows
-            .entry(row)
-            .or_insert_with(|| (Arc::new(Row { st: Mutex::new(RowState::default()), cv: Condvar::new() }), 0));
+        let entry = rows.entry(row).or_insert_with(|| {
+            (
+                Arc::new(Row {
+                    st: Mutex::new(RowState::default()),
+                    cv: Condvar::new(),
+                }),
+                0,
+            )
+        });
         entry.1 += 1;
         entry.0.clone()
     }
@@ -133,18 +149,18 @@ impl StripeCache {
     /// Drop a reference taken by `get`; the row leaves the map with its last user.
     pub fn put(&self, row: u64) {
         let mut rows = self.rows.lock();
-        let entry = rows.get_mut(&row).expect("put of a row that was never taken");
+        let entry = rows
+            .get_mut(&row)
+            .expect("put of a row that was never taken");
         entry.1 -= 1;
         if entry.1 == 0 {
             let (r, _) = rows.remove(&row).expect("row present");
             let st = r.st.lock();
-            assert!(st.pending.is_empty() && !st.leader && !st.busy, "row {row} left the cache with work in it");
+            assert!(
+                st.pending.is_empty() && !st.leader && !st.busy,
+                "row {row} left the cache with work in it"
+            );
         }
-    }
-
-    /// Number of rows in use (for status and tests).
-    pub fn active_rows(&self) -> usize {
-        self.rows.lock().len()
     }
 
     /// End every row's hold now (a flush arrived).
@@ -217,8 +233,16 @@ pub(crate) fn covers_all(pending: &[Piece], data_disks: usize) -> bool {
     }
     let union = merge(pending.iter().map(|p| (p.offset, p.end())).collect());
     (0..data_disks).all(|d| {
-        let cov = merge(pending.iter().filter(|p| p.data_index == d).map(|p| (p.offset, p.end())).collect());
-        union.iter().all(|u| cov.iter().any(|c| c.0 <= u.0 && u.1 <= c.1))
+        let cov = merge(
+            pending
+                .iter()
+                .filter(|p| p.data_index == d)
+                .map(|p| (p.offset, p.end()))
+                .collect(),
+        );
+        union
+            .iter()
+            .all(|u| cov.iter().any(|c| c.0 <= u.0 && u.1 <= c.1))
     })
 }
 
@@ -227,15 +251,29 @@ mod tests {
     use super::*;
 
     fn piece(d: usize, off: u64, len: usize) -> Piece {
-        Piece { data_index: d, offset: off, data: vec![0; len], fua: false, done: Completion::new(1) }
+        Piece {
+            data_index: d,
+            offset: off,
+            data: vec![0; len],
+            fua: false,
+            done: Completion::new(1),
+        }
     }
 
     #[test]
     fn merge_and_cover() {
-        assert_eq!(merge(vec![(5, 9), (0, 2), (2, 4), (8, 12)]), vec![(0, 4), (5, 12)]);
+        assert_eq!(
+            merge(vec![(5, 9), (0, 2), (2, 4), (8, 12)]),
+            vec![(0, 4), (5, 12)]
+        );
         let p = vec![piece(0, 0, 4096), piece(1, 0, 4096)];
         assert!(!covers_all(&p, 3));
-        let p = vec![piece(0, 0, 4096), piece(1, 0, 2048), piece(1, 2048, 2048), piece(2, 0, 4096)];
+        let p = vec![
+            piece(0, 0, 4096),
+            piece(1, 0, 2048),
+            piece(1, 2048, 2048),
+            piece(2, 0, 4096),
+        ];
         assert!(covers_all(&p, 3));
         let p = vec![piece(0, 0, 4096), piece(1, 512, 4096), piece(2, 0, 4096)];
         assert!(!covers_all(&p, 3));

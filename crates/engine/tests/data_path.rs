@@ -23,7 +23,11 @@ fn full_stripe_write_issues_no_reads() {
         let before = reads(&sa);
         let data = vec![0x5au8; (stripe * 3) as usize];
         sa.array.write(stripe, &data, false).unwrap();
-        assert_eq!(reads(&sa), before, "{level:?}: full-stripe writes must not read");
+        assert_eq!(
+            reads(&sa),
+            before,
+            "{level:?}: full-stripe writes must not read"
+        );
         let mut back = vec![0u8; data.len()];
         sa.array.read(stripe, &mut back).unwrap();
         assert!(back == data);
@@ -41,8 +45,14 @@ fn small_write_takes_read_modify_write_large_partial_takes_reconstruct_write() {
     assert_eq!(reads(&sa) - before, 2, "RMW reads old data and P");
     // 6 of 7 data chunks fully written: RCW reads only the 7th.
     let before = reads(&sa);
-    sa.array.write(0, &vec![2u8; 6 * (64 << 10)], false).unwrap();
-    assert_eq!(reads(&sa) - before, 1, "RCW reads the one data chunk not overwritten");
+    sa.array
+        .write(0, &vec![2u8; 6 * (64 << 10)], false)
+        .unwrap();
+    assert_eq!(
+        reads(&sa) - before,
+        1,
+        "RCW reads the one data chunk not overwritten"
+    );
     common::check_redundancy(&sa);
     // RAID6 RMW reads old data, P and Q.
     let sa = sim_array(Level::Raid6, None, 8, 64 << 10, 8 << 20, 3);
@@ -54,7 +64,10 @@ fn small_write_takes_read_modify_write_large_partial_takes_reconstruct_write() {
 
 #[test]
 fn concurrent_writes_to_one_stripe_share_one_parity_update() {
-    let config = engine::ArrayConfig { write_hold: std::time::Duration::from_millis(50), ..common::config() };
+    let config = engine::ArrayConfig {
+        write_hold: std::time::Duration::from_millis(50),
+        ..common::config()
+    };
     let sa = common::sim_array_with(Level::Raid5, None, 5, 64 << 10, 8 << 20, 4, config);
     let array = Arc::new(sa.array);
     // The first write marks the array dirty (a superblock write per member); get it done first.
@@ -67,15 +80,26 @@ fn concurrent_writes_to_one_stripe_share_one_parity_update() {
             let (array, barrier) = (array.clone(), &barrier);
             s.spawn(move || {
                 barrier.wait();
-                array.write(d * (64 << 10), &vec![d as u8 + 1; 64 << 10], false).unwrap()
+                array
+                    .write(d * (64 << 10), &vec![d as u8 + 1; 64 << 10], false)
+                    .unwrap()
             });
         }
     });
     let after: u64 = sa.sims.iter().map(|s| s.stats().writes).sum();
     // Unmerged: 4 × (data + parity) = 8. The first writer may go alone (nothing else was in
     // flight when it started: 2 writes); the other three merge into one full stripe (3 + 1).
-    assert!(after - before <= 6, "expected merged parity updates, saw {} member writes", after - before);
-    let sa2 = common::SimArray { sims: sa.sims, array: Arc::try_unwrap(array).ok().unwrap(), level: Level::Raid5, layout: None };
+    assert!(
+        after - before <= 6,
+        "expected merged parity updates, saw {} member writes",
+        after - before
+    );
+    let sa2 = common::SimArray {
+        sims: sa.sims,
+        array: Arc::try_unwrap(array).ok().unwrap(),
+        level: Level::Raid5,
+        layout: None,
+    };
     common::check_redundancy(&sa2);
 }
 
@@ -94,14 +118,23 @@ fn raid6_survives_any_two_failures_including_p_and_q() {
     let n = 6;
     for a in 0..n {
         for b in a + 1..n {
-            let sa = sim_array(Level::Raid6, None, n, 16 << 10, 4 << 20, 100 + (a * n + b) as u64);
+            let sa = sim_array(
+                Level::Raid6,
+                None,
+                n,
+                16 << 10,
+                4 << 20,
+                100 + (a * n + b) as u64,
+            );
             let size = sa.array.size_bytes() as usize;
             let data: Vec<u8> = (0..size).map(|i| (i * 7 + i / 4096) as u8).collect();
             sa.array.write(0, &data, false).unwrap();
             sa.sims[a].set_dead(true);
             sa.sims[b].set_dead(true);
             let mut back = vec![0u8; size];
-            sa.array.read(0, &mut back).unwrap_or_else(|e| panic!("lost {a},{b}: {e}"));
+            sa.array
+                .read(0, &mut back)
+                .unwrap_or_else(|e| panic!("lost {a},{b}: {e}"));
             assert!(back == data, "lost {a},{b}: wrong data");
             // Degraded writes keep working and read back.
             sa.array.write(4096, &[9u8; 65536], false).unwrap();
@@ -114,7 +147,10 @@ fn raid6_survives_any_two_failures_including_p_and_q() {
             let c = (0..n).find(|x| *x != a && *x != b).unwrap();
             sa.sims[c].set_dead(true);
             let mut buf = vec![0u8; size];
-            assert!(sa.array.read(0, &mut buf).is_err(), "three lost members must give an error");
+            assert!(
+                sa.array.read(0, &mut buf).is_err(),
+                "three lost members must give an error"
+            );
         }
     }
 }
@@ -130,7 +166,11 @@ fn member_failure_is_recorded_in_survivors_superblocks() {
     for (i, s) in sa.sims.iter().enumerate().filter(|(i, _)| *i != 2) {
         let sb = engine::read_superblock(s.as_ref()).unwrap();
         assert!(sb.events > ev0, "member {i}: events not bumped");
-        assert_eq!(sb.role_of(2), format::DevRole::Faulty, "member {i} does not record the failure");
+        assert_eq!(
+            sb.role_of(2),
+            format::DevRole::Faulty,
+            "member {i} does not record the failure"
+        );
     }
     // Reassembly leaves the faulty member out and runs degraded.
     sa.sims[2].set_dead(false);
@@ -148,19 +188,34 @@ fn assembly_refuses_bad_members_with_their_name() {
     let mut mixed = devs(&sa.sims[..3]);
     let stranger: Arc<dyn Device> = other.sims[3].clone();
     mixed.push(stranger);
-    let err = engine::assemble(mixed, Default::default()).err().expect("mixed arrays must be refused").to_string();
-    assert!(err.contains("sim3") && err.contains("belongs to array"), "{err}");
+    let err = engine::assemble(mixed, Default::default())
+        .err()
+        .expect("mixed arrays must be refused")
+        .to_string();
+    assert!(
+        err.contains("sim3") && err.contains("belongs to array"),
+        "{err}"
+    );
     // A flipped bit in a superblock.
     sa.sims[1].flip_bit(4096 + 100, 3);
-    let err = engine::assemble(devs(&sa.sims), Default::default()).err().expect("bad checksum refused").to_string();
+    let err = engine::assemble(devs(&sa.sims), Default::default())
+        .err()
+        .expect("bad checksum refused")
+        .to_string();
     assert!(err.contains("sim1"), "{err}");
     sa.sims[1].flip_bit(4096 + 100, 3);
     // Too few members.
-    let err = engine::assemble(devs(&sa.sims[..2]), Default::default()).err().expect("too few").to_string();
+    let err = engine::assemble(devs(&sa.sims[..2]), Default::default())
+        .err()
+        .expect("too few")
+        .to_string();
     assert!(err.contains("too few"), "{err}");
     // An empty device.
     let blank: Arc<dyn Device> = Arc::new(SimDevice::new("blank", 8 << 20, 9));
-    let err = engine::assemble(vec![blank], Default::default()).err().expect("no sb").to_string();
+    let err = engine::assemble(vec![blank], Default::default())
+        .err()
+        .expect("no sb")
+        .to_string();
     assert!(err.contains("blank"), "{err}");
 }
 
@@ -199,8 +254,7 @@ fn create_refuses_members_already_in_an_array() {
         assume_clean: true,
         force: false,
     })
-    .err()
-    .expect("refused")
+    .expect_err("refused")
     .to_string();
     assert!(err.contains("sim0") && err.contains("--force"), "{err}");
 }

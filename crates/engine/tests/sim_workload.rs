@@ -20,7 +20,9 @@ fn run_case(seed: u64, level: Level, layout: Option<u32>, n: usize) {
     let tolerance = sa.array.geometry().max_degraded();
     let mut failed = Vec::new();
     let steps = 60;
-    let fail_at: Vec<usize> = (0..tolerance.min(2)).map(|_| rng.gen_range(0..steps)).collect();
+    let fail_at: Vec<usize> = (0..tolerance.min(2))
+        .map(|_| rng.gen_range(0..steps))
+        .collect();
     for step in 0..steps {
         if fail_at.contains(&step) {
             let mut victims: Vec<usize> = (0..n).filter(|i| !failed.contains(i)).collect();
@@ -31,7 +33,10 @@ fn run_case(seed: u64, level: Level, layout: Option<u32>, n: usize) {
                 }
                 sa.array.geometry().survives(&f)
             });
-            if let Some(&v) = victims.get(rng.gen_range(0..victims.len().max(1)).min(victims.len().saturating_sub(1))) {
+            if let Some(&v) = victims.get(
+                rng.gen_range(0..victims.len().max(1))
+                    .min(victims.len().saturating_sub(1)),
+            ) {
                 sa.sims[v].set_dead(true);
                 failed.push(v);
             }
@@ -42,13 +47,20 @@ fn run_case(seed: u64, level: Level, layout: Option<u32>, n: usize) {
         match rng.gen_range(0..10) {
             0..=4 => {
                 let data: Vec<u8> = (0..len).map(|_| rng.gen()).collect();
-                sa.array.write(off, &data, rng.gen_bool(0.1)).unwrap_or_else(|e| panic!("write {off}+{len}: {e}"));
+                sa.array
+                    .write(off, &data, rng.gen_bool(0.1))
+                    .unwrap_or_else(|e| panic!("write {off}+{len}: {e}"));
                 model[off as usize..(off + len) as usize].copy_from_slice(&data);
             }
             5..=8 => {
                 let mut buf = vec![0u8; len as usize];
-                sa.array.read(off, &mut buf).unwrap_or_else(|e| panic!("read {off}+{len}: {e}"));
-                assert!(buf == model[off as usize..(off + len) as usize], "read {off}+{len} differs from model (step {step})");
+                sa.array
+                    .read(off, &mut buf)
+                    .unwrap_or_else(|e| panic!("read {off}+{len}: {e}"));
+                assert!(
+                    buf == model[off as usize..(off + len) as usize],
+                    "read {off}+{len} differs from model (step {step})"
+                );
             }
             _ => sa.array.flush().expect("flush"),
         }
@@ -64,6 +76,8 @@ fn run_case(seed: u64, level: Level, layout: Option<u32>, n: usize) {
 #[test]
 fn random_workload_every_level_with_failures() {
     for (level, layout, n) in all_geometries() {
-        for_each_seed("random_workload_every_level_with_failures", 6, |seed| run_case(seed, level, layout, n));
+        for_each_seed("random_workload_every_level_with_failures", 6, |seed| {
+            run_case(seed, level, layout, n)
+        });
     }
 }

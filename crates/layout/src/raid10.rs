@@ -75,7 +75,7 @@ pub(crate) fn decode(n: usize, layout: u32) -> Result<(usize, usize, bool), Layo
     if nc * fc > n {
         return Err(bad("more copies than raid disks"));
     }
-    if offset && nc > 1 && fc > 1 && n % nc != 0 {
+    if offset && nc > 1 && fc > 1 && !n.is_multiple_of(nc) {
         return Err(LayoutError::Unsupported(format!(
             "raid10 offset layout {layout:#x} on {n} disks (near copies wrap into offset rows)"
         )));

@@ -132,7 +132,7 @@ fn check_range(r: &Request, p: &ExportParams) -> Result<(), Rejection> {
         return Err(reject(EINVAL, "request longer than maximum block size"));
     }
     if let Some(a) = p.align.filter(|&a| a > 1 && r.command != CMD_BLOCK_STATUS) {
-        if r.offset % u64::from(a) != 0 || r.length % a != 0 {
+        if !r.offset.is_multiple_of(u64::from(a)) || !r.length.is_multiple_of(a) {
             return Err(reject(EINVAL, "request not aligned to minimum block size"));
         }
     }

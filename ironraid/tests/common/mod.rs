@@ -16,7 +16,12 @@ pub struct Env {
 
 /// True if `prog` is on PATH; tests that need it say they are skipped otherwise.
 pub fn have(prog: &str) -> bool {
-    Command::new("sh").arg("-c").arg(format!("command -v {prog}")).output().map(|o| o.status.success()).unwrap_or(false)
+    Command::new("sh")
+        .arg("-c")
+        .arg(format!("command -v {prog}"))
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false)
 }
 
 pub fn require(progs: &[&str]) -> bool {
@@ -37,11 +42,18 @@ impl Env {
         let members = (0..n)
             .map(|i| {
                 let p = dir.path().join(format!("m{i}.img"));
-                std::fs::File::create(&p).unwrap().set_len(member_bytes).unwrap();
+                std::fs::File::create(&p)
+                    .unwrap()
+                    .set_len(member_bytes)
+                    .unwrap();
                 p
             })
             .collect();
-        Env { dir, members, name: name.into() }
+        Env {
+            dir,
+            members,
+            name: name.into(),
+        }
     }
 
     pub fn rundir(&self) -> PathBuf {
@@ -71,12 +83,21 @@ impl Env {
     }
 
     pub fn member_args(&self) -> Vec<String> {
-        self.members.iter().map(|m| m.display().to_string()).collect()
+        self.members
+            .iter()
+            .map(|m| m.display().to_string())
+            .collect()
     }
 
     pub fn create(&self, level: &str, extra: &[&str]) -> String {
-        let mut args: Vec<String> =
-            vec!["create".into(), "--level".into(), level.into(), "--name".into(), self.name.clone(), "--assume-clean".into()];
+        let mut args: Vec<String> = vec![
+            "create".into(),
+            "--level".into(),
+            level.into(),
+            "--name".into(),
+            self.name.clone(),
+            "--assume-clean".into(),
+        ];
         args.extend(extra.iter().map(|s| s.to_string()));
         args.extend(self.member_args());
         let refs: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -88,22 +109,38 @@ impl Env {
     }
 
     pub fn uri(&self) -> String {
-        format!("nbd+unix:///{}?socket={}", self.name, self.socket().display())
+        format!(
+            "nbd+unix:///{}?socket={}",
+            self.name,
+            self.socket().display()
+        )
     }
 
     /// Start `ironraid run` over `members` and wait for the socket.
     pub fn run(&self, members: &[PathBuf]) -> Daemon {
-        let log = self.dir.path().join(format!("daemon-{}.log", Instant::now().elapsed().as_nanos()));
+        let log = self.dir.path().join(format!(
+            "daemon-{}.log",
+            Instant::now().elapsed().as_nanos()
+        ));
         let mut c = self.cmd();
-        c.arg("run").args(members).stdin(Stdio::null()).stdout(Stdio::null()).stderr(std::fs::File::create(&log).unwrap());
+        c.arg("run")
+            .args(members)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap());
         let child = c.spawn().expect("spawn ironraid run");
         let mut d = Daemon { child, log };
         let deadline = Instant::now() + Duration::from_secs(20);
-        while !self.socket().exists() || !self.rundir().join(format!("{}.ctl", self.name)).exists() {
+        while !self.socket().exists() || !self.rundir().join(format!("{}.ctl", self.name)).exists()
+        {
             if let Ok(Some(st)) = d.child.try_wait() {
                 panic!("ironraid run exited early ({st}):\n{}", d.log_text());
             }
-            assert!(Instant::now() < deadline, "daemon did not create its sockets:\n{}", d.log_text());
+            assert!(
+                Instant::now() < deadline,
+                "daemon did not create its sockets:\n{}",
+                d.log_text()
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
         d
@@ -150,7 +187,10 @@ impl Drop for Daemon {
 
 /// Run a shell-free command, assert success, return stdout.
 pub fn sh(prog: &str, args: &[&str]) -> String {
-    let out = Command::new(prog).args(args).output().unwrap_or_else(|e| panic!("spawn {prog}: {e}"));
+    let out = Command::new(prog)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("spawn {prog}: {e}"));
     assert!(
         out.status.success(),
         "{prog} {args:?} failed ({}):\nstdout: {}\nstderr: {}",

@@ -19,11 +19,22 @@ pub fn devs(sims: &[Arc<SimDevice>]) -> Vec<Arc<dyn Device>> {
 }
 
 pub fn config() -> ArrayConfig {
-    ArrayConfig { io_threads: 4, write_hold: std::time::Duration::from_micros(200), ..ArrayConfig::default() }
+    ArrayConfig {
+        io_threads: 4,
+        write_hold: std::time::Duration::from_micros(200),
+        ..ArrayConfig::default()
+    }
 }
 
 /// Create and assemble an array of `n` simulated members of `member_bytes` each.
-pub fn sim_array(level: Level, layout: Option<u32>, n: usize, chunk_bytes: u64, member_bytes: u64, seed: u64) -> SimArray {
+pub fn sim_array(
+    level: Level,
+    layout: Option<u32>,
+    n: usize,
+    chunk_bytes: u64,
+    member_bytes: u64,
+    seed: u64,
+) -> SimArray {
     sim_array_with(level, layout, n, chunk_bytes, member_bytes, seed, config())
 }
 
@@ -36,8 +47,15 @@ pub fn sim_array_with(
     seed: u64,
     config: ArrayConfig,
 ) -> SimArray {
-    let sims: Vec<Arc<SimDevice>> =
-        (0..n).map(|i| Arc::new(SimDevice::new(format!("sim{i}"), member_bytes, seed.wrapping_mul(31).wrapping_add(i as u64)))).collect();
+    let sims: Vec<Arc<SimDevice>> = (0..n)
+        .map(|i| {
+            Arc::new(SimDevice::new(
+                format!("sim{i}"),
+                member_bytes,
+                seed.wrapping_mul(31).wrapping_add(i as u64),
+            ))
+        })
+        .collect();
     create(&CreateSpec {
         name: "test".into(),
         level,
@@ -51,11 +69,22 @@ pub fn sim_array_with(
     })
     .expect("create");
     let array = assemble(devs(&sims), AssembleOptions { name: None, config }).expect("assemble");
-    SimArray { sims, array, level, layout }
+    SimArray {
+        sims,
+        array,
+        level,
+        layout,
+    }
 }
 
 pub fn reassemble(sims: &[Arc<SimDevice>]) -> engine::Result<Array> {
-    assemble(devs(sims), AssembleOptions { name: None, config: config() })
+    assemble(
+        devs(sims),
+        AssembleOptions {
+            name: None,
+            config: config(),
+        },
+    )
 }
 
 /// Seeds to run: `IRONRAID_SEED` alone, or `count` seeds from a base.
@@ -63,8 +92,14 @@ pub fn seeds(count: u64) -> Vec<u64> {
     if let Ok(s) = std::env::var("IRONRAID_SEED") {
         return vec![s.parse().expect("IRONRAID_SEED must be a number")];
     }
-    let count = std::env::var("IRONRAID_SIM_CASES").ok().and_then(|c| c.parse().ok()).unwrap_or(count);
-    let base: u64 = std::env::var("IRONRAID_SEED_BASE").ok().and_then(|c| c.parse().ok()).unwrap_or(0x5eed);
+    let count = std::env::var("IRONRAID_SIM_CASES")
+        .ok()
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(count);
+    let base: u64 = std::env::var("IRONRAID_SEED_BASE")
+        .ok()
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0x5eed);
     (0..count).map(|i| base.wrapping_add(i)).collect()
 }
 
@@ -85,7 +120,12 @@ fn module_of(test: &str) -> &str {
 
 /// Every level/layout combination the engine supports, with a member count for it.
 pub fn all_geometries() -> Vec<(Level, Option<u32>, usize)> {
-    let mut v = vec![(Level::Linear, None, 3), (Level::Raid0, None, 3), (Level::Raid1, None, 3), (Level::Raid4, None, 4)];
+    let mut v = vec![
+        (Level::Linear, None, 3),
+        (Level::Raid0, None, 3),
+        (Level::Raid1, None, 3),
+        (Level::Raid4, None, 4),
+    ];
     for l in 0..=5 {
         v.push((Level::Raid5, Some(l), 4));
     }
@@ -105,8 +145,11 @@ pub fn all_geometries() -> Vec<(Level, Option<u32>, usize)> {
 /// levels) or that every copy agrees (mirrors).
 pub fn check_redundancy(sa: &SimArray) {
     let images: Vec<Vec<u8>> = sa.sims.iter().map(|s| s.contents()).collect();
-    let offsets: Vec<usize> =
-        sa.sims.iter().map(|s| engine::read_superblock(s.as_ref()).expect("sb").data_offset as usize * 512).collect();
+    let offsets: Vec<usize> = sa
+        .sims
+        .iter()
+        .map(|s| engine::read_superblock(s.as_ref()).expect("sb").data_offset as usize * 512)
+        .collect();
     let g = sa.array.geometry();
     match g.level() {
         Level::Raid4 | Level::Raid5 | Level::Raid6 => {
@@ -134,9 +177,11 @@ pub fn check_redundancy(sa: &SimArray) {
                 let c = g.map_copies(sector);
                 let len = (c.run_sectors() as usize * 512).min(1 << 20);
                 let first = c.get(0);
-                let a = &images[first.dev][offsets[first.dev] + first.dev_sector as usize * 512..][..len];
+                let a = &images[first.dev][offsets[first.dev] + first.dev_sector as usize * 512..]
+                    [..len];
                 for copy in c.iter() {
-                    let b = &images[copy.dev][offsets[copy.dev] + copy.dev_sector as usize * 512..][..len];
+                    let b = &images[copy.dev][offsets[copy.dev] + copy.dev_sector as usize * 512..]
+                        [..len];
                     assert!(a == b, "array sector {sector}: copies differ");
                 }
                 sector += len as u64 / 512;
