@@ -90,6 +90,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     )
     .map_err(|e| anyhow!("{e}"))?;
     let array = Arc::new(array);
+    array.start_background();
     let name = array.name().to_string();
     if name.is_empty() || name.contains('/') {
         bail!("array name '{name}' cannot name a socket; pass --name");

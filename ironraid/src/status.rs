@@ -47,10 +47,15 @@ pub struct SyncDetail {
 impl Detail {
     pub fn from_status(s: &ArrayStatus, nbd: Vec<String>) -> Detail {
         let degraded = !s.missing_roles.is_empty();
+        let rebuilding = s.members.iter().any(|m| m.state == MemberState::Rebuilding);
         let state = if s.failed {
             "failed"
         } else if s.read_only {
             "read-only"
+        } else if s.sync.action == engine::SyncAction::Recover || rebuilding {
+            "recovering"
+        } else if s.sync.action == engine::SyncAction::Resync {
+            "resyncing"
         } else if degraded {
             "degraded"
         } else if s.dirty {
@@ -79,6 +84,7 @@ impl Detail {
                     role: m.role,
                     state: match m.state {
                         MemberState::InSync => "in_sync",
+                        MemberState::Rebuilding => "rebuilding",
                         MemberState::Faulty => "faulty",
                         MemberState::Spare => "spare",
                     }

@@ -10,14 +10,17 @@
 //! * the stripe cache (parity levels) and region locks (mirrors) serialise writers per stripe.
 
 use crate::error::{EngineError, Result};
-use crate::member::Slot;
+use crate::events::{Event, EventBus};
+use crate::member::{Member, Slot};
 use crate::meta::Meta;
 use crate::mirror::RegionLocks;
 use crate::stripe_cache::StripeCache;
+use crate::sync::SyncControl;
 use format::{MAX_SECTOR, ROLE_FAULTY};
 use layout::{Geometry, Level};
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Tunables of a running array.
@@ -60,6 +63,11 @@ pub struct Array {
     pub(crate) stripes: StripeCache,
     pub(crate) regions: RegionLocks,
     pub(crate) inflight_writes: AtomicUsize,
+    /// Spares not yet given a role.
+    pub(crate) spares: Mutex<Vec<Arc<Member>>>,
+    pub(crate) sync: SyncControl,
+    pub(crate) events: EventBus,
+    pub(crate) background: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 /// What `status` reports about one member.
@@ -74,6 +82,7 @@ pub struct MemberStatus {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MemberState {
     InSync,
+    Rebuilding,
     Faulty,
     Spare,
 }
@@ -90,14 +99,18 @@ pub struct ArrayStatus {
     pub raid_disks: usize,
     pub events: u64,
     pub members: Vec<MemberStatus>,
-    /// Roles without a usable member.
+    /// Roles without a complete member (faulty, missing or rebuilding).
     pub missing_roles: Vec<usize>,
     pub dirty: bool,
     pub failed: bool,
     pub read_only: bool,
+    pub sync: crate::sync::SyncStatus,
 }
 
 pub(crate) struct ArrayParts {
+    pub spares: Vec<Arc<Member>>,
+    /// Resync needed from this offset (None: in sync).
+    pub resync_from: Option<u64>,
     pub name: String,
     pub uuid: [u8; 16],
     pub geometry: Geometry,
@@ -130,6 +143,10 @@ impl Array {
             stripes,
             regions: RegionLocks::new(),
             inflight_writes: AtomicUsize::new(0),
+            spares: Mutex::new(p.spares),
+            sync: SyncControl::new(p.resync_from),
+            events: EventBus::default(),
+            background: Mutex::new(None),
         };
         array.failed.store(
             !array.geometry.survives(&array.failed_roles()),
@@ -171,14 +188,16 @@ impl Array {
         &self.slots[role]
     }
 
+    /// Roles that do not count towards redundancy: faulty, missing or still rebuilding.
     pub(crate) fn failed_roles(&self) -> Vec<bool> {
-        self.slots.iter().map(Slot::is_faulty).collect()
+        self.slots.iter().map(|s| !s.is_complete()).collect()
     }
 
     /// Read `buf.len()` bytes at `offset_bytes` (both multiples of 512).
     pub fn read(&self, offset_bytes: u64, buf: &mut [u8]) -> Result<()> {
         self.check_range(offset_bytes, buf.len() as u64)?;
-        if self.geometry.level().has_parity() {
+        self.sync.note_client_io();
+        if self.geometry.level().is_parity() {
             self.parity_read(offset_bytes, buf)
         } else {
             self.mirror_read(offset_bytes, buf)
@@ -190,8 +209,9 @@ impl Array {
         self.check_range(offset_bytes, data.len() as u64)?;
         self.check_writable()?;
         self.mark_dirty()?;
+        self.sync.note_client_io();
         self.inflight_writes.fetch_add(1, Ordering::AcqRel);
-        let res = if self.geometry.level().has_parity() {
+        let res = if self.geometry.level().is_parity() {
             self.parity_write(offset_bytes, data, fua)
         } else {
             self.mirror_write(offset_bytes, data, fua)
@@ -300,14 +320,17 @@ impl Array {
         Ok(())
     }
 
-    /// Clean stop: flush, then record "clean" in every superblock.
+    /// Clean stop: stop background work (checkpointing it), flush, then record "clean" (or
+    /// the resync checkpoint) in every superblock.
     pub fn close(&self) -> Result<()> {
+        self.stop_background();
         self.flush()?;
         if self.config.read_only {
             return Ok(());
         }
+        let resync_from = self.sync.st.lock().resync_from;
         let mut meta = self.meta.lock();
-        meta.resync_offset = MAX_SECTOR;
+        meta.resync_offset = resync_from.map_or(MAX_SECTOR, |b| b / 512);
         let failed = meta.commit();
         drop(meta);
         self.dirty.store(false, Ordering::Release);
@@ -315,7 +338,7 @@ impl Array {
         Ok(())
     }
 
-    fn fail_members_after_sb_error(
+    pub(crate) fn fail_members_after_sb_error(
         &self,
         failed: Vec<(std::sync::Arc<crate::member::Member>, std::io::Error)>,
     ) {
@@ -356,10 +379,31 @@ impl Array {
         let survives = self.geometry.survives(&self.failed_roles());
         if !survives {
             self.failed.store(true, Ordering::Release);
-            tracing::error!(array = %self.name, "array failed: more members lost than the level tolerates");
         }
         let failed = meta.commit();
         drop(meta);
+        self.events.emit(
+            "member_faulty",
+            &self.name,
+            Some(&name),
+            format!("role {role}: {why}"),
+        );
+        if survives {
+            self.events.emit(
+                "array_degraded",
+                &self.name,
+                None,
+                format!("running without role {role}"),
+            );
+        } else {
+            self.events.emit(
+                "array_failed",
+                &self.name,
+                None,
+                "more members lost than the level tolerates; writes refused".into(),
+            );
+        }
+        self.sync.wake();
         self.fail_members_after_sb_error(failed);
     }
 
@@ -385,20 +429,29 @@ impl Array {
         Ok(())
     }
 
+    /// Receive this array's events from now on.
+    pub fn subscribe(&self) -> std::sync::mpsc::Receiver<Event> {
+        self.events.subscribe()
+    }
+
     pub fn status(&self) -> ArrayStatus {
         let meta = self.meta.lock();
         let mut members = Vec::new();
         for m in &meta.members {
-            let raw = meta
-                .roles
-                .get(m.member.dev_number as usize)
-                .copied()
-                .unwrap_or(format::ROLE_SPARE);
             let role = self.role_of_member(m.member.dev_number);
-            let state = match (role, raw) {
-                (Some(r), _) if !self.slots[r].is_faulty() => MemberState::InSync,
-                (_, format::ROLE_SPARE) => MemberState::Spare,
-                _ => MemberState::Faulty,
+            let state = match role {
+                Some(r) if self.slots[r].is_complete() => MemberState::InSync,
+                Some(r) if !self.slots[r].is_faulty() => MemberState::Rebuilding,
+                Some(_) => MemberState::Faulty,
+                None if self
+                    .spares
+                    .lock()
+                    .iter()
+                    .any(|s| s.dev_number == m.member.dev_number) =>
+                {
+                    MemberState::Spare
+                }
+                None => MemberState::Faulty,
             };
             members.push(MemberStatus {
                 name: m.member.name().to_string(),
@@ -419,22 +472,12 @@ impl Array {
             events: meta.events,
             members,
             missing_roles: (0..self.slots.len())
-                .filter(|&r| self.slots[r].is_faulty())
+                .filter(|&r| !self.slots[r].is_complete())
                 .collect(),
             dirty: self.dirty.load(Ordering::Acquire),
             failed: self.is_failed(),
             read_only: self.config.read_only,
+            sync: self.sync_status(),
         }
-    }
-}
-
-/// Level properties the engine needs beyond the layout crate.
-pub(crate) trait LevelExt {
-    fn has_parity(self) -> bool;
-}
-
-impl LevelExt for Level {
-    fn has_parity(self) -> bool {
-        matches!(self, Level::Raid4 | Level::Raid5 | Level::Raid6)
     }
 }

@@ -171,21 +171,32 @@ fn build(
     let mut members = Vec::new();
     let mut slots = Vec::new();
     let mut roles = best.dev_roles.clone();
+    let new_member = |dev: Arc<dyn Device>, sb: &Superblock| {
+        Arc::new(Member {
+            dev,
+            data_offset_bytes: sb.data_offset * 512,
+            dev_number: sb.dev_number,
+        })
+    };
     for entry in by_role {
-        let member = entry.map(|(dev, sb)| {
-            let m = Arc::new(Member {
-                dev,
-                data_offset_bytes: sb.data_offset * 512,
-                dev_number: sb.dev_number,
-            });
-            members.push(MemberSb {
-                member: m.clone(),
-                sb,
-                writable: true,
-            });
-            m
-        });
-        slots.push(Slot::new(member));
+        let slot = match entry {
+            Some((dev, sb)) => {
+                let m = new_member(dev, &sb);
+                let slot = Slot::new(Some(m.clone()));
+                if sb.feature_map & format::feature::RECOVERY_OFFSET != 0 {
+                    // Rebuilt only up to here when the daemon stopped; the rebuild resumes.
+                    slot.advance(sb.recovery_offset * 512);
+                }
+                members.push(MemberSb {
+                    member: m,
+                    sb,
+                    writable: true,
+                });
+                slot
+            }
+            None => Slot::new(None),
+        };
+        slots.push(slot);
     }
     for (r, slot) in slots.iter().enumerate() {
         if slot.member().is_none() {
@@ -195,12 +206,10 @@ fn build(
             }
         }
     }
+    let mut spare_members = Vec::new();
     for (dev, sb) in spares {
-        let m = Arc::new(Member {
-            dev,
-            data_offset_bytes: sb.data_offset * 512,
-            dev_number: sb.dev_number,
-        });
+        let m = new_member(dev, &sb);
+        spare_members.push(m.clone());
         members.push(MemberSb {
             member: m,
             sb,
@@ -208,6 +217,8 @@ fn build(
         });
     }
     let was_dirty = best.resync_offset != MAX_SECTOR;
+    let resync_from =
+        (was_dirty && geometry.max_degraded() > 0).then_some(best.resync_offset * 512);
     let meta = Meta {
         members,
         events: best.events,
@@ -223,5 +234,7 @@ fn build(
         meta,
         config: opts.config,
         was_dirty,
+        spares: spare_members,
+        resync_from,
     })
 }

@@ -2,7 +2,7 @@
 
 use device::Device;
 use parking_lot::RwLock;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// One opened member device of an array.
@@ -20,14 +20,23 @@ impl Member {
     }
 }
 
+/// "Every byte of this role's data area is current."
+pub const FULLY_IN_SYNC: u64 = u64::MAX;
+
 /// A RAID role (position in the geometry) and the member currently filling it.
 ///
-/// `faulty` goes false → true under the metadata lock (which also records it in the
-/// superblocks) and back to false only when a rebuilt member takes the role. A role without a
-/// member is faulty. The I/O path reads both without taking the metadata lock.
+/// State and transitions (all under the array's metadata lock; the I/O path reads lock-free):
+/// * in sync: a member, `faulty` false, `in_sync_bytes` = [`FULLY_IN_SYNC`];
+/// * faulty or missing: `faulty` true (a role without a member is faulty);
+/// * rebuilding: a member, `faulty` false, `in_sync_bytes` = how far the rebuild got (bytes of
+///   the data area). The I/O path reads and writes it only below that point; the rebuild claims
+///   each window of stripes before it advances the point, so a write either lands before the
+///   window is rebuilt (and the rebuild reads it back from the other members) or after (and goes
+///   to the new member as well). Nothing older than a write can overwrite it.
 pub struct Slot {
     member: RwLock<Option<Arc<Member>>>,
     faulty: AtomicBool,
+    in_sync_bytes: AtomicU64,
 }
 
 impl Slot {
@@ -36,10 +45,11 @@ impl Slot {
         Slot {
             member: RwLock::new(member),
             faulty,
+            in_sync_bytes: AtomicU64::new(FULLY_IN_SYNC),
         }
     }
 
-    /// The member if it may be used for I/O.
+    /// The member if it may be used for I/O at all.
     pub fn usable(&self) -> Option<Arc<Member>> {
         if self.faulty.load(Ordering::Acquire) {
             None
@@ -57,8 +67,40 @@ impl Slot {
         self.faulty.load(Ordering::Acquire)
     }
 
+    /// May bytes `offset..offset+len` of this role's data area be read or written?
+    pub fn in_sync(&self, offset_bytes: u64, len_bytes: u64) -> bool {
+        !self.is_faulty() && offset_bytes + len_bytes <= self.in_sync_bytes.load(Ordering::Acquire)
+    }
+
+    /// Fully in sync (counts as present for the level's tolerance).
+    pub fn is_complete(&self) -> bool {
+        !self.is_faulty() && self.in_sync_bytes.load(Ordering::Acquire) == FULLY_IN_SYNC
+    }
+
+    pub fn in_sync_bytes(&self) -> u64 {
+        self.in_sync_bytes.load(Ordering::Acquire)
+    }
+
     /// Only the metadata code calls this, with the metadata lock held.
     pub(crate) fn set_faulty(&self) {
         self.faulty.store(true, Ordering::Release);
+    }
+
+    /// A new member takes the role, current up to `in_sync_bytes` (metadata lock held).
+    pub(crate) fn install(&self, member: Arc<Member>, in_sync_bytes: u64) {
+        *self.member.write() = Some(member);
+        self.in_sync_bytes.store(in_sync_bytes, Ordering::Release);
+        self.faulty.store(false, Ordering::Release);
+    }
+
+    /// Drop a faulty member from the role (metadata lock held).
+    pub(crate) fn clear(&self) -> Option<Arc<Member>> {
+        assert!(self.is_faulty(), "only a faulty member may leave its role");
+        self.member.write().take()
+    }
+
+    /// The rebuild reached `bytes` (it holds the claim on everything below).
+    pub(crate) fn advance(&self, bytes: u64) {
+        self.in_sync_bytes.store(bytes, Ordering::Release);
     }
 }

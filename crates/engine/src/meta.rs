@@ -74,6 +74,36 @@ impl Meta {
     }
 }
 
+impl Meta {
+    /// A spare takes `role` and starts rebuilding from the beginning.
+    pub fn activate_spare(&mut self, dev_number: u32, role: u16) {
+        if let Some(r) = self.roles.get_mut(dev_number as usize) {
+            *r = role;
+        }
+        self.set_recovery(dev_number, Some(0));
+    }
+
+    /// Record a member's rebuild progress (sectors), or that it is complete (`None`).
+    pub fn set_recovery(&mut self, dev_number: u32, sectors: Option<u64>) {
+        for m in self
+            .members
+            .iter_mut()
+            .filter(|m| m.member.dev_number == dev_number)
+        {
+            match sectors {
+                Some(s) => {
+                    m.sb.feature_map |= format::feature::RECOVERY_OFFSET;
+                    m.sb.recovery_offset = s;
+                }
+                None => {
+                    m.sb.feature_map &= !format::feature::RECOVERY_OFFSET;
+                    m.sb.recovery_offset = 0;
+                }
+            }
+        }
+    }
+}
+
 /// Write one member's superblock durably (FUA).
 pub(crate) fn write_superblock(member: &Member, sb: &Superblock) -> io::Result<()> {
     let block = sb.encode();

@@ -35,7 +35,7 @@ impl RegionLocks {
         }
     }
 
-    fn lock_range(&self, offset_bytes: u64, len_bytes: u64) -> Vec<MutexGuard<'_, ()>> {
+    pub(crate) fn lock_range(&self, offset_bytes: u64, len_bytes: u64) -> Vec<MutexGuard<'_, ()>> {
         let first = offset_bytes / REGION_BYTES;
         let last = (offset_bytes + len_bytes.max(1) - 1) / REGION_BYTES;
         let mut idx: Vec<usize> = (first..=last.min(first + REGION_LOCKS as u64))
@@ -132,7 +132,10 @@ impl Array {
         while *attempt < n {
             let copy = p.copies.get((spread + *attempt) % n);
             *attempt += 1;
-            if !self.slot(copy.dev).is_faulty() {
+            if self
+                .slot(copy.dev)
+                .in_sync(copy.dev_sector * 512, p.len as u64)
+            {
                 return Some(copy);
             }
         }
@@ -147,7 +150,11 @@ impl Array {
         let mut owner = Vec::new();
         for (i, p) in pieces.iter().enumerate() {
             let bytes = &data[p.buf_offset..p.buf_offset + p.len];
-            for copy in p.copies.iter().filter(|c| !self.slot(c.dev).is_faulty()) {
+            for copy in p
+                .copies
+                .iter()
+                .filter(|c| self.slot(c.dev).in_sync(c.dev_sector * 512, p.len as u64))
+            {
                 ios.push(MemberIo::write(copy.dev, copy.dev_sector * 512, bytes, fua));
                 owner.push(i);
             }

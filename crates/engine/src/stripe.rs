@@ -35,10 +35,10 @@ enum Outcome {
 }
 
 /// Every chunk of one column interval of a stripe, reconstructed where a member is missing.
-struct RowBufs {
-    data: Vec<AlignedBuf>,
-    p: AlignedBuf,
-    q: Option<AlignedBuf>,
+pub(crate) struct RowBufs {
+    pub data: Vec<AlignedBuf>,
+    pub p: AlignedBuf,
+    pub q: Option<AlignedBuf>,
 }
 
 impl Array {
@@ -71,7 +71,10 @@ impl Array {
             let (mine, tail) = std::mem::take(&mut rest).split_at_mut(len);
             rest = tail;
             let dev = self.geometry.stripe_roles(row).data_dev(d);
-            if self.slot(dev).is_faulty() {
+            if !self
+                .slot(dev)
+                .in_sync(row * self.chunk_bytes() + off, len as u64)
+            {
                 slow.push((row, d, off, mine));
             } else {
                 direct.push((
@@ -245,7 +248,9 @@ impl Array {
             fua,
         };
         for _ in 0..MAX_REPLANS {
-            let any_missing = (0..self.geometry.raid_disks()).any(|dev| self.slot(dev).is_faulty());
+            let at = row * self.chunk_bytes() + a;
+            let any_missing =
+                (0..self.geometry.raid_disks()).any(|dev| !self.slot(dev).in_sync(at, b - a));
             let parity = if roles.q_dev().is_some() { 2 } else { 1 };
             let rmw_reads = dirty.iter().filter(|&&x| x).count() + parity;
             let rcw_reads = full.iter().filter(|&&x| !x).count();
@@ -360,17 +365,18 @@ impl Array {
         p: &[u8],
         q: Option<&AlignedBuf>,
     ) {
+        let len = p.len() as u64;
         let mut ios: Vec<MemberIo<'_>> = data
             .iter()
             .enumerate()
-            .filter(|(d, _)| c.dirty[*d] && !self.slot(c.roles.data_dev(*d)).is_faulty())
+            .filter(|(d, _)| c.dirty[*d] && self.slot(c.roles.data_dev(*d)).in_sync(at, len))
             .map(|(d, buf)| MemberIo::write(c.roles.data_dev(d), at, buf, c.fua))
             .collect();
-        if !self.slot(c.roles.p_dev()).is_faulty() {
+        if self.slot(c.roles.p_dev()).in_sync(at, len) {
             ios.push(MemberIo::write(c.roles.p_dev(), at, p, c.fua));
         }
         if let (Some(qd), Some(qb)) = (c.roles.q_dev(), q) {
-            if !self.slot(qd).is_faulty() {
+            if self.slot(qd).in_sync(at, len) {
                 ios.push(MemberIo::write(qd, at, qb, c.fua));
             }
         }
@@ -378,7 +384,7 @@ impl Array {
     }
 
     /// P (and Q) of a stripe's data chunks, given in data-index order.
-    fn compute_parity(
+    pub(crate) fn compute_parity(
         &self,
         roles: &StripeRoles,
         data: &[AlignedBuf],
@@ -401,9 +407,16 @@ impl Array {
 
     /// Read every usable member of a stripe over `len` bytes at `at` and rebuild what is
     /// missing. `Ok(None)`: a member failed while reading (it is faulty now); plan again.
-    fn read_row(&self, roles: &StripeRoles, at: u64, len: usize) -> Result<Option<RowBufs>> {
+    pub(crate) fn read_row(
+        &self,
+        roles: &StripeRoles,
+        at: u64,
+        len: usize,
+    ) -> Result<Option<RowBufs>> {
         let n = self.geometry.raid_disks();
-        let missing: Vec<usize> = (0..n).filter(|&dev| self.slot(dev).is_faulty()).collect();
+        let missing: Vec<usize> = (0..n)
+            .filter(|&dev| !self.slot(dev).in_sync(at, len as u64))
+            .collect();
         if missing.len() > self.geometry.max_degraded() {
             return Err(self.unrecoverable(
                 at,

@@ -302,7 +302,15 @@ impl RawClient {
     /// True if the server closed the connection (EOF within the timeout).
     pub fn is_closed(&mut self) -> bool {
         let mut b = [0u8; 1];
-        matches!(self.s.read(&mut b), Ok(0))
-            || matches!(self.s.read(&mut b), Err(ref e) if e.kind() == io::ErrorKind::ConnectionReset)
+        // A server that closes with unread data in its socket sends RST: the first read may
+        // report the reset and later ones end-of-file; both mean closed.
+        match self.s.read(&mut b) {
+            Ok(0) => true,
+            Err(e) => matches!(
+                e.kind(),
+                io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe
+            ),
+            Ok(_) => false,
+        }
     }
 }

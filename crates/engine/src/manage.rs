@@ -1,0 +1,151 @@
+//! Member management on a running array: `add` (a new spare) and `remove` (a faulty member or
+//! a spare). `fail` lives with the failure path in `array.rs`.
+//!
+//! Every change is a superblock update on all members (events bump), so a restart at any moment
+//! assembles the same array with the same trust in each member.
+
+use crate::array::Array;
+use crate::error::{EngineError, Result};
+use crate::member::Member;
+use crate::meta::{read_superblock, write_superblock, MemberSb};
+use device::{AlignedBuf, Device};
+use format::{ROLE_FAULTY, ROLE_MAX, ROLE_SPARE, SB_OFFSET_SECTORS};
+use std::sync::Arc;
+
+impl Array {
+    /// Add `dev` as a spare; it starts rebuilding at once if a role is missing.
+    pub fn add_member(&self, dev: Arc<dyn Device>, force: bool) -> Result<()> {
+        if self.geometry.max_degraded() == 0 {
+            return Err(EngineError::Unsupported(format!(
+                "{} has no redundancy; it cannot use a spare",
+                self.name
+            )));
+        }
+        let mut meta = self.meta.lock();
+        if meta.members.iter().any(|m| m.member.name() == dev.name()) {
+            return Err(EngineError::InvalidArgument(format!(
+                "{} is already a member of {}",
+                dev.name(),
+                self.name
+            )));
+        }
+        if let Ok(sb) = read_superblock(dev.as_ref()) {
+            if sb.set_uuid != self.uuid && !force {
+                return Err(EngineError::InvalidArgument(format!(
+                    "{}: holds a superblock of another array ({}); use --force to overwrite it",
+                    dev.name(),
+                    format::format_uuid_mdadm(&sb.set_uuid)
+                )));
+            }
+        }
+        let template = meta.members.first().map(|m| m.sb.clone()).ok_or_else(|| {
+            EngineError::InvalidArgument(format!(
+                "{} has no member to copy the superblock from",
+                self.name
+            ))
+        })?;
+        let needed = (template.data_offset + template.size) * 512;
+        if dev.len_bytes() < needed {
+            return Err(EngineError::InvalidArgument(format!(
+                "{}: too small ({} bytes); members of {} need {needed}",
+                dev.name(),
+                dev.len_bytes(),
+                self.name
+            )));
+        }
+        let dev_number = (0u32..)
+            .find(|n| {
+                !meta.members.iter().any(|m| m.member.dev_number == *n)
+                    && meta.roles.get(*n as usize).is_none_or(|r| *r >= ROLE_MAX)
+            })
+            .expect("a free device number exists");
+        if meta.roles.len() <= dev_number as usize {
+            meta.roles.resize(dev_number as usize + 1, ROLE_FAULTY);
+        }
+        meta.roles[dev_number as usize] = ROLE_SPARE;
+        let mut sb = template;
+        sb.dev_number = dev_number;
+        sb.device_uuid = *uuid::Uuid::new_v4().as_bytes();
+        sb.data_size = dev.len_bytes() / 512 - sb.data_offset;
+        sb.feature_map &= !format::feature::RECOVERY_OFFSET;
+        sb.recovery_offset = 0;
+        sb.max_dev = sb.max_dev.max(meta.roles.len() as u32);
+        sb.events = meta.events;
+        sb.dev_roles.clone_from(&meta.roles);
+        let member = Arc::new(Member {
+            dev: dev.clone(),
+            data_offset_bytes: sb.data_offset * 512,
+            dev_number,
+        });
+        let bblog_at = (SB_OFFSET_SECTORS as i64 + i64::from(sb.bblog_offset)) as u64 * 512;
+        let mut bblog = AlignedBuf::zeroed(usize::from(sb.bblog_size) * 512);
+        bblog.fill(0xff);
+        dev.write_at(&bblog, bblog_at, false)
+            .and_then(|()| write_superblock(&member, &sb))
+            .map_err(|e| EngineError::MemberIo {
+                member: dev.name().into(),
+                op: "write superblock",
+                offset_bytes: 4096,
+                source: e,
+            })?;
+        let max_dev = meta.roles.len() as u32;
+        for m in meta.members.iter_mut() {
+            m.sb.max_dev = m.sb.max_dev.max(max_dev);
+        }
+        meta.members.push(MemberSb {
+            member: member.clone(),
+            sb,
+            writable: true,
+        });
+        let failed = meta.commit();
+        drop(meta);
+        self.fail_members_after_sb_error(failed);
+        self.spares.lock().push(member);
+        self.events.emit(
+            "spare_added",
+            &self.name,
+            Some(dev.name()),
+            format!("device number {dev_number}"),
+        );
+        self.sync.wake();
+        Ok(())
+    }
+
+    /// Remove a faulty member or a spare from the array (an active member must fail first).
+    pub fn remove_member(&self, name: &str) -> Result<()> {
+        let mut meta = self.meta.lock();
+        let idx = meta
+            .members
+            .iter()
+            .position(|m| m.member.name() == name)
+            .ok_or_else(|| {
+                EngineError::InvalidArgument(format!("{name} is not a member of {}", self.name))
+            })?;
+        let dev_number = meta.members[idx].member.dev_number;
+        let mut spares = self.spares.lock();
+        if let Some(pos) = spares.iter().position(|s| s.dev_number == dev_number) {
+            spares.remove(pos);
+        } else if let Some(slot) = self
+            .slots
+            .iter()
+            .find(|s| s.member().is_some_and(|m| m.dev_number == dev_number))
+        {
+            if !slot.is_faulty() {
+                return Err(EngineError::InvalidArgument(format!(
+                    "{name} is an active member of {}; fail it first",
+                    self.name
+                )));
+            }
+            slot.clear();
+        }
+        drop(spares);
+        meta.retire(dev_number, ROLE_FAULTY);
+        meta.members.remove(idx);
+        let failed = meta.commit();
+        drop(meta);
+        self.fail_members_after_sb_error(failed);
+        self.events
+            .emit("member_removed", &self.name, Some(name), String::new());
+        Ok(())
+    }
+}

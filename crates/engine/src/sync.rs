@@ -1,0 +1,784 @@
+//! Background work of an array: recovery onto spares, resync after an unclean stop, and
+//! scrubbing (check/repair), one at a time, throttled, checkpointed.
+//!
+//! Priorities (md's): recovery of a missing role first (a spare is assigned the first role that
+//! has no complete member), then a pending resync, then an administrator's request. `frozen`
+//! stops everything and starts nothing; `idle` interrupts the running action (a pending resync
+//! or recovery then starts again, as in md).
+//!
+//! Why windows cannot lose writes: every unit of work (a stripe for parity levels, a region for
+//! mirrors) first takes the same exclusive claim client writes take (the stripe's `busy`, the
+//! mirror region lock), reads, writes, advances the rebuilt-up-to point, and only then releases.
+//!
+//! Rate control mirrors md's `sync_speed_min`/`sync_speed_max`: never faster than max; above
+//! min, pause while clients did I/O in the last few milliseconds.
+
+use crate::array::Array;
+use crate::member::FULLY_IN_SYNC;
+use device::AlignedBuf;
+use layout::{ChunkRole, Level};
+use parking_lot::{Condvar, Mutex};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// What the background worker does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SyncAction {
+    Idle,
+    Resync,
+    Recover,
+    Check,
+    Repair,
+}
+
+impl SyncAction {
+    pub fn name(self) -> &'static str {
+        match self {
+            SyncAction::Idle => "idle",
+            SyncAction::Resync => "resync",
+            SyncAction::Recover => "recover",
+            SyncAction::Check => "check",
+            SyncAction::Repair => "repair",
+        }
+    }
+}
+
+/// Progress of the background work, for status.
+#[derive(Clone, Debug)]
+pub struct SyncStatus {
+    pub action: SyncAction,
+    pub done_bytes: u64,
+    pub total_bytes: u64,
+    pub rate_bytes_per_s: u64,
+    /// Sectors found inconsistent by the last check/repair/resync (md's `mismatch_cnt`).
+    pub mismatch_sectors: u64,
+    pub frozen: bool,
+    pub last_action: SyncAction,
+    pub speed_min_bytes: u64,
+    pub speed_max_bytes: u64,
+}
+
+/// md's defaults: 1000 KiB/s guaranteed, 200000 KiB/s at most.
+pub const DEFAULT_SPEED_MIN: u64 = 1000 * 1024;
+pub const DEFAULT_SPEED_MAX: u64 = 200_000 * 1024;
+/// How long after a client request the array counts as busy.
+const CLIENT_BUSY: Duration = Duration::from_millis(20);
+/// Checkpoints go to the superblocks at least this often during long work.
+const CHECKPOINT_EVERY: Duration = Duration::from_secs(2);
+
+pub(crate) struct SyncState {
+    pub requested: Option<SyncAction>,
+    pub frozen: bool,
+    pub stop: bool,
+    pub interrupt: bool,
+    pub running: SyncAction,
+    pub last: SyncAction,
+    pub done: u64,
+    pub total: u64,
+    pub rate: u64,
+    pub mismatches: u64,
+    /// Resync needed from this per-device byte offset (array bytes for RAID10).
+    pub resync_from: Option<u64>,
+    pub speed_min: u64,
+    pub speed_max: u64,
+}
+
+pub(crate) struct SyncControl {
+    pub st: Mutex<SyncState>,
+    pub cv: Condvar,
+    pub started: Instant,
+    pub last_client_io_ms: std::sync::atomic::AtomicU64,
+}
+
+impl SyncControl {
+    pub fn new(resync_from: Option<u64>) -> SyncControl {
+        SyncControl {
+            st: Mutex::new(SyncState {
+                requested: None,
+                frozen: false,
+                stop: false,
+                interrupt: false,
+                running: SyncAction::Idle,
+                last: SyncAction::Idle,
+                done: 0,
+                total: 0,
+                rate: 0,
+                mismatches: 0,
+                resync_from,
+                speed_min: DEFAULT_SPEED_MIN,
+                speed_max: DEFAULT_SPEED_MAX,
+            }),
+            cv: Condvar::new(),
+            started: Instant::now(),
+            last_client_io_ms: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    pub fn note_client_io(&self) {
+        let now = self.started.elapsed().as_millis() as u64;
+        self.last_client_io_ms.store(now, Ordering::Relaxed);
+    }
+
+    fn client_busy(&self) -> bool {
+        let last = self.last_client_io_ms.load(Ordering::Relaxed);
+        let now = self.started.elapsed().as_millis() as u64;
+        last != 0 && now.saturating_sub(last) < CLIENT_BUSY.as_millis() as u64
+    }
+
+    pub fn wake(&self) {
+        self.cv.notify_all();
+    }
+}
+
+enum Job {
+    Recover(usize),
+    Resync(u64),
+    Scrub(SyncAction),
+}
+
+/// Why a unit of work stopped early.
+enum Stop {
+    Interrupted,
+    Failed(String),
+}
+
+/// Tracks one action's progress and paces it.
+struct Pace {
+    start: Instant,
+    done_at_start: u64,
+    last_checkpoint: Instant,
+}
+
+impl Array {
+    /// Start the background worker (recovery, resync, scrub). Stopped by [`Array::close`].
+    pub fn start_background(self: &Arc<Self>) {
+        let me = self.clone();
+        let handle = std::thread::Builder::new()
+            .name(format!("sync-{}", self.name))
+            .spawn(move || me.background_loop())
+            .expect("spawn the background sync thread");
+        *self.background.lock() = Some(handle);
+    }
+
+    pub(crate) fn stop_background(&self) {
+        {
+            let mut st = self.sync.st.lock();
+            st.stop = true;
+            st.interrupt = true;
+        }
+        self.sync.wake();
+        if let Some(h) = self.background.lock().take() {
+            let _ = h.join();
+        }
+    }
+
+    /// Request `check`, `repair`, `resync`, `idle` or `frozen` (md's `sync_action`).
+    pub fn request_action(&self, action: &str) -> crate::Result<()> {
+        let mut st = self.sync.st.lock();
+        match action {
+            "idle" => {
+                st.interrupt = st.running != SyncAction::Idle;
+                st.requested = None;
+                st.frozen = false;
+            }
+            "frozen" => {
+                st.frozen = true;
+                st.interrupt = st.running != SyncAction::Idle;
+            }
+            "check" | "repair" | "resync" => {
+                if self.geometry.max_degraded() == 0 {
+                    return Err(crate::EngineError::Unsupported(format!(
+                        "{} has no redundancy to check",
+                        self.name
+                    )));
+                }
+                if st.running != SyncAction::Idle || st.requested.is_some() {
+                    return Err(crate::EngineError::InvalidArgument(format!(
+                        "{} is busy with {}; request 'idle' first",
+                        self.name,
+                        st.running.name()
+                    )));
+                }
+                if self.slots.iter().any(|s| !s.is_complete()) {
+                    return Err(crate::EngineError::InvalidArgument(format!(
+                        "{} is degraded; nothing to compare",
+                        self.name
+                    )));
+                }
+                st.frozen = false;
+                st.requested = Some(match action {
+                    "check" => SyncAction::Check,
+                    "repair" => SyncAction::Repair,
+                    _ => SyncAction::Resync,
+                });
+            }
+            other => {
+                return Err(crate::EngineError::InvalidArgument(format!(
+                    "unknown action '{other}' (check, repair, resync, idle, frozen)"
+                )))
+            }
+        }
+        drop(st);
+        self.sync.wake();
+        Ok(())
+    }
+
+    /// Set md's `sync_speed_min`/`sync_speed_max` (bytes per second).
+    pub fn set_sync_speed(&self, min: Option<u64>, max: Option<u64>) {
+        let mut st = self.sync.st.lock();
+        if let Some(m) = min {
+            st.speed_min = m;
+        }
+        if let Some(m) = max {
+            st.speed_max = m.max(1);
+        }
+    }
+
+    pub fn sync_status(&self) -> SyncStatus {
+        let st = self.sync.st.lock();
+        SyncStatus {
+            action: st.running,
+            done_bytes: st.done,
+            total_bytes: st.total,
+            rate_bytes_per_s: st.rate,
+            mismatch_sectors: st.mismatches,
+            frozen: st.frozen,
+            last_action: st.last,
+            speed_min_bytes: st.speed_min,
+            speed_max_bytes: st.speed_max,
+        }
+    }
+
+    /// Block until no background action runs or is pending (tests, `action --wait`).
+    pub fn wait_sync_idle(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut st = self.sync.st.lock();
+        loop {
+            let pending = st.requested.is_some() || (st.resync_from.is_some() && !st.frozen);
+            let recovering = !st.frozen
+                && self.slots.iter().any(|s| !s.is_complete())
+                && self.has_spare_or_partial();
+            if st.running == SyncAction::Idle && !pending && !recovering {
+                return true;
+            }
+            if self.sync.cv.wait_until(&mut st, deadline).timed_out() {
+                return false;
+            }
+        }
+    }
+
+    fn has_spare_or_partial(&self) -> bool {
+        !self.spares.lock().is_empty()
+            || self
+                .slots
+                .iter()
+                .any(|s| !s.is_faulty() && !s.is_complete())
+    }
+
+    fn background_loop(self: Arc<Self>) {
+        loop {
+            let job = {
+                let mut st = self.sync.st.lock();
+                loop {
+                    if st.stop {
+                        return;
+                    }
+                    st.interrupt = false;
+                    if let Some(job) = self.next_job(&mut st) {
+                        break job;
+                    }
+                    self.sync.cv.notify_all();
+                    self.sync.cv.wait_for(&mut st, Duration::from_millis(500));
+                }
+            };
+            self.run_job(job);
+        }
+    }
+
+    fn next_job(&self, st: &mut SyncState) -> Option<Job> {
+        if st.frozen || self.is_failed() || self.config.read_only {
+            return None;
+        }
+        if let Some(role) = self.pick_recovery() {
+            return Some(Job::Recover(role));
+        }
+        if self.slots.iter().any(|s| !s.is_complete()) {
+            return None;
+        }
+        if let Some(from) = st.resync_from {
+            return Some(Job::Resync(from));
+        }
+        match st.requested.take() {
+            Some(SyncAction::Resync) => {
+                st.resync_from = Some(0);
+                Some(Job::Resync(0))
+            }
+            Some(a) => Some(Job::Scrub(a)),
+            None => None,
+        }
+    }
+
+    fn run_job(&self, job: Job) {
+        let (action, from) = match job {
+            Job::Recover(role) => (SyncAction::Recover, self.slots[role].in_sync_bytes()),
+            Job::Resync(from) => (SyncAction::Resync, from),
+            Job::Scrub(a) => (a, 0),
+        };
+        let total = self.sync_total(action);
+        {
+            let mut st = self.sync.st.lock();
+            st.running = action;
+            st.done = from.min(total);
+            st.total = total;
+            st.rate = 0;
+            if action != SyncAction::Recover {
+                st.mismatches = 0;
+            }
+        }
+        let member = if let Job::Recover(role) = job {
+            self.slots[role].member().map(|m| m.name().to_string())
+        } else {
+            None
+        };
+        self.events.emit(
+            started_event(action),
+            &self.name,
+            member.as_deref(),
+            format!("{} started at byte {from} of {total}", action.name()),
+        );
+        let res = match job {
+            Job::Recover(role) => self.recover(role, from),
+            Job::Resync(from) => self.scrub(SyncAction::Resync, from),
+            Job::Scrub(a) => self.scrub(a, 0),
+        };
+        self.finish_job(action, res, member.as_deref());
+    }
+
+    fn finish_job(&self, action: SyncAction, res: Result<(), Stop>, member: Option<&str>) {
+        let mismatches;
+        {
+            let mut st = self.sync.st.lock();
+            st.running = SyncAction::Idle;
+            st.last = action;
+            mismatches = st.mismatches;
+            if action == SyncAction::Resync && res.is_ok() {
+                st.resync_from = None;
+            }
+            if action == SyncAction::Resync && res.is_err() {
+                st.resync_from = Some(st.done);
+            }
+        }
+        self.sync.cv.notify_all();
+        match res {
+            Ok(()) => {
+                self.events.emit(
+                    finished_event(action),
+                    &self.name,
+                    member,
+                    format!("{} finished", action.name()),
+                );
+                if matches!(
+                    action,
+                    SyncAction::Check | SyncAction::Repair | SyncAction::Resync
+                ) && mismatches > 0
+                {
+                    self.events.emit(
+                        "mismatches_found",
+                        &self.name,
+                        None,
+                        format!("{mismatches} sectors inconsistent"),
+                    );
+                }
+            }
+            Err(Stop::Interrupted) => self.events.emit(
+                "sync_interrupted",
+                &self.name,
+                member,
+                format!("{} interrupted", action.name()),
+            ),
+            Err(Stop::Failed(why)) => self.events.emit(
+                "sync_failed",
+                &self.name,
+                member,
+                format!("{} failed: {why}", action.name()),
+            ),
+        }
+    }
+
+    /// Bytes the action walks: per-device bytes (array bytes for a RAID10 resync/scrub).
+    fn sync_total(&self, action: SyncAction) -> u64 {
+        let g = &self.geometry;
+        match g.level() {
+            Level::Raid4 | Level::Raid5 | Level::Raid6 => g.stripes() * g.chunk_sectors() * 512,
+            Level::Raid10 if action != SyncAction::Recover => g.array_sectors() * 512,
+            Level::Raid10 => {
+                (0..g.raid_disks())
+                    .map(|d| g.used_device_sectors(d))
+                    .max()
+                    .unwrap_or(0)
+                    * 512
+            }
+            _ => g.spec().component_sectors * 512,
+        }
+    }
+
+    /// Pause as md's speed limits ask; `Err` if told to stop.
+    fn pace(&self, p: &mut Pace, done: u64) -> Result<(), Stop> {
+        loop {
+            let (min, max, interrupt, frozen) = {
+                let mut st = self.sync.st.lock();
+                st.done = done;
+                let secs = p.start.elapsed().as_secs_f64().max(1e-3);
+                st.rate = ((done - p.done_at_start) as f64 / secs) as u64;
+                (st.speed_min, st.speed_max, st.interrupt, st.frozen)
+            };
+            if interrupt || frozen || self.is_failed() {
+                return Err(Stop::Interrupted);
+            }
+            let secs = p.start.elapsed().as_secs_f64().max(1e-3);
+            let rate = (done - p.done_at_start) as f64 / secs;
+            if rate > max as f64 || (rate > min as f64 && self.sync.client_busy()) {
+                std::thread::sleep(Duration::from_millis(2));
+                continue;
+            }
+            return Ok(());
+        }
+    }
+
+    /// Assign a spare to the first role without a complete member; returns the role to rebuild.
+    fn pick_recovery(&self) -> Option<usize> {
+        if let Some(role) = self
+            .slots
+            .iter()
+            .position(|s| !s.is_faulty() && !s.is_complete())
+        {
+            return Some(role);
+        }
+        let role = self.slots.iter().position(|s| s.is_faulty())?;
+        if self.geometry.max_degraded() == 0 {
+            return None;
+        }
+        let spare = {
+            let mut spares = self.spares.lock();
+            if spares.is_empty() {
+                return None;
+            }
+            spares.remove(0)
+        };
+        let mut meta = self.meta.lock();
+        meta.activate_spare(spare.dev_number, role as u16);
+        if let Some(old) = self.slots[role].member() {
+            meta.retire(old.dev_number, format::ROLE_FAULTY);
+        }
+        self.slots[role].install(spare.clone(), 0);
+        let failed = meta.commit();
+        drop(meta);
+        self.fail_members_after_sb_error(failed);
+        self.events.emit(
+            "spare_active",
+            &self.name,
+            Some(spare.name()),
+            format!("spare takes role {role}; rebuilding"),
+        );
+        Some(role)
+    }
+
+    fn recover(&self, role: usize, from: u64) -> Result<(), Stop> {
+        let res = if self.geometry.level().is_parity() {
+            self.recover_parity(role, from)
+        } else {
+            self.recover_mirror(role, from)
+        };
+        if res.is_ok() {
+            self.slots[role].advance(FULLY_IN_SYNC);
+            let mut meta = self.meta.lock();
+            if let Some(m) = self.slots[role].member() {
+                meta.set_recovery(m.dev_number, None);
+            }
+            let failed = meta.commit();
+            drop(meta);
+            self.fail_members_after_sb_error(failed);
+            let name = self.slots[role].member().map(|m| m.name().to_string());
+            self.events.emit(
+                "member_in_sync",
+                &self.name,
+                name.as_deref(),
+                format!("role {role} rebuilt"),
+            );
+        } else {
+            self.checkpoint_recovery(role);
+        }
+        res
+    }
+
+    /// Record how far a rebuild got in the rebuilding member's superblock.
+    fn checkpoint_recovery(&self, role: usize) {
+        let slot = &self.slots[role];
+        let Some(m) = slot.member() else { return };
+        if slot.is_faulty() || slot.is_complete() {
+            return;
+        }
+        let mut meta = self.meta.lock();
+        meta.set_recovery(m.dev_number, Some(slot.in_sync_bytes() / 512));
+        let failed = meta.commit();
+        drop(meta);
+        self.fail_members_after_sb_error(failed);
+    }
+
+    fn recover_parity(&self, role: usize, from: u64) -> Result<(), Stop> {
+        let chunk = self.geometry.chunk_sectors() * 512;
+        let stripes = self.geometry.stripes();
+        let mut pace = Pace {
+            start: Instant::now(),
+            done_at_start: from,
+            last_checkpoint: Instant::now(),
+        };
+        for row in from / chunk..stripes {
+            self.pace(&mut pace, row * chunk)?;
+            let r = self.stripes.get(row);
+            drop(r.claim(r.st.lock()));
+            let res = self.rebuild_row(role, row, chunk);
+            if res.is_ok() {
+                self.slots[role].advance((row + 1) * chunk);
+            }
+            r.release();
+            self.stripes.put(row);
+            res?;
+            if pace.last_checkpoint.elapsed() > CHECKPOINT_EVERY {
+                self.checkpoint_recovery(role);
+                pace.last_checkpoint = Instant::now();
+            }
+        }
+        Ok(())
+    }
+
+    /// Rebuild one stripe's chunk of `role` (row claimed by the caller).
+    fn rebuild_row(&self, role: usize, row: u64, chunk: u64) -> Result<(), Stop> {
+        let roles = self.geometry.stripe_roles(row);
+        for _ in 0..4 {
+            let bufs = match self.read_row(&roles, row * chunk, chunk as usize) {
+                Ok(Some(b)) => b,
+                Ok(None) => continue,
+                Err(e) => return Err(Stop::Failed(e.to_string())),
+            };
+            let buf = match roles.role_of(role) {
+                ChunkRole::Data(d) => &bufs.data[d],
+                ChunkRole::P => &bufs.p,
+                ChunkRole::Q => bufs.q.as_ref().expect("Q role only on RAID6"),
+            };
+            let mut io = [crate::io::MemberIo::write(role, row * chunk, buf, false)];
+            if !self.run_io(&mut io) {
+                return Err(Stop::Failed("write to the rebuilding member failed".into()));
+            }
+            return Ok(());
+        }
+        Err(Stop::Failed("members kept failing".into()))
+    }
+
+    fn recover_mirror(&self, role: usize, from: u64) -> Result<(), Stop> {
+        let g = &self.geometry;
+        let step = if g.level() == Level::Raid1 {
+            1 << 20
+        } else {
+            g.chunk_sectors() * 512
+        };
+        let end = g.used_device_sectors(role) * 512;
+        let mut pace = Pace {
+            start: Instant::now(),
+            done_at_start: from,
+            last_checkpoint: Instant::now(),
+        };
+        let mut off = from / step * step;
+        while off < end {
+            self.pace(&mut pace, off)?;
+            let len = step.min(end - off);
+            if let Some(array_sector) = g.reverse_copy(role, off / 512) {
+                let at = array_sector * 512;
+                let _guard = self.regions.lock_range(at, len);
+                let mut buf = AlignedBuf::zeroed(len as usize);
+                self.read_other_copy(role, at, &mut buf)?;
+                let mut io = [crate::io::MemberIo::write(role, off, &buf, false)];
+                if !self.run_io(&mut io) {
+                    return Err(Stop::Failed("write to the rebuilding member failed".into()));
+                }
+                self.slots[role].advance(off + len);
+            } else {
+                self.slots[role].advance(off + len);
+            }
+            off += len;
+            if pace.last_checkpoint.elapsed() > CHECKPOINT_EVERY {
+                self.checkpoint_recovery(role);
+                pace.last_checkpoint = Instant::now();
+            }
+        }
+        Ok(())
+    }
+
+    /// Read array bytes at `at` from an in-sync copy on any member but `skip`.
+    fn read_other_copy(&self, skip: usize, at: u64, buf: &mut [u8]) -> Result<(), Stop> {
+        let copies = self.geometry.map_copies(at / 512);
+        for c in copies.iter().filter(|c| c.dev != skip) {
+            if !self
+                .slot(c.dev)
+                .in_sync(c.dev_sector * 512, buf.len() as u64)
+            {
+                continue;
+            }
+            let mut io = [crate::io::MemberIo::read(c.dev, c.dev_sector * 512, buf)];
+            if self.run_io(&mut io) {
+                return Ok(());
+            }
+        }
+        Err(Stop::Failed(format!(
+            "no in-sync copy of array byte {at} left"
+        )))
+    }
+
+    /// Resync, check or repair from `from` (per-device bytes; array bytes for RAID10).
+    fn scrub(&self, action: SyncAction, from: u64) -> Result<(), Stop> {
+        let mut pace = Pace {
+            start: Instant::now(),
+            done_at_start: from,
+            last_checkpoint: Instant::now(),
+        };
+        let fix = action != SyncAction::Check;
+        if self.geometry.level().is_parity() {
+            let chunk = self.geometry.chunk_sectors() * 512;
+            for row in from / chunk..self.geometry.stripes() {
+                self.pace(&mut pace, row * chunk)?;
+                let r = self.stripes.get(row);
+                drop(r.claim(r.st.lock()));
+                let res = self.scrub_row(row, chunk, fix);
+                r.release();
+                self.stripes.put(row);
+                self.sync.st.lock().mismatches += res?;
+            }
+            return Ok(());
+        }
+        let step: u64 = if self.geometry.level() == Level::Raid1 {
+            1 << 20
+        } else {
+            self.geometry.chunk_sectors() * 512
+        };
+        let end = self.sync_total(action);
+        let mut off = from / step * step;
+        while off < end {
+            self.pace(&mut pace, off)?;
+            let len = step.min(end - off);
+            let bad = self.scrub_mirror(off, len, fix)?;
+            self.sync.st.lock().mismatches += bad;
+            off += len;
+        }
+        Ok(())
+    }
+
+    /// Compare one stripe's parity with its data; rewrite parity if `fix`. Returns mismatched
+    /// sectors (counted per 4 KiB page, as md does).
+    fn scrub_row(&self, row: u64, chunk: u64, fix: bool) -> Result<u64, Stop> {
+        let roles = self.geometry.stripe_roles(row);
+        let bufs = match self.read_row(&roles, row * chunk, chunk as usize) {
+            Ok(Some(b)) => b,
+            Ok(None) => return Err(Stop::Interrupted),
+            Err(e) => return Err(Stop::Failed(e.to_string())),
+        };
+        let (p, q) = self.compute_parity(&roles, &bufs.data);
+        let mut bad = 0u64;
+        for (i, page) in p.chunks(4096).enumerate() {
+            let stored_p = &bufs.p[i * 4096..i * 4096 + page.len()];
+            let q_bad = match (&q, &bufs.q) {
+                (Some(q), Some(sq)) => {
+                    q[i * 4096..i * 4096 + page.len()] != sq[i * 4096..i * 4096 + page.len()]
+                }
+                _ => false,
+            };
+            if page != stored_p || q_bad {
+                bad += page.len() as u64 / 512;
+            }
+        }
+        if bad > 0 && fix {
+            let mut ios = vec![crate::io::MemberIo::write(
+                roles.p_dev(),
+                row * chunk,
+                &p,
+                false,
+            )];
+            if let (Some(qd), Some(qb)) = (roles.q_dev(), q.as_ref()) {
+                ios.push(crate::io::MemberIo::write(qd, row * chunk, qb, false));
+            }
+            self.run_io(&mut ios);
+        }
+        Ok(bad)
+    }
+
+    /// Compare every copy of array bytes `at..at+len` with the first; copy it over if `fix`.
+    fn scrub_mirror(&self, at: u64, len: u64, fix: bool) -> Result<u64, Stop> {
+        let _guard = self.regions.lock_range(at, len);
+        let mut done = 0;
+        let mut bad = 0;
+        while done < len {
+            let copies = self.geometry.map_copies((at + done) / 512);
+            let n = (copies.run_sectors() * 512).min(len - done);
+            let mut first = AlignedBuf::zeroed(n as usize);
+            let src = copies.get(0);
+            let mut io = [crate::io::MemberIo::read(
+                src.dev,
+                src.dev_sector * 512,
+                &mut first,
+            )];
+            if !self.run_io(&mut io) {
+                return Err(Stop::Failed(format!(
+                    "read of the first copy of array byte {} failed",
+                    at + done
+                )));
+            }
+            for c in copies.iter().skip(1) {
+                let mut other = AlignedBuf::zeroed(n as usize);
+                let mut io = [crate::io::MemberIo::read(
+                    c.dev,
+                    c.dev_sector * 512,
+                    &mut other,
+                )];
+                if !self.run_io(&mut io) {
+                    continue;
+                }
+                for (a, b) in first.chunks(4096).zip(other.chunks(4096)) {
+                    if a != b {
+                        bad += a.len() as u64 / 512;
+                    }
+                }
+                if fix && first[..] != other[..] {
+                    let mut io = [crate::io::MemberIo::write(
+                        c.dev,
+                        c.dev_sector * 512,
+                        &first,
+                        false,
+                    )];
+                    self.run_io(&mut io);
+                }
+            }
+            done += n;
+        }
+        Ok(bad)
+    }
+}
+
+fn started_event(a: SyncAction) -> &'static str {
+    match a {
+        SyncAction::Recover => "rebuild_started",
+        SyncAction::Resync => "resync_started",
+        SyncAction::Check => "check_started",
+        SyncAction::Repair => "repair_started",
+        SyncAction::Idle => "idle",
+    }
+}
+
+fn finished_event(a: SyncAction) -> &'static str {
+    match a {
+        SyncAction::Recover => "rebuild_finished",
+        SyncAction::Resync => "resync_finished",
+        SyncAction::Check => "check_finished",
+        SyncAction::Repair => "repair_finished",
+        SyncAction::Idle => "idle",
+    }
+}
