@@ -286,6 +286,13 @@ impl Array {
                     }
                     st.interrupt = false;
                     if let Some(job) = self.next_job(&mut st) {
+                        // Marked running before the lock drops, so waiters never see a gap
+                        // between "requested" and "running".
+                        st.running = match job {
+                            Job::Recover(_) => SyncAction::Recover,
+                            Job::Resync(_) => SyncAction::Resync,
+                            Job::Scrub(a) => a,
+                        };
                         break job;
                     }
                     self.sync.cv.notify_all();
