@@ -19,7 +19,55 @@ pub const MAX_REQUEST_BYTES: usize = 64 * 1024;
 pub enum Request {
     Detail,
     Stop,
-    Fail { member: String },
+    Fail {
+        member: String,
+    },
+    /// Add a member as a spare (it rebuilds at once if a role is missing).
+    Add {
+        member: String,
+        #[serde(default)]
+        force: bool,
+    },
+    /// Remove a faulty member or a spare.
+    Remove {
+        member: String,
+    },
+    /// md's `sync_action`: check, repair, resync, idle, frozen.
+    Action {
+        action: String,
+    },
+    /// Set md's `sync_speed_min`/`sync_speed_max` (bytes per second); answers with the detail.
+    Speed {
+        #[serde(default)]
+        min: Option<u64>,
+        #[serde(default)]
+        max: Option<u64>,
+    },
+    /// Answer `{"ok":true}`, then one [`EventLine`] per event until the client goes away.
+    Monitor,
+}
+
+/// One event as `monitor` streams it (one JSON object per line).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct EventLine {
+    /// e.g. `member_faulty`, `spare_active`, `rebuild_started`, `check_finished`.
+    pub event: String,
+    pub array: String,
+    pub member: Option<String>,
+    pub message: String,
+    pub unix_ms: u64,
+}
+
+impl From<&engine::Event> for EventLine {
+    fn from(e: &engine::Event) -> EventLine {
+        EventLine {
+            event: e.kind.to_string(),
+            array: e.array.clone(),
+            member: e.member.clone(),
+            message: e.message.clone(),
+            unix_ms: e.unix_ms,
+        }
+    }
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, Default)]
@@ -50,6 +98,26 @@ impl Response {
 
 /// Send one request to the daemon running array `name`.
 pub fn call(name: &str, req: &Request) -> anyhow::Result<Response> {
+    let (resp, _) = send(name, req, Some(Duration::from_secs(60)))?;
+    Ok(resp)
+}
+
+/// Subscribe to the events of array `name`: the reader yields one [`EventLine`] per line and
+/// ends when the daemon exits.
+pub fn open_monitor(name: &str) -> anyhow::Result<BufReader<UnixStream>> {
+    let (resp, reader) = send(name, &Request::Monitor, Some(Duration::from_secs(60)))?;
+    if !resp.ok {
+        bail!("{}", resp.error.unwrap_or_default());
+    }
+    reader.get_ref().set_read_timeout(None)?;
+    Ok(reader)
+}
+
+fn send(
+    name: &str,
+    req: &Request,
+    timeout: Option<Duration>,
+) -> anyhow::Result<(Response, BufReader<UnixStream>)> {
     let path = rundir::control_socket(name);
     let mut stream = UnixStream::connect(&path).with_context(|| {
         format!(
@@ -57,7 +125,7 @@ pub fn call(name: &str, req: &Request) -> anyhow::Result<Response> {
             path.display()
         )
     })?;
-    stream.set_read_timeout(Some(Duration::from_secs(60)))?;
+    stream.set_read_timeout(timeout)?;
     let mut line = serde_json::to_string(req)?;
     line.push('\n');
     stream.write_all(line.as_bytes())?;
@@ -70,7 +138,7 @@ pub fn call(name: &str, req: &Request) -> anyhow::Result<Response> {
         bail!("array '{name}': daemon closed the control connection without answering");
     }
     let resp: Response = serde_json::from_str(&answer).context("daemon sent a malformed answer")?;
-    Ok(resp)
+    Ok((resp, reader))
 }
 
 /// Names of arrays whose control socket answers.

@@ -85,7 +85,7 @@ fn random_workload_every_level_with_failures() {
 /// Canary: the byte-for-byte comparison catches one flipped bit on a non-redundant array.
 #[test]
 fn workload_harness_detects_corruption() {
-    let sa = common::sim_array(Level::Raid0, None, 2, 4096, 1 << 20, 1);
+    let sa = common::sim_array(Level::Raid0, None, 2, 4096, 4 << 20, 1);
     let data = vec![0x33u8; 65536];
     sa.array.write(0, &data, false).unwrap();
     let off = engine::read_superblock(sa.sims[0].as_ref())
