@@ -68,6 +68,7 @@ pub struct Array {
     pub(crate) sync: SyncControl,
     pub(crate) events: EventBus,
     pub(crate) background: Mutex<Option<std::thread::JoinHandle<()>>>,
+    pub(crate) bufs: Arc<crate::bufpool::BufPool>,
 }
 
 /// What `status` reports about one member.
@@ -129,6 +130,7 @@ impl Array {
             .map_err(|e| EngineError::Unsupported(format!("cannot start I/O threads: {e}")))?;
         let was_dirty = p.was_dirty;
         let stripes = StripeCache::new(p.config.stripe_cache_bytes);
+        let pool_bytes = p.config.stripe_cache_bytes;
         let array = Array {
             name: p.name,
             uuid: p.uuid,
@@ -147,6 +149,7 @@ impl Array {
             sync: SyncControl::new(p.resync_from),
             events: EventBus::default(),
             background: Mutex::new(None),
+            bufs: crate::bufpool::BufPool::new(pool_bytes),
         };
         array.failed.store(
             !array.geometry.survives(&array.failed_roles()),

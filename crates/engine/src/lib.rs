@@ -7,6 +7,7 @@
 
 mod array;
 mod assemble;
+mod bufpool;
 mod create;
 mod error;
 mod events;

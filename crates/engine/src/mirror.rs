@@ -80,7 +80,11 @@ impl Array {
 
     pub(crate) fn mirror_read(&self, offset_bytes: u64, buf: &mut [u8]) -> Result<()> {
         let pieces = self.pieces(offset_bytes, buf.len());
-        let spread = self.regions.next_read.fetch_add(1, Ordering::Relaxed);
+        let spread = if self.sync.unsynced.load(Ordering::Acquire) {
+            0
+        } else {
+            self.regions.next_read.fetch_add(1, Ordering::Relaxed)
+        };
         // attempt[i]: how many copies of piece i have been tried
         let mut attempt = vec![0usize; pieces.len()];
         let mut pending: Vec<usize> = (0..pieces.len()).collect();
@@ -91,7 +95,8 @@ impl Array {
             let mut consumed = 0usize;
             for &i in &pending {
                 let p = &pieces[i];
-                let Some(copy) = self.pick_copy(p, spread + i, &mut attempt[i]) else {
+                let start = if spread == 0 { 0 } else { spread + i };
+                let Some(copy) = self.pick_copy(p, start, &mut attempt[i]) else {
                     return Err(self.unrecoverable(
                         p.array_offset,
                         p.len as u64,

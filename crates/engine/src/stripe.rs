@@ -19,10 +19,10 @@
 //! failure marks it faulty and the stripe stays recoverable through the remaining members.
 
 use crate::array::Array;
+use crate::bufpool::PoolBuf;
 use crate::error::Result;
 use crate::io::MemberIo;
 use crate::stripe_cache::{covers_all, merge, Completion, Piece};
-use device::AlignedBuf;
 use layout::{Level, StripeRoles};
 use std::time::Instant;
 
@@ -36,9 +36,9 @@ enum Outcome {
 
 /// Every chunk of one column interval of a stripe, reconstructed where a member is missing.
 pub(crate) struct RowBufs {
-    pub data: Vec<AlignedBuf>,
-    pub p: AlignedBuf,
-    pub q: Option<AlignedBuf>,
+    pub data: Vec<PoolBuf>,
+    pub p: PoolBuf,
+    pub q: Option<PoolBuf>,
 }
 
 impl Array {
@@ -275,9 +275,7 @@ impl Array {
     fn rcw_write(&self, c: &Interval<'_>) -> Outcome {
         let len = (c.b - c.a) as usize;
         let at = c.row * self.chunk_bytes() + c.a;
-        let mut data: Vec<AlignedBuf> = (0..c.dirty.len())
-            .map(|_| AlignedBuf::zeroed(len))
-            .collect();
+        let mut data: Vec<PoolBuf> = (0..c.dirty.len()).map(|_| self.bufs.get(len)).collect();
         let mut ios: Vec<MemberIo<'_>> = data
             .iter_mut()
             .enumerate()
@@ -300,9 +298,9 @@ impl Array {
         let len = (c.b - c.a) as usize;
         let at = c.row * self.chunk_bytes() + c.a;
         let dirty: Vec<usize> = (0..c.dirty.len()).filter(|&d| c.dirty[d]).collect();
-        let mut old: Vec<AlignedBuf> = dirty.iter().map(|_| AlignedBuf::zeroed(len)).collect();
-        let mut p = AlignedBuf::zeroed(len);
-        let mut q = c.roles.q_dev().map(|_| AlignedBuf::zeroed(len));
+        let mut old: Vec<PoolBuf> = dirty.iter().map(|_| self.bufs.get(len)).collect();
+        let mut p = self.bufs.get(len);
+        let mut q = c.roles.q_dev().map(|_| self.bufs.get(len));
         {
             let mut ios: Vec<MemberIo<'_>> = old
                 .iter_mut()
@@ -317,9 +315,9 @@ impl Array {
                 return Outcome::Replan;
             }
         }
-        let mut new_data: Vec<AlignedBuf> = Vec::with_capacity(dirty.len());
+        let mut new_data: Vec<PoolBuf> = Vec::with_capacity(dirty.len());
         for (delta, &d) in old.iter_mut().zip(&dirty) {
-            let mut new = delta.clone();
+            let mut new = delta.duplicate();
             c.overlay(d, &mut new);
             parity::xor_into(delta, &new);
             match q.as_mut() {
@@ -361,9 +359,9 @@ impl Array {
         &self,
         c: &Interval<'_>,
         at: u64,
-        data: &[AlignedBuf],
+        data: &[PoolBuf],
         p: &[u8],
-        q: Option<&AlignedBuf>,
+        q: Option<&PoolBuf>,
     ) {
         let len = p.len() as u64;
         let mut ios: Vec<MemberIo<'_>> = data
@@ -387,16 +385,16 @@ impl Array {
     pub(crate) fn compute_parity(
         &self,
         roles: &StripeRoles,
-        data: &[AlignedBuf],
-    ) -> (AlignedBuf, Option<AlignedBuf>) {
+        data: &[PoolBuf],
+    ) -> (PoolBuf, Option<PoolBuf>) {
         let len = data[0].len();
-        let mut p = AlignedBuf::zeroed(len);
+        let mut p = self.bufs.get(len);
         if roles.q_dev().is_none() {
             let refs: Vec<&[u8]> = data.iter().map(|b| &b[..]).collect();
             parity::xor_gen(&refs, &mut p);
             return (p, None);
         }
-        let mut q = AlignedBuf::zeroed(len);
+        let mut q = self.bufs.get(len);
         let mut by_slot: Vec<&[u8]> = vec![&[]; data.len()];
         for (d, buf) in data.iter().enumerate() {
             by_slot[roles.slot(d)] = buf;
@@ -424,7 +422,7 @@ impl Array {
                 "more members missing than the level tolerates",
             ));
         }
-        let mut dev_bufs: Vec<AlignedBuf> = (0..n).map(|_| AlignedBuf::zeroed(len)).collect();
+        let mut dev_bufs: Vec<PoolBuf> = (0..n).map(|_| self.bufs.get(len)).collect();
         let mut ios: Vec<MemberIo<'_>> = dev_bufs
             .iter_mut()
             .enumerate()
@@ -436,7 +434,7 @@ impl Array {
         }
         drop(ios);
         self.reconstruct(roles, &mut dev_bufs, &missing);
-        let mut slots: Vec<Option<AlignedBuf>> = dev_bufs.into_iter().map(Some).collect();
+        let mut slots: Vec<Option<PoolBuf>> = dev_bufs.into_iter().map(Some).collect();
         let data = (0..self.geometry.data_disks())
             .map(|d| slots[roles.data_dev(d)].take().expect("data chunk"))
             .collect();
@@ -446,7 +444,7 @@ impl Array {
     }
 
     /// Rebuild the chunks of `missing` devices (at most the level's tolerance) in place.
-    fn reconstruct(&self, roles: &StripeRoles, dev_bufs: &mut [AlignedBuf], missing: &[usize]) {
+    fn reconstruct(&self, roles: &StripeRoles, dev_bufs: &mut [PoolBuf], missing: &[usize]) {
         if missing.is_empty() {
             return;
         }
@@ -458,7 +456,7 @@ impl Array {
         let lost = lost_of(roles, missing);
         let m = self.geometry.data_disks();
         let (p_dev, q_dev) = (roles.p_dev(), roles.q_dev().expect("raid6 has Q"));
-        let mut cells: Vec<Option<&mut AlignedBuf>> = dev_bufs.iter_mut().map(Some).collect();
+        let mut cells: Vec<Option<&mut PoolBuf>> = dev_bufs.iter_mut().map(Some).collect();
         let p = cells[p_dev].take().expect("P");
         let q = cells[q_dev].take().expect("Q");
         let mut by_slot: Vec<Option<&mut [u8]>> = (0..m).map(|_| None).collect();

@@ -15,7 +15,6 @@
 
 use crate::array::Array;
 use crate::member::FULLY_IN_SYNC;
-use device::AlignedBuf;
 use layout::{ChunkRole, Level};
 use parking_lot::{Condvar, Mutex};
 use std::sync::atomic::Ordering;
@@ -85,6 +84,9 @@ pub(crate) struct SyncState {
 }
 
 pub(crate) struct SyncControl {
+    /// Mirrors may differ somewhere (resync pending): reads take the first copy, as md does,
+    /// so that reading a block twice gives the same answer.
+    pub unsynced: std::sync::atomic::AtomicBool,
     pub st: Mutex<SyncState>,
     pub cv: Condvar,
     pub started: Instant,
@@ -94,6 +96,7 @@ pub(crate) struct SyncControl {
 impl SyncControl {
     pub fn new(resync_from: Option<u64>) -> SyncControl {
         SyncControl {
+            unsynced: std::sync::atomic::AtomicBool::new(resync_from.is_some()),
             st: Mutex::new(SyncState {
                 requested: None,
                 frozen: false,
@@ -319,6 +322,7 @@ impl Array {
         match st.requested.take() {
             Some(SyncAction::Resync) => {
                 st.resync_from = Some(0);
+                self.sync.unsynced.store(true, Ordering::Release);
                 Some(Job::Resync(0))
             }
             Some(a) => Some(Job::Scrub(a)),
@@ -371,6 +375,7 @@ impl Array {
             mismatches = st.mismatches;
             if action == SyncAction::Resync && res.is_ok() {
                 st.resync_from = None;
+                self.sync.unsynced.store(false, Ordering::Release);
             }
             if action == SyncAction::Resync && res.is_err() {
                 st.resync_from = Some(st.done);
@@ -603,7 +608,7 @@ impl Array {
             if let Some(array_sector) = g.reverse_copy(role, off / 512) {
                 let at = array_sector * 512;
                 let _guard = self.regions.lock_range(at, len);
-                let mut buf = AlignedBuf::zeroed(len as usize);
+                let mut buf = self.bufs.get(len as usize);
                 self.read_other_copy(role, at, &mut buf)?;
                 let mut io = [crate::io::MemberIo::write(role, off, &buf, false)];
                 if !self.run_io(&mut io) {
@@ -726,7 +731,7 @@ impl Array {
         while done < len {
             let copies = self.geometry.map_copies((at + done) / 512);
             let n = (copies.run_sectors() * 512).min(len - done);
-            let mut first = AlignedBuf::zeroed(n as usize);
+            let mut first = self.bufs.get(n as usize);
             let src = copies.get(0);
             let mut io = [crate::io::MemberIo::read(
                 src.dev,
@@ -740,7 +745,7 @@ impl Array {
                 )));
             }
             for c in copies.iter().skip(1) {
-                let mut other = AlignedBuf::zeroed(n as usize);
+                let mut other = self.bufs.get(n as usize);
                 let mut io = [crate::io::MemberIo::read(
                     c.dev,
                     c.dev_sector * 512,
