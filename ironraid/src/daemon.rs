@@ -8,9 +8,8 @@
 //! which the next `run` reports.
 
 use crate::backend::ArrayBackend;
-use crate::control::{Request, Response, MAX_REQUEST_BYTES};
 use crate::rundir;
-use crate::status::Detail;
+use crate::server::{control_loop, Ctx};
 use anyhow::{anyhow, bail, Context};
 use device::{Device, FileDevice, OpenMode};
 use engine::{Array, ArrayConfig, AssembleOptions};
@@ -18,7 +17,6 @@ use std::os::unix::net::UnixStream as StdUnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::watch;
 
@@ -29,6 +27,9 @@ pub struct RunArgs {
     pub read_only: bool,
     pub buffered: bool,
     pub write_hold: Duration,
+    /// md's `sync_speed_min`/`sync_speed_max` in bytes per second (None: md's defaults).
+    pub speed_min: Option<u64>,
+    pub speed_max: Option<u64>,
 }
 
 enum Listen {
@@ -90,6 +91,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     )
     .map_err(|e| anyhow!("{e}"))?;
     let array = Arc::new(array);
+    array.set_sync_speed(args.speed_min, args.speed_max);
     array.start_background();
     let name = array.name().to_string();
     if name.is_empty() || name.contains('/') {
@@ -127,6 +129,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         name.clone(),
         ctl_path.clone(),
         listens,
+        mode,
     ));
     let closed = res.and_then(|()| {
         tracing::info!(array = %name, "flushing and marking clean");
@@ -158,6 +161,7 @@ async fn serve(
     name: String,
     ctl_path: PathBuf,
     listens: Vec<Listen>,
+    mode: OpenMode,
 ) -> anyhow::Result<()> {
     let backend = Arc::new(ArrayBackend(array.clone()));
     let export = nbd::Export {
@@ -200,7 +204,13 @@ async fn serve(
         .with_context(|| format!("cannot listen on {}", ctl_path.display()))?;
     set_mode_0600(&ctl_path)?;
     let (stop_tx, mut stop_rx) = watch::channel(false);
-    let ctl_task = tokio::spawn(control_loop(ctl, array.clone(), addrs, stop_tx));
+    let ctx = Arc::new(Ctx {
+        array: array.clone(),
+        addrs,
+        stop: stop_tx,
+        mode,
+    });
+    let ctl_task = tokio::spawn(control_loop(ctl, ctx));
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
         _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: stopping"),
@@ -224,63 +234,6 @@ fn set_mode_0600(path: &Path) -> anyhow::Result<()> {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
         .with_context(|| format!("chmod 0600 {}", path.display()))
-}
-
-async fn control_loop(
-    listener: UnixListener,
-    array: Arc<Array>,
-    addrs: Vec<String>,
-    stop: watch::Sender<bool>,
-) {
-    let stop = Arc::new(stop);
-    loop {
-        let Ok((stream, _)) = listener.accept().await else {
-            continue;
-        };
-        let (array, addrs, stop) = (array.clone(), addrs.clone(), stop.clone());
-        tokio::spawn(async move {
-            let (rd, mut wr) = stream.into_split();
-            let mut line = String::new();
-            let mut reader = BufReader::new(rd.take(MAX_REQUEST_BYTES as u64));
-            if reader.read_line(&mut line).await.is_err() {
-                return;
-            }
-            let resp = match serde_json::from_str::<Request>(&line) {
-                Err(e) => Response::err(format!("malformed request: {e}")),
-                Ok(req) => handle(req, &array, &addrs, &stop).await,
-            };
-            let mut out = serde_json::to_string(&resp).unwrap_or_else(|_| "{\"ok\":false}".into());
-            out.push('\n');
-            let _ = wr.write_all(out.as_bytes()).await;
-        });
-    }
-}
-
-async fn handle(
-    req: Request,
-    array: &Arc<Array>,
-    addrs: &[String],
-    stop: &watch::Sender<bool>,
-) -> Response {
-    match req {
-        Request::Detail => Response {
-            ok: true,
-            error: None,
-            detail: Some(Detail::from_status(&array.status(), addrs.to_vec())),
-        },
-        Request::Stop => {
-            let _ = stop.send(true);
-            Response::ok()
-        }
-        Request::Fail { member } => {
-            let array = array.clone();
-            match tokio::task::spawn_blocking(move || array.fail_member(&member)).await {
-                Ok(Ok(())) => Response::ok(),
-                Ok(Err(e)) => Response::err(e.to_string()),
-                Err(e) => Response::err(e.to_string()),
-            }
-        }
-    }
 }
 
 /// Wait until process `pid` (a daemon told to stop) has exited.

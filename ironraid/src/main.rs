@@ -1,11 +1,15 @@
 //! `ironraid`: user-space software RAID with Linux md's on-disk format, served over NBD.
 //! The command contract is `shared/INTERFACE.md`.
 
+mod action;
 mod backend;
 mod control;
 mod daemon;
 mod examine;
+mod manage;
+mod monitor;
 mod rundir;
+mod server;
 mod size;
 mod status;
 
@@ -59,6 +63,12 @@ enum Cmd {
         /// Microseconds a partial-stripe write may wait for more writes to fill its stripe.
         #[arg(long, default_value_t = 500)]
         write_hold_us: u64,
+        /// Rebuild/resync/check rate kept even while clients do I/O, per second (default 1000K).
+        #[arg(long, value_parser = size_arg)]
+        speed_min: Option<u64>,
+        /// Rebuild/resync/check rate never exceeded, per second (default 200000K).
+        #[arg(long, value_parser = size_arg)]
+        speed_max: Option<u64>,
         #[arg(required = true)]
         members: Vec<PathBuf>,
     },
@@ -73,8 +83,44 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
-    /// Mark a member of a running array faulty.
+    /// Mark a member of a running array faulty (a spare, if any, starts rebuilding).
     Fail { name: String, member: PathBuf },
+    /// Remove a faulty member or a spare from a running array.
+    Remove { name: String, member: PathBuf },
+    /// Add a member to a running array as a spare; it rebuilds at once if a role is missing.
+    Add {
+        name: String,
+        member: PathBuf,
+        /// Overwrite a superblock of another array on MEMBER.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Background work, as md's sync_action: check, repair, resync, idle or frozen.
+    Action {
+        name: String,
+        #[arg(value_parser = ["check", "repair", "resync", "idle", "frozen"])]
+        action: String,
+        /// Wait until the action has finished, showing progress on stderr.
+        #[arg(long)]
+        wait: bool,
+    },
+    /// Print a running array's events as JSON lines until it stops.
+    Monitor {
+        name: String,
+        /// Run PROG EVENT ARRAY [MEMBER] per event, the event's JSON in $IRONRAID_EVENT.
+        #[arg(long)]
+        program: Option<PathBuf>,
+    },
+    /// Show or set the rebuild/resync/check rate limits (md's sync_speed_min/max).
+    Speed {
+        name: String,
+        /// Rate kept even while clients do I/O, per second (K, M, G suffixes).
+        #[arg(long, value_parser = size_arg)]
+        min: Option<u64>,
+        /// Rate never exceeded, per second (K, M, G suffixes).
+        #[arg(long, value_parser = size_arg)]
+        max: Option<u64>,
+    },
     /// Stop a running array cleanly: drain, flush, mark clean, exit.
     Stop { name: String },
     /// Create a 4-member RAID5 over sparse files in DIR and serve it.
@@ -145,6 +191,10 @@ fn init_logging(verbose: u8) {
         .init();
 }
 
+fn size_arg(s: &str) -> Result<u64, String> {
+    size::parse_size(s)
+}
+
 fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
     match cmd {
         Cmd::Create(a) => create(a).map(|uuid| println!("{uuid}")),
@@ -155,6 +205,8 @@ fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
             read_only,
             no_direct,
             write_hold_us,
+            speed_min,
+            speed_max,
             members,
         } => daemon::run(daemon::RunArgs {
             name,
@@ -163,18 +215,21 @@ fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
             read_only,
             buffered: no_direct,
             write_hold: Duration::from_micros(write_hold_us),
+            speed_min,
+            speed_max,
         }),
         Cmd::Status { json } => status(json),
         Cmd::Detail { name, json } => detail(&name, json),
-        Cmd::Fail { name, member } => {
-            let member = std::fs::canonicalize(&member).unwrap_or(member);
-            expect_ok(control::call(
-                &name,
-                &control::Request::Fail {
-                    member: member.display().to_string(),
-                },
-            )?)
-        }
+        Cmd::Fail { name, member } => manage::fail(&name, &member),
+        Cmd::Remove { name, member } => manage::remove(&name, &member),
+        Cmd::Add {
+            name,
+            member,
+            force,
+        } => manage::add(&name, &member, force),
+        Cmd::Action { name, action, wait } => action::action(&name, &action, wait),
+        Cmd::Monitor { name, program } => monitor::monitor(&name, program.as_deref()),
+        Cmd::Speed { name, min, max } => manage::speed(&name, min, max),
         Cmd::Stop { name } => stop(&name),
         Cmd::Demo { dir } => demo(dir),
     }
@@ -365,5 +420,7 @@ fn demo(dir: Option<PathBuf>) -> anyhow::Result<()> {
         read_only: false,
         buffered: false,
         write_hold: Duration::from_micros(500),
+        speed_min: None,
+        speed_max: None,
     })
 }

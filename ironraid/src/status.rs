@@ -42,6 +42,33 @@ pub struct SyncDetail {
     pub done_bytes: u64,
     pub total_bytes: u64,
     pub rate_bytes_per_s: u64,
+    /// Extension: the action that ran last ("idle" if none yet).
+    #[serde(default)]
+    pub last_action: String,
+    /// Extension: `action frozen` is in force (nothing starts).
+    #[serde(default)]
+    pub frozen: bool,
+    /// Extension: md's `sync_speed_min`, bytes per second.
+    #[serde(default)]
+    pub speed_min_bytes_per_s: u64,
+    /// Extension: md's `sync_speed_max`, bytes per second.
+    #[serde(default)]
+    pub speed_max_bytes_per_s: u64,
+}
+
+impl SyncDetail {
+    pub fn from_engine(s: &engine::SyncStatus) -> SyncDetail {
+        SyncDetail {
+            action: s.action.name().to_string(),
+            done_bytes: s.done_bytes,
+            total_bytes: s.total_bytes,
+            rate_bytes_per_s: s.rate_bytes_per_s,
+            last_action: s.last_action.name().to_string(),
+            frozen: s.frozen,
+            speed_min_bytes_per_s: s.speed_min_bytes,
+            speed_max_bytes_per_s: s.speed_max_bytes,
+        }
+    }
 }
 
 impl Detail {
@@ -91,13 +118,8 @@ impl Detail {
                     .into(),
                 })
                 .collect(),
-            sync: SyncDetail {
-                action: "idle".into(),
-                done_bytes: 0,
-                total_bytes: 0,
-                rate_bytes_per_s: 0,
-            },
-            mismatch_count: 0,
+            sync: SyncDetail::from_engine(&s.sync),
+            mismatch_count: s.sync.mismatch_sectors,
             nbd,
             pid: std::process::id(),
         }
@@ -126,6 +148,7 @@ impl Detail {
             let tag = match m.state.as_str() {
                 "faulty" => "(F)",
                 "spare" => "(S)",
+                "rebuilding" => "(R)",
                 _ => "",
             };
             line1.push_str(&format!(
@@ -180,9 +203,12 @@ pub fn progress_line(s: &SyncDetail) -> String {
     } else {
         0.0
     };
+    let what = match s.action.as_str() {
+        "recover" => "recovery",
+        other => other,
+    };
     format!(
-        "      [{bar}]  {} = {:.1}% ({}/{}) finish={:.1}min speed={}K/sec\n",
-        s.action,
+        "      [{bar}]  {what} = {:.1}% ({}/{}) finish={:.1}min speed={}K/sec\n",
         permille as f64 / 10.0,
         s.done_bytes / 1024,
         s.total_bytes / 1024,

@@ -278,3 +278,28 @@ fn malformed_requests_get_errors_and_change_nothing() {
     assert!(!out.contains("verification failed"), "{out}");
     env.stop(d);
 }
+
+#[test]
+fn sigterm_and_sigint_stop_cleanly() {
+    for sig in [rustix::process::Signal::TERM, rustix::process::Signal::INT] {
+        let env = Env::new("sig", 3, MEMBER);
+        env.create("1", &[]);
+        let mut d = env.run_all();
+        if require(&["qemu-io"]) {
+            sh(
+                "qemu-io",
+                &["-f", "raw", &env.uri(), "-c", "write -P 0x42 0 1M"],
+            );
+        }
+        let pid = rustix::process::Pid::from_raw(d.child.id() as i32).unwrap();
+        rustix::process::kill_process(pid, sig).unwrap();
+        let st = d.child.wait().unwrap();
+        assert!(st.success(), "{sig:?}: exit {st}\n{}", d.log_text());
+        assert!(d.log_text().contains("stopped cleanly"), "{}", d.log_text());
+        assert!(!env.socket().exists(), "NBD socket left behind");
+        let ex: serde_json::Value =
+            serde_json::from_str(&env.ok(&["examine", "--json", env.members[0].to_str().unwrap()]))
+                .unwrap();
+        assert_eq!(ex[0]["state"], "clean");
+    }
+}

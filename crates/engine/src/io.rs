@@ -74,17 +74,20 @@ impl Array {
                 errors.push((ios[0].role, ios[0].op_name(), ios[0].offset_bytes, e));
             }
         } else {
+            // The caller's thread does the first operation itself: one hand-off fewer.
             let found = parking_lot::Mutex::new(Vec::new());
-            self.pool().scope(|s| {
-                for op in ios.iter_mut() {
+            let (first, rest) = ios.split_first_mut().expect("more than one operation");
+            self.pool().in_place_scope(|s| {
+                for op in rest.iter_mut() {
                     let found = &found;
                     s.spawn(move |_| {
                         if let Some(e) = op.run(self) {
-                            found
-                                .lock()
-                                .push((op.role, op.op_name(), op.offset_bytes, e));
+                            found.lock().push((op.role, op.op_name(), op.offset_bytes, e));
                         }
                     });
+                }
+                if let Some(e) = first.run(self) {
+                    found.lock().push((first.role, first.op_name(), first.offset_bytes, e));
                 }
             });
             errors = found.into_inner();

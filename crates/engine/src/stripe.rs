@@ -156,7 +156,8 @@ impl Array {
             let mut st = r.st.lock();
             while i < pieces.len() && pieces[i].0 == row {
                 let (_, d, off, len, at) = pieces[i];
-                let bytes = data[at..at + len].to_vec();
+                let mut bytes = self.bufs.get(len);
+                bytes.copy_from_slice(&data[at..at + len]);
                 st.pending.push(Piece {
                     data_index: d,
                     offset: off,

@@ -26,7 +26,7 @@ pub(crate) struct Piece {
     pub data_index: usize,
     /// Byte offset inside the chunk.
     pub offset: u64,
-    pub data: Vec<u8>,
+    pub data: crate::bufpool::PoolBuf,
     pub fua: bool,
     pub done: Arc<Completion>,
 }
@@ -250,11 +250,15 @@ pub(crate) fn covers_all(pending: &[Piece], data_disks: usize) -> bool {
 mod tests {
     use super::*;
 
+    thread_local! {
+        static POOL: std::sync::Arc<crate::bufpool::BufPool> = crate::bufpool::BufPool::new(1 << 20);
+    }
+
     fn piece(d: usize, off: u64, len: usize) -> Piece {
         Piece {
             data_index: d,
             offset: off,
-            data: vec![0; len],
+            data: POOL.with(|p| p.get(len)),
             fua: false,
             done: Completion::new(1),
         }

@@ -118,12 +118,18 @@ impl Env {
 
     /// Start `ironraid run` over `members` and wait for the socket.
     pub fn run(&self, members: &[PathBuf]) -> Daemon {
+        self.run_with(&[], members)
+    }
+
+    /// `ironraid run EXTRA... MEMBERS...` and wait for the sockets.
+    pub fn run_with(&self, extra: &[&str], members: &[PathBuf]) -> Daemon {
         let log = self.dir.path().join(format!(
             "daemon-{}.log",
             Instant::now().elapsed().as_nanos()
         ));
         let mut c = self.cmd();
         c.arg("run")
+            .args(extra)
             .args(members)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -144,6 +150,46 @@ impl Env {
             std::thread::sleep(Duration::from_millis(20));
         }
         d
+    }
+
+    /// A sparse file `name` of `bytes` in the test directory (a spare, a member to add).
+    pub fn file(&self, name: &str, bytes: u64) -> PathBuf {
+        let p = self.dir.path().join(name);
+        std::fs::File::create(&p).unwrap().set_len(bytes).unwrap();
+        p
+    }
+
+    /// `ironraid detail NAME --json`.
+    pub fn detail(&self) -> serde_json::Value {
+        serde_json::from_str(&self.ok(&["detail", &self.name, "--json"])).unwrap()
+    }
+
+    /// Poll `detail --json` every 50 ms until `done` holds; panics after `secs` seconds.
+    pub fn wait_detail(
+        &self,
+        what: &str,
+        secs: u64,
+        mut done: impl FnMut(&serde_json::Value) -> bool,
+    ) -> serde_json::Value {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        loop {
+            let d = self.detail();
+            if done(&d) {
+                return d;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for {what}: {d:#}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// `ironraid examine --json PATH`, the one entry.
+    pub fn examine(&self, path: &Path) -> serde_json::Value {
+        let out = self.ok(&["examine", "--json", path.to_str().unwrap()]);
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        v[0].clone()
     }
 
     pub fn run_all(&self) -> Daemon {

@@ -1,0 +1,58 @@
+//! Member management and rate limits on a running array: `fail`, `remove`, `add`, `speed`.
+
+use crate::control::{self, Request};
+use crate::{expect_ok, size};
+use anyhow::anyhow;
+use std::path::{Path, PathBuf};
+
+/// The name the daemon knows a member by: its canonical path. A member that no longer exists
+/// (a pulled disk, a deleted file) keeps the absolute form of what was given.
+fn member_name(p: &Path) -> String {
+    std::fs::canonicalize(p)
+        .or_else(|_| std::path::absolute(p))
+        .unwrap_or_else(|_| PathBuf::from(p))
+        .display()
+        .to_string()
+}
+
+pub fn fail(name: &str, member: &Path) -> anyhow::Result<()> {
+    let member = member_name(member);
+    expect_ok(control::call(name, &Request::Fail { member })?)
+}
+
+pub fn remove(name: &str, member: &Path) -> anyhow::Result<()> {
+    let member = member_name(member);
+    expect_ok(control::call(name, &Request::Remove { member })?)
+}
+
+pub fn add(name: &str, member: &Path, force: bool) -> anyhow::Result<()> {
+    let canonical = std::fs::canonicalize(member)
+        .map_err(|e| anyhow!("{}: cannot open member: {e}", member.display()))?;
+    expect_ok(control::call(
+        name,
+        &Request::Add {
+            member: canonical.display().to_string(),
+            force,
+        },
+    )?)
+}
+
+/// Set the limits given (none: only show them), then print both.
+pub fn speed(name: &str, min: Option<u64>, max: Option<u64>) -> anyhow::Result<()> {
+    let resp = control::call(name, &Request::Speed { min, max })?;
+    if !resp.ok {
+        anyhow::bail!("{}", resp.error.unwrap_or_default());
+    }
+    let d = resp
+        .detail
+        .ok_or_else(|| anyhow!("daemon sent no detail"))?;
+    println!(
+        "{}: speed_min {}K/sec ({}/s)  speed_max {}K/sec ({}/s)",
+        d.name,
+        d.sync.speed_min_bytes_per_s / 1024,
+        size::human(d.sync.speed_min_bytes_per_s),
+        d.sync.speed_max_bytes_per_s / 1024,
+        size::human(d.sync.speed_max_bytes_per_s)
+    );
+    Ok(())
+}

@@ -1,0 +1,195 @@
+//! The daemon's side of the control socket: one request per connection, answered with one JSON
+//! line, except `monitor`, which keeps the connection and streams one event per line.
+
+use crate::control::{EventLine, Request, Response, MAX_REQUEST_BYTES};
+use crate::daemon::open_members;
+use crate::status::Detail;
+use device::OpenMode;
+use engine::{Array, Event};
+use std::path::PathBuf;
+use std::sync::mpsc::RecvTimeoutError;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::unix::OwnedWriteHalf;
+use tokio::net::UnixListener;
+use tokio::sync::{mpsc, watch};
+
+/// What request handlers need from the daemon.
+pub struct Ctx {
+    pub array: Arc<Array>,
+    /// Where NBD is served (for `detail`).
+    pub addrs: Vec<String>,
+    pub stop: watch::Sender<bool>,
+    /// How members are opened (for `add`).
+    pub mode: OpenMode,
+}
+
+pub async fn control_loop(listener: UnixListener, ctx: Arc<Ctx>) {
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            continue;
+        };
+        let ctx = ctx.clone();
+        tokio::spawn(async move {
+            let (rd, mut wr) = stream.into_split();
+            let mut line = String::new();
+            let mut reader = BufReader::new(rd.take(MAX_REQUEST_BYTES as u64));
+            if reader.read_line(&mut line).await.is_err() {
+                return;
+            }
+            let resp = match serde_json::from_str::<Request>(&line) {
+                Err(e) => Response::err(format!("malformed request: {e}")),
+                Ok(Request::Monitor) => return monitor(&ctx, reader, wr).await,
+                Ok(req) => handle(req, &ctx).await,
+            };
+            let _ = write_json(&mut wr, &resp).await;
+        });
+    }
+}
+
+async fn write_json<T: serde::Serialize>(wr: &mut OwnedWriteHalf, v: &T) -> std::io::Result<()> {
+    let mut out = serde_json::to_string(v).unwrap_or_else(|_| "{\"ok\":false}".into());
+    out.push('\n');
+    wr.write_all(out.as_bytes()).await
+}
+
+/// Run `f` on the blocking pool and turn its result into a response.
+async fn blocking<F>(f: F) -> Response
+where
+    F: FnOnce() -> anyhow::Result<()> + Send + 'static,
+{
+    match tokio::task::spawn_blocking(f).await {
+        Ok(Ok(())) => Response::ok(),
+        Ok(Err(e)) => Response::err(format!("{e:#}")),
+        Err(e) => Response::err(e.to_string()),
+    }
+}
+
+fn detail(ctx: &Ctx) -> Response {
+    Response {
+        ok: true,
+        error: None,
+        detail: Some(Detail::from_status(&ctx.array.status(), ctx.addrs.clone())),
+    }
+}
+
+async fn handle(req: Request, ctx: &Ctx) -> Response {
+    let array = ctx.array.clone();
+    match req {
+        Request::Detail => detail(ctx),
+        Request::Stop => {
+            let _ = ctx.stop.send(true);
+            Response::ok()
+        }
+        Request::Fail { member } => {
+            blocking(move || array.fail_member(&member).map_err(anyhow::Error::from)).await
+        }
+        Request::Remove { member } => {
+            blocking(move || array.remove_member(&member).map_err(anyhow::Error::from)).await
+        }
+        Request::Add { member, force } => {
+            let mode = ctx.mode;
+            blocking(move || {
+                let dev = open_members(&[PathBuf::from(&member)], mode)?
+                    .pop()
+                    .expect("one member opened");
+                array.add_member(dev, force).map_err(anyhow::Error::from)
+            })
+            .await
+        }
+        Request::Action { action } => match array.request_action(&action) {
+            Ok(()) => Response::ok(),
+            Err(e) => Response::err(e.to_string()),
+        },
+        Request::Speed { min, max } => {
+            if max == Some(0) {
+                return Response::err("speed: --max must be above 0");
+            }
+            array.set_sync_speed(min, max);
+            detail(ctx)
+        }
+        Request::Monitor => Response::err("monitor is a streaming request"),
+    }
+}
+
+/// Events that describe the state the array is in when a monitor attaches (as `mdadm
+/// --monitor` reports a degraded array when it starts).
+fn initial_events(array: &Array) -> Vec<EventLine> {
+    let s = array.status();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0);
+    let (event, message) = if s.failed {
+        ("array_failed", "array is failed".to_string())
+    } else if !s.missing_roles.is_empty() {
+        (
+            "array_degraded",
+            format!("running without roles {:?}", s.missing_roles),
+        )
+    } else {
+        return Vec::new();
+    };
+    vec![EventLine {
+        event: event.into(),
+        array: s.name,
+        member: None,
+        message,
+        unix_ms: now,
+    }]
+}
+
+/// Stream events until the client closes the connection (or the daemon exits).
+async fn monitor<R: AsyncRead + Unpin>(
+    ctx: &Ctx,
+    mut reader: BufReader<R>,
+    mut wr: OwnedWriteHalf,
+) {
+    let rx = ctx.array.subscribe();
+    let (tx, mut events) = mpsc::unbounded_channel::<Event>();
+    // The engine's channel is std's; bridge it on a plain thread (not the blocking pool, which
+    // the runtime would wait for at exit).
+    let bridge = std::thread::Builder::new()
+        .name("monitor".into())
+        .spawn(move || loop {
+            match rx.recv_timeout(Duration::from_millis(500)) {
+                Ok(ev) => {
+                    if tx.send(ev).is_err() {
+                        return;
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) if tx.is_closed() => return,
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => return,
+            }
+        });
+    if let Err(e) = bridge {
+        let _ = write_json(&mut wr, &Response::err(format!("cannot monitor: {e}"))).await;
+        return;
+    }
+    if write_json(&mut wr, &Response::ok()).await.is_err() {
+        return;
+    }
+    for ev in initial_events(&ctx.array) {
+        if write_json(&mut wr, &ev).await.is_err() {
+            return;
+        }
+    }
+    let mut sink = [0u8; 256];
+    loop {
+        tokio::select! {
+            ev = events.recv() => {
+                let Some(ev) = ev else { return };
+                if write_json(&mut wr, &EventLine::from(&ev)).await.is_err() {
+                    return;
+                }
+            }
+            n = reader.read(&mut sink) => {
+                if !matches!(n, Ok(k) if k > 0) {
+                    return;
+                }
+            }
+        }
+    }
+}
