@@ -82,12 +82,16 @@ impl Array {
                     let found = &found;
                     s.spawn(move |_| {
                         if let Some(e) = op.run(self) {
-                            found.lock().push((op.role, op.op_name(), op.offset_bytes, e));
+                            found
+                                .lock()
+                                .push((op.role, op.op_name(), op.offset_bytes, e));
                         }
                     });
                 }
                 if let Some(e) = first.run(self) {
-                    found.lock().push((first.role, first.op_name(), first.offset_bytes, e));
+                    found
+                        .lock()
+                        .push((first.role, first.op_name(), first.offset_bytes, e));
                 }
             });
             errors = found.into_inner();

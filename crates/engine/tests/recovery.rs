@@ -178,7 +178,11 @@ fn rebuild_resumes_from_checkpoint_after_stop() {
     std::thread::sleep(Duration::from_millis(1500));
     let st = a.sync_status();
     assert!(st.done_bytes > 0, "rebuild made no progress");
-    assert_eq!(st.action, engine::SyncAction::Recover, "rebuild should still be running: {st:?}");
+    assert_eq!(
+        st.action,
+        engine::SyncAction::Recover,
+        "rebuild should still be running: {st:?}"
+    );
     a.close().unwrap();
     drop(a);
     let survivors: Vec<_> = all
@@ -188,7 +192,10 @@ fn rebuild_resumes_from_checkpoint_after_stop() {
         .map(|(_, s)| s.clone())
         .collect();
     let sb = engine::read_superblock(spare[0].as_ref()).unwrap();
-    assert!(sb.recovery_offset > 0, "no recovery checkpoint recorded: {sb:?} after {st:?}");
+    assert!(
+        sb.recovery_offset > 0,
+        "no recovery checkpoint recorded: {sb:?} after {st:?}"
+    );
     let b = open(&survivors);
     let st = b.sync_status();
     assert!(st.done_bytes >= sb.recovery_offset * 512 || st.action == engine::SyncAction::Idle);
