@@ -69,6 +69,9 @@ impl Array {
     /// member that failed has been marked faulty on return. Returns true if all succeeded.
     pub(crate) fn run_io(&self, ios: &mut [MemberIo<'_>]) -> bool {
         let mut errors: Vec<(usize, &'static str, u64, io::Error)> = Vec::new();
+        if ios.is_empty() {
+            return true;
+        }
         if ios.len() == 1 {
             if let Some(e) = ios[0].run(self) {
                 errors.push((ios[0].role, ios[0].op_name(), ios[0].offset_bytes, e));

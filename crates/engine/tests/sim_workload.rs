@@ -100,3 +100,73 @@ fn workload_harness_detects_corruption() {
         "a flipped bit on a RAID0 member must show in the data"
     );
 }
+
+/// Several client threads at once, each owning a region that does not line up with stripes, so
+/// that writers from different threads meet in the same stripes; a member dies half way.
+fn concurrent_case(seed: u64, level: Level, layout: Option<u32>, n: usize) {
+    let sa = sim_array(level, layout, n, 16 << 10, MEMBER_BYTES, seed);
+    let array = std::sync::Arc::new(sa.array);
+    let size = array.size_bytes();
+    const THREADS: u64 = 4;
+    let region = size / THREADS / 512 * 512;
+    let images: Vec<Vec<u8>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let array = array.clone();
+                let sims = &sa.sims;
+                s.spawn(move || {
+                    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ (t * 0x9e37));
+                    let base = t * region;
+                    let mut model = vec![0u8; region as usize];
+                    for step in 0..80 {
+                        if t == 0 && step == 40 && array.geometry().max_degraded() > 0 {
+                            sims[1].set_dead(true);
+                        }
+                        let len = rng.gen_range(1..=64u64) * 512;
+                        let off = rng.gen_range(0..=(region - len) / 512) * 512;
+                        if rng.gen_bool(0.6) {
+                            let data: Vec<u8> = (0..len).map(|_| rng.gen()).collect();
+                            array.write(base + off, &data, false).expect("write");
+                            model[off as usize..(off + len) as usize].copy_from_slice(&data);
+                        } else {
+                            let mut buf = vec![0u8; len as usize];
+                            array.read(base + off, &mut buf).expect("read");
+                            assert!(
+                                buf == model[off as usize..(off + len) as usize],
+                                "thread {t}: read differs"
+                            );
+                        }
+                    }
+                    model
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("client thread"))
+            .collect()
+    });
+    for (t, model) in images.iter().enumerate() {
+        let mut buf = vec![0u8; region as usize];
+        array.read(t as u64 * region, &mut buf).unwrap();
+        assert!(&buf == model, "region {t} differs at the end");
+    }
+}
+
+#[test]
+fn concurrent_clients_share_stripes_with_a_failure() {
+    for (level, layout, n) in [
+        (Level::Raid5, Some(2), 4),
+        (Level::Raid6, Some(2), 5),
+        (Level::Raid4, None, 4),
+        (Level::Raid1, None, 2),
+        (Level::Raid10, Some(0x102), 4),
+        (Level::Raid0, None, 3),
+    ] {
+        for_each_seed(
+            "concurrent_clients_share_stripes_with_a_failure",
+            4,
+            |seed| concurrent_case(seed, level, layout, n),
+        );
+    }
+}

@@ -108,14 +108,13 @@ pub fn for_each_seed(test: &str, count: u64, case: impl Fn(u64)) {
     for seed in seeds(count) {
         let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| case(seed)));
         if let Err(e) = res {
-            eprintln!("\n*** {test} failed with seed {seed}; replay with:\n    IRONRAID_SEED={seed} cargo test -p engine --test {} -- {test} --nocapture\n", module_of(test));
+            eprintln!(
+                "\n*** {test} failed with seed {seed}; replay with:\n    IRONRAID_SEED={seed} cargo test -p engine --release --test {} -- {test} --nocapture\n",
+                env!("CARGO_CRATE_NAME")
+            );
             std::panic::resume_unwind(e);
         }
     }
-}
-
-fn module_of(test: &str) -> &str {
-    test.split("::").next().unwrap_or(test)
 }
 
 /// Every level/layout combination the engine supports, with a member count for it.
