@@ -290,7 +290,8 @@ impl Array {
         for (d, buf) in data.iter_mut().enumerate() {
             c.overlay(d, buf);
         }
-        let (p, q) = self.compute_parity(c.roles, &data);
+        let refs: Vec<&[u8]> = data.iter().map(|b| &b[..]).collect();
+        let (p, q) = self.compute_parity(c.roles, &refs);
         self.write_row(c, at, &data, &p, q.as_ref());
         Outcome::Done
     }
@@ -348,7 +349,8 @@ impl Array {
         for (d, buf) in bufs.data.iter_mut().enumerate() {
             c.overlay(d, buf);
         }
-        let (p, q) = self.compute_parity(c.roles, &bufs.data);
+        let refs: Vec<&[u8]> = bufs.data.iter().map(|b| &b[..]).collect();
+        let (p, q) = self.compute_parity(c.roles, &refs);
         bufs.p = p;
         bufs.q = q;
         self.write_row(c, at, &bufs.data, &bufs.p, bufs.q.as_ref());
@@ -386,13 +388,12 @@ impl Array {
     pub(crate) fn compute_parity(
         &self,
         roles: &StripeRoles,
-        data: &[PoolBuf],
+        data: &[&[u8]],
     ) -> (PoolBuf, Option<PoolBuf>) {
         let len = data[0].len();
         let mut p = self.bufs.get(len);
         if roles.q_dev().is_none() {
-            let refs: Vec<&[u8]> = data.iter().map(|b| &b[..]).collect();
-            parity::xor_gen(&refs, &mut p);
+            parity::xor_gen(data, &mut p);
             return (p, None);
         }
         let mut q = self.bufs.get(len);
@@ -434,7 +435,11 @@ impl Array {
             return Ok(None);
         }
         drop(ios);
-        self.reconstruct(roles, &mut dev_bufs, &missing);
+        self.reconstruct(
+            roles,
+            dev_bufs.iter_mut().map(|b| &mut b[..]).collect(),
+            &missing,
+        );
         let mut slots: Vec<Option<PoolBuf>> = dev_bufs.into_iter().map(Some).collect();
         let data = (0..self.geometry.data_disks())
             .map(|d| slots[roles.data_dev(d)].take().expect("data chunk"))
@@ -444,25 +449,31 @@ impl Array {
         Ok(Some(RowBufs { data, p, q }))
     }
 
-    /// Rebuild the chunks of `missing` devices (at most the level's tolerance) in place.
-    fn reconstruct(&self, roles: &StripeRoles, dev_bufs: &mut [PoolBuf], missing: &[usize]) {
+    /// Rebuild the chunks of `missing` devices (at most the level's tolerance) in place;
+    /// `dev_bufs[dev]` holds device `dev`'s chunk of the stripe.
+    pub(crate) fn reconstruct(
+        &self,
+        roles: &StripeRoles,
+        dev_bufs: Vec<&mut [u8]>,
+        missing: &[usize],
+    ) {
         if missing.is_empty() {
             return;
         }
+        let mut dev_bufs = dev_bufs;
         if self.geometry.level() != Level::Raid6 {
-            let mut refs: Vec<&mut [u8]> = dev_bufs.iter_mut().map(|b| &mut b[..]).collect();
-            parity::raid5_recover(&mut refs, missing[0]);
+            parity::raid5_recover(&mut dev_bufs, missing[0]);
             return;
         }
         let lost = lost_of(roles, missing);
         let m = self.geometry.data_disks();
         let (p_dev, q_dev) = (roles.p_dev(), roles.q_dev().expect("raid6 has Q"));
-        let mut cells: Vec<Option<&mut PoolBuf>> = dev_bufs.iter_mut().map(Some).collect();
+        let mut cells: Vec<Option<&mut [u8]>> = dev_bufs.into_iter().map(Some).collect();
         let p = cells[p_dev].take().expect("P");
         let q = cells[q_dev].take().expect("Q");
         let mut by_slot: Vec<Option<&mut [u8]>> = (0..m).map(|_| None).collect();
         for d in 0..m {
-            by_slot[roles.slot(d)] = Some(&mut cells[roles.data_dev(d)].take().expect("data")[..]);
+            by_slot[roles.slot(d)] = cells[roles.data_dev(d)].take();
         }
         let mut data: Vec<&mut [u8]> = by_slot
             .into_iter()

@@ -14,8 +14,10 @@
 //! min, pause while clients did I/O in the last few milliseconds.
 
 use crate::array::Array;
+use crate::bufpool::PoolBuf;
+use crate::io::MemberIo;
 use crate::member::FULLY_IN_SYNC;
-use layout::{ChunkRole, Level};
+use layout::Level;
 use parking_lot::{Condvar, Mutex};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -63,6 +65,8 @@ pub const DEFAULT_SPEED_MIN: u64 = 1000 * 1024;
 pub const DEFAULT_SPEED_MAX: u64 = 200_000 * 1024;
 /// How long after a client request the array counts as busy.
 const CLIENT_BUSY: Duration = Duration::from_millis(20);
+/// Background work claims about this much of each member at a time.
+const WINDOW_BYTES: u64 = 2 << 20;
 /// Checkpoints go to the superblocks at least this often during long work.
 const CHECKPOINT_EVERY: Duration = Duration::from_secs(2);
 
@@ -546,40 +550,94 @@ impl Array {
             done_at_start: from,
             last_checkpoint: Instant::now(),
         };
-        for row in from / chunk..stripes {
+        let mut row = from / chunk;
+        while row < stripes {
             self.pace(&mut pace, row * chunk)?;
-            let r = self.stripes.get(row);
-            drop(r.claim(r.st.lock()));
-            let res = self.rebuild_row(role, row, chunk);
+            let end = (row + self.window_rows()).min(stripes);
+            let claimed = self.claim_rows(row, end);
+            let res = self.rebuild_window(role, row, end);
             if res.is_ok() {
-                self.slots[role].advance((row + 1) * chunk);
+                self.slots[role].advance(end * chunk);
             }
-            r.release();
-            self.stripes.put(row);
+            self.release_rows(row, claimed);
             res?;
             if pace.last_checkpoint.elapsed() > CHECKPOINT_EVERY {
                 self.checkpoint_recovery(role);
                 pace.last_checkpoint = Instant::now();
             }
+            row = end;
         }
         Ok(())
     }
 
-    /// Rebuild one stripe's chunk of `role` (row claimed by the caller).
-    fn rebuild_row(&self, role: usize, row: u64, chunk: u64) -> Result<(), Stop> {
-        let roles = self.geometry.stripe_roles(row);
+    /// Stripes per unit of background work: about `WINDOW_BYTES` of each member.
+    fn window_rows(&self) -> u64 {
+        (WINDOW_BYTES / (self.geometry.chunk_sectors() * 512)).max(1)
+    }
+
+    /// Claim stripes `r0..r1` in ascending order (writers hold one stripe at a time, so this
+    /// cannot deadlock with them).
+    fn claim_rows(&self, r0: u64, r1: u64) -> Vec<Arc<crate::stripe_cache::Row>> {
+        (r0..r1)
+            .map(|row| {
+                let r = self.stripes.get(row);
+                drop(r.claim(r.st.lock()));
+                r
+            })
+            .collect()
+    }
+
+    fn release_rows(&self, r0: u64, rows: Vec<Arc<crate::stripe_cache::Row>>) {
+        for (i, r) in rows.into_iter().enumerate() {
+            r.release();
+            self.stripes.put(r0 + i as u64);
+        }
+    }
+
+    /// Read every usable member over stripes `r0..r1` (one I/O per member) and reconstruct
+    /// each stripe's missing chunks. `Ok(None)`: a member failed meanwhile; try again.
+    fn read_window(&self, r0: u64, r1: u64) -> Result<Option<Vec<PoolBuf>>, Stop> {
+        let chunk = (self.geometry.chunk_sectors() * 512) as usize;
+        let (at, len) = (r0 * chunk as u64, (r1 - r0) as usize * chunk);
+        let n = self.geometry.raid_disks();
+        let missing: Vec<usize> = (0..n)
+            .filter(|&d| !self.slot(d).in_sync(at, len as u64))
+            .collect();
+        if missing.len() > self.geometry.max_degraded() {
+            return Err(Stop::Failed(
+                "more members missing than the level tolerates".into(),
+            ));
+        }
+        let mut bufs: Vec<PoolBuf> = (0..n).map(|_| self.bufs.get(len)).collect();
+        let mut ios: Vec<MemberIo<'_>> = bufs
+            .iter_mut()
+            .enumerate()
+            .filter(|(d, _)| !missing.contains(d))
+            .map(|(d, b)| MemberIo::read(d, at, b))
+            .collect();
+        if !self.run_io(&mut ios) {
+            return Ok(None);
+        }
+        drop(ios);
+        for (i, row) in (r0..r1).enumerate() {
+            let roles = self.geometry.stripe_roles(row);
+            let slices = bufs
+                .iter_mut()
+                .map(|b| &mut b[i * chunk..(i + 1) * chunk])
+                .collect();
+            self.reconstruct(&roles, slices, &missing);
+        }
+        Ok(Some(bufs))
+    }
+
+    /// Rebuild `role`'s chunks of stripes `r0..r1` (claimed by the caller).
+    fn rebuild_window(&self, role: usize, r0: u64, r1: u64) -> Result<(), Stop> {
+        let chunk = self.geometry.chunk_sectors() * 512;
         for _ in 0..4 {
-            let bufs = match self.read_row(&roles, row * chunk, chunk as usize) {
-                Ok(Some(b)) => b,
-                Ok(None) => continue,
-                Err(e) => return Err(Stop::Failed(e.to_string())),
+            let Some(bufs) = self.read_window(r0, r1)? else {
+                continue;
             };
-            let buf = match roles.role_of(role) {
-                ChunkRole::Data(d) => &bufs.data[d],
-                ChunkRole::P => &bufs.p,
-                ChunkRole::Q => bufs.q.as_ref().expect("Q role only on RAID6"),
-            };
-            let mut io = [crate::io::MemberIo::write(role, row * chunk, buf, false)];
+            let mut io = [MemberIo::write(role, r0 * chunk, &bufs[role], false)];
             if !self.run_io(&mut io) {
                 return Err(Stop::Failed("write to the rebuilding member failed".into()));
             }
@@ -610,7 +668,7 @@ impl Array {
                 let _guard = self.regions.lock_range(at, len);
                 let mut buf = self.bufs.get(len as usize);
                 self.read_other_copy(role, at, &mut buf)?;
-                let mut io = [crate::io::MemberIo::write(role, off, &buf, false)];
+                let mut io = [MemberIo::write(role, off, &buf, false)];
                 if !self.run_io(&mut io) {
                     return Err(Stop::Failed("write to the rebuilding member failed".into()));
                 }
@@ -637,7 +695,7 @@ impl Array {
             {
                 continue;
             }
-            let mut io = [crate::io::MemberIo::read(c.dev, c.dev_sector * 512, buf)];
+            let mut io = [MemberIo::read(c.dev, c.dev_sector * 512, buf)];
             if self.run_io(&mut io) {
                 return Ok(());
             }
@@ -657,14 +715,16 @@ impl Array {
         let fix = action != SyncAction::Check;
         if self.geometry.level().is_parity() {
             let chunk = self.geometry.chunk_sectors() * 512;
-            for row in from / chunk..self.geometry.stripes() {
+            let stripes = self.geometry.stripes();
+            let mut row = from / chunk;
+            while row < stripes {
                 self.pace(&mut pace, row * chunk)?;
-                let r = self.stripes.get(row);
-                drop(r.claim(r.st.lock()));
-                let res = self.scrub_row(row, chunk, fix);
-                r.release();
-                self.stripes.put(row);
+                let end = (row + self.window_rows()).min(stripes);
+                let claimed = self.claim_rows(row, end);
+                let res = self.scrub_window(row, end, fix);
+                self.release_rows(row, claimed);
                 self.sync.st.lock().mismatches += res?;
+                row = end;
             }
             return Ok(());
         }
@@ -685,40 +745,41 @@ impl Array {
         Ok(())
     }
 
-    /// Compare one stripe's parity with its data; rewrite parity if `fix`. Returns mismatched
-    /// sectors (counted per 4 KiB page, as md does).
-    fn scrub_row(&self, row: u64, chunk: u64, fix: bool) -> Result<u64, Stop> {
-        let roles = self.geometry.stripe_roles(row);
-        let bufs = match self.read_row(&roles, row * chunk, chunk as usize) {
-            Ok(Some(b)) => b,
-            Ok(None) => return Err(Stop::Interrupted),
-            Err(e) => return Err(Stop::Failed(e.to_string())),
+    /// Compare the parity of stripes `r0..r1` with their data; rewrite it where it differs if
+    /// `fix`. Returns mismatched sectors, counted per 4 KiB page as md does.
+    fn scrub_window(&self, r0: u64, r1: u64, fix: bool) -> Result<u64, Stop> {
+        let chunk = (self.geometry.chunk_sectors() * 512) as usize;
+        let Some(bufs) = self.read_window(r0, r1)? else {
+            return Err(Stop::Interrupted);
         };
-        let (p, q) = self.compute_parity(&roles, &bufs.data);
         let mut bad = 0u64;
-        for (i, page) in p.chunks(4096).enumerate() {
-            let stored_p = &bufs.p[i * 4096..i * 4096 + page.len()];
-            let q_bad = match (&q, &bufs.q) {
-                (Some(q), Some(sq)) => {
-                    q[i * 4096..i * 4096 + page.len()] != sq[i * 4096..i * 4096 + page.len()]
+        for (i, row) in (r0..r1).enumerate() {
+            let roles = self.geometry.stripe_roles(row);
+            let cut = |dev: usize| &bufs[dev][i * chunk..(i + 1) * chunk];
+            let data: Vec<&[u8]> = (0..self.geometry.data_disks())
+                .map(|d| cut(roles.data_dev(d)))
+                .collect();
+            let (p, q) = self.compute_parity(&roles, &data);
+            let mut row_bad = 0;
+            for (page, want) in p.chunks(4096).enumerate() {
+                let range = page * 4096..page * 4096 + want.len();
+                let q_bad = match (&q, roles.q_dev()) {
+                    (Some(q), Some(qd)) => q[range.clone()] != cut(qd)[range.clone()],
+                    _ => false,
+                };
+                if *want != cut(roles.p_dev())[range] || q_bad {
+                    row_bad += want.len() as u64 / 512;
                 }
-                _ => false,
-            };
-            if page != stored_p || q_bad {
-                bad += page.len() as u64 / 512;
             }
-        }
-        if bad > 0 && fix {
-            let mut ios = vec![crate::io::MemberIo::write(
-                roles.p_dev(),
-                row * chunk,
-                &p,
-                false,
-            )];
-            if let (Some(qd), Some(qb)) = (roles.q_dev(), q.as_ref()) {
-                ios.push(crate::io::MemberIo::write(qd, row * chunk, qb, false));
+            if row_bad > 0 && fix {
+                let at = row * chunk as u64;
+                let mut ios = vec![MemberIo::write(roles.p_dev(), at, &p, false)];
+                if let (Some(qd), Some(qb)) = (roles.q_dev(), q.as_ref()) {
+                    ios.push(MemberIo::write(qd, at, qb, false));
+                }
+                self.run_io(&mut ios);
             }
-            self.run_io(&mut ios);
+            bad += row_bad;
         }
         Ok(bad)
     }
@@ -733,11 +794,7 @@ impl Array {
             let n = (copies.run_sectors() * 512).min(len - done);
             let mut first = self.bufs.get(n as usize);
             let src = copies.get(0);
-            let mut io = [crate::io::MemberIo::read(
-                src.dev,
-                src.dev_sector * 512,
-                &mut first,
-            )];
+            let mut io = [MemberIo::read(src.dev, src.dev_sector * 512, &mut first)];
             if !self.run_io(&mut io) {
                 return Err(Stop::Failed(format!(
                     "read of the first copy of array byte {} failed",
@@ -746,11 +803,7 @@ impl Array {
             }
             for c in copies.iter().skip(1) {
                 let mut other = self.bufs.get(n as usize);
-                let mut io = [crate::io::MemberIo::read(
-                    c.dev,
-                    c.dev_sector * 512,
-                    &mut other,
-                )];
+                let mut io = [MemberIo::read(c.dev, c.dev_sector * 512, &mut other)];
                 if !self.run_io(&mut io) {
                     continue;
                 }
@@ -760,12 +813,7 @@ impl Array {
                     }
                 }
                 if fix && first[..] != other[..] {
-                    let mut io = [crate::io::MemberIo::write(
-                        c.dev,
-                        c.dev_sector * 512,
-                        &first,
-                        false,
-                    )];
+                    let mut io = [MemberIo::write(c.dev, c.dev_sector * 512, &first, false)];
                     self.run_io(&mut io);
                 }
             }
