@@ -7,14 +7,14 @@
 use device::{Device, FileDevice, OpenMode};
 use engine::{assemble, create, AssembleOptions, CreateSpec};
 use layout::Level;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
 const THREADS: usize = 4;
 const IO: usize = 1 << 20;
 
-fn run(dir: &PathBuf, level: Level, n: usize, mib: usize) -> (f64, f64) {
+fn run(dir: &Path, level: Level, n: usize, mib: usize) -> (f64, f64) {
     let paths: Vec<PathBuf> = (0..n)
         .map(|i| dir.join(format!("engine-bench-{i}.img")))
         .collect();
