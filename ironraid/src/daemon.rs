@@ -32,6 +32,18 @@ pub struct RunArgs {
     pub speed_max: Option<u64>,
 }
 
+impl RunArgs {
+    fn open_mode(&self) -> OpenMode {
+        if self.read_only {
+            OpenMode::ReadOnly
+        } else if self.buffered {
+            OpenMode::Buffered
+        } else {
+            OpenMode::ReadWrite
+        }
+    }
+}
+
 enum Listen {
     Unix(PathBuf),
     Tcp(String),
@@ -69,13 +81,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         .iter()
         .map(|a| parse_listen(a))
         .collect::<anyhow::Result<_>>()?;
-    let mode = if args.read_only {
-        OpenMode::ReadOnly
-    } else if args.buffered {
-        OpenMode::Buffered
-    } else {
-        OpenMode::ReadWrite
-    };
+    let mode = args.open_mode();
     let devs = open_members(&args.members, mode)?;
     let config = ArrayConfig {
         read_only: args.read_only,
@@ -118,12 +124,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     if listens.is_empty() {
         listens.push(Listen::Unix(rundir::nbd_socket(&name)));
     }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .max_blocking_threads(512)
-        .enable_all()
-        .thread_name("ironraid")
-        .build()?;
+    let rt = runtime()?;
     let res = rt.block_on(serve(
         array.clone(),
         name.clone(),
@@ -139,6 +140,15 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     closed?;
     tracing::info!(array = %name, "stopped cleanly");
     Ok(())
+}
+
+fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .max_blocking_threads(512)
+        .enable_all()
+        .thread_name("ironraid")
+        .build()
 }
 
 /// Refuse to start when a live daemon owns the socket path; remove a stale one.
@@ -200,17 +210,7 @@ async fn serve(
             }
         }
     }
-    let ctl = UnixListener::bind(&ctl_path)
-        .with_context(|| format!("cannot listen on {}", ctl_path.display()))?;
-    set_mode_0600(&ctl_path)?;
-    let (stop_tx, mut stop_rx) = watch::channel(false);
-    let ctx = Arc::new(Ctx {
-        array: array.clone(),
-        addrs,
-        stop: stop_tx,
-        mode,
-    });
-    let ctl_task = tokio::spawn(control_loop(ctl, ctx));
+    let (ctl_task, mut stop_rx) = start_control(&ctl_path, array, addrs, mode)?;
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
         _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: stopping"),
@@ -228,6 +228,26 @@ async fn serve(
         let _ = std::fs::remove_file(p);
     }
     Ok(())
+}
+
+/// Bind the control socket and serve it; the receiver changes when `stop` is requested.
+fn start_control(
+    ctl_path: &Path,
+    array: Arc<Array>,
+    addrs: Vec<String>,
+    mode: OpenMode,
+) -> anyhow::Result<(tokio::task::JoinHandle<()>, watch::Receiver<bool>)> {
+    let ctl = UnixListener::bind(ctl_path)
+        .with_context(|| format!("cannot listen on {}", ctl_path.display()))?;
+    set_mode_0600(ctl_path)?;
+    let (stop, stop_rx) = watch::channel(false);
+    let ctx = Arc::new(Ctx {
+        array,
+        addrs,
+        stop,
+        mode,
+    });
+    Ok((tokio::spawn(control_loop(ctl, ctx)), stop_rx))
 }
 
 fn set_mode_0600(path: &Path) -> anyhow::Result<()> {

@@ -180,6 +180,11 @@ fn kill9_leaves_dirty_clean_stop_leaves_clean_and_second_daemon_is_refused() {
     assert!(log_has_warning(), "{}", d.log_text());
     let status = env.ok(&["status"]);
     assert!(status.contains("dirty : active raid5"), "{status}");
+    // The unclean stop is followed by a background resync; a stop before it ends would keep
+    // the array "active" (with the resync checkpoint), so let it finish.
+    env.wait_detail("the resync after the crash", 30, |d| {
+        d["sync"]["action"] == "idle" && d["state"] != "resyncing"
+    });
     env.stop(d);
     let ex: serde_json::Value =
         serde_json::from_str(&env.ok(&["examine", "--json", env.members[0].to_str().unwrap()]))

@@ -211,6 +211,7 @@ fn fio_verify_random_and_sequential() {
                 "--offset_increment=64m",
                 "--verify=crc32c",
                 "--verify_fatal=1",
+                "--verify_state_save=0",
                 "--do_verify=1",
                 "--group_reporting",
             ],

@@ -438,6 +438,9 @@ impl Array {
     }
 
     pub fn status(&self) -> ArrayStatus {
+        // Lock order: the sync state is never taken while `meta` is held (the background
+        // worker holds the sync state while it activates a spare, which takes `meta`).
+        let sync = self.sync_status();
         let meta = self.meta.lock();
         let mut members = Vec::new();
         for m in &meta.members {
@@ -480,7 +483,7 @@ impl Array {
             dirty: self.dirty.load(Ordering::Acquire),
             failed: self.is_failed(),
             read_only: self.config.read_only,
-            sync: self.sync_status(),
+            sync,
         }
     }
 }

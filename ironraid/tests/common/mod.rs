@@ -137,8 +137,10 @@ impl Env {
         let child = c.spawn().expect("spawn ironraid run");
         let mut d = Daemon { child, log };
         let deadline = Instant::now() + Duration::from_secs(20);
-        while !self.socket().exists() || !self.rundir().join(format!("{}.ctl", self.name)).exists()
-        {
+        // The control socket answering (not merely existing: a killed daemon leaves its files)
+        // means the NBD listeners, bound before it, are up too.
+        let ctl = self.rundir().join(format!("{}.ctl", self.name));
+        while !self.socket().exists() || std::os::unix::net::UnixStream::connect(&ctl).is_err() {
             if let Ok(Some(st)) = d.child.try_wait() {
                 panic!("ironraid run exited early ({st}):\n{}", d.log_text());
             }
