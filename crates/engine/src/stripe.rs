@@ -135,16 +135,14 @@ impl Array {
         let reserved = self.stripes.reserve(data.len());
         let pieces = self.parity_pieces(offset_bytes, data.len());
         let done = Completion::new(pieces.len());
-        let hold = if self
+        let sequential = self.continues_stream(offset_bytes, data.len() as u64);
+        let others = self
             .inflight_writes
             .load(std::sync::atomic::Ordering::Acquire)
-            > 1
-        {
-            self.config.write_hold
-        } else {
-            std::time::Duration::ZERO
-        };
-        let deadline = Instant::now() + hold;
+            > 1;
+        let now = Instant::now();
+        let held = now + self.config.write_hold;
+        let deadline = if sequential && others { held } else { now };
         let mut rows: Vec<u64> = Vec::new();
         let mut led = Vec::new();
         let m = self.geometry.data_disks();
@@ -169,13 +167,15 @@ impl Array {
             }
             if !st.leader {
                 st.leader = true;
-                led.push((row, r.clone()));
+                // A stripe with a batch in flight has writers converging on it: worth waiting
+                // (the leader waits for that batch anyway) for more to join.
+                led.push((row, r.clone(), if st.busy { held } else { deadline }));
             } else if covers_all(&st.pending, m) {
                 r.cv.notify_all();
             }
         }
-        for (row, r) in led {
-            self.lead_batch(row, &r, deadline);
+        for (row, r, until) in led {
+            self.lead_batch(row, &r, until);
         }
         let res = done.wait();
         for row in rows {
@@ -183,6 +183,20 @@ impl Array {
         }
         self.stripes.unreserve(reserved);
         res.map_err(|reason| self.unrecoverable(offset_bytes, data.len() as u64, &reason))
+    }
+
+    /// Does this write start where a recent one ended? Records where it ends either way.
+    /// Only such writes wait for their stripes to fill: a random write would wait for nothing.
+    fn continues_stream(&self, offset_bytes: u64, len: u64) -> bool {
+        use std::sync::atomic::Ordering::Relaxed;
+        let end = offset_bytes + len;
+        let hit = self
+            .recent_ends
+            .iter()
+            .position(|e| e.load(Relaxed) == offset_bytes);
+        let slot = hit.unwrap_or((offset_bytes / len.max(1)) as usize % self.recent_ends.len());
+        self.recent_ends[slot].store(end, Relaxed);
+        hit.is_some()
     }
 
     fn lead_batch(&self, row: u64, r: &crate::stripe_cache::Row, deadline: Instant) {

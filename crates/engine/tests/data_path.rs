@@ -65,34 +65,42 @@ fn small_write_takes_read_modify_write_large_partial_takes_reconstruct_write() {
 #[test]
 fn concurrent_writes_to_one_stripe_share_one_parity_update() {
     let config = engine::ArrayConfig {
-        write_hold: std::time::Duration::from_millis(50),
+        write_hold: std::time::Duration::from_millis(20),
         ..common::config()
     };
-    let sa = common::sim_array_with(Level::Raid5, None, 5, 64 << 10, 8 << 20, 4, config);
+    let sa = common::sim_array_with(Level::Raid5, None, 5, 64 << 10, 16 << 20, 4, config);
     let array = Arc::new(sa.array);
+    let stripe = 4 * (64u64 << 10);
     // The first write marks the array dirty (a superblock write per member); get it done first.
-    array.write(40 << 20 >> 4, &[0u8; 4096], false).unwrap();
+    array.write(40 * stripe, &[0u8; 4096], false).unwrap();
+    const ROUNDS: u64 = 20;
     let before: u64 = sa.sims.iter().map(|s| s.stats().writes).sum();
-    // Four writers each fill one data chunk of stripe 0, all at once.
-    let barrier = std::sync::Barrier::new(4);
-    std::thread::scope(|s| {
-        for d in 0..4u64 {
-            let (array, barrier) = (array.clone(), &barrier);
-            s.spawn(move || {
-                barrier.wait();
-                array
-                    .write(d * (64 << 10), &vec![d as u8 + 1; 64 << 10], false)
-                    .unwrap()
-            });
-        }
-    });
-    let after: u64 = sa.sims.iter().map(|s| s.stats().writes).sum();
-    // Unmerged: 4 × (data + parity) = 8. The first writer may go alone (nothing else was in
-    // flight when it started: 2 writes); the other three merge into one full stripe (3 + 1).
+    for round in 0..ROUNDS {
+        // Four writers each fill one data chunk of the same stripe, all at once.
+        let barrier = std::sync::Barrier::new(4);
+        std::thread::scope(|s| {
+            for d in 0..4u64 {
+                let (array, barrier) = (array.clone(), &barrier);
+                s.spawn(move || {
+                    barrier.wait();
+                    array
+                        .write(
+                            round * stripe + d * (64 << 10),
+                            &vec![d as u8 + 1; 64 << 10],
+                            false,
+                        )
+                        .unwrap()
+                });
+            }
+        });
+    }
+    let per_round =
+        (sa.sims.iter().map(|s| s.stats().writes).sum::<u64>() - before) as f64 / ROUNDS as f64;
+    // Unmerged: 4 × (data + parity) = 8 member writes per stripe; fully merged: 4 + 1 = 5.
+    // Writers that arrive while a batch is in flight join the next one, so expect well below 8.
     assert!(
-        after - before <= 6,
-        "expected merged parity updates, saw {} member writes",
-        after - before
+        per_round <= 6.5,
+        "expected merged parity updates, saw {per_round} member writes per stripe"
     );
     let sa2 = common::SimArray {
         sims: sa.sims,
