@@ -290,23 +290,37 @@ impl Array {
     fn rcw_write(&self, c: &Interval<'_>) -> Outcome {
         let len = (c.b - c.a) as usize;
         let at = c.row * self.chunk_bytes() + c.a;
-        let mut data: Vec<PoolBuf> = (0..c.dirty.len()).map(|_| self.bufs.get(len)).collect();
-        let mut ios: Vec<MemberIo<'_>> = data
+        // A chunk written whole by one piece is used as it is: no copy into a stripe buffer.
+        let sole: Vec<Option<&[u8]>> = (0..c.dirty.len()).map(|d| c.sole_piece(d)).collect();
+        let mut owned: Vec<Option<PoolBuf>> = sole
+            .iter()
+            .map(|s| s.is_none().then(|| self.bufs.get(len)))
+            .collect();
+        let mut ios: Vec<MemberIo<'_>> = owned
             .iter_mut()
             .enumerate()
             .filter(|(d, _)| !c.full[*d])
-            .map(|(d, buf)| MemberIo::read(c.roles.data_dev(d), at, buf))
+            .filter_map(|(d, buf)| {
+                buf.as_mut()
+                    .map(|b| MemberIo::read(c.roles.data_dev(d), at, b))
+            })
             .collect();
         if !ios.is_empty() && !self.run_io(&mut ios) {
             return Outcome::Replan;
         }
         drop(ios);
-        for (d, buf) in data.iter_mut().enumerate() {
-            c.overlay(d, buf);
+        for (d, buf) in owned.iter_mut().enumerate() {
+            if let Some(b) = buf {
+                c.overlay(d, b);
+            }
         }
-        let refs: Vec<&[u8]> = data.iter().map(|b| &b[..]).collect();
+        let refs: Vec<&[u8]> = sole
+            .iter()
+            .zip(&owned)
+            .map(|(s, o)| s.unwrap_or_else(|| o.as_deref().expect("owned when not sole")))
+            .collect();
         let (p, q) = self.compute_parity(c.roles, &refs);
-        self.write_row(c, at, &data, &p, q.as_ref());
+        self.write_row(c, at, &refs, &p, q.as_deref());
         Outcome::Done
     }
 
@@ -367,19 +381,13 @@ impl Array {
         let (p, q) = self.compute_parity(c.roles, &refs);
         bufs.p = p;
         bufs.q = q;
-        self.write_row(c, at, &bufs.data, &bufs.p, bufs.q.as_ref());
+        let refs: Vec<&[u8]> = bufs.data.iter().map(|b| &b[..]).collect();
+        self.write_row(c, at, &refs, &bufs.p, bufs.q.as_deref());
         Ok(Outcome::Done)
     }
 
     /// Write the dirty data chunks and the parity of an interval to every usable member.
-    fn write_row(
-        &self,
-        c: &Interval<'_>,
-        at: u64,
-        data: &[PoolBuf],
-        p: &[u8],
-        q: Option<&PoolBuf>,
-    ) {
+    fn write_row(&self, c: &Interval<'_>, at: u64, data: &[&[u8]], p: &[u8], q: Option<&[u8]>) {
         let len = p.len() as u64;
         let mut ios: Vec<MemberIo<'_>> = data
             .iter()
@@ -536,6 +544,20 @@ struct Interval<'a> {
 }
 
 impl Interval<'_> {
+    /// The bytes of data chunk `d` over [a, b) when exactly one piece of the batch covers all
+    /// of it (and no other piece touches it).
+    fn sole_piece(&self, d: usize) -> Option<&[u8]> {
+        let mut touching = self
+            .batch
+            .iter()
+            .filter(|p| p.data_index == d && p.offset < self.b && p.end() > self.a);
+        let p = touching.next()?;
+        if touching.next().is_some() || p.offset > self.a || p.end() < self.b {
+            return None;
+        }
+        Some(&p.data[(self.a - p.offset) as usize..(self.b - p.offset) as usize])
+    }
+
     /// Apply the batch's bytes for data chunk `d` to `buf` (which holds [a, b)), in arrival
     /// order so that a later write wins over an earlier one.
     fn overlay(&self, d: usize, buf: &mut [u8]) {
