@@ -55,8 +55,8 @@ impl Default for BlockSizes {
 
 /// A block device served over NBD.
 ///
-/// All methods are blocking; the server calls them from tokio's blocking
-/// pool, possibly concurrently from many connections. Offsets and lengths
+/// All methods are blocking; the server calls them from its per-connection
+/// threads, possibly concurrently from many requests and connections. Offsets and lengths
 /// are always within `size_bytes()`; when the client negotiated block sizes
 /// they are multiples of `block_sizes().min`, otherwise they may be any byte
 /// range. `read`/`write` never see more than `block_sizes().max` bytes;

@@ -5,8 +5,9 @@
 //! - [`codec`]: parsing/encoding of every message, big-endian, no I/O, never
 //!   panics on arbitrary input (proptest + fuzz targets);
 //! - [`command`]: pure validation of a request against the negotiation;
-//! - `handshake`, `transmission`: async protocol state machines over any
+//! - `handshake`: async protocol state machine over any
 //!   `AsyncRead + AsyncWrite` stream;
+//! - `transmission`: the request loop on blocking threads per connection;
 //! - [`Server`]: Unix/TCP listeners, connection limits, graceful shutdown,
 //!   generic over the [`Backend`] trait.
 //!
@@ -47,10 +48,15 @@
 //! See [`Limits`]: in-flight requests and payload bytes per connection
 //! (back-pressure: the socket is not read while at the limit), option size
 //! and count, handshake timeout, connection count, shutdown grace period.
-//! Backend calls run on tokio's blocking pool; replies are queued only after
-//! the backend call returned and are written by one writer task per
-//! connection, so a FLUSH (an engine-wide barrier by the [`Backend`]
-//! contract) covers every write already acknowledged. Backend errors are
+//! After the handshake a connection leaves the tokio reactor: a few plain
+//! threads per connection (started as needed, at most
+//! `Limits::max_threads_per_conn`) take turns reading requests from the
+//! blocking socket; the thread that read a request calls the backend and
+//! writes the reply itself, whole, under the connection's write lock
+//! (requests run concurrently and are answered out of order; a lone small
+//! request runs without any thread hand-off). A reply is written only after
+//! the backend call returned, so a FLUSH (an engine-wide barrier by the
+//! [`Backend`] contract) covers every write already acknowledged. Backend errors are
 //! mapped by [`errno_for`] to `EPERM, EIO, EINVAL, ENOSPC, EOVERFLOW,
 //! ENOTSUP` only. Payload buffers are 4 KiB aligned ([`buf::AlignedBuf`]).
 //! No `unsafe` code.

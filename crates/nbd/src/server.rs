@@ -12,7 +12,7 @@ use tracing::{debug, warn};
 
 use crate::backend::Export;
 use crate::handshake;
-use crate::transmission::{self, ConnConfig};
+use crate::transmission::{self, ConnConfig, IntoBlocking};
 
 /// Resource limits of the server.
 #[derive(Clone, Copy, Debug)]
@@ -35,6 +35,10 @@ pub struct Limits {
     /// After `shutdown()`, how long a connection may take to drain before it
     /// is dropped (default 30 s).
     pub shutdown_grace: Duration,
+    /// Threads serving one connection's requests (started as needed; default
+    /// 16). Requests in flight per connection are at most
+    /// `min(max_inflight_per_conn, max_threads_per_conn)`.
+    pub max_threads_per_conn: usize,
 }
 
 impl Default for Limits {
@@ -47,6 +51,7 @@ impl Default for Limits {
             max_connections: 128,
             max_inflight_bytes_per_conn: 256 << 20,
             shutdown_grace: Duration::from_secs(30),
+            max_threads_per_conn: 16,
         }
     }
 }
@@ -115,7 +120,7 @@ impl Server {
 
     async fn serve_loop<S, F, Fut>(self: Arc<Self>, mut accept: F) -> io::Result<()>
     where
-        S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+        S: AsyncRead + AsyncWrite + IntoBlocking + Send + Unpin + 'static,
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = io::Result<S>>,
     {
@@ -141,7 +146,7 @@ impl Server {
 
     fn spawn_conn<S>(self: Arc<Self>, conns: &mut JoinSet<()>, stream: S)
     where
-        S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+        S: AsyncRead + AsyncWrite + IntoBlocking + Send + Unpin + 'static,
     {
         if self.active.fetch_add(1, Ordering::SeqCst) >= self.limits.max_connections {
             self.active.fetch_sub(1, Ordering::SeqCst);
@@ -168,7 +173,7 @@ impl Server {
 
     async fn run_conn<S>(self: Arc<Self>, mut stream: S) -> io::Result<()>
     where
-        S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+        S: AsyncRead + AsyncWrite + IntoBlocking + Send + Unpin + 'static,
     {
         let mut stop = self.shutdown.subscribe();
         let hs = handshake::handshake(&mut stream, &self.exports, &self.limits, &mut stop);
@@ -185,7 +190,9 @@ impl Server {
         let cfg = ConnConfig {
             max_inflight: self.limits.max_inflight_per_conn,
             max_inflight_bytes: self.limits.max_inflight_bytes_per_conn,
+            max_threads: self.limits.max_threads_per_conn,
         };
+        let stream = stream.into_blocking()?;
         transmission::serve(stream, backend, neg, cfg, stop).await
     }
 }

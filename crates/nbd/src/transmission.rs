@@ -1,23 +1,39 @@
-//! Transmission phase: one reader loop that validates requests and dispatches
-//! them concurrently to the blocking pool, one writer task that sends replies
-//! in completion order.
+//! Transmission phase on plain threads: after the handshake the socket leaves
+//! the tokio reactor and is served with blocking I/O by a small, lazily grown
+//! set of threads per connection (leader/follower, as nbdkit does).
+//!
+//! Each connection thread loops: take the read lock, read one request (header,
+//! and payload for WRITE), validate it; then either hand the read side to
+//! another thread and run the request, or — when nothing else is pending (no
+//! request in flight, no bytes buffered) and the backend has been answering
+//! fast — run it while keeping the read side;
+//! the thread that ran a request writes its reply itself, whole, under the
+//! write lock (replies never interleave). So a request costs no thread
+//! hand-off at queue depth 1, and at most one lock hand-off otherwise.
 //!
 //! Invariants:
-//! - at most `max_inflight_per_conn` requests (and `max_inflight_bytes_per_conn`
-//!   payload bytes) are between "header read" and "reply written"; when the
-//!   limit is reached the reader stops reading the socket (back-pressure);
-//! - a reply is queued only after the backend call returned, so a later FLUSH
-//!   always covers every write whose reply was already sent;
-//! - on DISC, shutdown, a protocol violation or EOF the reader stops, every
-//!   dispatched request still completes and its reply is written, then the
-//!   connection is closed.
+//! - at most `min(max_inflight_per_conn, max_threads_per_conn)` requests (and
+//!   `max_inflight_bytes_per_conn` payload bytes) are between "header read"
+//!   and "reply written": a thread holds at most one request, and the budget
+//!   is taken by the thread holding the read side, so when a limit is reached
+//!   nobody reads the socket (back-pressure);
+//! - a reply is written only after the backend call returned, so a later
+//!   FLUSH always covers every write whose reply was already sent;
+//! - on DISC, shutdown, a protocol violation or EOF the reading stops, every
+//!   request already read still completes and its reply is written, then the
+//!   connection is closed. Shutdown wakes a thread blocked in `recv` with
+//!   `shutdown(SHUT_RD)`; if the connection future is dropped (grace period
+//!   expired) the socket is shut down both ways and the threads exit as soon
+//!   as their backend calls return.
 
-use std::io;
-use std::sync::Arc;
+use std::io::{self, BufReader, IoSlice, Read, Write};
+use std::net::Shutdown;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Instant;
 
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufWriter};
-use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
-use tracing::debug;
+use tokio::sync::{mpsc, watch};
+use tracing::{debug, warn};
 
 use crate::backend::{errno_for, Backend, BlockSizes};
 use crate::buf::AlignedBuf;
@@ -25,16 +41,91 @@ use crate::codec::{self, Request};
 use crate::command::{validate, Command, ExportParams, Rejection};
 use crate::proto::*;
 
-/// One queued reply: header bytes, optional payload, and the permits that
-/// are released once it has been written.
-pub(crate) struct Reply {
-    head: Vec<u8>,
-    data: Option<AlignedBuf>,
-    _slot: OwnedSemaphorePermit,
-    _bytes: Option<OwnedSemaphorePermit>,
+/// Size of the per-connection receive buffer: one `recv` picks up many
+/// pipelined request headers (and small write payloads).
+const READ_BUF: usize = 64 * 1024;
+
+/// Requests up to this many payload bytes may run on the reading thread.
+const INLINE_MAX_LEN: u32 = 128 * 1024;
+
+/// A request runs on the reading thread (no hand-off) only when nothing else
+/// is pending and the previous request took less than this long in the
+/// backend: a slow backend must not hold up a request that arrives meanwhile.
+const INLINE_MAX_NS: u64 = 200_000;
+
+/// A connected socket in blocking mode.
+pub(crate) enum Stream {
+    Unix(std::os::unix::net::UnixStream),
+    Tcp(std::net::TcpStream),
 }
 
-/// Per-connection state shared with the request tasks.
+impl Stream {
+    fn try_clone(&self) -> io::Result<Stream> {
+        Ok(match self {
+            Stream::Unix(s) => Stream::Unix(s.try_clone()?),
+            Stream::Tcp(s) => Stream::Tcp(s.try_clone()?),
+        })
+    }
+
+    fn shutdown(&self, how: Shutdown) -> io::Result<()> {
+        match self {
+            Stream::Unix(s) => s.shutdown(how),
+            Stream::Tcp(s) => s.shutdown(how),
+        }
+    }
+}
+
+impl Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Stream::Unix(s) => s.read(buf),
+            Stream::Tcp(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Stream::Unix(s) => s.write(buf),
+            Stream::Tcp(s) => s.write(buf),
+        }
+    }
+
+    fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        match self {
+            Stream::Unix(s) => s.write_vectored(bufs),
+            Stream::Tcp(s) => s.write_vectored(bufs),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A tokio socket that can leave the reactor for blocking I/O.
+pub(crate) trait IntoBlocking {
+    fn into_blocking(self) -> io::Result<Stream>;
+}
+
+impl IntoBlocking for tokio::net::UnixStream {
+    fn into_blocking(self) -> io::Result<Stream> {
+        let s = self.into_std()?;
+        s.set_nonblocking(false)?;
+        Ok(Stream::Unix(s))
+    }
+}
+
+impl IntoBlocking for tokio::net::TcpStream {
+    fn into_blocking(self) -> io::Result<Stream> {
+        let s = self.into_std()?;
+        s.set_nonblocking(false)?;
+        Ok(Stream::Tcp(s))
+    }
+}
+
+/// Per-connection state shared by the connection's threads.
 struct Ctx {
     backend: Arc<dyn Backend>,
     params: ExportParams,
@@ -45,24 +136,59 @@ struct Ctx {
 pub(crate) struct ConnConfig {
     pub max_inflight: usize,
     pub max_inflight_bytes: usize,
+    pub max_threads: usize,
 }
 
-enum Flow {
-    Continue,
+/// The read side; whoever holds its lock is the one thread reading requests.
+struct ReadSide {
+    r: BufReader<Stream>,
+    /// Reading has ended for good (EOF, DISC, protocol error, shutdown).
+    closed: bool,
+}
+
+struct Conn {
+    ctx: Ctx,
+    rd: Mutex<ReadSide>,
+    wr: Mutex<Stream>,
+    /// A handle for `shutdown(2)` from outside the threads.
+    ctl: Stream,
+    /// Shutdown requested or the socket failed: read nothing more.
+    stop: AtomicBool,
+    /// Requests read and not yet answered.
+    inflight: AtomicUsize,
+    /// Threads waiting for the read side.
+    idle: AtomicUsize,
+    /// Threads started (changed only under the read lock).
+    threads: AtomicUsize,
+    max_threads: usize,
+    budget: Budget,
+    /// Backend time of the most recent request, nanoseconds.
+    last_exec_ns: AtomicU64,
+}
+
+/// One validated request, ready to run.
+struct Job {
+    req: Request,
+    cmd: Command,
+    payload: Option<AlignedBuf>,
+    /// Budget bytes held until the reply is written.
+    bytes: usize,
+}
+
+enum Next {
+    Run(Job),
+    Answered,
     Stop,
 }
 
 /// Serves the transmission phase until the client leaves or shutdown.
-pub(crate) async fn serve<S>(
-    stream: S,
+pub(crate) async fn serve(
+    stream: Stream,
     backend: Arc<dyn Backend>,
     neg: crate::handshake::Negotiated,
     cfg: ConnConfig,
     mut shutdown: watch::Receiver<bool>,
-) -> io::Result<()>
-where
-    S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
-{
+) -> io::Result<()> {
     let bs = backend.block_sizes().sanitized();
     let params = ExportParams {
         size: backend.size_bytes(),
@@ -73,203 +199,286 @@ where
         max_payload: bs.max,
         fast_zero: backend.fast_zero(),
     };
-    let ctx = Arc::new(Ctx {
-        backend,
-        params,
-        bs,
+    let ctl = stream.try_clone()?;
+    let wr = stream.try_clone()?;
+    let total = cfg.max_inflight_bytes.max(1);
+    let conn = Arc::new(Conn {
+        ctx: Ctx {
+            backend,
+            params,
+            bs,
+        },
+        rd: Mutex::new(ReadSide {
+            r: BufReader::with_capacity(READ_BUF, stream),
+            closed: false,
+        }),
+        wr: Mutex::new(wr),
+        ctl,
+        stop: AtomicBool::new(false),
+        inflight: AtomicUsize::new(0),
+        idle: AtomicUsize::new(0),
+        threads: AtomicUsize::new(1),
+        max_threads: cfg.max_inflight.min(cfg.max_threads).max(1),
+        budget: Budget {
+            state: Mutex::new(BudgetState {
+                avail: total,
+                waiting: false,
+            }),
+            cv: Condvar::new(),
+            total,
+        },
+        last_exec_ns: AtomicU64::new(0),
     });
-    let (rd, wr) = tokio::io::split(stream);
-    let (tx, rx) = mpsc::unbounded_channel();
-    let mut writer = AbortOnDrop(tokio::spawn(writer_loop(wr, rx)));
-    let res = reader_loop(rd, &ctx, &cfg, tx, &mut shutdown).await;
-    let wres = (&mut writer.0)
-        .await
-        .unwrap_or_else(|e| Err(io::Error::other(e)));
-    res.and(wres)
-}
-
-/// Aborts the writer if the connection future is dropped (shutdown grace
-/// period expired).
-struct AbortOnDrop(tokio::task::JoinHandle<io::Result<()>>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
-async fn writer_loop<W: AsyncWrite + Unpin>(
-    wr: W,
-    mut rx: mpsc::UnboundedReceiver<Reply>,
-) -> io::Result<()> {
-    let mut w = BufWriter::with_capacity(256 * 1024, wr);
-    while let Some(r) = rx.recv().await {
-        write_reply(&mut w, r).await?;
-        while let Ok(r) = rx.try_recv() {
-            write_reply(&mut w, r).await?;
+    // Every thread holds a sender; `recv` yields `None` once all are gone.
+    let (alive, mut gone) = mpsc::channel::<()>(1);
+    let _close = CloseOnDrop(conn.clone());
+    spawn_thread(conn.clone(), alive)?;
+    tokio::select! {
+        _ = gone.recv() => {}
+        _ = crate::server::stopped(&mut shutdown) => {
+            conn.stop.store(true, Ordering::SeqCst);
+            // Wakes the thread blocked in `recv` (it sees end-of-file).
+            let _ = conn.ctl.shutdown(Shutdown::Read);
+            gone.recv().await;
         }
-        w.flush().await?;
-    }
-    w.shutdown().await
-}
-
-async fn write_reply<W: AsyncWrite + Unpin>(w: &mut W, r: Reply) -> io::Result<()> {
-    w.write_all(&r.head).await?;
-    if let Some(d) = &r.data {
-        w.write_all(d.as_slice()).await?;
     }
     Ok(())
 }
 
-async fn reader_loop<R: AsyncRead + Unpin>(
-    mut rd: R,
-    ctx: &Arc<Ctx>,
-    cfg: &ConnConfig,
-    tx: mpsc::UnboundedSender<Reply>,
-    shutdown: &mut watch::Receiver<bool>,
-) -> io::Result<()> {
-    let slots = Arc::new(Semaphore::new(cfg.max_inflight.max(1)));
-    let total = cfg.max_inflight_bytes.clamp(1, Semaphore::MAX_PERMITS);
-    let bytes = Budget {
-        sem: Arc::new(Semaphore::new(total)),
-        total,
-    };
+/// Closes the socket when the connection ends or its future is dropped (the
+/// shutdown grace period expired): threads still in a backend call then
+/// fail to write their replies and exit.
+struct CloseOnDrop(Arc<Conn>);
+
+impl Drop for CloseOnDrop {
+    fn drop(&mut self) {
+        self.0.stop.store(true, Ordering::SeqCst);
+        let _ = self.0.ctl.shutdown(Shutdown::Both);
+    }
+}
+
+fn spawn_thread(conn: Arc<Conn>, alive: mpsc::Sender<()>) -> io::Result<()> {
+    std::thread::Builder::new()
+        .name("nbd-conn".into())
+        .spawn(move || conn_thread(&conn, &alive))
+        .map(|_| ())
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn conn_thread(conn: &Arc<Conn>, alive: &mpsc::Sender<()>) {
     loop {
-        let slot = tokio::select! {
-            p = slots.clone().acquire_owned() => p.map_err(io::Error::other)?,
-            _ = crate::server::stopped(shutdown) => return Ok(()),
-            _ = tx.closed() => return Ok(()),
-        };
+        conn.idle.fetch_add(1, Ordering::SeqCst);
+        let mut rd = lock(&conn.rd);
+        conn.idle.fetch_sub(1, Ordering::SeqCst);
+        // Keep the read side for as long as requests run inline: releasing
+        // it would wake a waiting follower for nothing.
+        loop {
+            let job = match conn.next_request(&mut rd) {
+                Next::Run(job) => job,
+                Next::Answered => continue,
+                Next::Stop => {
+                    rd.closed = true;
+                    return;
+                }
+            };
+            if conn.may_inline(&rd, &job) {
+                conn.run(job);
+                continue;
+            }
+            if conn.idle.load(Ordering::SeqCst) == 0
+                && conn.threads.load(Ordering::SeqCst) < conn.max_threads
+            {
+                conn.threads.fetch_add(1, Ordering::SeqCst);
+                if let Err(e) = spawn_thread(conn.clone(), alive.clone()) {
+                    conn.threads.fetch_sub(1, Ordering::SeqCst);
+                    warn!("cannot start an NBD connection thread: {e}");
+                }
+            }
+            drop(rd);
+            conn.run(job);
+            break;
+        }
+    }
+}
+
+impl Conn {
+    /// Reads and validates the next request (the caller holds the read side).
+    fn next_request(&self, rd: &mut ReadSide) -> Next {
+        if rd.closed || self.stop.load(Ordering::SeqCst) {
+            return Next::Stop;
+        }
         let mut hdr = [0u8; REQUEST_LEN];
-        let read = tokio::select! {
-            r = rd.read_exact(&mut hdr) => r,
-            _ = crate::server::stopped(shutdown) => return Ok(()),
-            _ = tx.closed() => return Ok(()),
-        };
-        if let Err(e) = read {
-            return eof_is_ok(e);
+        if let Err(e) = rd.r.read_exact(&mut hdr) {
+            if !matches!(
+                e.kind(),
+                io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset
+            ) {
+                debug!("connection read failed: {e}");
+            }
+            return Next::Stop;
+        }
+        if self.stop.load(Ordering::SeqCst) {
+            return Next::Stop;
         }
         let req = match codec::parse_request(&hdr) {
             Ok(r) => r,
             Err(e) => {
                 debug!("closing connection: {e}");
-                return Ok(());
+                return Next::Stop;
             }
         };
-        let pending = Pending {
-            req,
-            slot,
-            bytes: &bytes,
-            shutdown,
+        let mut payload = None;
+        let mut bytes = 0;
+        if req.command == CMD_WRITE {
+            if req.length > self.ctx.params.max_payload {
+                debug!("closing: write of {} bytes exceeds maximum", req.length);
+                return Next::Stop;
+            }
+            bytes = self.budget.acquire(req.length);
+            let mut buf = AlignedBuf::new(req.length as usize);
+            if let Err(e) = rd.r.read_exact(buf.as_mut_slice()) {
+                debug!("closing: write payload not received: {e}");
+                self.budget.release(bytes);
+                return Next::Stop;
+            }
+            payload = Some(buf);
+        }
+        match validate(&req, &self.ctx.params) {
+            Ok(Command::Disconnect) => {
+                self.budget.release(bytes);
+                Next::Stop
+            }
+            Err(rej) => {
+                let head = error_reply(&self.ctx, &req, rej);
+                let ok = self.reply(&head, None);
+                self.budget.release(bytes);
+                if ok {
+                    Next::Answered
+                } else {
+                    Next::Stop
+                }
+            }
+            Ok(cmd) => {
+                if let Command::Read { len, .. } = cmd {
+                    bytes = self.budget.acquire(len);
+                }
+                self.inflight.fetch_add(1, Ordering::SeqCst);
+                Next::Run(Job {
+                    req,
+                    cmd,
+                    payload,
+                    bytes,
+                })
+            }
+        }
+    }
+
+    /// Whether the reading thread should run `job` itself.
+    fn may_inline(&self, rd: &ReadSide, job: &Job) -> bool {
+        if job.req.length > INLINE_MAX_LEN || self.stop.load(Ordering::Relaxed) {
+            return false;
+        }
+        rd.r.buffer().is_empty()
+            && self.inflight.load(Ordering::SeqCst) == 1
+            && self.last_exec_ns.load(Ordering::Relaxed) < INLINE_MAX_NS
+    }
+
+    /// Runs `job` against the backend and writes its reply.
+    fn run(&self, job: Job) {
+        let start = Instant::now();
+        let (head, data) = execute(&self.ctx, &job.req, job.cmd, job.payload);
+        let ns = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.last_exec_ns.store(ns, Ordering::Relaxed);
+        self.reply(&head, data.as_ref().map(|d| d.as_slice()));
+        self.inflight.fetch_sub(1, Ordering::SeqCst);
+        self.budget.release(job.bytes);
+    }
+
+    /// Writes one whole reply; on failure the connection is torn down.
+    fn reply(&self, head: &[u8], data: Option<&[u8]>) -> bool {
+        let r = {
+            let mut w = lock(&self.wr);
+            write_all2(&mut w, head, data.unwrap_or(&[]))
         };
-        match handle(&mut rd, ctx, pending, &tx).await? {
-            Flow::Continue => {}
-            Flow::Stop => return Ok(()),
+        match r {
+            Ok(()) => true,
+            Err(e) => {
+                debug!("reply not sent: {e}");
+                self.stop.store(true, Ordering::SeqCst);
+                let _ = self.ctl.shutdown(Shutdown::Both);
+                false
+            }
         }
     }
 }
 
-fn eof_is_ok(e: io::Error) -> io::Result<()> {
-    match e.kind() {
-        io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset => Ok(()),
-        _ => Err(e),
+/// Writes `a` then `b` with as few syscalls as possible.
+fn write_all2(w: &mut Stream, mut a: &[u8], mut b: &[u8]) -> io::Result<()> {
+    while !a.is_empty() || !b.is_empty() {
+        let r = if a.is_empty() {
+            w.write(b)
+        } else if b.is_empty() {
+            w.write(a)
+        } else {
+            w.write_vectored(&[IoSlice::new(a), IoSlice::new(b)])
+        };
+        let n = match r {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        let k = n.min(a.len());
+        a = &a[k..];
+        b = &b[n - k..];
     }
+    Ok(())
 }
 
-struct Pending<'a> {
-    req: Request,
-    slot: OwnedSemaphorePermit,
-    bytes: &'a Budget,
-    shutdown: &'a mut watch::Receiver<bool>,
+struct BudgetState {
+    avail: usize,
+    waiting: bool,
 }
 
 /// Per-connection payload byte budget.
 struct Budget {
-    sem: Arc<Semaphore>,
+    state: Mutex<BudgetState>,
+    cv: Condvar,
     total: usize,
 }
 
 impl Budget {
     /// Waits for `len` bytes of budget (a request larger than the whole
-    /// budget waits for all of it).
-    async fn acquire(&self, len: u32) -> io::Result<Option<OwnedSemaphorePermit>> {
+    /// budget waits for all of it); returns what it took. Only the thread
+    /// holding the read side ever waits here.
+    fn acquire(&self, len: u32) -> usize {
         if len == 0 {
-            return Ok(None);
+            return 0;
         }
-        let want = u32::try_from((len as usize).min(self.total)).unwrap_or(u32::MAX);
-        self.sem
-            .clone()
-            .acquire_many_owned(want)
-            .await
-            .map(Some)
-            .map_err(io::Error::other)
+        let want = (len as usize).min(self.total);
+        let mut s = lock(&self.state);
+        while s.avail < want {
+            s.waiting = true;
+            s = self.cv.wait(s).unwrap_or_else(|e| e.into_inner());
+        }
+        s.avail -= want;
+        want
     }
-}
 
-/// Reads the payload (for WRITE), validates, and dispatches one request.
-async fn handle<R: AsyncRead + Unpin>(
-    rd: &mut R,
-    ctx: &Arc<Ctx>,
-    p: Pending<'_>,
-    tx: &mpsc::UnboundedSender<Reply>,
-) -> io::Result<Flow> {
-    let req = p.req;
-    let mut payload = None;
-    let mut bytes = None;
-    if req.command == CMD_WRITE {
-        if req.length > ctx.params.max_payload {
-            debug!("closing: write of {} bytes exceeds maximum", req.length);
-            return Ok(Flow::Stop);
+    fn release(&self, n: usize) {
+        if n == 0 {
+            return;
         }
-        bytes = p.bytes.acquire(req.length).await?;
-        let mut buf = AlignedBuf::new(req.length as usize);
-        let read = tokio::select! {
-            r = rd.read_exact(buf.as_mut_slice()) => r.map(|_| ()),
-            _ = crate::server::stopped(p.shutdown) => Err(io::ErrorKind::Interrupted.into()),
-        };
-        if let Err(e) = read {
-            debug!("closing: write payload not received: {e}");
-            return Ok(Flow::Stop);
+        let mut s = lock(&self.state);
+        s.avail += n;
+        if s.waiting {
+            s.waiting = false;
+            self.cv.notify_all();
         }
-        payload = Some(buf);
     }
-    let cmd = match validate(&req, &ctx.params) {
-        Ok(Command::Disconnect) => return Ok(Flow::Stop),
-        Ok(c) => c,
-        Err(rej) => {
-            let head = error_reply(ctx, &req, rej);
-            send(tx, head, None, p.slot, bytes);
-            return Ok(Flow::Continue);
-        }
-    };
-    if let Command::Read { len, .. } = cmd {
-        bytes = p.bytes.acquire(len).await?;
-    }
-    let ctx = ctx.clone();
-    let tx = tx.clone();
-    let slot = p.slot;
-    tokio::task::spawn_blocking(move || {
-        let (head, data) = execute(&ctx, &req, cmd, payload);
-        send(&tx, head, data, slot, bytes);
-    });
-    Ok(Flow::Continue)
-}
-
-fn send(
-    tx: &mpsc::UnboundedSender<Reply>,
-    head: Vec<u8>,
-    data: Option<AlignedBuf>,
-    slot: OwnedSemaphorePermit,
-    bytes: Option<OwnedSemaphorePermit>,
-) {
-    // If the writer is gone the connection is closing; dropping the reply
-    // releases its permits.
-    let _ = tx.send(Reply {
-        head,
-        data,
-        _slot: slot,
-        _bytes: bytes,
-    });
 }
 
 fn error_reply(ctx: &Ctx, req: &Request, rej: Rejection) -> Vec<u8> {
