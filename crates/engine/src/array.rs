@@ -73,6 +73,8 @@ pub struct Array {
     /// Where recent writes ended, to recognise sequential streams (which are worth holding
     /// for so that their stripes fill) from random writes (which are not).
     pub(crate) recent_ends: [std::sync::atomic::AtomicU64; RECENT_STREAMS],
+    /// Moving average of small member operations' duration (ns), starting pessimistic.
+    pub(crate) small_io_nanos: std::sync::atomic::AtomicU64,
     /// Spares not yet given a role.
     pub(crate) spares: Mutex<Vec<Arc<Member>>>,
     pub(crate) sync: SyncControl,
@@ -156,6 +158,7 @@ impl Array {
             regions: RegionLocks::new(),
             inflight_writes: AtomicUsize::new(0),
             recent_ends: std::array::from_fn(|_| std::sync::atomic::AtomicU64::new(u64::MAX)),
+            small_io_nanos: std::sync::atomic::AtomicU64::new(1_000_000),
             spares: Mutex::new(p.spares),
             sync: SyncControl::new(p.resync_from),
             events: EventBus::default(),

@@ -56,6 +56,13 @@ impl<'a> MemberIo<'a> {
         }
     }
 
+    fn len(&self) -> usize {
+        match &self.kind {
+            IoKind::Read(b) => b.len(),
+            IoKind::Write(b, _) => b.len(),
+        }
+    }
+
     fn op_name(&self) -> &'static str {
         match self.kind {
             IoKind::Read(_) => "read",
@@ -64,7 +71,32 @@ impl<'a> MemberIo<'a> {
     }
 }
 
+/// Batches up to this many bytes may run inline on fast members.
+const CHEAP_BATCH_BYTES: usize = 128 * 1024;
+/// Small member operations faster than this (moving average) count as memory speed.
+const CHEAP_OP_NANOS: u64 = 20_000;
+
 impl Array {
+    /// Small batch and members fast enough (recent small operations, averaged) that issuing
+    /// them one after the other beats waking other threads.
+    fn io_is_cheap(&self, ios: &[MemberIo<'_>]) -> bool {
+        ios.iter().map(MemberIo::len).sum::<usize>() <= CHEAP_BATCH_BYTES
+            && self
+                .small_io_nanos
+                .load(std::sync::atomic::Ordering::Relaxed)
+                < CHEAP_OP_NANOS
+    }
+
+    /// Fold the duration of a small operation into the moving average.
+    fn note_io_latency(&self, len: usize, took: std::time::Duration) {
+        use std::sync::atomic::Ordering::Relaxed;
+        if len <= 64 * 1024 {
+            let ns = took.as_nanos().min(u128::from(u32::MAX)) as u64;
+            let avg = self.small_io_nanos.load(Relaxed);
+            self.small_io_nanos.store(avg - avg / 16 + ns / 16, Relaxed);
+        }
+    }
+
     /// Run `ios` (in parallel when more than one). Each `ok` tells whether it succeeded; a
     /// member that failed has been marked faulty on return. Returns true if all succeeded.
     pub(crate) fn run_io(&self, ios: &mut [MemberIo<'_>]) -> bool {
@@ -72,9 +104,15 @@ impl Array {
         if ios.is_empty() {
             return true;
         }
-        if ios.len() == 1 {
-            if let Some(e) = ios[0].run(self) {
-                errors.push((ios[0].role, ios[0].op_name(), ios[0].offset_bytes, e));
+        if ios.len() == 1 || self.io_is_cheap(ios) {
+            // One operation, or small ones on members that answer at memory speed: a hand-off
+            // to another thread would cost more than the I/O itself.
+            for op in ios.iter_mut() {
+                let started = std::time::Instant::now();
+                if let Some(e) = op.run(self) {
+                    errors.push((op.role, op.op_name(), op.offset_bytes, e));
+                }
+                self.note_io_latency(op.len(), started.elapsed());
             }
         } else {
             // The caller's thread does the first operation itself: one hand-off fewer.
@@ -91,11 +129,13 @@ impl Array {
                         }
                     });
                 }
+                let started = std::time::Instant::now();
                 if let Some(e) = first.run(self) {
                     found
                         .lock()
                         .push((first.role, first.op_name(), first.offset_bytes, e));
                 }
+                self.note_io_latency(first.len(), started.elapsed());
             });
             errors = found.into_inner();
         }
