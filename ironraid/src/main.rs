@@ -61,7 +61,7 @@ enum Cmd {
         #[arg(long)]
         no_direct: bool,
         /// Microseconds a partial-stripe write may wait for more writes to fill its stripe.
-        #[arg(long, default_value_t = 500)]
+        #[arg(long, default_value_t = 2000)]
         write_hold_us: u64,
         /// Rebuild/resync/check rate kept even while clients do I/O, per second (default 1000K).
         #[arg(long, value_parser = size_arg)]
@@ -420,7 +420,7 @@ fn demo(dir: Option<PathBuf>) -> anyhow::Result<()> {
         members,
         read_only: false,
         buffered: false,
-        write_hold: Duration::from_micros(500),
+        write_hold: Duration::from_micros(2000),
         speed_min: None,
         speed_max: None,
     })

@@ -43,7 +43,7 @@ pub struct ArrayConfig {
 impl Default for ArrayConfig {
     fn default() -> Self {
         ArrayConfig {
-            write_hold: Duration::from_micros(500),
+            write_hold: Duration::from_micros(2000),
             stripe_cache_bytes: 64 << 20,
             // Member I/O threads spin a little when idle; more threads than cores cost more in
             // spinning than they gain in overlap (profiled: 33% of CPU in sched_yield at 16).
