@@ -16,6 +16,8 @@ mod manage;
 mod member;
 mod meta;
 mod mirror;
+mod rebuild;
+mod scrub;
 mod stripe;
 mod stripe_cache;
 mod sync;

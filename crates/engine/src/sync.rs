@@ -14,9 +14,6 @@
 //! min, pause while clients did I/O in the last few milliseconds.
 
 use crate::array::Array;
-use crate::bufpool::PoolBuf;
-use crate::io::MemberIo;
-use crate::member::FULLY_IN_SYNC;
 use layout::Level;
 use parking_lot::{Condvar, Mutex};
 use std::sync::atomic::Ordering;
@@ -66,9 +63,9 @@ pub const DEFAULT_SPEED_MAX: u64 = 200_000 * 1024;
 /// How long after a client request the array counts as busy.
 const CLIENT_BUSY: Duration = Duration::from_millis(20);
 /// Background work claims about this much of each member at a time.
-const WINDOW_BYTES: u64 = 2 << 20;
+pub(crate) const WINDOW_BYTES: u64 = 2 << 20;
 /// Checkpoints go to the superblocks at least this often during long work.
-const CHECKPOINT_EVERY: Duration = Duration::from_secs(2);
+pub(crate) const CHECKPOINT_EVERY: Duration = Duration::from_secs(2);
 
 pub(crate) struct SyncState {
     pub requested: Option<SyncAction>,
@@ -145,16 +142,26 @@ enum Job {
 }
 
 /// Why a unit of work stopped early.
-enum Stop {
+pub(crate) enum Stop {
     Interrupted,
     Failed(String),
 }
 
 /// Tracks one action's progress and paces it.
-struct Pace {
+pub(crate) struct Pace {
     start: Instant,
     done_at_start: u64,
-    last_checkpoint: Instant,
+    pub last_checkpoint: Instant,
+}
+
+impl Pace {
+    pub fn new(done_at_start: u64) -> Pace {
+        Pace {
+            start: Instant::now(),
+            done_at_start,
+            last_checkpoint: Instant::now(),
+        }
+    }
 }
 
 impl Array {
@@ -423,7 +430,7 @@ impl Array {
     }
 
     /// Bytes the action walks: per-device bytes (array bytes for a RAID10 resync/scrub).
-    fn sync_total(&self, action: SyncAction) -> u64 {
+    pub(crate) fn sync_total(&self, action: SyncAction) -> u64 {
         let g = &self.geometry;
         match g.level() {
             Level::Raid4 | Level::Raid5 | Level::Raid6 => g.stripes() * g.chunk_sectors() * 512,
@@ -440,7 +447,7 @@ impl Array {
     }
 
     /// Pause as md's speed limits ask; `Err` if told to stop.
-    fn pace(&self, p: &mut Pace, done: u64) -> Result<(), Stop> {
+    pub(crate) fn pace(&self, p: &mut Pace, done: u64) -> Result<(), Stop> {
         loop {
             let (min, max, interrupt, frozen) = {
                 let mut st = self.sync.st.lock();
@@ -460,366 +467,6 @@ impl Array {
             }
             return Ok(());
         }
-    }
-
-    /// Assign a spare to the first role without a complete member; returns the role to rebuild.
-    fn pick_recovery(&self) -> Option<usize> {
-        if let Some(role) = self
-            .slots
-            .iter()
-            .position(|s| !s.is_faulty() && !s.is_complete())
-        {
-            return Some(role);
-        }
-        let role = self.slots.iter().position(|s| s.is_faulty())?;
-        if self.geometry.max_degraded() == 0 {
-            return None;
-        }
-        let spare = {
-            let mut spares = self.spares.lock();
-            if spares.is_empty() {
-                return None;
-            }
-            spares.remove(0)
-        };
-        let mut meta = self.meta.lock();
-        meta.activate_spare(spare.dev_number, role as u16);
-        if let Some(old) = self.slots[role].member() {
-            meta.retire(old.dev_number, format::ROLE_FAULTY);
-        }
-        self.slots[role].install(spare.clone(), 0);
-        let failed = meta.commit();
-        drop(meta);
-        self.fail_members_after_sb_error(failed);
-        self.events.emit(
-            "spare_active",
-            &self.name,
-            Some(spare.name()),
-            format!("spare takes role {role}; rebuilding"),
-        );
-        Some(role)
-    }
-
-    fn recover(&self, role: usize, from: u64) -> Result<(), Stop> {
-        let res = if self.geometry.level().is_parity() {
-            self.recover_parity(role, from)
-        } else {
-            self.recover_mirror(role, from)
-        };
-        if res.is_ok() {
-            self.slots[role].advance(FULLY_IN_SYNC);
-            let mut meta = self.meta.lock();
-            if let Some(m) = self.slots[role].member() {
-                meta.set_recovery(m.dev_number, None);
-            }
-            let failed = meta.commit();
-            drop(meta);
-            self.fail_members_after_sb_error(failed);
-            let name = self.slots[role].member().map(|m| m.name().to_string());
-            self.events.emit(
-                "member_in_sync",
-                &self.name,
-                name.as_deref(),
-                format!("role {role} rebuilt"),
-            );
-        } else {
-            self.checkpoint_recovery(role);
-        }
-        res
-    }
-
-    /// Record how far a rebuild got in the rebuilding member's superblock.
-    fn checkpoint_recovery(&self, role: usize) {
-        let slot = &self.slots[role];
-        let Some(m) = slot.member() else { return };
-        if slot.is_faulty() || slot.is_complete() {
-            return;
-        }
-        let mut meta = self.meta.lock();
-        meta.set_recovery(m.dev_number, Some(slot.in_sync_bytes() / 512));
-        let failed = meta.commit();
-        drop(meta);
-        self.fail_members_after_sb_error(failed);
-    }
-
-    fn recover_parity(&self, role: usize, from: u64) -> Result<(), Stop> {
-        let chunk = self.geometry.chunk_sectors() * 512;
-        let stripes = self.geometry.stripes();
-        let mut pace = Pace {
-            start: Instant::now(),
-            done_at_start: from,
-            last_checkpoint: Instant::now(),
-        };
-        let mut row = from / chunk;
-        while row < stripes {
-            self.pace(&mut pace, row * chunk)?;
-            let end = (row + self.window_rows()).min(stripes);
-            let claimed = self.claim_rows(row, end);
-            let res = self.rebuild_window(role, row, end);
-            if res.is_ok() {
-                self.slots[role].advance(end * chunk);
-            }
-            self.release_rows(row, claimed);
-            res?;
-            if pace.last_checkpoint.elapsed() > CHECKPOINT_EVERY {
-                self.checkpoint_recovery(role);
-                pace.last_checkpoint = Instant::now();
-            }
-            row = end;
-        }
-        Ok(())
-    }
-
-    /// Stripes per unit of background work: about `WINDOW_BYTES` of each member.
-    fn window_rows(&self) -> u64 {
-        (WINDOW_BYTES / (self.geometry.chunk_sectors() * 512)).max(1)
-    }
-
-    /// Claim stripes `r0..r1` in ascending order (writers hold one stripe at a time, so this
-    /// cannot deadlock with them).
-    fn claim_rows(&self, r0: u64, r1: u64) -> Vec<Arc<crate::stripe_cache::Row>> {
-        (r0..r1)
-            .map(|row| {
-                let r = self.stripes.get(row);
-                drop(r.claim(r.st.lock()));
-                r
-            })
-            .collect()
-    }
-
-    fn release_rows(&self, r0: u64, rows: Vec<Arc<crate::stripe_cache::Row>>) {
-        for (i, r) in rows.into_iter().enumerate() {
-            r.release();
-            self.stripes.put(r0 + i as u64);
-        }
-    }
-
-    /// Read every usable member over stripes `r0..r1` (one I/O per member) and reconstruct
-    /// each stripe's missing chunks. `Ok(None)`: a member failed meanwhile; try again.
-    fn read_window(&self, r0: u64, r1: u64) -> Result<Option<Vec<PoolBuf>>, Stop> {
-        let chunk = (self.geometry.chunk_sectors() * 512) as usize;
-        let (at, len) = (r0 * chunk as u64, (r1 - r0) as usize * chunk);
-        let n = self.geometry.raid_disks();
-        let missing: Vec<usize> = (0..n)
-            .filter(|&d| !self.slot(d).in_sync(at, len as u64))
-            .collect();
-        if missing.len() > self.geometry.max_degraded() {
-            return Err(Stop::Failed(
-                "more members missing than the level tolerates".into(),
-            ));
-        }
-        let mut bufs: Vec<PoolBuf> = (0..n).map(|_| self.bufs.get(len)).collect();
-        let mut ios: Vec<MemberIo<'_>> = bufs
-            .iter_mut()
-            .enumerate()
-            .filter(|(d, _)| !missing.contains(d))
-            .map(|(d, b)| MemberIo::read(d, at, b))
-            .collect();
-        if !self.run_io(&mut ios) {
-            return Ok(None);
-        }
-        drop(ios);
-        for (i, row) in (r0..r1).enumerate() {
-            let roles = self.geometry.stripe_roles(row);
-            let slices = bufs
-                .iter_mut()
-                .map(|b| &mut b[i * chunk..(i + 1) * chunk])
-                .collect();
-            self.reconstruct(&roles, slices, &missing);
-        }
-        Ok(Some(bufs))
-    }
-
-    /// Rebuild `role`'s chunks of stripes `r0..r1` (claimed by the caller).
-    fn rebuild_window(&self, role: usize, r0: u64, r1: u64) -> Result<(), Stop> {
-        let chunk = self.geometry.chunk_sectors() * 512;
-        for _ in 0..4 {
-            let Some(bufs) = self.read_window(r0, r1)? else {
-                continue;
-            };
-            let mut io = [MemberIo::write(role, r0 * chunk, &bufs[role], false)];
-            if !self.run_io(&mut io) {
-                return Err(Stop::Failed("write to the rebuilding member failed".into()));
-            }
-            return Ok(());
-        }
-        Err(Stop::Failed("members kept failing".into()))
-    }
-
-    fn recover_mirror(&self, role: usize, from: u64) -> Result<(), Stop> {
-        let g = &self.geometry;
-        let step = if g.level() == Level::Raid1 {
-            1 << 20
-        } else {
-            g.chunk_sectors() * 512
-        };
-        let end = g.used_device_sectors(role) * 512;
-        let mut pace = Pace {
-            start: Instant::now(),
-            done_at_start: from,
-            last_checkpoint: Instant::now(),
-        };
-        let mut off = from / step * step;
-        while off < end {
-            self.pace(&mut pace, off)?;
-            let len = step.min(end - off);
-            if let Some(array_sector) = g.reverse_copy(role, off / 512) {
-                let at = array_sector * 512;
-                let _guard = self.regions.lock_range(at, len);
-                let mut buf = self.bufs.get(len as usize);
-                self.read_other_copy(role, at, &mut buf)?;
-                let mut io = [MemberIo::write(role, off, &buf, false)];
-                if !self.run_io(&mut io) {
-                    return Err(Stop::Failed("write to the rebuilding member failed".into()));
-                }
-                self.slots[role].advance(off + len);
-            } else {
-                self.slots[role].advance(off + len);
-            }
-            off += len;
-            if pace.last_checkpoint.elapsed() > CHECKPOINT_EVERY {
-                self.checkpoint_recovery(role);
-                pace.last_checkpoint = Instant::now();
-            }
-        }
-        Ok(())
-    }
-
-    /// Read array bytes at `at` from an in-sync copy on any member but `skip`.
-    fn read_other_copy(&self, skip: usize, at: u64, buf: &mut [u8]) -> Result<(), Stop> {
-        let copies = self.geometry.map_copies(at / 512);
-        for c in copies.iter().filter(|c| c.dev != skip) {
-            if !self
-                .slot(c.dev)
-                .in_sync(c.dev_sector * 512, buf.len() as u64)
-            {
-                continue;
-            }
-            let mut io = [MemberIo::read(c.dev, c.dev_sector * 512, buf)];
-            if self.run_io(&mut io) {
-                return Ok(());
-            }
-        }
-        Err(Stop::Failed(format!(
-            "no in-sync copy of array byte {at} left"
-        )))
-    }
-
-    /// Resync, check or repair from `from` (per-device bytes; array bytes for RAID10).
-    fn scrub(&self, action: SyncAction, from: u64) -> Result<(), Stop> {
-        let mut pace = Pace {
-            start: Instant::now(),
-            done_at_start: from,
-            last_checkpoint: Instant::now(),
-        };
-        let fix = action != SyncAction::Check;
-        if self.geometry.level().is_parity() {
-            let chunk = self.geometry.chunk_sectors() * 512;
-            let stripes = self.geometry.stripes();
-            let mut row = from / chunk;
-            while row < stripes {
-                self.pace(&mut pace, row * chunk)?;
-                let end = (row + self.window_rows()).min(stripes);
-                let claimed = self.claim_rows(row, end);
-                let res = self.scrub_window(row, end, fix);
-                self.release_rows(row, claimed);
-                self.sync.st.lock().mismatches += res?;
-                row = end;
-            }
-            return Ok(());
-        }
-        let step: u64 = if self.geometry.level() == Level::Raid1 {
-            1 << 20
-        } else {
-            self.geometry.chunk_sectors() * 512
-        };
-        let end = self.sync_total(action);
-        let mut off = from / step * step;
-        while off < end {
-            self.pace(&mut pace, off)?;
-            let len = step.min(end - off);
-            let bad = self.scrub_mirror(off, len, fix)?;
-            self.sync.st.lock().mismatches += bad;
-            off += len;
-        }
-        Ok(())
-    }
-
-    /// Compare the parity of stripes `r0..r1` with their data; rewrite it where it differs if
-    /// `fix`. Returns mismatched sectors, counted per 4 KiB page as md does.
-    fn scrub_window(&self, r0: u64, r1: u64, fix: bool) -> Result<u64, Stop> {
-        let chunk = (self.geometry.chunk_sectors() * 512) as usize;
-        let Some(bufs) = self.read_window(r0, r1)? else {
-            return Err(Stop::Interrupted);
-        };
-        let mut bad = 0u64;
-        for (i, row) in (r0..r1).enumerate() {
-            let roles = self.geometry.stripe_roles(row);
-            let cut = |dev: usize| &bufs[dev][i * chunk..(i + 1) * chunk];
-            let data: Vec<&[u8]> = (0..self.geometry.data_disks())
-                .map(|d| cut(roles.data_dev(d)))
-                .collect();
-            let (p, q) = self.compute_parity(&roles, &data);
-            let mut row_bad = 0;
-            for (page, want) in p.chunks(4096).enumerate() {
-                let range = page * 4096..page * 4096 + want.len();
-                let q_bad = match (&q, roles.q_dev()) {
-                    (Some(q), Some(qd)) => q[range.clone()] != cut(qd)[range.clone()],
-                    _ => false,
-                };
-                if *want != cut(roles.p_dev())[range] || q_bad {
-                    row_bad += want.len() as u64 / 512;
-                }
-            }
-            if row_bad > 0 && fix {
-                let at = row * chunk as u64;
-                let mut ios = vec![MemberIo::write(roles.p_dev(), at, &p, false)];
-                if let (Some(qd), Some(qb)) = (roles.q_dev(), q.as_ref()) {
-                    ios.push(MemberIo::write(qd, at, qb, false));
-                }
-                self.run_io(&mut ios);
-            }
-            bad += row_bad;
-        }
-        Ok(bad)
-    }
-
-    /// Compare every copy of array bytes `at..at+len` with the first; copy it over if `fix`.
-    fn scrub_mirror(&self, at: u64, len: u64, fix: bool) -> Result<u64, Stop> {
-        let _guard = self.regions.lock_range(at, len);
-        let mut done = 0;
-        let mut bad = 0;
-        while done < len {
-            let copies = self.geometry.map_copies((at + done) / 512);
-            let n = (copies.run_sectors() * 512).min(len - done);
-            let mut first = self.bufs.get(n as usize);
-            let src = copies.get(0);
-            let mut io = [MemberIo::read(src.dev, src.dev_sector * 512, &mut first)];
-            if !self.run_io(&mut io) {
-                return Err(Stop::Failed(format!(
-                    "read of the first copy of array byte {} failed",
-                    at + done
-                )));
-            }
-            for c in copies.iter().skip(1) {
-                let mut other = self.bufs.get(n as usize);
-                let mut io = [MemberIo::read(c.dev, c.dev_sector * 512, &mut other)];
-                if !self.run_io(&mut io) {
-                    continue;
-                }
-                for (a, b) in first.chunks(4096).zip(other.chunks(4096)) {
-                    if a != b {
-                        bad += a.len() as u64 / 512;
-                    }
-                }
-                if fix && first[..] != other[..] {
-                    let mut io = [MemberIo::write(c.dev, c.dev_sector * 512, &first, false)];
-                    self.run_io(&mut io);
-                }
-            }
-            done += n;
-        }
-        Ok(bad)
     }
 }
 

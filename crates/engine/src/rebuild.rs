@@ -1,0 +1,254 @@
+//! Recovery: a spare takes a missing role and is rebuilt online, window by window.
+//!
+//! Each window (about `WINDOW_BYTES` of every member) is claimed exactly as client writes claim
+//! stripes (mirrors: region locks), read once per member, reconstructed, written to the new
+//! member, and the role's in-sync point is advanced before the claim is released. Client I/O
+//! uses the new member only below that point, so nothing the rebuild read earlier can overwrite
+//! a newer write. Progress goes to the member's superblock (RECOVERY_OFFSET) every
+//! `CHECKPOINT_EVERY` and when the work stops, so a restart resumes where it stopped.
+
+use crate::array::Array;
+use crate::bufpool::PoolBuf;
+use crate::io::MemberIo;
+use crate::member::FULLY_IN_SYNC;
+use crate::sync::{Pace, Stop, CHECKPOINT_EVERY, WINDOW_BYTES};
+use layout::Level;
+use std::sync::Arc;
+use std::time::Instant;
+
+impl Array {
+    /// Assign a spare to the first role without a complete member; returns the role to rebuild.
+    pub(crate) fn pick_recovery(&self) -> Option<usize> {
+        if let Some(role) = self
+            .slots
+            .iter()
+            .position(|s| !s.is_faulty() && !s.is_complete())
+        {
+            return Some(role);
+        }
+        let role = self.slots.iter().position(|s| s.is_faulty())?;
+        if self.geometry.max_degraded() == 0 {
+            return None;
+        }
+        let spare = {
+            let mut spares = self.spares.lock();
+            if spares.is_empty() {
+                return None;
+            }
+            spares.remove(0)
+        };
+        let mut meta = self.meta.lock();
+        meta.activate_spare(spare.dev_number, role as u16);
+        if let Some(old) = self.slots[role].member() {
+            meta.retire(old.dev_number, format::ROLE_FAULTY);
+        }
+        self.slots[role].install(spare.clone(), 0);
+        let failed = meta.commit();
+        drop(meta);
+        self.fail_members_after_sb_error(failed);
+        self.events.emit(
+            "spare_active",
+            &self.name,
+            Some(spare.name()),
+            format!("spare takes role {role}; rebuilding"),
+        );
+        Some(role)
+    }
+
+    pub(crate) fn recover(&self, role: usize, from: u64) -> Result<(), Stop> {
+        let res = if self.geometry.level().is_parity() {
+            self.recover_parity(role, from)
+        } else {
+            self.recover_mirror(role, from)
+        };
+        if res.is_ok() {
+            self.slots[role].advance(FULLY_IN_SYNC);
+            let mut meta = self.meta.lock();
+            if let Some(m) = self.slots[role].member() {
+                meta.set_recovery(m.dev_number, None);
+            }
+            let failed = meta.commit();
+            drop(meta);
+            self.fail_members_after_sb_error(failed);
+            let name = self.slots[role].member().map(|m| m.name().to_string());
+            self.events.emit(
+                "member_in_sync",
+                &self.name,
+                name.as_deref(),
+                format!("role {role} rebuilt"),
+            );
+        } else {
+            self.checkpoint_recovery(role);
+        }
+        res
+    }
+
+    /// Record how far a rebuild got in the rebuilding member's superblock.
+    pub(crate) fn checkpoint_recovery(&self, role: usize) {
+        let slot = &self.slots[role];
+        let Some(m) = slot.member() else { return };
+        if slot.is_faulty() || slot.is_complete() {
+            return;
+        }
+        let mut meta = self.meta.lock();
+        meta.set_recovery(m.dev_number, Some(slot.in_sync_bytes() / 512));
+        let failed = meta.commit();
+        drop(meta);
+        self.fail_members_after_sb_error(failed);
+    }
+
+    pub(crate) fn recover_parity(&self, role: usize, from: u64) -> Result<(), Stop> {
+        let chunk = self.geometry.chunk_sectors() * 512;
+        let stripes = self.geometry.stripes();
+        let mut pace = Pace::new(from);
+        let mut row = from / chunk;
+        while row < stripes {
+            self.pace(&mut pace, row * chunk)?;
+            let end = (row + self.window_rows()).min(stripes);
+            let claimed = self.claim_rows(row, end);
+            let res = self.rebuild_window(role, row, end);
+            if res.is_ok() {
+                self.slots[role].advance(end * chunk);
+            }
+            self.release_rows(row, claimed);
+            res?;
+            if pace.last_checkpoint.elapsed() > CHECKPOINT_EVERY {
+                self.checkpoint_recovery(role);
+                pace.last_checkpoint = Instant::now();
+            }
+            row = end;
+        }
+        Ok(())
+    }
+
+    /// Stripes per unit of background work: about `WINDOW_BYTES` of each member.
+    pub(crate) fn window_rows(&self) -> u64 {
+        (WINDOW_BYTES / (self.geometry.chunk_sectors() * 512)).max(1)
+    }
+
+    /// Claim stripes `r0..r1` in ascending order (writers hold one stripe at a time, so this
+    /// cannot deadlock with them).
+    pub(crate) fn claim_rows(&self, r0: u64, r1: u64) -> Vec<Arc<crate::stripe_cache::Row>> {
+        (r0..r1)
+            .map(|row| {
+                let r = self.stripes.get(row);
+                drop(r.claim(r.st.lock()));
+                r
+            })
+            .collect()
+    }
+
+    pub(crate) fn release_rows(&self, r0: u64, rows: Vec<Arc<crate::stripe_cache::Row>>) {
+        for (i, r) in rows.into_iter().enumerate() {
+            r.release();
+            self.stripes.put(r0 + i as u64);
+        }
+    }
+
+    /// Read every usable member over stripes `r0..r1` (one I/O per member) and reconstruct
+    /// each stripe's missing chunks. `Ok(None)`: a member failed meanwhile; try again.
+    pub(crate) fn read_window(&self, r0: u64, r1: u64) -> Result<Option<Vec<PoolBuf>>, Stop> {
+        let chunk = (self.geometry.chunk_sectors() * 512) as usize;
+        let (at, len) = (r0 * chunk as u64, (r1 - r0) as usize * chunk);
+        let n = self.geometry.raid_disks();
+        let missing: Vec<usize> = (0..n)
+            .filter(|&d| !self.slot(d).in_sync(at, len as u64))
+            .collect();
+        if missing.len() > self.geometry.max_degraded() {
+            return Err(Stop::Failed(
+                "more members missing than the level tolerates".into(),
+            ));
+        }
+        let mut bufs: Vec<PoolBuf> = (0..n).map(|_| self.bufs.get(len)).collect();
+        let mut ios: Vec<MemberIo<'_>> = bufs
+            .iter_mut()
+            .enumerate()
+            .filter(|(d, _)| !missing.contains(d))
+            .map(|(d, b)| MemberIo::read(d, at, b))
+            .collect();
+        if !self.run_io(&mut ios) {
+            return Ok(None);
+        }
+        drop(ios);
+        for (i, row) in (r0..r1).enumerate() {
+            let roles = self.geometry.stripe_roles(row);
+            let slices = bufs
+                .iter_mut()
+                .map(|b| &mut b[i * chunk..(i + 1) * chunk])
+                .collect();
+            self.reconstruct(&roles, slices, &missing);
+        }
+        Ok(Some(bufs))
+    }
+
+    /// Rebuild `role`'s chunks of stripes `r0..r1` (claimed by the caller).
+    pub(crate) fn rebuild_window(&self, role: usize, r0: u64, r1: u64) -> Result<(), Stop> {
+        let chunk = self.geometry.chunk_sectors() * 512;
+        for _ in 0..4 {
+            let Some(bufs) = self.read_window(r0, r1)? else {
+                continue;
+            };
+            let mut io = [MemberIo::write(role, r0 * chunk, &bufs[role], false)];
+            if !self.run_io(&mut io) {
+                return Err(Stop::Failed("write to the rebuilding member failed".into()));
+            }
+            return Ok(());
+        }
+        Err(Stop::Failed("members kept failing".into()))
+    }
+
+    pub(crate) fn recover_mirror(&self, role: usize, from: u64) -> Result<(), Stop> {
+        let g = &self.geometry;
+        let step = if g.level() == Level::Raid1 {
+            1 << 20
+        } else {
+            g.chunk_sectors() * 512
+        };
+        let end = g.used_device_sectors(role) * 512;
+        let mut pace = Pace::new(from);
+        let mut off = from / step * step;
+        while off < end {
+            self.pace(&mut pace, off)?;
+            let len = step.min(end - off);
+            if let Some(array_sector) = g.reverse_copy(role, off / 512) {
+                let at = array_sector * 512;
+                let _guard = self.regions.lock_range(at, len);
+                let mut buf = self.bufs.get(len as usize);
+                self.read_other_copy(role, at, &mut buf)?;
+                let mut io = [MemberIo::write(role, off, &buf, false)];
+                if !self.run_io(&mut io) {
+                    return Err(Stop::Failed("write to the rebuilding member failed".into()));
+                }
+                self.slots[role].advance(off + len);
+            } else {
+                self.slots[role].advance(off + len);
+            }
+            off += len;
+            if pace.last_checkpoint.elapsed() > CHECKPOINT_EVERY {
+                self.checkpoint_recovery(role);
+                pace.last_checkpoint = Instant::now();
+            }
+        }
+        Ok(())
+    }
+
+    /// Read array bytes at `at` from an in-sync copy on any member but `skip`.
+    pub(crate) fn read_other_copy(&self, skip: usize, at: u64, buf: &mut [u8]) -> Result<(), Stop> {
+        let copies = self.geometry.map_copies(at / 512);
+        for c in copies.iter().filter(|c| c.dev != skip) {
+            if !self
+                .slot(c.dev)
+                .in_sync(c.dev_sector * 512, buf.len() as u64)
+            {
+                continue;
+            }
+            let mut io = [MemberIo::read(c.dev, c.dev_sector * 512, buf)];
+            if self.run_io(&mut io) {
+                return Ok(());
+            }
+        }
+        Err(Stop::Failed(format!(
+            "no in-sync copy of array byte {at} left"
+        )))
+    }
+}
