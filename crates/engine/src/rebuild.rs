@@ -150,26 +150,12 @@ impl Array {
     pub(crate) fn read_window(&self, r0: u64, r1: u64) -> Result<Option<Vec<PoolBuf>>, Stop> {
         let chunk = (self.geometry.chunk_sectors() * 512) as usize;
         let (at, len) = (r0 * chunk as u64, (r1 - r0) as usize * chunk);
-        let n = self.geometry.raid_disks();
-        let missing: Vec<usize> = (0..n)
-            .filter(|&d| !self.slot(d).in_sync(at, len as u64))
-            .collect();
-        if missing.len() > self.geometry.max_degraded() {
-            return Err(Stop::Failed(
-                "more members missing than the level tolerates".into(),
-            ));
-        }
-        let mut bufs: Vec<PoolBuf> = (0..n).map(|_| self.bufs.get(len)).collect();
-        let mut ios: Vec<MemberIo<'_>> = bufs
-            .iter_mut()
-            .enumerate()
-            .filter(|(d, _)| !missing.contains(d))
-            .map(|(d, b)| MemberIo::read(d, at, b))
-            .collect();
-        if !self.run_io(&mut ios) {
+        let found = self
+            .read_present(at, len)
+            .map_err(|e| Stop::Failed(e.to_string()))?;
+        let Some((mut bufs, missing)) = found else {
             return Ok(None);
-        }
-        drop(ios);
+        };
         for (i, row) in (r0..r1).enumerate() {
             let roles = self.geometry.stripe_roles(row);
             let slices = bufs

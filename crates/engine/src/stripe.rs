@@ -435,28 +435,9 @@ impl Array {
         at: u64,
         len: usize,
     ) -> Result<Option<RowBufs>> {
-        let n = self.geometry.raid_disks();
-        let missing: Vec<usize> = (0..n)
-            .filter(|&dev| !self.slot(dev).in_sync(at, len as u64))
-            .collect();
-        if missing.len() > self.geometry.max_degraded() {
-            return Err(self.unrecoverable(
-                at,
-                len as u64,
-                "more members missing than the level tolerates",
-            ));
-        }
-        let mut dev_bufs: Vec<PoolBuf> = (0..n).map(|_| self.bufs.get(len)).collect();
-        let mut ios: Vec<MemberIo<'_>> = dev_bufs
-            .iter_mut()
-            .enumerate()
-            .filter(|(dev, _)| !missing.contains(dev))
-            .map(|(dev, buf)| MemberIo::read(dev, at, buf))
-            .collect();
-        if !self.run_io(&mut ios) {
+        let Some((mut dev_bufs, missing)) = self.read_present(at, len)? else {
             return Ok(None);
-        }
-        drop(ios);
+        };
         self.reconstruct(
             roles,
             dev_bufs.iter_mut().map(|b| &mut b[..]).collect(),
@@ -469,6 +450,39 @@ impl Array {
         let p = slots[roles.p_dev()].take().expect("P chunk");
         let q = roles.q_dev().map(|qd| slots[qd].take().expect("Q chunk"));
         Ok(Some(RowBufs { data, p, q }))
+    }
+
+    /// Read every member that is in sync over `len` bytes at `at` (one I/O each). Returns the
+    /// buffers (those of missing members left unfilled) and the missing members; `Ok(None)` if
+    /// a member failed meanwhile (it is faulty now: plan again).
+    pub(crate) fn read_present(
+        &self,
+        at: u64,
+        len: usize,
+    ) -> Result<Option<(Vec<PoolBuf>, Vec<usize>)>> {
+        let n = self.geometry.raid_disks();
+        let missing: Vec<usize> = (0..n)
+            .filter(|&dev| !self.slot(dev).in_sync(at, len as u64))
+            .collect();
+        if missing.len() > self.geometry.max_degraded() {
+            return Err(self.unrecoverable(
+                at,
+                len as u64,
+                "more members missing than the level tolerates",
+            ));
+        }
+        let mut bufs: Vec<PoolBuf> = (0..n).map(|_| self.bufs.get(len)).collect();
+        let mut ios: Vec<MemberIo<'_>> = bufs
+            .iter_mut()
+            .enumerate()
+            .filter(|(dev, _)| !missing.contains(dev))
+            .map(|(dev, buf)| MemberIo::read(dev, at, buf))
+            .collect();
+        if !self.run_io(&mut ios) {
+            return Ok(None);
+        }
+        drop(ios);
+        Ok(Some((bufs, missing)))
     }
 
     /// Rebuild the chunks of `missing` devices (at most the level's tolerance) in place;
