@@ -145,7 +145,6 @@ impl Array {
         let deadline = if sequential && others { held } else { now };
         let mut rows: Vec<u64> = Vec::new();
         let mut led = Vec::new();
-        let m = self.geometry.data_disks();
         let mut i = 0;
         while i < pieces.len() {
             let row = pieces[i].0;
@@ -169,13 +168,27 @@ impl Array {
                 st.leader = true;
                 // A stripe with a batch in flight has writers converging on it: worth waiting
                 // (the leader waits for that batch anyway) for more to join.
-                led.push((row, r.clone(), if st.busy { held } else { deadline }));
-            } else if covers_all(&st.pending, m) {
+                led.push((
+                    row,
+                    r.clone(),
+                    if st.busy {
+                        held.max(deadline)
+                    } else {
+                        deadline
+                    },
+                ));
+            } else if st.extending || covers_all(&st.pending, self.geometry.data_disks()) {
+                // Wake the holding leader: the stripe is full, or its stream is still coming.
                 r.cv.notify_all();
             }
         }
+        let extend = if sequential && others {
+            self.config.write_hold
+        } else {
+            std::time::Duration::ZERO
+        };
         for (row, r, until) in led {
-            self.lead_batch(row, &r, until);
+            self.lead_batch(row, &r, until, extend);
         }
         let res = done.wait();
         for row in rows {
@@ -199,9 +212,16 @@ impl Array {
         hit.is_some()
     }
 
-    fn lead_batch(&self, row: u64, r: &crate::stripe_cache::Row, deadline: Instant) {
+    /// `extend`: non-zero for a sequential stream, whose hold follows the pieces still arriving.
+    fn lead_batch(
+        &self,
+        row: u64,
+        r: &crate::stripe_cache::Row,
+        deadline: Instant,
+        extend: std::time::Duration,
+    ) {
         let m = self.geometry.data_disks();
-        let st = r.hold(r.st.lock(), deadline, |p| covers_all(p, m));
+        let st = r.hold(r.st.lock(), deadline, extend, |p| covers_all(p, m));
         let mut st = r.claim(st);
         assert!(
             st.leader,

@@ -19,7 +19,7 @@
 use parking_lot::{Condvar, Mutex, MutexGuard};
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// One piece of a client write: bytes for data chunk `data_index` of a row.
 pub(crate) struct Piece {
@@ -78,6 +78,8 @@ pub(crate) struct RowState {
     pub leader: bool,
     pub busy: bool,
     pub hurry: bool,
+    /// The leader extends its hold while pieces arrive: joiners must wake it.
+    pub extending: bool,
 }
 
 pub(crate) struct Row {
@@ -195,18 +197,31 @@ impl Row {
     }
 
     /// Leader's wait: until `deadline`, or earlier if the row is full, hurried or has a FUA piece.
+    /// While pieces keep arriving the deadline moves to `extend` after the latest one (a stream
+    /// is still filling the stripe), but never past four times the first hold.
     pub fn hold<'a>(
         &'a self,
         mut st: MutexGuard<'a, RowState>,
         deadline: Instant,
+        extend: Duration,
         full: impl Fn(&[Piece]) -> bool,
     ) -> MutexGuard<'a, RowState> {
+        let cap = deadline + extend * 3;
+        let mut deadline = deadline;
+        let mut seen = st.pending.len();
+        st.extending = !extend.is_zero();
         loop {
             if st.hurry || st.pending.iter().any(|p| p.fua) || full(&st.pending) {
+                st.extending = false;
                 return st;
             }
             if self.cv.wait_until(&mut st, deadline).timed_out() {
+                st.extending = false;
                 return st;
+            }
+            if st.pending.len() > seen {
+                seen = st.pending.len();
+                deadline = deadline.max((Instant::now() + extend).min(cap));
             }
         }
     }
