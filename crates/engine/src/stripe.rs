@@ -168,15 +168,7 @@ impl Array {
                 st.leader = true;
                 // A stripe with a batch in flight has writers converging on it: worth waiting
                 // (the leader waits for that batch anyway) for more to join.
-                led.push((
-                    row,
-                    r.clone(),
-                    if st.busy {
-                        held.max(deadline)
-                    } else {
-                        deadline
-                    },
-                ));
+                led.push((row, r.clone(), if st.busy { held } else { deadline }));
             } else if st.extending || covers_all(&st.pending, self.geometry.data_disks()) {
                 // Wake the holding leader: the stripe is full, or its stream is still coming.
                 r.cv.notify_all();

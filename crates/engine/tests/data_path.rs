@@ -114,11 +114,15 @@ fn concurrent_writes_to_one_stripe_share_one_parity_update() {
 #[test]
 fn healthy_reads_go_straight_to_one_member() {
     let sa = sim_array(Level::Raid6, None, 6, 64 << 10, 8 << 20, 5);
-    let before = reads(&sa);
+    let (reads_before, writes_before) = (reads(&sa), writes(&sa));
     let mut buf = vec![0u8; 8192];
     sa.array.read(4096, &mut buf).unwrap();
-    assert_eq!(reads(&sa) - before, 1);
-    assert_eq!(writes(&sa), writes(&sa));
+    assert_eq!(reads(&sa) - reads_before, 1, "one member read");
+    assert_eq!(
+        writes(&sa),
+        writes_before,
+        "a read writes nothing (not even a superblock)"
+    );
 }
 
 #[test]

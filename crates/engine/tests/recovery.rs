@@ -251,7 +251,7 @@ fn check_counts_repair_fixes_corruption() {
         let m = sims(n, 8 << 20, 11);
         make(level, None, &m, &[], 64 << 10);
         let a = open(&m);
-        let model = fill(&a, 12);
+        fill(&a, 12);
         a.request_action("check").unwrap();
         assert!(a.wait_sync_idle(Duration::from_secs(30)));
         assert_eq!(a.sync_status().mismatch_sectors, 0);
@@ -274,7 +274,6 @@ fn check_counts_repair_fixes_corruption() {
             0,
             "{level:?}: repair left mismatches"
         );
-        let _ = model;
         a.close().unwrap();
     }
 }
