@@ -5,23 +5,37 @@
 //! * `slots[role].faulty`: set by [`Array::fail_role`] under `meta`; read lock-free by the I/O path.
 //! * `meta` (mutex): superblocks, events, dirty/clean. Held while superblocks are written, never
 //!   while data I/O runs.
-//! * `dirty` (atomic): fast check that the on-disk state says "active" before a write goes out
-//!   (md writes the dirty superblock and waits for it before the first data write).
+//! * `active` (atomic): fast check that the on-disk state says "active" before a member write
+//!   goes out (md writes the dirty superblock and waits for it before the first data write).
+//!   False at assembly whatever the superblocks said: a run that started dirty or with a resync
+//!   checkpoint still records "active, resync from 0" before its first write, because what it
+//!   writes may land below the old checkpoint.
+//! * `failures_in_commit`: member failures set in memory whose superblock commit has not
+//!   finished. Writes that may have skipped such a member wait for the commit (the metadata lock)
+//!   before they are acknowledged.
+//! * `closing` + `inflight_writes`: a clean stop refuses new writes, waits for those in flight,
+//!   and only then records "clean".
 //! * the stripe cache (parity levels) and region locks (mirrors) serialise writers per stripe.
 
+use crate::clock::{Clock, SystemClock};
 use crate::error::{EngineError, Result};
 use crate::events::{Event, EventBus};
+use crate::io::Executor;
 use crate::member::{Member, Slot};
 use crate::meta::Meta;
 use crate::mirror::RegionLocks;
+use crate::policy::{ConsistencyPolicy, ResyncPolicy};
 use crate::stripe_cache::StripeCache;
 use crate::sync::SyncControl;
-use format::{MAX_SECTOR, ROLE_FAULTY};
+use format::ROLE_FAULTY;
 use layout::{Geometry, Level};
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+/// How long a clean stop waits for writes in flight before giving up (the array stays dirty).
+const CLOSE_DRAIN_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// How many concurrent sequential write streams the hold heuristic tracks.
 pub(crate) const RECENT_STREAMS: usize = 8;
@@ -38,6 +52,11 @@ pub struct ArrayConfig {
     pub io_threads: usize,
     /// Refuse writes.
     pub read_only: bool,
+    /// Deterministic simulation: member operations of a request run one after the other in an
+    /// order drawn from this seed, on the caller's thread.
+    pub deterministic_seed: Option<u64>,
+    /// The clock background work paces and checkpoints by (default: real time).
+    pub clock: Option<Arc<dyn Clock>>,
 }
 
 impl Default for ArrayConfig {
@@ -51,6 +70,8 @@ impl Default for ArrayConfig {
                 .map_or(2, |n| n.get())
                 .clamp(2, 16),
             read_only: false,
+            deterministic_seed: None,
+            clock: None,
         }
     }
 }
@@ -63,10 +84,13 @@ pub struct Array {
     pub(crate) slots: Vec<Slot>,
     pub(crate) meta: Mutex<Meta>,
     pub(crate) config: ArrayConfig,
-    dirty: AtomicBool,
+    active: AtomicBool,
+    closing: AtomicBool,
+    pub(crate) failures_in_commit: AtomicUsize,
     failed: AtomicBool,
     was_dirty: bool,
-    pool: rayon::ThreadPool,
+    pub(crate) executor: Executor,
+    pub(crate) policy: Box<dyn ConsistencyPolicy>,
     pub(crate) stripes: StripeCache,
     pub(crate) regions: RegionLocks,
     pub(crate) inflight_writes: AtomicUsize,
@@ -115,6 +139,7 @@ pub struct ArrayStatus {
     /// Roles without a complete member (faulty, missing or rebuilding).
     pub missing_roles: Vec<usize>,
     pub dirty: bool,
+    pub consistency_policy: &'static str,
     pub failed: bool,
     pub read_only: bool,
     pub sync: crate::sync::SyncStatus,
@@ -135,12 +160,33 @@ pub(crate) struct ArrayParts {
 
 impl Array {
     pub(crate) fn from_parts(p: ArrayParts) -> Result<Array> {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(p.config.io_threads.max(2))
-            .thread_name(|i| format!("member-io-{i}"))
-            .build()
-            .map_err(|e| EngineError::Unsupported(format!("cannot start I/O threads: {e}")))?;
+        let executor = match p.config.deterministic_seed {
+            Some(seed) => Executor::Deterministic(parking_lot::Mutex::new(
+                <rand_chacha::ChaCha8Rng as rand::SeedableRng>::seed_from_u64(seed),
+            )),
+            None => Executor::Threads(
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(p.config.io_threads.max(2))
+                    .thread_name(|i| format!("member-io-{i}"))
+                    .build()
+                    .map_err(|e| {
+                        EngineError::Unsupported(format!("cannot start I/O threads: {e}"))
+                    })?,
+            ),
+        };
+        let clock: Arc<dyn Clock> = p
+            .config
+            .clock
+            .clone()
+            .unwrap_or_else(|| Arc::new(SystemClock::default()));
         let was_dirty = p.was_dirty;
+        let policy: Box<dyn ConsistencyPolicy> = Box::new(ResyncPolicy);
+        let resync_from = if p.geometry.max_degraded() > 0 {
+            policy.resync_from(p.meta.resync_offset)
+        } else {
+            None
+        };
+        debug_assert_eq!(resync_from, p.resync_from, "assembly and policy disagree");
         let stripes = StripeCache::new(p.config.stripe_cache_bytes);
         let pool_bytes = p.config.stripe_cache_bytes;
         let array = Array {
@@ -150,17 +196,20 @@ impl Array {
             slots: p.slots,
             meta: Mutex::new(p.meta),
             config: p.config,
-            dirty: AtomicBool::new(was_dirty),
+            active: AtomicBool::new(false),
+            closing: AtomicBool::new(false),
+            failures_in_commit: AtomicUsize::new(0),
             failed: AtomicBool::new(false),
             was_dirty,
-            pool,
+            executor,
+            policy,
             stripes,
             regions: RegionLocks::new(),
             inflight_writes: AtomicUsize::new(0),
             recent_ends: std::array::from_fn(|_| std::sync::atomic::AtomicU64::new(u64::MAX)),
             small_io_nanos: std::sync::atomic::AtomicU64::new(1_000_000),
             spares: Mutex::new(p.spares),
-            sync: SyncControl::new(p.resync_from),
+            sync: SyncControl::new(resync_from, clock),
             events: EventBus::default(),
             background: Mutex::new(None),
             bufs: crate::bufpool::BufPool::new(pool_bytes),
@@ -197,10 +246,6 @@ impl Array {
         self.config.read_only
     }
 
-    pub(crate) fn pool(&self) -> &rayon::ThreadPool {
-        &self.pool
-    }
-
     pub(crate) fn slot(&self, role: usize) -> &Slot {
         &self.slots[role]
     }
@@ -225,32 +270,44 @@ impl Array {
     pub fn write(&self, offset_bytes: u64, data: &[u8], fua: bool) -> Result<()> {
         self.check_range(offset_bytes, data.len() as u64)?;
         self.check_writable()?;
-        self.mark_dirty()?;
         self.sync.note_client_io();
-        self.inflight_writes.fetch_add(1, Ordering::AcqRel);
-        let res = if self.geometry.level().is_parity() {
+        // Counted before `closing` is checked: a clean stop that set `closing` and then saw no
+        // write in flight cannot miss this one.
+        self.inflight_writes.fetch_add(1, Ordering::SeqCst);
+        let res = if self.closing.load(Ordering::SeqCst) {
+            Err(EngineError::ReadOnly {
+                array: self.name.clone(),
+                reason: "stopping".into(),
+            })
+        } else if self.geometry.level().is_parity() {
             self.parity_write(offset_bytes, data, fua)
         } else {
             self.mirror_write(offset_bytes, data, fua)
         };
-        self.inflight_writes.fetch_sub(1, Ordering::AcqRel);
+        self.inflight_writes.fetch_sub(1, Ordering::SeqCst);
         res
     }
 
     /// Make every write that completed before this call durable on the members.
     pub fn flush(&self) -> Result<()> {
         self.stripes.hurry_all();
-        self.pool.scope(|s| {
-            for role in 0..self.slots.len() {
-                s.spawn(move |_| {
-                    if let Some(m) = self.slots[role].usable() {
-                        if let Err(e) = m.dev.flush() {
-                            self.fail_role(role, &format!("flush failed: {e}"));
-                        }
-                    }
-                });
+        let flush_role = |role: usize| {
+            if let Some(m) = self.slots[role].usable() {
+                if let Err(e) = m.dev.flush() {
+                    self.fail_role(role, &format!("flush failed: {e}"));
+                }
             }
-        });
+        };
+        match &self.executor {
+            Executor::Threads(pool) => pool.scope(|s| {
+                for role in 0..self.slots.len() {
+                    s.spawn(move |_| flush_role(role));
+                }
+            }),
+            Executor::Deterministic(_) => (0..self.slots.len()).for_each(flush_role),
+        }
+        // A member that failed meanwhile was skipped: its failure must be on disk first.
+        self.wait_failures_durable();
         if self.is_failed() {
             return Err(self.unrecoverable(0, self.size_bytes(), "too many members failed"));
         }
@@ -320,37 +377,59 @@ impl Array {
         }
     }
 
-    /// Record that the array is active (dirty) on every member before the first write.
-    fn mark_dirty(&self) -> Result<()> {
-        if self.dirty.load(Ordering::Acquire) {
+    /// Record that the array is active on every member (durably) before the first member
+    /// write of this run.
+    pub(crate) fn mark_active(&self) -> Result<()> {
+        if self.active.load(Ordering::Acquire) {
             return Ok(());
         }
         let mut meta = self.meta.lock();
-        if self.dirty.load(Ordering::Acquire) {
+        if self.active.load(Ordering::Acquire) {
             return Ok(());
         }
-        meta.resync_offset = 0;
+        self.policy.on_active(&mut meta);
         let failed = meta.commit();
+        self.active.store(true, Ordering::Release);
         drop(meta);
-        self.dirty.store(true, Ordering::Release);
         self.fail_members_after_sb_error(failed);
         Ok(())
     }
 
-    /// Clean stop: stop background work (checkpointing it), flush, then record "clean" (or
-    /// the resync checkpoint) in every superblock.
+    /// Wait until every member failure set so far is recorded in the superblocks.
+    pub(crate) fn wait_failures_durable(&self) {
+        if self.failures_in_commit.load(Ordering::SeqCst) > 0 {
+            // fail_role holds the metadata lock from setting the failure until its commit ends.
+            drop(self.meta.lock());
+        }
+    }
+
+    /// Clean stop: stop background work (checkpointing it), refuse new writes, wait for those
+    /// in flight, flush, then record "clean" (or the resync checkpoint) in every superblock. If
+    /// writes are still running after [`CLOSE_DRAIN_TIMEOUT`], the array stays "active".
     pub fn close(&self) -> Result<()> {
         self.stop_background();
+        self.closing.store(true, Ordering::SeqCst);
+        self.stripes.hurry_all();
+        let deadline = Instant::now() + CLOSE_DRAIN_TIMEOUT;
+        while self.inflight_writes.load(Ordering::SeqCst) > 0 {
+            if Instant::now() > deadline {
+                return Err(EngineError::ReadOnly {
+                    array: self.name.clone(),
+                    reason: "writes still in flight at stop; left marked active".into(),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
         self.flush()?;
         if self.config.read_only {
             return Ok(());
         }
         let resync_from = self.sync.st.lock().resync_from;
         let mut meta = self.meta.lock();
-        meta.resync_offset = resync_from.map_or(MAX_SECTOR, |b| b / 512);
+        self.policy.on_clean(&mut meta, resync_from);
         let failed = meta.commit();
+        self.active.store(false, Ordering::Release);
         drop(meta);
-        self.dirty.store(false, Ordering::Release);
         self.fail_members_after_sb_error(failed);
         Ok(())
     }
@@ -388,6 +467,9 @@ impl Array {
         if slot.is_faulty() {
             return;
         }
+        // Raised before the failure is visible and lowered after the commit: a writer that
+        // sees the member faulty (and skips it) then waits for this commit before acking.
+        self.failures_in_commit.fetch_add(1, Ordering::SeqCst);
         slot.set_faulty();
         tracing::error!(array = %self.name, member = %name, role, "member marked faulty: {why}");
         if let Some(m) = slot.member() {
@@ -398,6 +480,7 @@ impl Array {
             self.failed.store(true, Ordering::Release);
         }
         let failed = meta.commit();
+        self.failures_in_commit.fetch_sub(1, Ordering::SeqCst);
         drop(meta);
         self.events.emit(
             "member_faulty",
@@ -494,7 +577,9 @@ impl Array {
             missing_roles: (0..self.slots.len())
                 .filter(|&r| !self.slots[r].is_complete())
                 .collect(),
-            dirty: self.dirty.load(Ordering::Acquire),
+            dirty: self.active.load(Ordering::Acquire)
+                || self.sync.unsynced.load(Ordering::Acquire),
+            consistency_policy: self.policy.name(),
             failed: self.is_failed(),
             read_only: self.config.read_only,
             sync,

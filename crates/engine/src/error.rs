@@ -21,6 +21,14 @@ pub enum EngineError {
         len_bytes: u64,
         reason: String,
     },
+    /// A member's backing store is full (ENOSPC/EDQUOT): the write did not complete; the member
+    /// stays in the array and the range is resynced once space is back.
+    #[error("array {array}: no space on a member's backing store for bytes {offset_bytes}..+{len_bytes}")]
+    NoSpace {
+        array: String,
+        offset_bytes: u64,
+        len_bytes: u64,
+    },
     /// The array refuses writes.
     #[error("array {array} is read-only: {reason}")]
     ReadOnly { array: String, reason: String },
@@ -46,6 +54,7 @@ impl From<EngineError> for io::Error {
             EngineError::InvalidArgument(_) => io::ErrorKind::InvalidInput,
             EngineError::ReadOnly { .. } => io::ErrorKind::PermissionDenied,
             EngineError::Unsupported(_) => io::ErrorKind::Unsupported,
+            EngineError::NoSpace { .. } => io::ErrorKind::StorageFull,
             _ => io::ErrorKind::Other,
         };
         io::Error::new(kind, e.to_string())

@@ -1,47 +1,84 @@
 //! Member I/O fan-out: the only place the engine calls into devices for data.
 //!
-//! A request's member operations run in parallel on a dedicated thread pool (blocking I/O, so not
-//! the global rayon pool), or inline when there is one. A failed operation marks its member
-//! faulty (via [`Array::fail_role`], which records it in the superblocks) before the caller
-//! sees the error, so that the caller can fall back to redundancy at once.
+//! Every operation is planned against one member ([`MemberIo::planned`]): the member that filled
+//! the role, current over the range, when the operation was built. It runs against that member
+//! and no other, and only while the role still holds it, not faulty ([`crate::member::Slot::holds`]).
+//! A spare installed in a failed role between planning and running therefore never serves a read
+//! planned against its predecessor, nor receives a write above its rebuilt point; such an
+//! operation ends [`IoOutcome::Stale`] and its caller plans again.
+//!
+//! A request's operations run through the array's [`Executor`]: in parallel on a dedicated thread
+//! pool (blocking I/O, so not the global rayon pool), inline when there is one or they are small
+//! and the members fast, or, in deterministic simulation, one after the other in an order drawn
+//! from the seed. An I/O error marks its member faulty (via [`Array::fail_role`], which records
+//! it in the superblocks) before the caller sees the outcome, so the caller can fall back to
+//! redundancy at once. A full backing file system (ENOSPC, EDQUOT) is not a failed disk: the
+//! member stays, the operation ends [`IoOutcome::NoSpace`] and the caller fails the request.
 
 use crate::array::Array;
+use crate::member::Member;
 use std::io;
+use std::sync::Arc;
 
 pub(crate) enum IoKind<'a> {
     Read(&'a mut [u8]),
     Write(&'a [u8], bool),
 }
 
-/// One operation on the member filling `role`, at `offset_bytes` into its data area.
+/// How one member operation ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum IoOutcome {
+    /// Not run yet.
+    Pending,
+    Ok,
+    /// The device failed it; the member has been marked faulty.
+    IoError,
+    /// The device's backing store is full; the member stays in the array.
+    NoSpace,
+    /// The planned member is no longer the role's current, healthy member; nothing was done.
+    Stale,
+}
+
+/// One operation on the member planned for `role`, at `offset_bytes` into its data area.
 pub(crate) struct MemberIo<'a> {
     pub role: usize,
     pub offset_bytes: u64,
     pub kind: IoKind<'a>,
-    pub ok: bool,
+    member: Option<Arc<Member>>,
+    pub outcome: IoOutcome,
 }
 
 impl<'a> MemberIo<'a> {
-    pub fn read(role: usize, offset_bytes: u64, buf: &'a mut [u8]) -> MemberIo<'a> {
+    /// An operation against `member` (None: the role had no usable member when planned; the
+    /// operation ends `Stale` without touching any device).
+    pub fn planned(
+        role: usize,
+        member: Option<Arc<Member>>,
+        offset_bytes: u64,
+        kind: IoKind<'a>,
+    ) -> MemberIo<'a> {
         MemberIo {
             role,
             offset_bytes,
-            kind: IoKind::Read(buf),
-            ok: false,
+            kind,
+            member,
+            outcome: IoOutcome::Pending,
         }
     }
 
-    pub fn write(role: usize, offset_bytes: u64, buf: &'a [u8], fua: bool) -> MemberIo<'a> {
-        MemberIo {
-            role,
-            offset_bytes,
-            kind: IoKind::Write(buf, fua),
-            ok: false,
-        }
+    pub fn ok(&self) -> bool {
+        self.outcome == IoOutcome::Ok
     }
 
     fn run(&mut self, array: &Array) -> Option<io::Error> {
-        let member = array.slot(self.role).usable()?;
+        let Some(member) = self.member.as_ref() else {
+            self.outcome = IoOutcome::Stale;
+            return None;
+        };
+        if !array.slot(self.role).holds(member) {
+            self.outcome = IoOutcome::Stale;
+            return None;
+        }
         let at = member.data_offset_bytes + self.offset_bytes;
         let res = match &mut self.kind {
             IoKind::Read(buf) => member.dev.read_at(buf, at),
@@ -49,10 +86,18 @@ impl<'a> MemberIo<'a> {
         };
         match res {
             Ok(()) => {
-                self.ok = true;
+                self.outcome = IoOutcome::Ok;
                 None
             }
-            Err(e) => Some(e),
+            Err(e) if is_no_space(&e) => {
+                self.outcome = IoOutcome::NoSpace;
+                tracing::warn!(member = %member.name(), offset = at, "backing store full: {e}");
+                None
+            }
+            Err(e) => {
+                self.outcome = IoOutcome::IoError;
+                Some(e)
+            }
         }
     }
 
@@ -71,10 +116,33 @@ impl<'a> MemberIo<'a> {
     }
 }
 
+/// ENOSPC, EDQUOT (and a file grown past its limit): the store is full, the disk is not broken.
+fn is_no_space(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc_errno::ENOSPC | libc_errno::EDQUOT)
+    ) || e.kind() == io::ErrorKind::StorageFull
+}
+
+/// The two errno values, spelled out so the engine needs no libc dependency for them.
+mod libc_errno {
+    pub const ENOSPC: i32 = 28;
+    pub const EDQUOT: i32 = 122;
+}
+
 /// Batches up to this many bytes may run inline on fast members.
 const CHEAP_BATCH_BYTES: usize = 128 * 1024;
 /// Small member operations faster than this (moving average) count as memory speed.
 const CHEAP_OP_NANOS: u64 = 20_000;
+
+/// How member operations of one request are run.
+pub(crate) enum Executor {
+    /// In parallel on a thread pool (inline when cheap).
+    Threads(rayon::ThreadPool),
+    /// One after the other on the caller's thread, in an order drawn from a seeded RNG, so that
+    /// one seed replays one interleaving of completions.
+    Deterministic(parking_lot::Mutex<rand_chacha::ChaCha8Rng>),
+}
 
 impl Array {
     /// Small batch and members fast enough (recent small operations, averaged) that issuing
@@ -97,51 +165,102 @@ impl Array {
         }
     }
 
-    /// Run `ios` (in parallel when more than one). Each `ok` tells whether it succeeded; a
-    /// member that failed has been marked faulty on return. Returns true if all succeeded.
+    /// Run `ios`. Each `outcome` tells how it ended; a member that failed has been marked
+    /// faulty on return. Returns true if all succeeded.
     pub(crate) fn run_io(&self, ios: &mut [MemberIo<'_>]) -> bool {
-        let mut errors: Vec<(usize, &'static str, u64, io::Error)> = Vec::new();
         if ios.is_empty() {
             return true;
         }
-        if ios.len() == 1 || self.io_is_cheap(ios) {
-            // One operation, or small ones on members that answer at memory speed: a hand-off
-            // to another thread would cost more than the I/O itself.
-            for op in ios.iter_mut() {
-                let started = std::time::Instant::now();
-                if let Some(e) = op.run(self) {
-                    errors.push((op.role, op.op_name(), op.offset_bytes, e));
+        let errors = match &self.executor {
+            Executor::Deterministic(rng) => {
+                use rand::seq::SliceRandom;
+                let mut order: Vec<usize> = (0..ios.len()).collect();
+                order.shuffle(&mut *rng.lock());
+                let mut errors = Vec::new();
+                for i in order {
+                    let op = &mut ios[i];
+                    if let Some(e) = op.run(self) {
+                        errors.push((op.role, op.op_name(), op.offset_bytes, e));
+                    }
                 }
-                self.note_io_latency(op.len(), started.elapsed());
+                errors
             }
-        } else {
-            // The caller's thread does the first operation itself: one hand-off fewer.
-            let found = parking_lot::Mutex::new(Vec::new());
-            let (first, rest) = ios.split_first_mut().expect("more than one operation");
-            self.pool().in_place_scope(|s| {
-                for op in rest.iter_mut() {
-                    let found = &found;
-                    s.spawn(move |_| {
-                        if let Some(e) = op.run(self) {
-                            found
-                                .lock()
-                                .push((op.role, op.op_name(), op.offset_bytes, e));
-                        }
-                    });
+            Executor::Threads(_) if ios.len() == 1 || self.io_is_cheap(ios) => {
+                // One operation, or small ones on members that answer at memory speed: a
+                // hand-off to another thread would cost more than the I/O itself.
+                let mut errors = Vec::new();
+                for op in ios.iter_mut() {
+                    let started = std::time::Instant::now();
+                    if let Some(e) = op.run(self) {
+                        errors.push((op.role, op.op_name(), op.offset_bytes, e));
+                    }
+                    self.note_io_latency(op.len(), started.elapsed());
                 }
-                let started = std::time::Instant::now();
-                if let Some(e) = first.run(self) {
-                    found
-                        .lock()
-                        .push((first.role, first.op_name(), first.offset_bytes, e));
-                }
-                self.note_io_latency(first.len(), started.elapsed());
-            });
-            errors = found.into_inner();
-        }
+                errors
+            }
+            Executor::Threads(pool) => self.run_parallel(pool, ios),
+        };
         for (role, op, offset, e) in &errors {
             self.fail_role(*role, &format!("{op} at data byte {offset} failed: {e}"));
         }
-        ios.iter().all(|op| op.ok)
+        ios.iter().all(MemberIo::ok)
+    }
+
+    fn run_parallel(
+        &self,
+        pool: &rayon::ThreadPool,
+        ios: &mut [MemberIo<'_>],
+    ) -> Vec<(usize, &'static str, u64, io::Error)> {
+        // The caller's thread does the first operation itself: one hand-off fewer.
+        let found = parking_lot::Mutex::new(Vec::new());
+        let (first, rest) = ios.split_first_mut().expect("more than one operation");
+        pool.in_place_scope(|s| {
+            for op in rest.iter_mut() {
+                let found = &found;
+                s.spawn(move |_| {
+                    if let Some(e) = op.run(self) {
+                        found
+                            .lock()
+                            .push((op.role, op.op_name(), op.offset_bytes, e));
+                    }
+                });
+            }
+            let started = std::time::Instant::now();
+            if let Some(e) = first.run(self) {
+                found
+                    .lock()
+                    .push((first.role, first.op_name(), first.offset_bytes, e));
+            }
+            self.note_io_latency(first.len(), started.elapsed());
+        });
+        found.into_inner()
+    }
+
+    /// A read of `role` over `len` bytes at `offset_bytes`, planned against the member that is
+    /// current there now (none: the operation ends `Stale`).
+    pub(crate) fn read_io<'a>(
+        &self,
+        role: usize,
+        offset_bytes: u64,
+        buf: &'a mut [u8],
+    ) -> MemberIo<'a> {
+        let member = self
+            .slot(role)
+            .in_sync_member(offset_bytes, buf.len() as u64);
+        MemberIo::planned(role, member, offset_bytes, IoKind::Read(buf))
+    }
+
+    /// A write of `role`, planned against the member current there now.
+    pub(crate) fn write_io<'a>(
+        &self,
+        role: usize,
+        offset_bytes: u64,
+        buf: &'a [u8],
+        fua: bool,
+    ) -> MemberIo<'a> {
+        let member = self
+            .slot(role)
+            .in_sync_member(offset_bytes, buf.len() as u64);
+        MemberIo::planned(role, member, offset_bytes, IoKind::Write(buf, fua))
     }
 }

@@ -8,6 +8,8 @@
 mod array;
 mod assemble;
 mod bufpool;
+mod clock;
+mod commit;
 mod create;
 mod error;
 mod events;
@@ -16,6 +18,7 @@ mod manage;
 mod member;
 mod meta;
 mod mirror;
+mod policy;
 mod rebuild;
 mod scrub;
 mod stripe;
@@ -23,6 +26,7 @@ mod stripe_cache;
 mod sync;
 
 pub use array::{Array, ArrayConfig, ArrayStatus, MemberState, MemberStatus};
+pub use clock::{Clock, ManualClock, SystemClock};
 pub use assemble::{assemble, AssembleOptions};
 pub use create::{create, CreateSpec, Created};
 pub use error::{EngineError, Result};

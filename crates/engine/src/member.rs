@@ -58,6 +58,25 @@ impl Slot {
         }
     }
 
+    /// The member to plan I/O on `offset..offset+len` against: the one filling the role if
+    /// that range of it is current. The I/O later runs against this member, never against
+    /// whatever fills the role by then ([`Slot::holds`]).
+    pub fn in_sync_member(&self, offset_bytes: u64, len_bytes: u64) -> Option<Arc<Member>> {
+        let member = self.member.read().clone()?;
+        self.in_sync(offset_bytes, len_bytes).then_some(member)
+    }
+
+    /// Does the role still hold `member`, not faulty? An I/O planned against a member that has
+    /// failed or left its role since must not run against its successor.
+    pub fn holds(&self, member: &Arc<Member>) -> bool {
+        !self.is_faulty()
+            && self
+                .member
+                .read()
+                .as_ref()
+                .is_some_and(|m| Arc::ptr_eq(m, member))
+    }
+
     /// The member filling the role, faulty or not.
     pub fn member(&self) -> Option<Arc<Member>> {
         self.member.read().clone()

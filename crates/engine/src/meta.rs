@@ -3,9 +3,13 @@
 //! md keeps one superblock per member, all carrying the same array-wide fields (events,
 //! `resync_offset`, the `dev_roles` table) and each its own device fields (`dev_number`,
 //! `data_offset`, `recovery_offset`, device UUID). [`Meta`] holds them, behind the array's
-//! metadata mutex, and every change is: mutate the array-wide fields, bump `events`, write the
-//! superblock of every member that is not faulty with FUA. A member whose superblock write fails
-//! is faulty: the caller records that in a further update (md does the same).
+//! metadata mutex, and every change is: mutate the array-wide fields, bump `events`, then on every
+//! member that is not faulty flush and write the superblock with FUA (md's PREFLUSH|FUA). The
+//! flush is what makes recorded progress safe: a superblock that says "rebuilt up to X", "in
+//! sync" or "clean" reaches the medium only after every member write that completed before the
+//! commit did. FUA alone makes the superblock durable, not the writes before it. A member whose
+//! flush or superblock write fails is faulty: the caller records that in a further update (md
+//! does the same).
 //!
 //! Events only go up here (md may step back by one on clean transitions; we never do, which is
 //! allowed: md accepts any member whose count is within one of the freshest).
@@ -52,7 +56,12 @@ impl Meta {
             m.sb.resync_offset = self.resync_offset;
             m.sb.dev_roles.clone_from(&self.roles);
             m.sb.utime = utime;
-            if let Err(e) = write_superblock(&m.member, &m.sb) {
+            let written = m
+                .member
+                .dev
+                .flush()
+                .and_then(|()| write_superblock(&m.member, &m.sb));
+            if let Err(e) = written {
                 failed.push((m.member.clone(), e));
             }
         }

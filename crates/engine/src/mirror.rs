@@ -12,7 +12,7 @@
 
 use crate::array::Array;
 use crate::error::Result;
-use crate::io::MemberIo;
+use crate::commit::WriteSet;
 use layout::Level;
 use parking_lot::{Mutex, MutexGuard};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -107,14 +107,14 @@ impl Array {
                 let (mine, tail) = tail.split_at_mut(p.len);
                 rest = tail;
                 consumed = p.buf_offset + p.len;
-                ios.push(MemberIo::read(copy.dev, copy.dev_sector * 512, mine));
+                ios.push(self.read_io(copy.dev, copy.dev_sector * 512, mine));
                 which.push(i);
             }
             self.run_io(&mut ios);
             let failed: Vec<usize> = ios
                 .iter()
                 .zip(&which)
-                .filter(|(op, _)| !op.ok)
+                .filter(|(op, _)| !op.ok())
                 .map(|(_, &i)| i)
                 .collect();
             if !failed.is_empty() && self.geometry.max_degraded() == 0 {
@@ -160,14 +160,17 @@ impl Array {
                 .iter()
                 .filter(|c| self.slot(c.dev).in_sync(c.dev_sector * 512, p.len as u64))
             {
-                ios.push(MemberIo::write(copy.dev, copy.dev_sector * 512, bytes, fua));
+                ios.push(self.write_io(copy.dev, copy.dev_sector * 512, bytes, fua));
                 owner.push(i);
             }
         }
-        self.run_io(&mut ios);
+        self.commit_writes(
+            &WriteSet::mirror(offset_bytes, data.len() as u64),
+            &mut ios,
+        )?;
         let mut written = vec![false; pieces.len()];
         for (op, &i) in ios.iter().zip(&owner) {
-            written[i] |= op.ok;
+            written[i] |= op.ok();
         }
         if let Some(i) = written.iter().position(|w| !w) {
             let p = &pieces[i];

@@ -5,16 +5,17 @@
 //! member, and the role's in-sync point is advanced before the claim is released. Client I/O
 //! uses the new member only below that point, so nothing the rebuild read earlier can overwrite
 //! a newer write. Progress goes to the member's superblock (RECOVERY_OFFSET) every
-//! `CHECKPOINT_EVERY` and when the work stops, so a restart resumes where it stopped.
+//! `CHECKPOINT_EVERY` and when the work stops, so a restart resumes where it stopped. Every superblock commit flushes the members first
+//! (md's PREFLUSH), so a checkpoint or "in sync" never covers rebuilt data that is not durable.
 
 use crate::array::Array;
 use crate::bufpool::PoolBuf;
-use crate::io::MemberIo;
+use crate::commit::WriteSet;
+use crate::io::{IoKind, MemberIo};
 use crate::member::FULLY_IN_SYNC;
-use crate::sync::{Pace, Stop, CHECKPOINT_EVERY, WINDOW_BYTES};
+use crate::sync::{Stop, WINDOW_BYTES};
 use layout::Level;
 use std::sync::Arc;
-use std::time::Instant;
 
 impl Array {
     /// Assign a spare to the first role without a complete member; returns the role to rebuild.
@@ -55,35 +56,96 @@ impl Array {
         Some(role)
     }
 
-    pub(crate) fn recover(&self, role: usize, from: u64) -> Result<(), Stop> {
-        let res = if self.geometry.level().is_parity() {
-            self.recover_parity(role, from)
+    /// Where the rebuild of `role` ends (per-member bytes).
+    pub(crate) fn recovery_end(&self, role: usize) -> u64 {
+        let g = &self.geometry;
+        if g.level().is_parity() {
+            g.stripes() * g.chunk_sectors() * 512
         } else {
-            self.recover_mirror(role, from)
-        };
-        if res.is_ok() {
-            self.slots[role].advance(FULLY_IN_SYNC);
-            let mut meta = self.meta.lock();
-            if let Some(m) = self.slots[role].member() {
-                meta.set_recovery(m.dev_number, None);
-            }
-            let failed = meta.commit();
-            drop(meta);
-            self.fail_members_after_sb_error(failed);
-            let name = self.slots[role].member().map(|m| m.name().to_string());
-            self.events.emit(
-                "member_in_sync",
-                &self.name,
-                name.as_deref(),
-                format!("role {role} rebuilt"),
-            );
-        } else {
-            self.checkpoint_recovery(role);
+            g.used_device_sectors(role) * 512
         }
-        res
     }
 
-    /// Record how far a rebuild got in the rebuilding member's superblock.
+    /// Rebuild one window of `role` starting at `pos`; returns where the next window starts.
+    pub(crate) fn recover_window(&self, role: usize, pos: u64, end: u64) -> Result<u64, Stop> {
+        if self.geometry.level().is_parity() {
+            let chunk = self.geometry.chunk_sectors() * 512;
+            let row = pos / chunk;
+            let last = (row + self.window_rows()).min(self.geometry.stripes());
+            let claimed = self.claim_rows(row, last);
+            let res = self.rebuild_window(role, row, last);
+            if res.is_ok() {
+                self.slots[role].advance(last * chunk);
+            }
+            self.release_rows(row, claimed);
+            res?;
+            return Ok(last * chunk);
+        }
+        let step = self.mirror_step();
+        let off = pos / step * step;
+        let len = step.min(end - off);
+        if let Some(array_sector) = self.geometry.reverse_copy(role, off / 512) {
+            let at = array_sector * 512;
+            let _guard = self.regions.lock_range(at, len);
+            let mut buf = self.bufs.get(len as usize);
+            self.read_other_copy(role, at, &mut buf)?;
+            self.write_rebuilt(role, off, &buf)?;
+            self.slots[role].advance(off + len);
+        } else {
+            self.slots[role].advance(off + len);
+        }
+        Ok(off + len)
+    }
+
+    /// Mirror levels walk this many per-member (or array) bytes per window.
+    pub(crate) fn mirror_step(&self) -> u64 {
+        if self.geometry.level() == Level::Raid1 {
+            1 << 20
+        } else {
+            self.geometry.chunk_sectors() * 512
+        }
+    }
+
+    /// Write rebuilt bytes to the rebuilding member of `role` (above its in-sync point, so
+    /// planned against the role's member as long as it is not faulty).
+    fn write_rebuilt(&self, role: usize, offset_bytes: u64, buf: &[u8]) -> Result<(), Stop> {
+        let member = self.slots[role].usable();
+        let mut io = [MemberIo::planned(
+            role,
+            member,
+            offset_bytes,
+            IoKind::Write(buf, false),
+        )];
+        self.commit_writes(&WriteSet::rebuild(offset_bytes, buf.len() as u64), &mut io)
+            .map_err(|e| Stop::Failed(e.to_string()))?;
+        if !io[0].ok() {
+            return Err(Stop::Failed("write to the rebuilding member failed".into()));
+        }
+        Ok(())
+    }
+
+    /// The rebuild of `role` reached the end: record it in sync. The superblock commit flushes
+    /// every member first, so "in sync" is durable only after the rebuilt data is.
+    pub(crate) fn finish_recovery(&self, role: usize) {
+        let mut meta = self.meta.lock();
+        self.slots[role].advance(FULLY_IN_SYNC);
+        if let Some(m) = self.slots[role].member() {
+            meta.set_recovery(m.dev_number, None);
+        }
+        let failed = meta.commit();
+        drop(meta);
+        self.fail_members_after_sb_error(failed);
+        let name = self.slots[role].member().map(|m| m.name().to_string());
+        self.events.emit(
+            "member_in_sync",
+            &self.name,
+            name.as_deref(),
+            format!("role {role} rebuilt"),
+        );
+    }
+
+    /// Record how far a rebuild got in the rebuilding member's superblock. The commit flushes
+    /// the members first: the checkpoint never covers rebuilt data still in a volatile cache.
     pub(crate) fn checkpoint_recovery(&self, role: usize) {
         let slot = &self.slots[role];
         let Some(m) = slot.member() else { return };
@@ -95,30 +157,6 @@ impl Array {
         let failed = meta.commit();
         drop(meta);
         self.fail_members_after_sb_error(failed);
-    }
-
-    pub(crate) fn recover_parity(&self, role: usize, from: u64) -> Result<(), Stop> {
-        let chunk = self.geometry.chunk_sectors() * 512;
-        let stripes = self.geometry.stripes();
-        let mut pace = Pace::new(from);
-        let mut row = from / chunk;
-        while row < stripes {
-            self.pace(&mut pace, row * chunk)?;
-            let end = (row + self.window_rows()).min(stripes);
-            let claimed = self.claim_rows(row, end);
-            let res = self.rebuild_window(role, row, end);
-            if res.is_ok() {
-                self.slots[role].advance(end * chunk);
-            }
-            self.release_rows(row, claimed);
-            res?;
-            if pace.last_checkpoint.elapsed() > CHECKPOINT_EVERY {
-                self.checkpoint_recovery(role);
-                pace.last_checkpoint = Instant::now();
-            }
-            row = end;
-        }
-        Ok(())
     }
 
     /// Stripes per unit of background work: about `WINDOW_BYTES` of each member.
@@ -174,48 +212,9 @@ impl Array {
             let Some(bufs) = self.read_window(r0, r1)? else {
                 continue;
             };
-            let mut io = [MemberIo::write(role, r0 * chunk, &bufs[role], false)];
-            if !self.run_io(&mut io) {
-                return Err(Stop::Failed("write to the rebuilding member failed".into()));
-            }
-            return Ok(());
+            return self.write_rebuilt(role, r0 * chunk, &bufs[role]);
         }
         Err(Stop::Failed("members kept failing".into()))
-    }
-
-    pub(crate) fn recover_mirror(&self, role: usize, from: u64) -> Result<(), Stop> {
-        let g = &self.geometry;
-        let step = if g.level() == Level::Raid1 {
-            1 << 20
-        } else {
-            g.chunk_sectors() * 512
-        };
-        let end = g.used_device_sectors(role) * 512;
-        let mut pace = Pace::new(from);
-        let mut off = from / step * step;
-        while off < end {
-            self.pace(&mut pace, off)?;
-            let len = step.min(end - off);
-            if let Some(array_sector) = g.reverse_copy(role, off / 512) {
-                let at = array_sector * 512;
-                let _guard = self.regions.lock_range(at, len);
-                let mut buf = self.bufs.get(len as usize);
-                self.read_other_copy(role, at, &mut buf)?;
-                let mut io = [MemberIo::write(role, off, &buf, false)];
-                if !self.run_io(&mut io) {
-                    return Err(Stop::Failed("write to the rebuilding member failed".into()));
-                }
-                self.slots[role].advance(off + len);
-            } else {
-                self.slots[role].advance(off + len);
-            }
-            off += len;
-            if pace.last_checkpoint.elapsed() > CHECKPOINT_EVERY {
-                self.checkpoint_recovery(role);
-                pace.last_checkpoint = Instant::now();
-            }
-        }
-        Ok(())
     }
 
     /// Read array bytes at `at` from an in-sync copy on any member but `skip`.
@@ -228,7 +227,7 @@ impl Array {
             {
                 continue;
             }
-            let mut io = [MemberIo::read(c.dev, c.dev_sector * 512, buf)];
+            let mut io = [self.read_io(c.dev, c.dev_sector * 512, buf)];
             if self.run_io(&mut io) {
                 return Ok(());
             }

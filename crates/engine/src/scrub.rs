@@ -3,45 +3,34 @@
 //! first copy over the others. Works in the same claimed windows as recovery.
 
 use crate::array::Array;
-use crate::io::MemberIo;
-use crate::sync::{Pace, Stop, SyncAction};
-use layout::Level;
+use crate::commit::WriteSet;
+use crate::sync::{Stop, SyncAction};
 
 impl Array {
-    /// Resync, check or repair from `from` (per-device bytes; array bytes for RAID10).
-    pub(crate) fn scrub(&self, action: SyncAction, from: u64) -> Result<(), Stop> {
-        let mut pace = Pace::new(from);
+    /// One window of a resync, check or repair at `pos` (per-member bytes; array bytes for
+    /// mirrors); returns where the next window starts.
+    pub(crate) fn scrub_step(&self, action: SyncAction, pos: u64, end: u64) -> Result<u64, Stop> {
         let fix = action != SyncAction::Check;
+        let bad;
+        let next;
         if self.geometry.level().is_parity() {
             let chunk = self.geometry.chunk_sectors() * 512;
-            let stripes = self.geometry.stripes();
-            let mut row = from / chunk;
-            while row < stripes {
-                self.pace(&mut pace, row * chunk)?;
-                let end = (row + self.window_rows()).min(stripes);
-                let claimed = self.claim_rows(row, end);
-                let res = self.scrub_window(row, end, fix);
-                self.release_rows(row, claimed);
-                self.sync.st.lock().mismatches += res?;
-                row = end;
-            }
-            return Ok(());
-        }
-        let step: u64 = if self.geometry.level() == Level::Raid1 {
-            1 << 20
+            let row = pos / chunk;
+            let last = (row + self.window_rows()).min(self.geometry.stripes());
+            let claimed = self.claim_rows(row, last);
+            let res = self.scrub_window(row, last, fix);
+            self.release_rows(row, claimed);
+            bad = res?;
+            next = last * chunk;
         } else {
-            self.geometry.chunk_sectors() * 512
-        };
-        let end = self.sync_total(action);
-        let mut off = from / step * step;
-        while off < end {
-            self.pace(&mut pace, off)?;
+            let step = self.mirror_step();
+            let off = pos / step * step;
             let len = step.min(end - off);
-            let bad = self.scrub_mirror(off, len, fix)?;
-            self.sync.st.lock().mismatches += bad;
-            off += len;
+            bad = self.scrub_mirror(off, len, fix)?;
+            next = off + len;
         }
-        Ok(())
+        self.sync.st.lock().mismatches += bad;
+        Ok(next)
     }
 
     /// Compare the parity of stripes `r0..r1` with their data; rewrite it where it differs if
@@ -72,11 +61,12 @@ impl Array {
             }
             if row_bad > 0 && fix {
                 let at = row * chunk as u64;
-                let mut ios = vec![MemberIo::write(roles.p_dev(), at, &p, false)];
+                let mut ios = vec![self.write_io(roles.p_dev(), at, &p, false)];
                 if let (Some(qd), Some(qb)) = (roles.q_dev(), q.as_ref()) {
-                    ios.push(MemberIo::write(qd, at, qb, false));
+                    ios.push(self.write_io(qd, at, qb, false));
                 }
-                self.run_io(&mut ios);
+                self.commit_writes(&WriteSet::repair(at, chunk as u64), &mut ios)
+                    .map_err(|e| Stop::Failed(e.to_string()))?;
             }
             bad += row_bad;
         }
@@ -93,7 +83,7 @@ impl Array {
             let n = (copies.run_sectors() * 512).min(len - done);
             let mut first = self.bufs.get(n as usize);
             let src = copies.get(0);
-            let mut io = [MemberIo::read(src.dev, src.dev_sector * 512, &mut first)];
+            let mut io = [self.read_io(src.dev, src.dev_sector * 512, &mut first)];
             if !self.run_io(&mut io) {
                 return Err(Stop::Failed(format!(
                     "read of the first copy of array byte {} failed",
@@ -102,7 +92,7 @@ impl Array {
             }
             for c in copies.iter().skip(1) {
                 let mut other = self.bufs.get(n as usize);
-                let mut io = [MemberIo::read(c.dev, c.dev_sector * 512, &mut other)];
+                let mut io = [self.read_io(c.dev, c.dev_sector * 512, &mut other)];
                 if !self.run_io(&mut io) {
                     continue;
                 }
@@ -112,8 +102,9 @@ impl Array {
                     }
                 }
                 if fix && first[..] != other[..] {
-                    let mut io = [MemberIo::write(c.dev, c.dev_sector * 512, &first, false)];
-                    self.run_io(&mut io);
+                    let mut io = [self.write_io(c.dev, c.dev_sector * 512, &first, false)];
+                    self.commit_writes(&WriteSet::repair(at + done, n), &mut io)
+                        .map_err(|e| Stop::Failed(e.to_string()))?;
                 }
             }
             done += n;

@@ -20,9 +20,10 @@
 
 use crate::array::Array;
 use crate::bufpool::PoolBuf;
-use crate::error::Result;
+use crate::error::{EngineError, Result};
+use crate::commit::WriteSet;
 use crate::io::MemberIo;
-use crate::stripe_cache::{covers_all, merge, Completion, Piece};
+use crate::stripe_cache::{covers_all, merge, BatchError, Completion, Piece};
 use layout::{Level, StripeRoles};
 use std::time::Instant;
 
@@ -78,7 +79,7 @@ impl Array {
                 slow.push((row, d, off, mine));
             } else {
                 direct.push((
-                    MemberIo::read(dev, row * self.chunk_bytes() + off, mine),
+                    self.read_io(dev, row * self.chunk_bytes() + off, mine),
                     row,
                     d,
                     off,
@@ -93,7 +94,7 @@ impl Array {
         }
         if !self.run_io(&mut ios) {
             for (io, (row, d, off)) in ios.into_iter().zip(meta) {
-                if !io.ok {
+                if !io.ok() {
                     if let crate::io::IoKind::Read(b) = io.kind {
                         slow.push((row, d, off, b));
                     }
@@ -187,7 +188,16 @@ impl Array {
             self.stripes.put(row);
         }
         self.stripes.unreserve(reserved);
-        res.map_err(|reason| self.unrecoverable(offset_bytes, data.len() as u64, &reason))
+        res.map_err(|e| match e {
+            BatchError::NoSpace => EngineError::NoSpace {
+                array: self.name.clone(),
+                offset_bytes,
+                len_bytes: data.len() as u64,
+            },
+            BatchError::Failed(reason) => {
+                self.unrecoverable(offset_bytes, data.len() as u64, &reason)
+            }
+        })
     }
 
     /// Does this write start where a recent one ended? Records where it ends either way.
@@ -223,7 +233,10 @@ impl Array {
         st.leader = false;
         st.hurry = false;
         drop(st);
-        let res = self.write_batch(row, &batch).map_err(|e| e.to_string());
+        let res = self.write_batch(row, &batch).map_err(|e| match e {
+            EngineError::NoSpace { .. } => BatchError::NoSpace,
+            e => BatchError::Failed(e.to_string()),
+        });
         r.release();
         for p in &batch {
             p.done.complete(&res);
@@ -284,9 +297,9 @@ impl Array {
             let outcome = if any_missing {
                 self.degraded_write(&ctx)?
             } else if rmw_reads < rcw_reads {
-                self.rmw_write(&ctx)
+                self.rmw_write(&ctx)?
             } else {
-                self.rcw_write(&ctx)
+                self.rcw_write(&ctx)?
             };
             if let Outcome::Done = outcome {
                 return Ok(());
@@ -299,7 +312,7 @@ impl Array {
         ))
     }
 
-    fn rcw_write(&self, c: &Interval<'_>) -> Outcome {
+    fn rcw_write(&self, c: &Interval<'_>) -> Result<Outcome> {
         let len = (c.b - c.a) as usize;
         let at = c.row * self.chunk_bytes() + c.a;
         // A chunk written whole by one piece is used as it is: no copy into a stripe buffer.
@@ -314,11 +327,11 @@ impl Array {
             .filter(|(d, _)| !c.full[*d])
             .filter_map(|(d, buf)| {
                 buf.as_mut()
-                    .map(|b| MemberIo::read(c.roles.data_dev(d), at, b))
+                    .map(|b| self.read_io(c.roles.data_dev(d), at, b))
             })
             .collect();
         if !ios.is_empty() && !self.run_io(&mut ios) {
-            return Outcome::Replan;
+            return Ok(Outcome::Replan);
         }
         drop(ios);
         for (d, buf) in owned.iter_mut().enumerate() {
@@ -332,11 +345,11 @@ impl Array {
             .map(|(s, o)| s.unwrap_or_else(|| o.as_deref().expect("owned when not sole")))
             .collect();
         let (p, q) = self.compute_parity(c.roles, &refs);
-        self.write_row(c, at, &refs, &p, q.as_deref());
-        Outcome::Done
+        self.write_row(c, at, &refs, &p, q.as_deref())?;
+        Ok(Outcome::Done)
     }
 
-    fn rmw_write(&self, c: &Interval<'_>) -> Outcome {
+    fn rmw_write(&self, c: &Interval<'_>) -> Result<Outcome> {
         let len = (c.b - c.a) as usize;
         let at = c.row * self.chunk_bytes() + c.a;
         let dirty: Vec<usize> = (0..c.dirty.len()).filter(|&d| c.dirty[d]).collect();
@@ -347,14 +360,14 @@ impl Array {
             let mut ios: Vec<MemberIo<'_>> = old
                 .iter_mut()
                 .zip(&dirty)
-                .map(|(buf, &d)| MemberIo::read(c.roles.data_dev(d), at, buf))
+                .map(|(buf, &d)| self.read_io(c.roles.data_dev(d), at, buf))
                 .collect();
-            ios.push(MemberIo::read(c.roles.p_dev(), at, &mut p));
+            ios.push(self.read_io(c.roles.p_dev(), at, &mut p));
             if let (Some(qd), Some(qb)) = (c.roles.q_dev(), q.as_mut()) {
-                ios.push(MemberIo::read(qd, at, qb));
+                ios.push(self.read_io(qd, at, qb));
             }
             if !self.run_io(&mut ios) {
-                return Outcome::Replan;
+                return Ok(Outcome::Replan);
             }
         }
         let mut new_data: Vec<PoolBuf> = Vec::with_capacity(dirty.len());
@@ -371,14 +384,14 @@ impl Array {
         let mut ios: Vec<MemberIo<'_>> = new_data
             .iter()
             .zip(&dirty)
-            .map(|(buf, &d)| MemberIo::write(c.roles.data_dev(d), at, buf, c.fua))
+            .map(|(buf, &d)| self.write_io(c.roles.data_dev(d), at, buf, c.fua))
             .collect();
-        ios.push(MemberIo::write(c.roles.p_dev(), at, &p, c.fua));
+        ios.push(self.write_io(c.roles.p_dev(), at, &p, c.fua));
         if let (Some(qd), Some(qb)) = (c.roles.q_dev(), q.as_ref()) {
-            ios.push(MemberIo::write(qd, at, qb, c.fua));
+            ios.push(self.write_io(qd, at, qb, c.fua));
         }
-        self.run_io(&mut ios);
-        Outcome::Done
+        self.commit_writes(&WriteSet::stripe(at, len as u64), &mut ios)?;
+        Ok(Outcome::Done)
     }
 
     fn degraded_write(&self, c: &Interval<'_>) -> Result<Outcome> {
@@ -394,28 +407,35 @@ impl Array {
         bufs.p = p;
         bufs.q = q;
         let refs: Vec<&[u8]> = bufs.data.iter().map(|b| &b[..]).collect();
-        self.write_row(c, at, &refs, &bufs.p, bufs.q.as_deref());
+        self.write_row(c, at, &refs, &bufs.p, bufs.q.as_deref())?;
         Ok(Outcome::Done)
     }
 
     /// Write the dirty data chunks and the parity of an interval to every usable member.
-    fn write_row(&self, c: &Interval<'_>, at: u64, data: &[&[u8]], p: &[u8], q: Option<&[u8]>) {
+    fn write_row(
+        &self,
+        c: &Interval<'_>,
+        at: u64,
+        data: &[&[u8]],
+        p: &[u8],
+        q: Option<&[u8]>,
+    ) -> Result<()> {
         let len = p.len() as u64;
         let mut ios: Vec<MemberIo<'_>> = data
             .iter()
             .enumerate()
             .filter(|(d, _)| c.dirty[*d] && self.slot(c.roles.data_dev(*d)).in_sync(at, len))
-            .map(|(d, buf)| MemberIo::write(c.roles.data_dev(d), at, buf, c.fua))
+            .map(|(d, buf)| self.write_io(c.roles.data_dev(d), at, buf, c.fua))
             .collect();
         if self.slot(c.roles.p_dev()).in_sync(at, len) {
-            ios.push(MemberIo::write(c.roles.p_dev(), at, p, c.fua));
+            ios.push(self.write_io(c.roles.p_dev(), at, p, c.fua));
         }
         if let (Some(qd), Some(qb)) = (c.roles.q_dev(), q) {
             if self.slot(qd).in_sync(at, len) {
-                ios.push(MemberIo::write(qd, at, qb, c.fua));
+                ios.push(self.write_io(qd, at, qb, c.fua));
             }
         }
-        self.run_io(&mut ios);
+        self.commit_writes(&WriteSet::stripe(at, len), &mut ios)
     }
 
     /// P (and Q) of a stripe's data chunks, given in data-index order.
@@ -488,7 +508,7 @@ impl Array {
             .iter_mut()
             .enumerate()
             .filter(|(dev, _)| !missing.contains(dev))
-            .map(|(dev, buf)| MemberIo::read(dev, at, buf))
+            .map(|(dev, buf)| self.read_io(dev, at, buf))
             .collect();
         if !self.run_io(&mut ios) {
             return Ok(None);

@@ -37,9 +37,18 @@ impl Piece {
     }
 }
 
+/// Why a batch failed, as its pieces' requests see it.
+#[derive(Clone, Debug)]
+pub(crate) enum BatchError {
+    /// A member's backing store is full.
+    NoSpace,
+    /// Redundancy could not cover the failures met (the reason).
+    Failed(String),
+}
+
 /// Completion of a whole client request: counts its pieces down, keeps the first error.
 pub(crate) struct Completion {
-    st: Mutex<(usize, Option<String>)>,
+    st: Mutex<(usize, Option<BatchError>)>,
     cv: Condvar,
 }
 
@@ -51,7 +60,7 @@ impl Completion {
         })
     }
 
-    pub fn complete(&self, res: &Result<(), String>) {
+    pub fn complete(&self, res: &Result<(), BatchError>) {
         let mut st = self.st.lock();
         assert!(st.0 > 0, "completion counted down past zero");
         st.0 -= 1;
@@ -63,7 +72,7 @@ impl Completion {
         }
     }
 
-    pub fn wait(&self) -> Result<(), String> {
+    pub fn wait(&self) -> Result<(), BatchError> {
         let mut st = self.st.lock();
         while st.0 > 0 {
             self.cv.wait(&mut st);

@@ -14,6 +14,7 @@
 //! min, pause while clients did I/O in the last few milliseconds.
 
 use crate::array::Array;
+use crate::clock::Clock;
 use layout::Level;
 use parking_lot::{Condvar, Mutex};
 use std::sync::atomic::Ordering;
@@ -80,6 +81,8 @@ pub(crate) struct SyncState {
     pub mismatches: u64,
     /// Resync needed from this per-device byte offset (array bytes for RAID10).
     pub resync_from: Option<u64>,
+    /// A resync that failed (e.g. a full backing store) is tried again only after this time.
+    pub retry_resync_at: Option<Duration>,
     pub speed_min: u64,
     pub speed_max: u64,
 }
@@ -90,12 +93,15 @@ pub(crate) struct SyncControl {
     pub unsynced: std::sync::atomic::AtomicBool,
     pub st: Mutex<SyncState>,
     pub cv: Condvar,
-    pub started: Instant,
+    pub clock: Arc<dyn Clock>,
     pub last_client_io_ms: std::sync::atomic::AtomicU64,
+    /// The walk driven by [`Array::sync_step`] (simulation); the background thread keeps its
+    /// own. Never both: `sync_step` refuses while the thread runs.
+    stepped: Mutex<Option<Walk>>,
 }
 
 impl SyncControl {
-    pub fn new(resync_from: Option<u64>) -> SyncControl {
+    pub fn new(resync_from: Option<u64>, clock: Arc<dyn Clock>) -> SyncControl {
         SyncControl {
             unsynced: std::sync::atomic::AtomicBool::new(resync_from.is_some()),
             st: Mutex::new(SyncState {
@@ -110,23 +116,26 @@ impl SyncControl {
                 rate: 0,
                 mismatches: 0,
                 resync_from,
+                retry_resync_at: None,
                 speed_min: DEFAULT_SPEED_MIN,
                 speed_max: DEFAULT_SPEED_MAX,
             }),
             cv: Condvar::new(),
-            started: Instant::now(),
+            clock,
             last_client_io_ms: std::sync::atomic::AtomicU64::new(0),
+            stepped: Mutex::new(None),
         }
     }
 
     pub fn note_client_io(&self) {
-        let now = self.started.elapsed().as_millis() as u64;
+        // +1: 0 means "no client I/O yet".
+        let now = self.clock.now().as_millis() as u64 + 1;
         self.last_client_io_ms.store(now, Ordering::Relaxed);
     }
 
     fn client_busy(&self) -> bool {
         let last = self.last_client_io_ms.load(Ordering::Relaxed);
-        let now = self.started.elapsed().as_millis() as u64;
+        let now = self.clock.now().as_millis() as u64 + 1;
         last != 0 && now.saturating_sub(last) < CLIENT_BUSY.as_millis() as u64
     }
 
@@ -135,6 +144,10 @@ impl SyncControl {
     }
 }
 
+/// How long a failed resync waits before it is tried again.
+const RESYNC_RETRY: Duration = Duration::from_secs(5);
+
+#[derive(Clone, Copy, Debug)]
 enum Job {
     Recover(usize),
     Resync(u64),
@@ -149,18 +162,45 @@ pub(crate) enum Stop {
 
 /// Tracks one action's progress and paces it.
 pub(crate) struct Pace {
-    start: Instant,
+    start: Duration,
     done_at_start: u64,
-    pub last_checkpoint: Instant,
+    last_checkpoint: Duration,
 }
 
-impl Pace {
-    pub fn new(done_at_start: u64) -> Pace {
-        Pace {
-            start: Instant::now(),
-            done_at_start,
-            last_checkpoint: Instant::now(),
+/// One background action walking the array window by window: the one loop rebuild, resync and
+/// check/repair share. Each window takes the same exclusive claim client writes take, does its
+/// work and releases; `pos` only moves past a window once it is done.
+pub(crate) struct Walk {
+    job: Job,
+    action: SyncAction,
+    /// Per-member bytes (array bytes for mirror resync/scrub of RAID10) done so far.
+    pos: u64,
+    end: u64,
+    pace: Pace,
+    member: Option<String>,
+}
+
+impl Walk {
+    /// One window; `Ok(true)` once the walk reached its end.
+    fn step(&mut self, array: &Array) -> Result<bool, Stop> {
+        if self.pos >= self.end {
+            return Ok(true);
         }
+        let next = match self.job {
+            Job::Recover(role) => array.recover_window(role, self.pos, self.end)?,
+            Job::Resync(_) => array.scrub_step(SyncAction::Resync, self.pos, self.end)?,
+            Job::Scrub(a) => array.scrub_step(a, self.pos, self.end)?,
+        };
+        assert!(next > self.pos, "a window must make progress");
+        self.pos = next.min(self.end);
+        if let Job::Recover(role) = self.job {
+            let now = array.sync.clock.now();
+            if now.saturating_sub(self.pace.last_checkpoint) > CHECKPOINT_EVERY {
+                array.checkpoint_recovery(role);
+                self.pace.last_checkpoint = now;
+            }
+        }
+        Ok(self.pos >= self.end)
     }
 }
 
@@ -184,6 +224,9 @@ impl Array {
         self.sync.wake();
         if let Some(h) = self.background.lock().take() {
             let _ = h.join();
+        }
+        if let Some(walk) = self.sync.stepped.lock().take() {
+            self.finish_job(&walk, Err(Stop::Interrupted));
         }
     }
 
@@ -238,6 +281,21 @@ impl Array {
         Ok(())
     }
 
+    /// Redundancy from `offset_bytes` (per member; array bytes for mirrors) on may disagree
+    /// with the data: resync from there (or from wherever an earlier request said).
+    pub(crate) fn request_resync_from(&self, offset_bytes: u64) {
+        let mut st = self.sync.st.lock();
+        let from = st.resync_from.map_or(offset_bytes, |f| f.min(offset_bytes));
+        st.resync_from = Some(from);
+        self.sync.unsynced.store(true, Ordering::Release);
+        if st.running == SyncAction::Resync {
+            // The running resync may be past this point already: start it again from here.
+            st.interrupt = true;
+        }
+        drop(st);
+        self.sync.wake();
+    }
+
     /// Set md's `sync_speed_min`/`sync_speed_max` (bytes per second).
     pub fn set_sync_speed(&self, min: Option<u64>, max: Option<u64>) {
         let mut st = self.sync.st.lock();
@@ -269,7 +327,8 @@ impl Array {
         let deadline = Instant::now() + timeout;
         let mut st = self.sync.st.lock();
         loop {
-            let pending = st.requested.is_some() || (st.resync_from.is_some() && !st.frozen);
+            let pending = st.requested.is_some()
+                || (st.resync_from.is_some() && !st.frozen && st.retry_resync_at.is_none());
             let recovering = !st.frozen
                 && self.slots.iter().any(|s| !s.is_complete())
                 && self.has_spare_or_partial();
@@ -290,31 +349,142 @@ impl Array {
                 .any(|s| !s.is_faulty() && !s.is_complete())
     }
 
+    /// Pick the next action, if any, and mark it running (under the sync lock, so waiters never
+    /// see a gap between "requested" and "running").
+    fn next_walk(&self, st: &mut SyncState) -> Option<Walk> {
+        st.interrupt = false;
+        let job = self.next_job(st)?;
+        let (action, from) = match job {
+            Job::Recover(role) => (SyncAction::Recover, self.slots[role].in_sync_bytes()),
+            Job::Resync(from) => (SyncAction::Resync, from),
+            Job::Scrub(a) => (a, 0),
+        };
+        let end = match job {
+            Job::Recover(role) => self.recovery_end(role),
+            _ => self.sync_total(action),
+        };
+        st.running = action;
+        st.done = from.min(end);
+        st.total = end;
+        st.rate = 0;
+        if action != SyncAction::Recover {
+            st.mismatches = 0;
+        }
+        let now = self.sync.clock.now();
+        Some(Walk {
+            job,
+            action,
+            pos: from.min(end),
+            end,
+            pace: Pace {
+                start: now,
+                done_at_start: from.min(end),
+                last_checkpoint: now,
+            },
+            member: match job {
+                Job::Recover(role) => self.slots[role].member().map(|m| m.name().to_string()),
+                _ => None,
+            },
+        })
+    }
+
     fn background_loop(self: Arc<Self>) {
         loop {
-            let job = {
+            let walk = {
                 let mut st = self.sync.st.lock();
                 loop {
                     if st.stop {
                         return;
                     }
-                    st.interrupt = false;
-                    if let Some(job) = self.next_job(&mut st) {
-                        // Marked running before the lock drops, so waiters never see a gap
-                        // between "requested" and "running".
-                        st.running = match job {
-                            Job::Recover(_) => SyncAction::Recover,
-                            Job::Resync(_) => SyncAction::Resync,
-                            Job::Scrub(a) => a,
-                        };
-                        break job;
+                    if let Some(walk) = self.next_walk(&mut st) {
+                        break walk;
                     }
                     self.sync.cv.notify_all();
                     self.sync.cv.wait_for(&mut st, Duration::from_millis(500));
                 }
             };
-            self.run_job(job);
+            self.run_walk(walk);
         }
+    }
+
+    fn run_walk(&self, mut walk: Walk) {
+        self.announce(&walk);
+        let res = loop {
+            if let Err(stop) = self.pace(&mut walk.pace, walk.pos) {
+                break Err(stop);
+            }
+            match walk.step(self) {
+                Ok(true) => break Ok(()),
+                Ok(false) => {}
+                Err(stop) => break Err(stop),
+            }
+        };
+        self.finish_job(&walk, res);
+    }
+
+    fn announce(&self, walk: &Walk) {
+        self.events.emit(
+            started_event(walk.action),
+            &self.name,
+            walk.member.as_deref(),
+            format!(
+                "{} started at byte {} of {}",
+                walk.action.name(),
+                walk.pos,
+                walk.end
+            ),
+        );
+    }
+
+    /// Run one window of background work on the calling thread: the deterministic simulation
+    /// drives rebuild, resync and scrub with this instead of the background thread. Picks the
+    /// next action as the thread would. Returns the action that ran, or `Idle` if none.
+    pub fn sync_step(&self) -> SyncAction {
+        assert!(
+            self.background.lock().is_none(),
+            "sync_step while the background thread runs"
+        );
+        let mut stepped = self.sync.stepped.lock();
+        if stepped.is_none() {
+            let mut st = self.sync.st.lock();
+            if st.stop {
+                return SyncAction::Idle;
+            }
+            *stepped = self.next_walk(&mut st);
+            drop(st);
+            if let Some(w) = stepped.as_ref() {
+                self.announce(w);
+            }
+        }
+        let Some(walk) = stepped.as_mut() else {
+            return SyncAction::Idle;
+        };
+        let action = walk.action;
+        let stopped = {
+            let st = self.sync.st.lock();
+            st.interrupt || st.frozen || self.is_failed()
+        };
+        let res = if stopped {
+            Err(Stop::Interrupted)
+        } else {
+            walk.step(self).map(|done| !done)
+        };
+        {
+            let mut st = self.sync.st.lock();
+            st.done = walk.pos;
+        }
+        match res {
+            Ok(true) => {}
+            Ok(false) => {
+                let walk = stepped.take().expect("walk present");
+                self.finish_job(&walk, Ok(()));
+            }
+            Err(stop) => {
+                let walk = stepped.take().expect("walk present");
+                self.finish_job(&walk, Err(stop));
+            }
+        }
+        action
     }
 
     fn next_job(&self, st: &mut SyncState) -> Option<Job> {
@@ -328,7 +498,13 @@ impl Array {
             return None;
         }
         if let Some(from) = st.resync_from {
-            return Some(Job::Resync(from));
+            match st.retry_resync_at {
+                Some(at) if self.sync.clock.now() < at => {}
+                _ => {
+                    st.retry_resync_at = None;
+                    return Some(Job::Resync(from));
+                }
+            }
         }
         match st.requested.take() {
             Some(SyncAction::Resync) => {
@@ -341,55 +517,37 @@ impl Array {
         }
     }
 
-    fn run_job(&self, job: Job) {
-        let (action, from) = match job {
-            Job::Recover(role) => (SyncAction::Recover, self.slots[role].in_sync_bytes()),
-            Job::Resync(from) => (SyncAction::Resync, from),
-            Job::Scrub(a) => (a, 0),
-        };
-        let total = self.sync_total(action);
-        {
-            let mut st = self.sync.st.lock();
-            st.running = action;
-            st.done = from.min(total);
-            st.total = total;
-            st.rate = 0;
-            if action != SyncAction::Recover {
-                st.mismatches = 0;
+    fn finish_job(&self, walk: &Walk, res: Result<(), Stop>) {
+        let action = walk.action;
+        let member = walk.member.as_deref();
+        if let Job::Recover(role) = walk.job {
+            match &res {
+                Ok(()) => self.finish_recovery(role),
+                Err(_) => self.checkpoint_recovery(role),
             }
         }
-        let member = if let Job::Recover(role) = job {
-            self.slots[role].member().map(|m| m.name().to_string())
-        } else {
-            None
-        };
-        self.events.emit(
-            started_event(action),
-            &self.name,
-            member.as_deref(),
-            format!("{} started at byte {from} of {total}", action.name()),
-        );
-        let res = match job {
-            Job::Recover(role) => self.recover(role, from),
-            Job::Resync(from) => self.scrub(SyncAction::Resync, from),
-            Job::Scrub(a) => self.scrub(a, 0),
-        };
-        self.finish_job(action, res, member.as_deref());
-    }
-
-    fn finish_job(&self, action: SyncAction, res: Result<(), Stop>, member: Option<&str>) {
         let mismatches;
         {
             let mut st = self.sync.st.lock();
             st.running = SyncAction::Idle;
             st.last = action;
             mismatches = st.mismatches;
-            if action == SyncAction::Resync && res.is_ok() {
-                st.resync_from = None;
-                self.sync.unsynced.store(false, Ordering::Release);
-            }
-            if action == SyncAction::Resync && res.is_err() {
-                st.resync_from = Some(st.done);
+            if action == SyncAction::Resync {
+                match &res {
+                    // A resync requested from an earlier point while this one ran restarts there.
+                    Ok(()) if !st.interrupt => {
+                        st.resync_from = None;
+                        self.sync.unsynced.store(false, Ordering::Release);
+                    }
+                    Ok(()) => {}
+                    Err(_) => {
+                        let from = st.resync_from.map_or(walk.pos, |f| f.min(walk.pos));
+                        st.resync_from = Some(from);
+                    }
+                }
+                if let Err(Stop::Failed(_)) = &res {
+                    st.retry_resync_at = Some(self.sync.clock.now() + RESYNC_RETRY);
+                }
             }
         }
         self.sync.cv.notify_all();
@@ -448,21 +606,21 @@ impl Array {
 
     /// Pause as md's speed limits ask; `Err` if told to stop.
     pub(crate) fn pace(&self, p: &mut Pace, done: u64) -> Result<(), Stop> {
+        let clock = &self.sync.clock;
         loop {
+            let secs = clock.now().saturating_sub(p.start).as_secs_f64().max(1e-3);
+            let rate = (done - p.done_at_start) as f64 / secs;
             let (min, max, interrupt, frozen) = {
                 let mut st = self.sync.st.lock();
                 st.done = done;
-                let secs = p.start.elapsed().as_secs_f64().max(1e-3);
-                st.rate = ((done - p.done_at_start) as f64 / secs) as u64;
+                st.rate = rate as u64;
                 (st.speed_min, st.speed_max, st.interrupt, st.frozen)
             };
             if interrupt || frozen || self.is_failed() {
                 return Err(Stop::Interrupted);
             }
-            let secs = p.start.elapsed().as_secs_f64().max(1e-3);
-            let rate = (done - p.done_at_start) as f64 / secs;
             if rate > max as f64 || (rate > min as f64 && self.sync.client_busy()) {
-                std::thread::sleep(Duration::from_millis(2));
+                clock.sleep(Duration::from_millis(2));
                 continue;
             }
             return Ok(());

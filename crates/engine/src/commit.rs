@@ -1,0 +1,108 @@
+//! The commit point: every member write of the engine goes out through [`Array::commit_writes`].
+//!
+//! Reconstruct-write, read-modify-write, degraded writes, mirror writes, rebuild and repair all
+//! build their member operations and hand them here, with a [`WriteSet`] saying what they are
+//! for. In order:
+//! 1. unless the writes only fill a rebuilding member, the superblocks say "active" (durably)
+//!    before the first member write of the run (DESIGN.md's first ordering rule);
+//! 2. the consistency policy's `before_writes` hook runs (the bitmap sets and flushes its bits
+//!    here, the journal logs and waits for the log);
+//! 3. the writes run;
+//! 4. a member failure that any of these writes (or writes planned past a member already failing)
+//!    skipped is durable in the superblocks before this returns, so before any acknowledgement;
+//! 5. the policy's `after_writes` hook runs; writes that hit a full backing store leave the
+//!    range inconsistent, which the policy remembers for resync, and the request fails NoSpace.
+
+use crate::array::Array;
+use crate::error::{EngineError, Result};
+use crate::io::{IoKind, IoOutcome, MemberIo};
+
+/// What a group of member writes is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum WriteKind {
+    /// A stripe of a parity level (client data and parity).
+    Stripe,
+    /// Copies of a mirror level.
+    Mirror,
+    /// Rebuilding a member above its in-sync point.
+    Rebuild,
+    /// Resync or repair rewriting redundancy.
+    Repair,
+}
+
+/// A group of member writes handed to the commit point, and the range it covers: per-member
+/// data-area bytes for parity levels and rebuilds, array bytes for mirror writes and repairs of
+/// mirrors.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct WriteSet {
+    pub kind: WriteKind,
+    pub offset_bytes: u64,
+    pub len_bytes: u64,
+}
+
+impl WriteSet {
+    pub fn stripe(offset_bytes: u64, len_bytes: u64) -> WriteSet {
+        WriteSet {
+            kind: WriteKind::Stripe,
+            offset_bytes,
+            len_bytes,
+        }
+    }
+
+    pub fn mirror(array_offset_bytes: u64, len_bytes: u64) -> WriteSet {
+        WriteSet {
+            kind: WriteKind::Mirror,
+            offset_bytes: array_offset_bytes,
+            len_bytes,
+        }
+    }
+
+    pub fn rebuild(offset_bytes: u64, len_bytes: u64) -> WriteSet {
+        WriteSet {
+            kind: WriteKind::Rebuild,
+            offset_bytes,
+            len_bytes,
+        }
+    }
+
+    pub fn repair(offset_bytes: u64, len_bytes: u64) -> WriteSet {
+        WriteSet {
+            kind: WriteKind::Repair,
+            offset_bytes,
+            len_bytes,
+        }
+    }
+}
+
+impl Array {
+    /// Run `ios` (writes only) as the member writes of `set`; see the module doc for the order.
+    /// Member I/O errors are not errors here (the members are faulty now and redundancy covers
+    /// them; callers check what reached which member); a full backing store is.
+    pub(crate) fn commit_writes(&self, set: &WriteSet, ios: &mut [MemberIo<'_>]) -> Result<()> {
+        for io in ios.iter() {
+            assert!(
+                matches!(io.kind, IoKind::Write(..)),
+                "only member writes pass the commit point"
+            );
+        }
+        if ios.is_empty() {
+            return Ok(());
+        }
+        if set.kind != WriteKind::Rebuild {
+            self.mark_active()?;
+        }
+        self.policy.before_writes(self, set)?;
+        self.run_io(ios);
+        self.wait_failures_durable();
+        self.policy.after_writes(self, set);
+        if ios.iter().any(|io| io.outcome == IoOutcome::NoSpace) {
+            self.policy.note_inconsistent(self, set);
+            return Err(EngineError::NoSpace {
+                array: self.name.clone(),
+                offset_bytes: set.offset_bytes,
+                len_bytes: set.len_bytes,
+            });
+        }
+        Ok(())
+    }
+}

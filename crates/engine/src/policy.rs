@@ -1,0 +1,71 @@
+//! Consistency policies: what an array records so that redundancy can be made consistent again
+//! after an unclean stop, and how much it must check then.
+//!
+//! A policy is chosen per array when it is created and recorded in the superblock (md's own
+//! fields where md has them: no bitmap or journal feature bit means `resync`). The engine calls
+//! it at fixed points, always in this order for one group of member writes:
+//! `on_active` (once per run, before the first write, under the metadata lock) →
+//! `before_writes` → the member writes → `after_writes` (→ `note_inconsistent` when some did not
+//! land), and `on_clean` at a clean stop once every write is durable. After an unclean stop,
+//! `resync_from` says where resync starts.
+//!
+//! [`ResyncPolicy`] is md's plain behaviour: "active" means the whole array may be inconsistent,
+//! so a crash costs a full resync (from the checkpoint a clean stop recorded, if any). The
+//! write-intent bitmap, the journal and guided resync implement the same trait.
+
+use crate::array::Array;
+use crate::commit::WriteSet;
+use crate::error::Result;
+use crate::meta::Meta;
+use format::MAX_SECTOR;
+
+pub(crate) trait ConsistencyPolicy: Send + Sync {
+    /// The name `detail` shows (`--consistency-policy` of `create`).
+    fn name(&self) -> &'static str;
+    /// The array goes active: set what the superblocks must say before the first write.
+    fn on_active(&self, meta: &mut Meta);
+    /// Clean stop, every write durable: set what the superblocks record. `resync_from` is the
+    /// per-member byte offset a resync still has to start from (None: redundancy is in sync).
+    fn on_clean(&self, meta: &mut Meta, resync_from: Option<u64>);
+    /// Before a group of member writes goes out.
+    fn before_writes(&self, array: &Array, set: &WriteSet) -> Result<()>;
+    /// After a group of member writes completed (whatever their outcome).
+    fn after_writes(&self, array: &Array, set: &WriteSet);
+    /// Some writes of `set` did not land: its redundancy may disagree with its data.
+    fn note_inconsistent(&self, array: &Array, set: &WriteSet);
+    /// From the superblock of an array that was not stopped cleanly: where resync starts.
+    fn resync_from(&self, sb_resync_offset_sectors: u64) -> Option<u64>;
+}
+
+/// md without bitmap or journal: a crash means a full resync.
+pub(crate) struct ResyncPolicy;
+
+impl ConsistencyPolicy for ResyncPolicy {
+    fn name(&self) -> &'static str {
+        "resync"
+    }
+
+    fn on_active(&self, meta: &mut Meta) {
+        // md writes 0 while active: whatever was written since the last clean state may be
+        // anywhere, including below an older resync checkpoint.
+        meta.resync_offset = 0;
+    }
+
+    fn on_clean(&self, meta: &mut Meta, resync_from: Option<u64>) {
+        meta.resync_offset = resync_from.map_or(MAX_SECTOR, |b| b / 512);
+    }
+
+    fn before_writes(&self, _array: &Array, _set: &WriteSet) -> Result<()> {
+        Ok(())
+    }
+
+    fn after_writes(&self, _array: &Array, _set: &WriteSet) {}
+
+    fn note_inconsistent(&self, array: &Array, set: &WriteSet) {
+        array.request_resync_from(set.offset_bytes);
+    }
+
+    fn resync_from(&self, sb_resync_offset_sectors: u64) -> Option<u64> {
+        (sb_resync_offset_sectors != MAX_SECTOR).then_some(sb_resync_offset_sectors * 512)
+    }
+}
