@@ -23,7 +23,7 @@ mod sim;
 
 pub use aligned::AlignedBuf;
 pub use file::{FileDevice, OpenMode};
-pub use sim::{Faults, SimDevice, SimStats};
+pub use sim::{Faults, PowerRail, SimDevice, SimStats};
 
 use std::io;
 

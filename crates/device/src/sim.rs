@@ -56,11 +56,70 @@ struct State {
     stats: SimStats,
 }
 
+/// The power supply of several simulated devices. Armed with a count, it lets that many more
+/// device calls (reads, writes, flushes of any attached device) through and then goes off: every
+/// later call fails and changes nothing, as if the machine had lost power at that instant. The
+/// call that finds the power gone is not performed at all (a write in flight at a cut is lost
+/// whole; [`SimDevice::power_cut`] then decides the fate of the unflushed writes before it).
+#[derive(Debug, Default)]
+pub struct PowerRail {
+    /// Calls still allowed; `u64::MAX` while unarmed.
+    remaining: std::sync::atomic::AtomicU64,
+    off: std::sync::atomic::AtomicBool,
+}
+
+impl PowerRail {
+    pub fn new() -> std::sync::Arc<PowerRail> {
+        std::sync::Arc::new(PowerRail {
+            remaining: std::sync::atomic::AtomicU64::new(u64::MAX),
+            off: std::sync::atomic::AtomicBool::new(false),
+        })
+    }
+
+    /// Cut the power after `calls` more device calls.
+    pub fn cut_after(&self, calls: u64) {
+        self.remaining
+            .store(calls, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Power on again, unarmed.
+    pub fn restore(&self) {
+        self.remaining
+            .store(u64::MAX, std::sync::atomic::Ordering::SeqCst);
+        self.off.store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    pub fn is_off(&self) -> bool {
+        self.off.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Take one call's worth of power; false once it is gone.
+    fn draw(&self) -> bool {
+        use std::sync::atomic::Ordering::SeqCst;
+        if self.off.load(SeqCst) {
+            return false;
+        }
+        let left = self
+            .remaining
+            .fetch_update(SeqCst, SeqCst, |r| match r {
+                u64::MAX => Some(u64::MAX),
+                0 => None,
+                r => Some(r - 1),
+            });
+        if left.is_err() {
+            self.off.store(true, SeqCst);
+            return false;
+        }
+        true
+    }
+}
+
 /// In-memory member with seeded fault injection.
 pub struct SimDevice {
     name: String,
     len_bytes: u64,
     state: Mutex<State>,
+    rail: Option<std::sync::Arc<PowerRail>>,
 }
 
 fn injected(what: &str, name: &str) -> io::Error {
@@ -84,7 +143,19 @@ impl SimDevice {
                 dead: false,
                 stats: SimStats::default(),
             }),
+            rail: None,
         }
+    }
+
+    /// The same device, powered by `rail`.
+    pub fn on_rail(mut self, rail: std::sync::Arc<PowerRail>) -> SimDevice {
+        self.rail = Some(rail);
+        self
+    }
+
+    /// False (and the call must fail without effect) when the rail's power is gone.
+    fn powered(&self) -> bool {
+        self.rail.as_ref().is_none_or(|r| r.draw())
     }
 
     /// Replace the fault probabilities from now on.
@@ -166,6 +237,9 @@ impl Device for SimDevice {
 
     fn read_at(&self, buf: &mut [u8], offset_bytes: u64) -> io::Result<()> {
         check_range(self, offset_bytes, buf.len() as u64);
+        if !self.powered() {
+            return Err(injected("power-off read", &self.name));
+        }
         let mut st = self.state.lock();
         let st = &mut *st;
         st.stats.reads += 1;
@@ -180,6 +254,9 @@ impl Device for SimDevice {
 
     fn write_at(&self, buf: &[u8], offset_bytes: u64, fua: bool) -> io::Result<()> {
         check_range(self, offset_bytes, buf.len() as u64);
+        if !self.powered() {
+            return Err(injected("power-off write", &self.name));
+        }
         let mut st = self.state.lock();
         let st = &mut *st;
         st.stats.writes += 1;
@@ -213,6 +290,9 @@ impl Device for SimDevice {
     }
 
     fn flush(&self) -> io::Result<()> {
+        if !self.powered() {
+            return Err(injected("power-off flush", &self.name));
+        }
         let mut st = self.state.lock();
         let st = &mut *st;
         st.stats.flushes += 1;
@@ -283,6 +363,40 @@ mod tests {
                 && stats.writes_misdirected > 0
                 && stats.bits_flipped > 0
         );
+    }
+
+    #[test]
+    fn rail_cuts_power_after_the_armed_count_and_loses_unflushed_writes() {
+        let rail = PowerRail::new();
+        let dev = SimDevice::new("sim", 64 * 1024, 3).on_rail(rail.clone());
+        dev.write_at(&[1u8; 4096], 0, false).unwrap();
+        dev.flush().unwrap();
+        rail.cut_after(1);
+        dev.write_at(&[2u8; 4096], 4096, false).unwrap();
+        assert!(!rail.is_off());
+        assert!(dev.write_at(&[3u8; 4096], 8192, true).is_err());
+        assert!(rail.is_off());
+        assert!(dev.read_at(&mut [0u8; 512], 0).is_err());
+        dev.power_cut();
+        rail.restore();
+        let img = dev.contents();
+        assert!(img[..4096].iter().all(|&b| b == 1), "flushed write kept");
+        assert!(img[8192..12288].iter().all(|&b| b == 0), "call after the cut never happened");
+    }
+
+    #[test]
+    fn fua_does_not_make_earlier_unflushed_writes_durable() {
+        let mut lost = 0;
+        for seed in 0..20 {
+            let dev = SimDevice::new("sim", 64 * 1024, seed);
+            dev.write_at(&[5u8; 4096], 0, false).unwrap();
+            dev.write_at(&[6u8; 512], 8192, true).unwrap();
+            dev.power_cut();
+            let img = dev.contents();
+            assert!(img[8192..8704].iter().all(|&b| b == 6), "FUA write kept");
+            lost += usize::from(img[..4096].iter().any(|&b| b != 5));
+        }
+        assert!(lost > 0, "an unflushed write before a FUA must be able to vanish");
     }
 
     #[test]

@@ -397,9 +397,11 @@ impl Array {
 
     /// Wait until every member failure set so far is recorded in the superblocks.
     pub(crate) fn wait_failures_durable(&self) {
-        if self.failures_in_commit.load(Ordering::SeqCst) > 0 {
-            // fail_role holds the metadata lock from setting the failure until its commit ends.
+        while self.failures_in_commit.load(Ordering::SeqCst) > 0 {
+            // fail_role holds the metadata lock while it commits; failures are rare, so waiting
+            // on the lock and yielding is cheaper than keeping a condition variable hot.
             drop(self.meta.lock());
+            std::thread::yield_now();
         }
     }
 
@@ -480,7 +482,6 @@ impl Array {
             self.failed.store(true, Ordering::Release);
         }
         let failed = meta.commit();
-        self.failures_in_commit.fetch_sub(1, Ordering::SeqCst);
         drop(meta);
         self.events.emit(
             "member_faulty",
@@ -504,7 +505,10 @@ impl Array {
             );
         }
         self.sync.wake();
+        // Survivors whose superblock could not record this fail too, before anyone waiting
+        // for this failure to be durable goes on (if none could, the array has failed).
         self.fail_members_after_sb_error(failed);
+        self.failures_in_commit.fetch_sub(1, Ordering::SeqCst);
     }
 
     /// Fail a member by name (administrator's `fail`).

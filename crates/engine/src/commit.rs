@@ -94,6 +94,15 @@ impl Array {
         self.policy.before_writes(self, set)?;
         self.run_io(ios);
         self.wait_failures_durable();
+        if self.is_failed() {
+            // The failures these writes met could not all be recorded, or redundancy is gone:
+            // nothing may be acknowledged.
+            return Err(self.unrecoverable(
+                set.offset_bytes,
+                set.len_bytes,
+                "too many members failed",
+            ));
+        }
         self.policy.after_writes(self, set);
         if ios.iter().any(|io| io.outcome == IoOutcome::NoSpace) {
             self.policy.note_inconsistent(self, set);

@@ -82,7 +82,17 @@ impl Array {
             let copies = self.geometry.map_copies((at + done) / 512);
             let n = (copies.run_sectors() * 512).min(len - done);
             let mut first = self.bufs.get(n as usize);
-            let src = copies.get(0);
+            // The first copy that is current is the one the others follow (a degraded mirror
+            // resyncs the copies it still has).
+            let Some(src) = copies
+                .iter()
+                .find(|c| self.slot(c.dev).in_sync(c.dev_sector * 512, n))
+            else {
+                return Err(Stop::Failed(format!(
+                    "no current copy of array byte {}",
+                    at + done
+                )));
+            };
             let mut io = [self.read_io(src.dev, src.dev_sector * 512, &mut first)];
             if !self.run_io(&mut io) {
                 return Err(Stop::Failed(format!(
@@ -90,7 +100,7 @@ impl Array {
                     at + done
                 )));
             }
-            for c in copies.iter().skip(1) {
+            for c in copies.iter().filter(|c| c.dev != src.dev) {
                 let mut other = self.bufs.get(n as usize);
                 let mut io = [self.read_io(c.dev, c.dev_sector * 512, &mut other)];
                 if !self.run_io(&mut io) {

@@ -494,7 +494,10 @@ impl Array {
         if let Some(role) = self.pick_recovery() {
             return Some(Job::Recover(role));
         }
-        if self.slots.iter().any(|s| !s.is_complete()) {
+        let degraded = self.slots.iter().any(|s| !s.is_complete());
+        // A degraded parity array has no redundancy left to make consistent (resync waits for
+        // the rebuild); mirrors resync the copies they still have, as md does.
+        if degraded && self.geometry.level().is_parity() {
             return None;
         }
         if let Some(from) = st.resync_from {
@@ -505,6 +508,9 @@ impl Array {
                     return Some(Job::Resync(from));
                 }
             }
+        }
+        if degraded {
+            return None;
         }
         match st.requested.take() {
             Some(SyncAction::Resync) => {

@@ -1,0 +1,624 @@
+//! Deterministic crash simulation: power cuts at any device call, during client writes, clean
+//! stops, superblock commits, resync, check/repair, member failures and rebuilds; then recovery
+//! and checks written without the engine's layout or parity code (`oracle`).
+//!
+//! One seed fixes everything: the geometry, the workload, where the power goes, which unflushed
+//! writes survive, vanish or tear, and the order in which each request's member operations
+//! complete (the engine's deterministic executor). Background work runs on the test's thread
+//! through `Array::sync_step`, on a manual clock.
+//!
+//! After every cut and recovery:
+//! * every write that was flushed (or written FUA) before the cut reads back, or a later write
+//!   to the same sector does (a sector-granular model of what may survive);
+//! * once resync and rebuild have finished, redundancy agrees with the data (parity, copies),
+//!   the data did not change through the resync, and the data the engine reads is what the
+//!   members hold where the oracle's layout model says it lives;
+//! * at the end, with any one member left out (any two for RAID6), every byte still reads back.
+//!
+//! `IRONRAID_CRASH_CASES` sets cases per level (CI: 1000), `IRONRAID_SEED` replays one.
+
+mod oracle;
+
+use device::{Device, PowerRail, SimDevice};
+use engine::{
+    assemble, create, Array, ArrayConfig, AssembleOptions, CreateSpec, ManualClock, SyncAction,
+};
+use layout::Level;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use std::sync::Arc;
+use std::time::Duration;
+
+const MEMBER_BYTES: u64 = 2 << 20;
+/// Bound on background windows run to finish one recovery (a window is ≥ one stripe).
+const MAX_SYNC_STEPS: usize = 100_000;
+
+/// A sector-granular model of what the array may hold after a power cut: per sector, the data
+/// known durable and the hashes of writes since (any of which may have landed).
+struct CrashModel {
+    current: Vec<u8>,
+    durable: Vec<u8>,
+    candidates: Vec<Vec<u64>>,
+}
+
+fn hash(s: &[u8]) -> u64 {
+    s.iter().fold(0xcbf29ce484222325u64, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100000001b3)
+    })
+}
+
+impl CrashModel {
+    fn new(image: Vec<u8>) -> CrashModel {
+        let sectors = image.len() / 512;
+        CrashModel {
+            current: image.clone(),
+            durable: image,
+            candidates: vec![Vec::new(); sectors],
+        }
+    }
+
+    /// A write is about to be issued: any of its sectors may land from now on.
+    fn issue(&mut self, off: usize, data: &[u8]) {
+        for (i, sector) in data.chunks(512).enumerate() {
+            self.candidates[off / 512 + i].push(hash(sector));
+        }
+    }
+
+    /// The write completed (durable if FUA).
+    fn complete(&mut self, off: usize, data: &[u8], fua: bool) {
+        self.current[off..off + data.len()].copy_from_slice(data);
+        if fua {
+            for (i, sector) in data.chunks(512).enumerate() {
+                let s = off / 512 + i;
+                self.durable[s * 512..(s + 1) * 512].copy_from_slice(sector);
+                // Writes issued before this one can no longer win over it.
+                self.candidates[s].clear();
+            }
+        }
+    }
+
+    fn flushed(&mut self) {
+        for (s, c) in self.candidates.iter_mut().enumerate() {
+            if !c.is_empty() {
+                self.durable[s * 512..(s + 1) * 512]
+                    .copy_from_slice(&self.current[s * 512..(s + 1) * 512]);
+                c.clear();
+            }
+        }
+    }
+
+    /// What survived must be, per sector, the durable data or one of the later writes.
+    fn check(&self, got: &[u8]) -> Result<(), String> {
+        for (s, c) in self.candidates.iter().enumerate() {
+            let sector = &got[s * 512..(s + 1) * 512];
+            if sector != &self.durable[s * 512..(s + 1) * 512] && !c.contains(&hash(sector)) {
+                return Err(format!(
+                    "array sector {s}: neither the flushed data nor a later write ({} later writes; \
+                     read {:02x?}…, flushed {:02x?}…)",
+                    c.len(),
+                    &sector[..8],
+                    &self.durable[s * 512..s * 512 + 8]
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// After recovery the image is the new durable truth.
+    fn settle(&mut self, image: Vec<u8>) {
+        self.current.clone_from(&image);
+        self.durable = image;
+        self.candidates.iter_mut().for_each(Vec::clear);
+    }
+}
+
+/// Everything about one simulated machine: its devices, their power, its clock.
+struct Rig {
+    seed: u64,
+    level: Level,
+    rail: Arc<PowerRail>,
+    clock: Arc<ManualClock>,
+    /// Every device ever given to the array (members, spares, removed ones), in creation order.
+    sims: Vec<Arc<SimDevice>>,
+    /// Members taken out of the array (not given to assembly again).
+    removed: Vec<String>,
+    /// Members dead until the next power cycle (a restart without one leaves them out).
+    dead: Vec<String>,
+    shape: oracle::Shape,
+    boots: u64,
+}
+
+fn pick_geometry(level: Level, rng: &mut ChaCha8Rng) -> (Option<u32>, usize) {
+    match level {
+        Level::Raid1 => (None, rng.gen_range(2..=3)),
+        Level::Raid4 => (None, rng.gen_range(3..=5)),
+        Level::Raid5 => (Some(rng.gen_range(0..=5)), rng.gen_range(3..=5)),
+        Level::Raid6 => {
+            let layouts = [0, 1, 2, 3, 4, 5, 16, 17, 18, 19, 20];
+            (
+                Some(layouts[rng.gen_range(0..layouts.len())]),
+                rng.gen_range(4..=6),
+            )
+        }
+        Level::Raid10 => {
+            let options = [(0x102, 4), (0x201, 4), (0x10201, 4), (0x103, 4), (0x102, 3)];
+            let (l, n) = options[rng.gen_range(0..options.len())];
+            (Some(l), n)
+        }
+        _ => unreachable!("no redundancy to simulate"),
+    }
+}
+
+fn oracle_level(level: Level) -> oracle::Level {
+    match level {
+        Level::Raid1 => oracle::Level::Raid1,
+        Level::Raid4 => oracle::Level::Raid4,
+        Level::Raid5 => oracle::Level::Raid5,
+        Level::Raid6 => oracle::Level::Raid6,
+        Level::Raid10 => oracle::Level::Raid10,
+        _ => unreachable!("no redundancy to simulate"),
+    }
+}
+
+fn devs(sims: &[Arc<SimDevice>]) -> Vec<Arc<dyn Device>> {
+    sims.iter().map(|s| s.clone() as Arc<dyn Device>).collect()
+}
+
+impl Rig {
+    fn new(seed: u64, level: Level, rng: &mut ChaCha8Rng) -> Rig {
+        let (layout, n) = pick_geometry(level, rng);
+        let chunk = 4096usize << rng.gen_range(0..3);
+        let rail = PowerRail::new();
+        let sims: Vec<Arc<SimDevice>> = (0..n)
+            .map(|i| {
+                Arc::new(
+                    SimDevice::new(format!("sim{i}"), MEMBER_BYTES, seed ^ (i as u64) << 32)
+                        .on_rail(rail.clone()),
+                )
+            })
+            .collect();
+        let created = create(&CreateSpec {
+            name: "crash".into(),
+            level,
+            layout,
+            chunk_bytes: chunk as u64,
+            members: devs(&sims),
+            spares: vec![],
+            size_bytes: None,
+            assume_clean: true,
+            force: false,
+        })
+        .expect("create");
+        let shape = oracle::Shape {
+            level: oracle_level(level),
+            layout: layout.unwrap_or(match level {
+                Level::Raid10 => 0x102,
+                _ => 0,
+            }),
+            members: n,
+            chunk_bytes: chunk,
+            member_data_bytes: created.component_sectors as usize * 512,
+        };
+        Rig {
+            seed,
+            level,
+            rail,
+            clock: Arc::new(ManualClock::default()),
+            sims,
+            removed: Vec::new(),
+            dead: Vec::new(),
+            shape,
+            boots: 0,
+        }
+    }
+
+    fn config(&mut self) -> ArrayConfig {
+        self.boots += 1;
+        ArrayConfig {
+            deterministic_seed: Some(self.seed.wrapping_mul(1000).wrapping_add(self.boots)),
+            clock: Some(self.clock.clone()),
+            io_threads: 2,
+            ..ArrayConfig::default()
+        }
+    }
+
+    /// Assemble from every device except `left_out` (indexes into `sims`).
+    fn boot(&mut self, left_out: &[usize]) -> engine::Result<Array> {
+        let given: Vec<Arc<SimDevice>> = self
+            .sims
+            .iter()
+            .enumerate()
+            .filter(|(i, s)| {
+                !left_out.contains(i)
+                    && !self.removed.iter().any(|r| r == s.name())
+                    && !self.dead.iter().any(|d| d == s.name())
+            })
+            .map(|(_, s)| s.clone())
+            .collect();
+        let config = self.config();
+        assemble(
+            devs(&given),
+            AssembleOptions {
+                name: None,
+                config,
+                ..AssembleOptions::default()
+            },
+        )
+    }
+
+    /// Power off now: every device loses or tears what it had not flushed.
+    fn crash(&mut self) {
+        for s in &self.sims {
+            s.power_cut();
+            s.set_dead(false);
+        }
+        self.dead.clear();
+        self.rail.restore();
+    }
+
+    /// The data areas of the members filling roles, by role (None: role not filled).
+    fn images(&self, array: &Array) -> Vec<Option<Vec<u8>>> {
+        let status = array.status();
+        let mut out = vec![None; self.shape.members];
+        for m in status.members {
+            let (Some(role), engine::MemberState::InSync) = (m.role, m.state) else {
+                continue;
+            };
+            let sim = self
+                .sims
+                .iter()
+                .find(|s| s.name() == m.name)
+                .expect("member is one of ours");
+            let sb = engine::read_superblock(sim.as_ref()).expect("superblock");
+            let at = sb.data_offset as usize * 512;
+            out[role] = Some(sim.contents()[at..at + self.shape.member_data_bytes].to_vec());
+        }
+        out
+    }
+
+    /// Run background work until nothing is left (or the power goes).
+    fn settle_sync(&self, array: &Array) {
+        for _ in 0..MAX_SYNC_STEPS {
+            self.clock.advance(Duration::from_millis(250));
+            if array.sync_step() == SyncAction::Idle || self.rail.is_off() {
+                return;
+            }
+        }
+        panic!("background work did not finish in {MAX_SYNC_STEPS} windows");
+    }
+}
+
+fn read_all(a: &Array) -> Vec<u8> {
+    let mut buf = vec![0u8; a.size_bytes() as usize];
+    a.read(0, &mut buf).expect("read the whole array");
+    buf
+}
+
+/// Redundancy agrees with data, and the engine's view of the data is where the oracle says.
+fn check_redundancy(rig: &Rig, array: &Array, data: &[u8]) {
+    let images = rig.images(array);
+    let present: Vec<bool> = images.iter().map(Option::is_some).collect();
+    let empty = Vec::new();
+    let refs: Vec<&[u8]> = images
+        .iter()
+        .map(|i| i.as_deref().unwrap_or(&empty[..]))
+        .collect();
+    if let Some(bad) = rig.shape.first_inconsistency(&refs, &present) {
+        panic!("redundancy inconsistent after recovery: {bad}");
+    }
+    if present.iter().all(|p| *p) {
+        assert!(
+            rig.shape.array_image(&refs) == data,
+            "the engine's data is not where md's layout puts it"
+        );
+    }
+}
+
+/// What one round of workload may do besides client I/O.
+#[derive(Clone, Copy, PartialEq)]
+enum Mode {
+    /// No member fails: every level must keep every flushed write through any cut.
+    Healthy,
+    /// Members fail, spares are added and rebuilt (mirror levels: a dirty degraded start is
+    /// safe there, so the data checks still hold after any cut).
+    Failures,
+}
+
+/// One round: workload until the power goes at a seeded device call (or at the end).
+fn workload(
+    rig: &mut Rig,
+    array: &mut Array,
+    model: &mut CrashModel,
+    rng: &mut ChaCha8Rng,
+    mode: Mode,
+) {
+    rig.rail.cut_after(rng.gen_range(0..800));
+    let size = model.current.len();
+    let steps = rng.gen_range(10..50);
+    for _ in 0..steps {
+        if rig.rail.is_off() {
+            return;
+        }
+        match rng.gen_range(0..100) {
+            0..=44 => {
+                let len = rng.gen_range(1..=96usize) * 512;
+                let off = rng.gen_range(0..=(size - len) / 512) * 512;
+                let data: Vec<u8> = (0..len).map(|_| rng.gen()).collect();
+                let fua = rng.gen_bool(0.1);
+                model.issue(off, &data);
+                // An acknowledgement after the power went never reached anyone.
+                match array.write(off as u64, &data, fua) {
+                    _ if rig.rail.is_off() => return,
+                    Ok(()) => model.complete(off, &data, fua),
+                    Err(e) => panic!("write {off}+{len} failed with power on: {e}"),
+                }
+            }
+            45..=54 => {
+                let len = rng.gen_range(1..=64usize) * 512;
+                let off = rng.gen_range(0..=(size - len) / 512) * 512;
+                let mut buf = vec![0u8; len];
+                match array.read(off as u64, &mut buf) {
+                    _ if rig.rail.is_off() => return,
+                    Ok(()) => assert!(
+                        buf == model.current[off..off + len],
+                        "read {off}+{len} differs from what was written"
+                    ),
+                    Err(e) => panic!("read {off}+{len} failed with power on: {e}"),
+                }
+            }
+            55..=64 => match array.flush() {
+                Ok(()) if !rig.rail.is_off() => model.flushed(),
+                _ => return,
+            },
+            65..=79 => {
+                for _ in 0..rng.gen_range(1..6) {
+                    rig.clock.advance(Duration::from_millis(500));
+                    array.sync_step();
+                }
+            }
+            80..=84 => {
+                let action = if rng.gen_bool(0.5) { "check" } else { "repair" };
+                let _ = array.request_action(action);
+            }
+            85..=89 => {
+                // Clean stop and start again (a resync in progress keeps its checkpoint).
+                if array.close().is_err() || rig.rail.is_off() {
+                    return;
+                }
+                model.flushed();
+                match rig.boot(&[]) {
+                    Ok(a) => *array = a,
+                    Err(_) if rig.rail.is_off() => return,
+                    Err(e) => panic!("restart after a clean stop failed: {e}"),
+                }
+            }
+            _ if mode == Mode::Failures => fail_or_add(rig, array, rng),
+            _ => {}
+        }
+    }
+}
+
+/// Fail a member, or give the array a new spare, or take out a faulty member.
+fn fail_or_add(rig: &mut Rig, array: &Array, rng: &mut ChaCha8Rng) {
+    let st = array.status();
+    let in_sync: Vec<&engine::MemberStatus> = st
+        .members
+        .iter()
+        .filter(|m| m.state == engine::MemberState::InSync)
+        .collect();
+    match rng.gen_range(0..3) {
+        0 if st.missing_roles.is_empty() && in_sync.len() > 1 => {
+            let victim = in_sync[rng.gen_range(0..in_sync.len())].name.clone();
+            if rng.gen_bool(0.5) {
+                let _ = array.fail_member(&victim);
+            } else if let Some(s) = rig.sims.iter().find(|s| s.name() == victim) {
+                // Dies for real: the next I/O to it fails (it comes back after a power cycle).
+                s.set_dead(true);
+                rig.dead.push(victim);
+            }
+        }
+        1 if st
+            .members
+            .iter()
+            .all(|m| m.state != engine::MemberState::Spare) =>
+        {
+            let name = format!("spare{}", rig.sims.len());
+            let sim = Arc::new(
+                SimDevice::new(&name, MEMBER_BYTES, rig.seed ^ rig.sims.len() as u64)
+                    .on_rail(rig.rail.clone()),
+            );
+            if array.add_member(sim.clone(), false).is_ok() {
+                rig.sims.push(sim);
+            }
+        }
+        _ => {
+            if let Some(f) = st
+                .members
+                .iter()
+                .find(|m| m.state == engine::MemberState::Faulty)
+            {
+                if array.remove_member(&f.name).is_ok() {
+                    rig.removed.push(f.name.clone());
+                }
+            }
+        }
+    }
+}
+
+/// After a cut: boot, check what survived, finish background work, check redundancy.
+fn recover(rig: &mut Rig, model: &mut CrashModel, left_out: &[usize]) -> Array {
+    rig.crash();
+    let array = rig
+        .boot(left_out)
+        .unwrap_or_else(|e| panic!("assembly after the cut failed: {e}"));
+    let before = read_all(&array);
+    if let Err(e) = model.check(&before) {
+        panic!("after the cut, before resync: {e}");
+    }
+    rig.settle_sync(&array);
+    let after = read_all(&array);
+    assert!(before == after, "resync or rebuild changed the data");
+    check_redundancy(rig, &array, &after);
+    model.settle(after);
+    array
+}
+
+/// Leave out any one member (two for RAID6) of a cleanly stopped array: every byte reads back.
+fn check_degraded_reads(rig: &mut Rig, array: Array, model: &CrashModel, rng: &mut ChaCha8Rng) {
+    let st = array.status();
+    if !st.missing_roles.is_empty() {
+        array.close().expect("clean stop");
+        return;
+    }
+    let mut members: Vec<String> = st
+        .members
+        .iter()
+        .filter(|m| m.state == engine::MemberState::InSync)
+        .map(|m| m.name.clone())
+        .collect();
+    array.close().expect("clean stop");
+    drop(array);
+    let tolerance = if rig.level == Level::Raid6 { 2 } else { 1 };
+    let mut left_out = Vec::new();
+    for _ in 0..tolerance {
+        let name = members.remove(rng.gen_range(0..members.len()));
+        left_out.push(
+            rig.sims
+                .iter()
+                .position(|s| s.name() == name)
+                .expect("ours"),
+        );
+    }
+    let degraded = rig.boot(&left_out).expect("a clean array starts degraded");
+    assert!(
+        read_all(&degraded) == model.current,
+        "data differs with members {left_out:?} left out"
+    );
+    degraded.close().expect("clean stop");
+}
+
+fn crash_case(seed: u64, level: Level, mode: Mode) {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut rig = Rig::new(seed, level, &mut rng);
+    let mut array = rig.boot(&[]).expect("first assembly");
+    let mut model = CrashModel::new(vec![0u8; array.size_bytes() as usize]);
+    let rounds = rng.gen_range(1..=3);
+    for _ in 0..rounds {
+        workload(&mut rig, &mut array, &mut model, &mut rng, mode);
+        drop(array);
+        // Mirror levels may also come back without one member.
+        let mut left_out = Vec::new();
+        if mode == Mode::Failures && rng.gen_bool(0.2) && rig.shape.members > 2 {
+            left_out.push(rng.gen_range(0..rig.shape.members));
+        }
+        array = recover(&mut rig, &mut model, &left_out);
+    }
+    check_degraded_reads(&mut rig, array, &model, &mut rng);
+}
+
+/// Seeds: `IRONRAID_SEED` alone, else `IRONRAID_CRASH_CASES` (default 1000) from
+/// `IRONRAID_SEED_BASE`.
+fn seeds() -> Vec<u64> {
+    let env = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<u64>().ok());
+    if let Some(seed) = env("IRONRAID_SEED") {
+        return vec![seed];
+    }
+    let base = env("IRONRAID_SEED_BASE").unwrap_or(0xc0ffee);
+    (0..env("IRONRAID_CRASH_CASES").unwrap_or(1000))
+        .map(|i| base.wrapping_add(i))
+        .collect()
+}
+
+fn run_level(test: &str, level: Level, mode: Mode) {
+    for seed in seeds() {
+        let res = std::panic::catch_unwind(|| crash_case(seed, level, mode));
+        if let Err(e) = res {
+            eprintln!(
+                "\n*** {test} failed with seed {seed}; replay with:\n    IRONRAID_SEED={seed} cargo test -p engine --release --test crash_sim -- {test} --exact --nocapture\n"
+            );
+            std::panic::resume_unwind(e);
+        }
+    }
+}
+
+#[test]
+fn crash_raid1() {
+    run_level("crash_raid1", Level::Raid1, Mode::Healthy);
+}
+
+#[test]
+fn crash_raid10() {
+    run_level("crash_raid10", Level::Raid10, Mode::Healthy);
+}
+
+#[test]
+fn crash_raid4() {
+    run_level("crash_raid4", Level::Raid4, Mode::Healthy);
+}
+
+#[test]
+fn crash_raid5() {
+    run_level("crash_raid5", Level::Raid5, Mode::Healthy);
+}
+
+#[test]
+fn crash_raid6() {
+    run_level("crash_raid6", Level::Raid6, Mode::Healthy);
+}
+
+#[test]
+fn crash_raid1_with_failures_and_rebuilds() {
+    run_level(
+        "crash_raid1_with_failures_and_rebuilds",
+        Level::Raid1,
+        Mode::Failures,
+    );
+}
+
+#[test]
+fn crash_raid10_with_failures_and_rebuilds() {
+    run_level(
+        "crash_raid10_with_failures_and_rebuilds",
+        Level::Raid10,
+        Mode::Failures,
+    );
+}
+
+/// Canary: the crash model rejects a sector that is neither flushed nor a later write.
+#[test]
+fn crash_model_canary() {
+    let mut model = CrashModel::new(vec![0u8; 4096]);
+    model.issue(512, &[7u8; 512]);
+    let mut disk = vec![0u8; 4096];
+    assert!(model.check(&disk).is_ok());
+    disk[512..1024].fill(7);
+    assert!(model.check(&disk).is_ok());
+    disk[2048] = 1;
+    assert!(model.check(&disk).is_err(), "accepted a corrupted sector");
+}
+
+/// Canary: the oracle notices one flipped parity bit behind the array's back, and the engine
+/// placing data elsewhere than md would.
+#[test]
+fn oracle_canary() {
+    let mut rng = ChaCha8Rng::seed_from_u64(9);
+    for level in [Level::Raid5, Level::Raid6, Level::Raid1, Level::Raid10] {
+        let mut rig = Rig::new(9, level, &mut rng);
+        let array = rig.boot(&[]).expect("assemble");
+        let data: Vec<u8> = (0..array.size_bytes()).map(|_| rng.gen()).collect();
+        array.write(0, &data, false).expect("write");
+        check_redundancy(&rig, &array, &data);
+        let mut shifted = data.clone();
+        shifted.rotate_left(512);
+        let moved = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            check_redundancy(&rig, &array, &shifted)
+        }));
+        assert!(moved.is_err(), "{level:?}: oracle accepted misplaced data");
+        let sb = engine::read_superblock(rig.sims[1].as_ref()).expect("sb");
+        rig.sims[1].flip_bit(sb.data_offset * 512 + 100, 3);
+        let flipped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            check_redundancy(&rig, &array, &data)
+        }));
+        assert!(flipped.is_err(), "{level:?}: oracle accepted a flipped bit");
+    }
+}
