@@ -99,13 +99,11 @@ impl PowerRail {
         if self.off.load(SeqCst) {
             return false;
         }
-        let left = self
-            .remaining
-            .fetch_update(SeqCst, SeqCst, |r| match r {
-                u64::MAX => Some(u64::MAX),
-                0 => None,
-                r => Some(r - 1),
-            });
+        let left = self.remaining.fetch_update(SeqCst, SeqCst, |r| match r {
+            u64::MAX => Some(u64::MAX),
+            0 => None,
+            r => Some(r - 1),
+        });
         if left.is_err() {
             self.off.store(true, SeqCst);
             return false;
@@ -120,6 +118,8 @@ pub struct SimDevice {
     len_bytes: u64,
     state: Mutex<State>,
     rail: Option<std::sync::Arc<PowerRail>>,
+    /// Every call sleeps this long first (µs), so that concurrent callers really overlap.
+    delay_us: std::sync::atomic::AtomicU64,
 }
 
 fn injected(what: &str, name: &str) -> io::Error {
@@ -144,7 +144,16 @@ impl SimDevice {
                 stats: SimStats::default(),
             }),
             rail: None,
+            delay_us: std::sync::atomic::AtomicU64::new(0),
         }
+    }
+
+    /// Make every call take at least `d` (outside the device lock): widens the windows in
+    /// which concurrent requests, rebuilds and role changes overlap.
+    pub fn set_delay(&self, d: std::time::Duration) {
+        let us = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+        self.delay_us
+            .store(us, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The same device, powered by `rail`.
@@ -155,6 +164,10 @@ impl SimDevice {
 
     /// False (and the call must fail without effect) when the rail's power is gone.
     fn powered(&self) -> bool {
+        let us = self.delay_us.load(std::sync::atomic::Ordering::Relaxed);
+        if us > 0 {
+            std::thread::sleep(std::time::Duration::from_micros(us));
+        }
         self.rail.as_ref().is_none_or(|r| r.draw())
     }
 
@@ -381,7 +394,10 @@ mod tests {
         rail.restore();
         let img = dev.contents();
         assert!(img[..4096].iter().all(|&b| b == 1), "flushed write kept");
-        assert!(img[8192..12288].iter().all(|&b| b == 0), "call after the cut never happened");
+        assert!(
+            img[8192..12288].iter().all(|&b| b == 0),
+            "call after the cut never happened"
+        );
     }
 
     #[test]
@@ -396,7 +412,10 @@ mod tests {
             assert!(img[8192..8704].iter().all(|&b| b == 6), "FUA write kept");
             lost += usize::from(img[..4096].iter().any(|&b| b != 5));
         }
-        assert!(lost > 0, "an unflushed write before a FUA must be able to vanish");
+        assert!(
+            lost > 0,
+            "an unflushed write before a FUA must be able to vanish"
+        );
     }
 
     #[test]
