@@ -30,6 +30,8 @@ pub struct RunArgs {
     /// md's `sync_speed_min`/`sync_speed_max` in bytes per second (None: md's defaults).
     pub speed_min: Option<u64>,
     pub speed_max: Option<u64>,
+    /// Start what md would refuse to start (see `engine::AssembleOptions::force`).
+    pub force: bool,
 }
 
 impl RunArgs {
@@ -93,6 +95,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         AssembleOptions {
             name: args.name.clone(),
             config,
+            force: args.force,
         },
     )
     .map_err(|e| anyhow!("{e}"))?;

@@ -11,6 +11,7 @@ mod monitor;
 mod rundir;
 mod server;
 mod size;
+mod space;
 mod status;
 
 use anyhow::{anyhow, bail, Context};
@@ -69,6 +70,11 @@ enum Cmd {
         /// Rebuild/resync/check rate never exceeded, per second (default 200000K).
         #[arg(long, value_parser = size_arg)]
         speed_max: Option<u64>,
+        /// Start what md would refuse to start, saying what it risks: a dirty, degraded
+        /// RAID4/5/6 (the write hole), or too few current members (stale or faulty-recorded
+        /// members are taken back, freshest first, like `mdadm --assemble --force`).
+        #[arg(long)]
+        force: bool,
         #[arg(required = true)]
         members: Vec<PathBuf>,
     },
@@ -160,6 +166,9 @@ struct CreateArgs {
     /// Overwrite members that already carry an md superblock.
     #[arg(long)]
     force: bool,
+    /// Allocate member files in full now, so a full file system cannot fail a running array.
+    #[arg(long)]
+    preallocate: bool,
     #[arg(required = true)]
     members: Vec<PathBuf>,
 }
@@ -208,6 +217,7 @@ fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
             write_hold_us,
             speed_min,
             speed_max,
+            force,
             members,
         } => daemon::run(daemon::RunArgs {
             name,
@@ -218,6 +228,7 @@ fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
             write_hold: Duration::from_micros(write_hold_us),
             speed_min,
             speed_max,
+            force,
         }),
         Cmd::Status { json } => status(json),
         Cmd::Detail { name, json } => detail(&name, json),
@@ -266,6 +277,10 @@ fn create(a: CreateArgs) -> anyhow::Result<String> {
         .map(size::parse_size)
         .transpose()
         .map_err(|e| anyhow!("--size: {e}"))?;
+    let all_paths: Vec<PathBuf> = a.members.iter().chain(&a.spares).cloned().collect();
+    if a.preallocate {
+        space::preallocate(&all_paths)?;
+    }
     let open = |paths: &[PathBuf]| -> anyhow::Result<Vec<Arc<dyn Device>>> {
         paths
             .iter()
@@ -291,6 +306,9 @@ fn create(a: CreateArgs) -> anyhow::Result<String> {
         force: a.force,
     };
     let created = engine::create(&spec).map_err(|e| anyhow!("{e}"))?;
+    if !a.preallocate {
+        space::warn_overcommit(&all_paths);
+    }
     tracing::info!(
         level = level.name(),
         members = spec.members.len(),
@@ -396,6 +414,7 @@ fn demo(dir: Option<PathBuf>) -> anyhow::Result<()> {
             size: None,
             assume_clean: true,
             force: false,
+            preallocate: false,
             members: members.clone(),
         })?;
         println!(
@@ -423,5 +442,6 @@ fn demo(dir: Option<PathBuf>) -> anyhow::Result<()> {
         write_hold: Duration::from_micros(2000),
         speed_min: None,
         speed_max: None,
+        force: false,
     })
 }

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{require, sh, Env};
+use common::{require_tools, sh, Env};
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 
@@ -22,7 +22,7 @@ fn mdadm_field(out: &str, key: &str) -> String {
 
 #[test]
 fn mdadm_examine_agrees_with_ironraid_examine() {
-    if !require(&["mdadm"]) {
+    if !require_tools(&["mdadm"]) {
         return;
     }
     for (level, n, extra, md_level) in [
@@ -143,6 +143,9 @@ fn create_refuses_used_members_and_bad_usage() {
 
 #[test]
 fn kill9_leaves_dirty_clean_stop_leaves_clean_and_second_daemon_is_refused() {
+    if !require_tools(&["qemu-io"]) {
+        return;
+    }
     let env = Env::new("dirty", 3, MEMBER);
     env.create("5", &[]);
     let d = env.run_all();
@@ -160,12 +163,10 @@ fn kill9_leaves_dirty_clean_stop_leaves_clean_and_second_daemon_is_refused() {
         String::from_utf8_lossy(&out.stderr)
     );
     // Write something so the array goes active, then kill -9.
-    if require(&["qemu-io"]) {
-        sh(
-            "qemu-io",
-            &["-f", "raw", &env.uri(), "-c", "write -P 0x42 0 1M"],
-        );
-    }
+    sh(
+        "qemu-io",
+        &["-f", "raw", &env.uri(), "-c", "write -P 0x42 0 1M"],
+    );
     let ex: serde_json::Value =
         serde_json::from_str(&env.ok(&["examine", "--json", env.members[0].to_str().unwrap()]))
             .unwrap();
@@ -228,41 +229,90 @@ fn simple_reply(s: &mut UnixStream) -> (u32, u64) {
     )
 }
 
-#[test]
-fn malformed_requests_get_errors_and_change_nothing() {
-    if !require(&["qemu-io"]) {
-        return;
-    }
-    let env = Env::new("bad", 3, MEMBER);
-    env.create("5", &["--chunk", "64K"]);
-    let d = env.run_all();
-    sh(
-        "qemu-io",
-        &["-f", "raw", &env.uri(), "-c", "write -P 0x5a 0 4M"],
-    );
-    const MAGIC: u32 = 0x25609513;
-    let size: u64 = sh("nbdinfo", &["--size", &env.uri()])
-        .trim()
-        .parse()
-        .unwrap();
+/// Per member, a hash of every MiB of its data area (`examine --json`: data offset and size),
+/// so that a change is located. Only data areas: superblocks change on every start and stop.
+fn data_area_hashes(env: &Env) -> Vec<Vec<u64>> {
+    use std::hash::{Hash, Hasher};
+    env.members
+        .iter()
+        .map(|m| {
+            let e = env.examine(m);
+            let off = e["data_offset_sectors"].as_u64().unwrap() as usize * 512;
+            let len = e["data_size_sectors"].as_u64().unwrap() as usize * 512;
+            let bytes = std::fs::read(m).unwrap();
+            assert!(
+                off + len <= bytes.len(),
+                "{}: data area past the end",
+                m.display()
+            );
+            bytes[off..off + len]
+                .chunks(1 << 20)
+                .map(|c| {
+                    let mut h = std::collections::hash_map::DefaultHasher::new();
+                    c.hash(&mut h);
+                    h.finish()
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// The whole array as a client reads it.
+fn array_image(env: &Env, file: &str) -> Vec<u8> {
+    let path = env.dir.path().join(file);
+    sh("nbdcopy", &[&env.uri(), path.to_str().unwrap()]);
+    std::fs::read(&path).unwrap()
+}
+
+const REQUEST_MAGIC: u32 = 0x25609513;
+const CMD_READ: u16 = 0;
+const CMD_WRITE: u16 = 1;
+const CMD_FLAG_NO_HOLE: u16 = 1 << 1;
+const CMD_FLAG_DF: u16 = 1 << 2;
+const EINVAL: u32 = 22;
+
+/// Malformed requests, each carrying 0xee bytes that must never reach the array: each gets an
+/// error, the connection stays in step where the protocol allows, and closes where it does not.
+fn send_malformed_requests(env: &Env, size: u64) {
     let mut s = handshake(&env.socket());
-    // Unknown command → EINVAL (22).
-    request(&mut s, MAGIC, 0, 99, 1, 0, 512);
-    assert_eq!(simple_reply(&mut s), (22, 1));
+    // Unknown command → EINVAL.
+    request(&mut s, REQUEST_MAGIC, 0, 99, 1, 0, 512);
+    assert_eq!(simple_reply(&mut s), (EINVAL, 1), "unknown command");
     // Read beyond the end → EINVAL.
-    request(&mut s, MAGIC, 0, 0, 2, size - 512, 1024);
-    assert_eq!(simple_reply(&mut s), (22, 2));
+    request(&mut s, REQUEST_MAGIC, 0, CMD_READ, 2, size - 512, 1024);
+    assert_eq!(simple_reply(&mut s), (EINVAL, 2), "read past end");
     // Flag not allowed for the command (FUA on READ is allowed; NO_HOLE on READ is not).
-    request(&mut s, MAGIC, 1 << 1, 0, 3, 0, 512);
-    assert_eq!(simple_reply(&mut s).1, 3);
-    // Write past the end with its payload → error, nothing written.
-    request(&mut s, MAGIC, 0, 1, 4, size - 512, 1024);
+    request(&mut s, REQUEST_MAGIC, CMD_FLAG_NO_HOLE, CMD_READ, 3, 0, 512);
+    assert_eq!(simple_reply(&mut s), (EINVAL, 3), "NO_HOLE on READ");
+    // Write past the end with its payload → error.
+    request(&mut s, REQUEST_MAGIC, 0, CMD_WRITE, 4, size - 512, 1024);
     s.write_all(&[0xee; 1024]).unwrap();
     let (err, h) = simple_reply(&mut s);
-    assert!(err == 22 || err == 28, "write past end: errno {err}");
+    assert!(err == EINVAL || err == 28, "write past end: errno {err}");
     assert_eq!(h, 4);
+    // Writes with flags a WRITE may not carry (DF; an undefined bit), payload and all → EINVAL.
+    for (handle, flags) in [(5, CMD_FLAG_DF), (6, 1 << 12)] {
+        request(&mut s, REQUEST_MAGIC, flags, CMD_WRITE, handle, 0, 4096);
+        s.write_all(&[0xee; 4096]).unwrap();
+        assert_eq!(
+            simple_reply(&mut s),
+            (EINVAL, handle),
+            "WRITE with flags {flags:#x}"
+        );
+    }
+    // The server consumed those payloads: the next request is read as one, and sees old data.
+    request(&mut s, REQUEST_MAGIC, 0, CMD_READ, 7, 0, 512);
+    assert_eq!(
+        simple_reply(&mut s),
+        (0, 7),
+        "a good READ after the bad ones"
+    );
+    let mut data = [0u8; 512];
+    s.read_exact(&mut data).unwrap();
+    assert!(data.iter().all(|&b| b == 0x5a), "READ after bad writes");
     // Bad magic: the server drops this connection only.
-    request(&mut s, 0xdeadbeef, 0, 0, 5, 0, 512);
+    request(&mut s, 0xdeadbeef, 0, CMD_WRITE, 8, 0, 512);
+    s.write_all(&[0xee; 512]).unwrap();
     let mut buf = [0u8; 1];
     assert_eq!(
         s.read(&mut buf).unwrap_or(0),
@@ -271,31 +321,77 @@ fn malformed_requests_get_errors_and_change_nothing() {
     );
     // A write whose payload is cut short, then the client vanishes.
     let mut s = handshake(&env.socket());
-    request(&mut s, MAGIC, 0, 1, 6, 0, 65536);
+    request(&mut s, REQUEST_MAGIC, 0, CMD_WRITE, 9, 0, 65536);
     s.write_all(&[0xee; 1000]).unwrap();
     drop(s);
     std::thread::sleep(std::time::Duration::from_millis(200));
-    // Data intact, other clients fine.
-    let out = sh(
+}
+
+#[test]
+fn malformed_requests_get_errors_and_change_nothing() {
+    if !require_tools(&["qemu-io", "nbdinfo", "nbdcopy"]) {
+        return;
+    }
+    let env = Env::new("bad", 3, MEMBER);
+    env.create("5", &["--chunk", "64K"]);
+    let d = env.run_all();
+    let size: u64 = sh("nbdinfo", &["--size", &env.uri()])
+        .trim()
+        .parse()
+        .unwrap();
+    // Content at both ends, where the malformed requests aim.
+    let tail = format!("write -P 0xa5 {} 1M", size - (1 << 20));
+    sh(
         "qemu-io",
-        &["-f", "raw", &env.uri(), "-c", "read -P 0x5a 0 4M"],
+        &[
+            "-f",
+            "raw",
+            &env.uri(),
+            "-c",
+            "write -P 0x5a 0 4M",
+            "-c",
+            &tail,
+        ],
     );
-    assert!(!out.contains("verification failed"), "{out}");
     env.stop(d);
+    let members_before = data_area_hashes(&env);
+    let d = env.run_all();
+    let before = array_image(&env, "before.img");
+    send_malformed_requests(&env, size);
+    // Other clients are served, and read exactly what was there before.
+    let after = array_image(&env, "after.img");
+    assert_eq!(after.len(), before.len());
+    if let Some(i) = (0..before.len()).find(|&i| before[i] != after[i]) {
+        panic!(
+            "malformed requests changed the array at byte {i}: {:#04x} -> {:#04x}",
+            before[i], after[i]
+        );
+    }
+    // Stopped cleanly (every queued write done), the members' data areas are unchanged.
+    env.stop(d);
+    let members_after = data_area_hashes(&env);
+    for (m, (b, a)) in members_before.iter().zip(&members_after).enumerate() {
+        let first = b.iter().zip(a).position(|(x, y)| x != y);
+        assert!(
+            first.is_none(),
+            "member {m}: data area changed in MiB {first:?}"
+        );
+    }
 }
 
 #[test]
 fn sigterm_and_sigint_stop_cleanly() {
+    if !require_tools(&["qemu-io"]) {
+        return;
+    }
     for sig in [rustix::process::Signal::TERM, rustix::process::Signal::INT] {
         let env = Env::new("sig", 3, MEMBER);
         env.create("1", &[]);
         let mut d = env.run_all();
-        if require(&["qemu-io"]) {
-            sh(
-                "qemu-io",
-                &["-f", "raw", &env.uri(), "-c", "write -P 0x42 0 1M"],
-            );
-        }
+        sh(
+            "qemu-io",
+            &["-f", "raw", &env.uri(), "-c", "write -P 0x42 0 1M"],
+        );
         let pid = rustix::process::Pid::from_raw(d.child.id() as i32).unwrap();
         rustix::process::kill_process(pid, sig).unwrap();
         let st = d.child.wait().unwrap();

@@ -2,14 +2,14 @@
 
 mod common;
 
-use common::{random_file, require, same_files, sh, Env};
+use common::{random_file, require_tools, same_files, sh, Env};
 
 const MEMBER: u64 = 64 << 20;
 const DATA: usize = 24 << 20;
 
 #[test]
 fn nbdinfo_reports_size_and_flags() {
-    if !require(&["nbdinfo"]) {
+    if !require_tools(&["nbdinfo"]) {
         return;
     }
     let env = Env::new("info5", 4, MEMBER);
@@ -90,42 +90,47 @@ fn copy_roundtrip(level: &str, n: usize, extra: &[&str]) {
 
 #[test]
 fn nbdcopy_roundtrip_raid0() {
-    if require(&["nbdcopy"]) {
-        copy_roundtrip("0", 3, &["--chunk", "64K"]);
+    if !require_tools(&["nbdcopy"]) {
+        return;
     }
+    copy_roundtrip("0", 3, &["--chunk", "64K"]);
 }
 
 #[test]
 fn nbdcopy_roundtrip_raid1() {
-    if require(&["nbdcopy"]) {
-        copy_roundtrip("1", 2, &[]);
+    if !require_tools(&["nbdcopy"]) {
+        return;
     }
+    copy_roundtrip("1", 2, &[]);
 }
 
 #[test]
 fn nbdcopy_roundtrip_raid5() {
-    if require(&["nbdcopy"]) {
-        copy_roundtrip("5", 4, &[]);
+    if !require_tools(&["nbdcopy"]) {
+        return;
     }
+    copy_roundtrip("5", 4, &[]);
 }
 
 #[test]
 fn nbdcopy_roundtrip_raid6() {
-    if require(&["nbdcopy"]) {
-        copy_roundtrip("6", 5, &["--chunk", "128K"]);
+    if !require_tools(&["nbdcopy"]) {
+        return;
     }
+    copy_roundtrip("6", 5, &["--chunk", "128K"]);
 }
 
 #[test]
 fn nbdcopy_roundtrip_raid10() {
-    if require(&["nbdcopy"]) {
-        copy_roundtrip("10", 4, &["--layout", "f2"]);
+    if !require_tools(&["nbdcopy"]) {
+        return;
     }
+    copy_roundtrip("10", 4, &["--layout", "f2"]);
 }
 
 #[test]
 fn qemu_io_odd_offsets_and_qemu_img_compare() {
-    if !require(&["qemu-io", "qemu-img", "nbdcopy"]) {
+    if !require_tools(&["qemu-io", "qemu-img", "nbdinfo"]) {
         return;
     }
     let env = Env::new("qemu6", 5, MEMBER);
@@ -190,7 +195,7 @@ fn qemu_io_odd_offsets_and_qemu_img_compare() {
 
 #[test]
 fn fio_verify_random_and_sequential() {
-    if !require(&["fio"]) {
+    if !require_tools(&["fio"]) {
         return;
     }
     let env = Env::new("fio5", 4, MEMBER);
@@ -224,7 +229,7 @@ fn fio_verify_random_and_sequential() {
 
 #[test]
 fn degraded_raid5_serves_correct_data() {
-    if !require(&["nbdcopy"]) {
+    if !require_tools(&["nbdcopy"]) {
         return;
     }
     let env = Env::new("deg5", 4, MEMBER);

@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{require, sh, Env};
+use common::{require_tools, sh, tool_missing, Env};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -53,17 +53,20 @@ impl Drop for Fuse {
 struct Loop(String);
 
 impl Loop {
+    /// A loop device over `file`; `None` only when loop devices are unusable here and
+    /// missing tools are allowed (see `common::tool_missing`).
     fn attach(file: &std::path::Path) -> Option<Loop> {
         let out = Command::new("losetup")
             .args(["-f", "--show", "--direct-io=off"])
             .arg(file)
             .output()
-            .ok()?;
+            .expect("spawn losetup");
         if !out.status.success() {
-            eprintln!(
-                "SKIP: losetup failed: {}",
-                String::from_utf8_lossy(&out.stderr)
+            let why = format!(
+                "cannot attach a loop device: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
             );
+            tool_missing("losetup", &why);
             return None;
         }
         Some(Loop(
@@ -93,9 +96,16 @@ fn checksums(dir: &std::path::Path) -> String {
 
 #[test]
 fn ext4_on_nbdfuse_survives_restart_and_fsck() {
-    if !require(&["nbdfuse", "losetup", "mkfs.ext4", "e2fsck", "fusermount3"])
-        || !std::path::Path::new("/dev/fuse").exists()
-    {
+    if !require_tools(&[
+        "nbdfuse",
+        "/dev/fuse",
+        "fusermount3",
+        "losetup",
+        "mkfs.ext4",
+        "e2fsck",
+        "mount",
+        "umount",
+    ]) {
         return;
     }
     let env = Env::new("fs5", 4, 96 << 20);

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{random_file, require, sh, Env};
+use common::{random_file, require_tools, sh, Env};
 use serde_json::Value;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
@@ -97,7 +97,7 @@ fn scribble(env: &Env, p: &Path, at: u64, len: usize) {
 
 #[test]
 fn spare_rebuilds_under_fio_and_check_is_clean() {
-    if !require(&["fio"]) {
+    if !require_tools(&["fio"]) {
         return;
     }
     let env = Env::new("rb5", 4, 128 * MIB);
@@ -167,7 +167,7 @@ fn spare_rebuilds_under_fio_and_check_is_clean() {
 
 #[test]
 fn killed_daemon_resyncs_in_background() {
-    if !require(&["fio", "qemu-io"]) {
+    if !require_tools(&["fio", "qemu-io"]) {
         return;
     }
     let env = Env::new("crash5", 4, 256 * MIB);
@@ -283,18 +283,20 @@ fn scrub_case(level: &str, n: usize, victim: usize, gone: usize, at: u64) {
 
 #[test]
 fn check_finds_and_repair_fixes_raid5_parity() {
-    if require(&["nbdcopy"]) {
-        // Left-symmetric, 4 members: stripe 0 has data on members 0..2, parity on member 3.
-        scrub_case("5", 4, 3, 0, 8192);
+    if !require_tools(&["nbdcopy"]) {
+        return;
     }
+    // Left-symmetric, 4 members: stripe 0 has data on members 0..2, parity on member 3.
+    scrub_case("5", 4, 3, 0, 8192);
 }
 
 #[test]
 fn check_finds_and_repair_fixes_raid1_copy() {
-    if require(&["nbdcopy"]) {
-        // RAID1 repair copies the first copy over the others.
-        scrub_case("1", 2, 1, 0, 12288);
+    if !require_tools(&["nbdcopy"]) {
+        return;
     }
+    // RAID1 repair copies the first copy over the others.
+    scrub_case("1", 2, 1, 0, 12288);
 }
 
 /// Wait until `path` contains `needle`; returns the contents.
@@ -419,7 +421,7 @@ fn monitor_attaching_to_a_degraded_array_hears_so_first() {
 
 #[test]
 fn add_and_remove_members() {
-    if !require(&["nbdcopy"]) {
+    if !require_tools(&["nbdcopy"]) {
         return;
     }
     let env = Env::new("mgmt5", 3, 64 * MIB);

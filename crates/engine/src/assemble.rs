@@ -1,14 +1,32 @@
 //! `assemble`: turn a set of member devices into a running [`Array`].
 //!
-//! Rules (md's, stated in `shared/reference/md-format.md` §1.7 and §1.11):
+//! Rules (md's, stated in `shared/reference/md-format.md` §1.7, §1.8 and §1.11):
 //! * every member must carry a valid v1.2 superblock of the same array (same set UUID); a member
 //!   with a bad checksum, unknown level or feature bit, or another array's UUID is refused with a
-//!   message naming it — we never guess;
+//!   message naming it — we never guess, and `force` does not change that;
 //! * the member with the highest event count describes the array (geometry, role table);
 //! * a member more than one event behind it is stale: it is left out (its role is missing) and
 //!   never read as current;
 //! * roles come from the freshest role table; faulty entries are left out, spares kept aside;
 //! * the array must survive the missing roles, or assembly fails saying how many are missing.
+//!
+//! Forcing (`force`, like `mdadm --assemble --force`): when too few members are current, members
+//! left out as stale or as recorded faulty are taken back, freshest first, each into the role
+//! its *own* superblock records for it, until the array survives. A member whose role is already
+//! filled, that was only partly rebuilt, or whose slot lies outside the role table is never taken.
+//! Each one taken is logged with how many events it was behind; its data is as old as that.
+//!
+//! Dirty and degraded (md's `start_dirty_degraded`): a RAID4/5/6 array that was not stopped
+//! cleanly (`resync_offset != MAX_SECTOR`) may hold stripes whose parity disagrees with their
+//! data (the write hole: the crash came between the data and the parity write). With every
+//! member present a resync repairs them; with a role missing, that role's chunks are
+//! reconstructed from such a stripe and come back silently wrong. So such an array does not
+//! start unless forced. Mirrors have no parity to disagree and start as usual.
+//!
+//! Durability: the role table the array runs with (missing roles recorded faulty, forced members
+//! back in their roles) is committed to every present member before the array is returned, so
+//! no write can happen under a table that still names an absent member as current (a read-only
+//! assembly writes nothing).
 
 use crate::array::{Array, ArrayConfig, ArrayParts};
 use crate::error::{EngineError, Result};
@@ -25,13 +43,66 @@ pub struct AssembleOptions {
     /// Name to run under; defaults to the superblock's name.
     pub name: Option<String>,
     pub config: ArrayConfig,
+    /// Start what md would refuse to start: take stale or faulty-recorded members back when too
+    /// few are current (`mdadm --assemble --force`), and start a dirty, degraded RAID4/5/6
+    /// (md's `start_dirty_degraded`). Never accepts another array's member.
+    pub force: bool,
+}
+
+type Found = (Arc<dyn Device>, Superblock);
+
+/// Why a member with a valid superblock of this array was not given a role.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum LeftOut {
+    /// More than one event behind the freshest member.
+    Stale,
+    /// The freshest role table records it as faulty.
+    Faulty,
+}
+
+/// Who fills which role, before the array is built.
+struct Placement {
+    by_role: Vec<Option<Found>>,
+    spares: Vec<Found>,
+    left_out: Vec<(Found, LeftOut)>,
+    /// Members taken back by force: (role, events behind the freshest).
+    forced: Vec<(usize, u64)>,
 }
 
 pub fn assemble(devs: Vec<Arc<dyn Device>>, opts: AssembleOptions) -> Result<Array> {
+    let found = read_members(devs)?;
+    let freshest = found
+        .iter()
+        .map(|(_, sb)| sb.events)
+        .max()
+        .expect("read_members returns at least one member");
+    let best = found
+        .iter()
+        .find(|(_, sb)| sb.events == freshest)
+        .expect("max exists")
+        .1
+        .clone();
+    let array_name = opts.name.clone().unwrap_or_else(|| best.set_name.clone());
+    let level = Level::from_md(best.level).ok_or_else(|| EngineError::Assemble {
+        member: found[0].0.name().into(),
+        reason: format!("unknown RAID level {}", best.level),
+    })?;
+    let mut placement = place(found, &best)?;
+    let geometry = geometry_from(&best, level, &placement.by_role)?;
+    ensure_survives(&mut placement, &geometry, &best, &array_name, opts.force)?;
+    // RAID0/linear take each present member's own size: recompute after forcing.
+    let geometry = geometry_from(&best, level, &placement.by_role)?;
+    check_sizes(&placement, &best, level)?;
+    check_dirty_degraded(&placement, &best, level, &array_name, opts.force)?;
+    build(opts, array_name, best, geometry, placement)
+}
+
+/// Read every member's superblock; refuse foreign arrays and duplicated slots.
+fn read_members(devs: Vec<Arc<dyn Device>>) -> Result<Vec<Found>> {
     if devs.is_empty() {
         return Err(EngineError::InvalidArgument("no members given".into()));
     }
-    let mut found: Vec<(Arc<dyn Device>, Superblock)> = Vec::new();
+    let mut found: Vec<Found> = Vec::new();
     for dev in devs {
         let sb = read_superblock(dev.as_ref()).map_err(|reason| EngineError::Assemble {
             member: dev.name().into(),
@@ -51,51 +122,66 @@ pub fn assemble(devs: Vec<Arc<dyn Device>>, opts: AssembleOptions) -> Result<Arr
                 });
             }
         }
-        if found.iter().any(|(_, o)| o.dev_number == sb.dev_number) {
-            return Err(EngineError::Assemble {
-                member: dev.name().into(),
-                reason: format!(
-                    "device number {} appears twice (the same member given twice, or a copy)",
-                    sb.dev_number
-                ),
-            });
+        match found
+            .iter()
+            .position(|(_, o)| o.dev_number == sb.dev_number)
+        {
+            None => found.push((dev, sb)),
+            Some(i) if found[i].1.events == sb.events => {
+                return Err(EngineError::Assemble {
+                    member: dev.name().into(),
+                    reason: format!(
+                        "device number {} appears twice (the same member given twice, or a copy)",
+                        sb.dev_number
+                    ),
+                })
+            }
+            Some(i) => {
+                // The slot was given to a new member after this one left (md reuses the slots
+                // of absent members): the fresher claim is the current one (mdadm's rule).
+                let newer = found[i].1.events > sb.events;
+                let (old_name, new_name) = if newer {
+                    (dev.name().to_string(), found[i].0.name().to_string())
+                } else {
+                    (found[i].0.name().to_string(), dev.name().to_string())
+                };
+                tracing::warn!(member = %old_name, dev_number = sb.dev_number, "device number now held by the fresher {new_name}; left out");
+                if !newer {
+                    found[i] = (dev, sb);
+                }
+            }
         }
-        found.push((dev, sb));
     }
-    let freshest = found
-        .iter()
-        .map(|(_, sb)| sb.events)
-        .max()
-        .expect("non-empty");
-    let best = found
-        .iter()
-        .find(|(_, sb)| sb.events == freshest)
-        .expect("max exists")
-        .1
-        .clone();
-    let level = Level::from_md(best.level).ok_or_else(|| EngineError::Assemble {
-        member: found[0].0.name().into(),
-        reason: format!("unknown RAID level {}", best.level),
-    })?;
+    Ok(found)
+}
+
+/// Give roles by the freshest role table; keep spares aside and note who is left out and why.
+fn place(found: Vec<Found>, best: &Superblock) -> Result<Placement> {
     let n = best.raid_disks as usize;
-    let mut by_role: Vec<Option<(Arc<dyn Device>, Superblock)>> = (0..n).map(|_| None).collect();
-    let mut spares = Vec::new();
+    let mut p = Placement {
+        by_role: (0..n).map(|_| None).collect(),
+        spares: Vec::new(),
+        left_out: Vec::new(),
+        forced: Vec::new(),
+    };
     for (dev, sb) in found {
-        if sb.events + 1 < freshest {
-            tracing::warn!(member = %dev.name(), events = sb.events, freshest, "stale member left out (events behind)");
+        if sb.events + 1 < best.events {
+            tracing::warn!(member = %dev.name(), events = sb.events, freshest = best.events, "stale member left out (events behind)");
+            p.left_out.push(((dev, sb), LeftOut::Stale));
             continue;
         }
         match best.role_of(sb.dev_number) {
-            DevRole::Active(r) if (r as usize) < n => by_role[r as usize] = Some((dev, sb)),
+            DevRole::Active(r) if (r as usize) < n => p.by_role[r as usize] = Some((dev, sb)),
             DevRole::Active(r) => {
                 return Err(EngineError::Assemble {
                     member: dev.name().into(),
                     reason: format!("role {r} outside the {n} raid devices"),
                 })
             }
-            DevRole::Spare => spares.push((dev, sb)),
+            DevRole::Spare => p.spares.push((dev, sb)),
             DevRole::Faulty => {
-                tracing::warn!(member = %dev.name(), "member recorded as faulty; left out")
+                tracing::warn!(member = %dev.name(), "member recorded as faulty; left out");
+                p.left_out.push(((dev, sb), LeftOut::Faulty));
             }
             DevRole::Journal => {
                 return Err(EngineError::Unsupported(format!(
@@ -105,22 +191,159 @@ pub fn assemble(devs: Vec<Arc<dyn Device>>, opts: AssembleOptions) -> Result<Arr
             }
         }
     }
-    let geometry = geometry_from(&best, level, &by_role)?;
-    let failed: Vec<bool> = by_role.iter().map(Option::is_none).collect();
-    if !geometry.survives(&failed) {
-        let have = failed.iter().filter(|f| !**f).count();
-        return Err(EngineError::Assemble {
-            member: format!("array '{}'", best.set_name),
-            reason: format!(
-                "too few members to run: {have} of {n} present and current, {} tolerates {} missing",
-                level.name(),
-                geometry.max_degraded()
-            ),
+    Ok(p)
+}
+
+/// A member left out whose own superblock gives it a role it could take back by force.
+struct Candidate {
+    /// Index into `Placement::left_out`.
+    idx: usize,
+    role: usize,
+    behind: u64,
+}
+
+/// Members that forcing would take back, freshest first, and whether the array then survives.
+/// Also returns why other left-out members cannot be taken (for the error message).
+fn force_plan(
+    p: &Placement,
+    geometry: &Geometry,
+    best: &Superblock,
+) -> (Vec<Candidate>, bool, Vec<String>) {
+    let n = p.by_role.len();
+    let mut failed: Vec<bool> = p.by_role.iter().map(Option::is_none).collect();
+    let mut order: Vec<usize> = (0..p.left_out.len()).collect();
+    // Freshest first; ties in the order the members were given.
+    order.sort_by_key(|&i| std::cmp::Reverse(p.left_out[i].0 .1.events));
+    let mut chosen = Vec::new();
+    let mut refused = Vec::new();
+    for idx in order {
+        if geometry.survives(&failed) {
+            break;
+        }
+        let ((dev, sb), _) = &p.left_out[idx];
+        let role = match sb.role() {
+            DevRole::Active(r) if (r as usize) < n => r as usize,
+            _ => continue,
+        };
+        let why_not = if !failed[role] {
+            Some(format!("its role {role} is taken"))
+        } else if sb.feature_map & format::feature::RECOVERY_OFFSET != 0 {
+            Some(format!("it was only partly rebuilt into role {role}"))
+        } else if sb.dev_number as usize >= best.dev_roles.len() {
+            Some(format!(
+                "its slot {} is outside the role table",
+                sb.dev_number
+            ))
+        } else {
+            None
+        };
+        if let Some(why) = why_not {
+            refused.push(format!("{} ({why})", dev.name()));
+            continue;
+        }
+        failed[role] = false;
+        chosen.push(Candidate {
+            idx,
+            role,
+            behind: best.events.saturating_sub(sb.events),
         });
     }
-    for (dev, sb) in by_role.iter().flatten().chain(spares.iter()) {
+    let survives = geometry.survives(&failed);
+    (chosen, survives, refused)
+}
+
+fn describe(p: &Placement, c: &Candidate) -> String {
+    let ((dev, _), why) = &p.left_out[c.idx];
+    let recorded = if *why == LeftOut::Faulty {
+        ", recorded faulty"
+    } else {
+        ""
+    };
+    let s = if c.behind == 1 { "" } else { "s" };
+    format!(
+        "{} (role {}, {} event{s} behind{recorded})",
+        dev.name(),
+        c.role,
+        c.behind
+    )
+}
+
+/// Fail unless the array survives its missing roles; with `force`, take left-out members back
+/// (see the module notes) until it does.
+fn ensure_survives(
+    p: &mut Placement,
+    geometry: &Geometry,
+    best: &Superblock,
+    array_name: &str,
+    force: bool,
+) -> Result<()> {
+    let failed: Vec<bool> = p.by_role.iter().map(Option::is_none).collect();
+    if geometry.survives(&failed) {
+        return Ok(());
+    }
+    let n = failed.len();
+    let have = failed.iter().filter(|f| !**f).count();
+    let short = format!(
+        "too few members to run: {have} of {n} present and current, {} tolerates {} missing",
+        geometry.level().name(),
+        geometry.max_degraded()
+    );
+    let (chosen, survives, refused) = force_plan(p, geometry, best);
+    let listed: Vec<String> = chosen.iter().map(|c| describe(p, c)).collect();
+    let not_taken = if refused.is_empty() {
+        String::new()
+    } else {
+        format!("; cannot take back {}", refused.join(", "))
+    };
+    let fail = |reason: String| EngineError::Assemble {
+        member: format!("array '{array_name}'"),
+        reason,
+    };
+    if !survives {
+        let tried = if listed.is_empty() {
+            "no left-out member holds a missing role".to_string()
+        } else {
+            format!("even with {} it would not survive", listed.join(", "))
+        };
+        let with = if force { " even with --force" } else { "" };
+        return Err(fail(format!("{short}{with}: {tried}{not_taken}")));
+    }
+    if !force {
+        return Err(fail(format!(
+            "{short}; `run --force` would take back {} (their data is as old as their events){not_taken}",
+            listed.join(", ")
+        )));
+    }
+    for c in &chosen {
+        let ((dev, _), why) = &p.left_out[c.idx];
+        tracing::warn!(
+            array = %array_name,
+            member = %dev.name(),
+            role = c.role,
+            events_behind = c.behind,
+            recorded_faulty = *why == LeftOut::Faulty,
+            "forced into the array (--force): {}; writes since it left are missing from it",
+            describe(p, c)
+        );
+    }
+    // Move the chosen members into their roles (highest index first so indices stay valid).
+    let mut take: Vec<&Candidate> = chosen.iter().collect();
+    take.sort_by_key(|c| std::cmp::Reverse(c.idx));
+    for c in take {
+        let (found, _) = p.left_out.remove(c.idx);
+        p.by_role[c.role] = Some(found);
+        p.forced.push((c.role, c.behind));
+    }
+    Ok(())
+}
+
+fn check_sizes(p: &Placement, best: &Superblock, level: Level) -> Result<()> {
+    if level == Level::Raid0 || level == Level::Linear {
+        return Ok(());
+    }
+    for (dev, sb) in p.by_role.iter().flatten().chain(p.spares.iter()) {
         let needed = (sb.data_offset + best.size) * 512;
-        if dev.len_bytes() < needed && level != Level::Raid0 && level != Level::Linear {
+        if dev.len_bytes() < needed {
             return Err(EngineError::Assemble {
                 member: dev.name().into(),
                 reason: format!(
@@ -130,7 +353,53 @@ pub fn assemble(devs: Vec<Arc<dyn Device>>, opts: AssembleOptions) -> Result<Arr
             });
         }
     }
-    build(opts, best, geometry, by_role, spares)
+    Ok(())
+}
+
+/// md's `start_dirty_degraded`: see the module notes.
+fn check_dirty_degraded(
+    p: &Placement,
+    best: &Superblock,
+    level: Level,
+    array_name: &str,
+    force: bool,
+) -> Result<()> {
+    if best.resync_offset == MAX_SECTOR || !level.is_parity() {
+        return Ok(());
+    }
+    let gaps: Vec<String> = p
+        .by_role
+        .iter()
+        .enumerate()
+        .filter_map(|(r, m)| match m {
+            None => Some(format!("role {r} missing")),
+            Some((dev, sb)) if sb.feature_map & format::feature::RECOVERY_OFFSET != 0 => {
+                Some(format!("role {r} only partly rebuilt on {}", dev.name()))
+            }
+            Some(_) => None,
+        })
+        .collect();
+    if gaps.is_empty() {
+        return Ok(());
+    }
+    let lvl = level.name().to_uppercase();
+    let risk = format!(
+        "was not stopped cleanly and is degraded ({}), so the {lvl} write hole applies: stripes \
+         being written at the crash may have parity that disagrees with their data, and with a \
+         member missing the chunks reconstructed from them may be silently wrong",
+        gaps.join(", ")
+    );
+    if force {
+        tracing::warn!(array = %array_name, "{risk}; starting anyway (--force)");
+        return Ok(());
+    }
+    Err(EngineError::Assemble {
+        member: format!("array '{array_name}'"),
+        reason: format!(
+            "refusing to start: it {risk}; `run --force` starts it anyway (a write journal, \
+             once implemented, removes this risk)"
+        ),
+    })
 }
 
 fn geometry_from(
@@ -159,26 +428,57 @@ fn geometry_from(
     })
 }
 
-type Found = (Arc<dyn Device>, Superblock);
+fn new_member(dev: Arc<dyn Device>, sb: &Superblock) -> Arc<Member> {
+    Arc::new(Member {
+        dev,
+        data_offset_bytes: sb.data_offset * 512,
+        dev_number: sb.dev_number,
+    })
+}
+
+/// The role table the array runs with: the freshest one, with forced members back in their
+/// roles (and any other slot claiming such a role recorded faulty), and every role nobody fills
+/// recorded faulty wherever the table still claims it.
+fn running_roles(
+    best: &Superblock,
+    by_role: &[Option<Found>],
+    forced: &[(usize, u64)],
+) -> Vec<u16> {
+    let mut roles = best.dev_roles.clone();
+    for &(r, _) in forced {
+        let Some((_, sb)) = &by_role[r] else {
+            unreachable!("a forced role is filled")
+        };
+        for (slot, raw) in roles.iter_mut().enumerate() {
+            if slot == sb.dev_number as usize {
+                *raw = r as u16;
+            } else if *raw == r as u16 {
+                *raw = format::ROLE_FAULTY;
+            }
+        }
+    }
+    for (r, m) in by_role.iter().enumerate() {
+        if m.is_none() {
+            for raw in roles.iter_mut().filter(|raw| **raw == r as u16) {
+                *raw = format::ROLE_FAULTY;
+            }
+        }
+    }
+    roles
+}
 
 fn build(
     opts: AssembleOptions,
+    name: String,
     best: Superblock,
     geometry: Geometry,
-    by_role: Vec<Option<Found>>,
-    spares: Vec<Found>,
+    p: Placement,
 ) -> Result<Array> {
+    let roles = running_roles(&best, &p.by_role, &p.forced);
+    let table_changed = roles != best.dev_roles || !p.forced.is_empty();
     let mut members = Vec::new();
     let mut slots = Vec::new();
-    let mut roles = best.dev_roles.clone();
-    let new_member = |dev: Arc<dyn Device>, sb: &Superblock| {
-        Arc::new(Member {
-            dev,
-            data_offset_bytes: sb.data_offset * 512,
-            dev_number: sb.dev_number,
-        })
-    };
-    for entry in by_role {
+    for entry in p.by_role {
         let slot = match entry {
             Some((dev, sb)) => {
                 let m = new_member(dev, &sb);
@@ -198,16 +498,8 @@ fn build(
         };
         slots.push(slot);
     }
-    for (r, slot) in slots.iter().enumerate() {
-        if slot.member().is_none() {
-            // A role nobody fills: record it as faulty wherever the table still claims it.
-            for raw in roles.iter_mut().filter(|raw| **raw == r as u16) {
-                *raw = format::ROLE_FAULTY;
-            }
-        }
-    }
     let mut spare_members = Vec::new();
-    for (dev, sb) in spares {
+    for (dev, sb) in p.spares {
         let m = new_member(dev, &sb);
         spare_members.push(m.clone());
         members.push(MemberSb {
@@ -219,13 +511,15 @@ fn build(
     let was_dirty = best.resync_offset != MAX_SECTOR;
     let resync_from =
         (was_dirty && geometry.max_degraded() > 0).then_some(best.resync_offset * 512);
-    let meta = Meta {
+    let mut meta = Meta {
         members,
         events: best.events,
         resync_offset: best.resync_offset,
         roles,
     };
-    let name = opts.name.clone().unwrap_or_else(|| best.set_name.clone());
+    if table_changed && !opts.config.read_only {
+        commit_at_assembly(&mut meta, &name)?;
+    }
     Array::from_parts(ArrayParts {
         name,
         uuid: best.set_uuid,
@@ -237,4 +531,19 @@ fn build(
         spares: spare_members,
         resync_from,
     })
+}
+
+/// Make the running role table durable on every present member before any write can happen.
+fn commit_at_assembly(meta: &mut Meta, name: &str) -> Result<()> {
+    let failed = meta.commit();
+    if let Some((member, err)) = failed.into_iter().next() {
+        return Err(EngineError::Assemble {
+            member: member.name().into(),
+            reason: format!(
+                "cannot record the role table of array '{name}' in its superblock: {err}"
+            ),
+        });
+    }
+    tracing::info!(array = %name, events = meta.events, "role table recorded in every member's superblock");
+    Ok(())
 }

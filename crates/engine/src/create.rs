@@ -5,12 +5,16 @@
 //! order members are given, spares after them, a random array UUID and per-device UUIDs, and
 //! `resync_offset` 0 ("needs initial sync") unless the caller asserts the members are already
 //! consistent. Nothing is written until every member has passed its checks.
+//!
+//! The superblocks themselves are built by `format` ([`Superblock::new_for_create`]), the one
+//! owner of superblock construction; this module decides the array-wide parameters and does
+//! the I/O.
 
 use crate::error::{EngineError, Result};
 use crate::member::Member;
 use crate::meta::{now_secs, read_superblock, write_superblock};
 use device::{AlignedBuf, Device};
-use format::{feature, Superblock, MAX_SECTOR, ROLE_SPARE, SB_OFFSET_SECTORS};
+use format::{CreateParams, Superblock, ROLE_SPARE, SB_OFFSET_SECTORS};
 use layout::{Geometry, GeometrySpec, Level};
 use std::sync::Arc;
 
@@ -39,9 +43,6 @@ pub struct Created {
     pub data_offset_sectors: u64,
     pub component_sectors: u64,
 }
-
-/// Sectors mdadm reserves for the bad-block log, right after the (empty) bitmap space.
-const BBLOG_SECTORS: u16 = 8;
 
 pub fn create(spec: &CreateSpec) -> Result<Created> {
     let all: Vec<&Arc<dyn Device>> = spec.members.iter().chain(&spec.spares).collect();
@@ -120,18 +121,54 @@ pub fn create(spec: &CreateSpec) -> Result<Created> {
         ));
     }
     let uuid = *uuid::Uuid::new_v4().as_bytes();
-    let template = template_superblock(spec, &geometry, uuid, data_offset, component);
-    let mut roles = vec![ROLE_SPARE; template.max_dev as usize];
-    for (i, r) in roles.iter_mut().enumerate().take(spec.members.len()) {
-        *r = i as u16;
-    }
+    // Roles in the order members are given, spares after them (format widens the table to
+    // mdadm's `max_dev` with spare entries).
+    let roles: Vec<u16> = (0..all.len())
+        .map(|i| {
+            if i < spec.members.len() {
+                i as u16
+            } else {
+                ROLE_SPARE
+            }
+        })
+        .collect();
+    let array_params = CreateParams {
+        set_uuid: uuid,
+        name: spec.name.clone(),
+        ctime_secs: now_secs(),
+        level: spec.level.md_level(),
+        layout: geometry.spec().layout,
+        chunk_sectors: geometry.chunk_sectors() as u32,
+        raid_disks: spec.members.len() as u32,
+        size: component,
+        data_offset,
+        data_size: 0,
+        dev_number: 0,
+        device_uuid: [0; 16],
+        roles,
+        // Levels without redundancy have nothing to resync (a one-member RAID1 included).
+        assume_clean: spec.assume_clean || geometry.max_degraded() == 0,
+        internal_bitmap: false,
+        bm_space_device_sectors: Some(smallest),
+    };
+    // Every superblock is built (and validated by `format`) before the first is written.
+    let mut sbs = Vec::with_capacity(all.len());
     for (i, dev) in all.iter().enumerate() {
-        let mut sb = template.clone();
-        sb.dev_roles.clone_from(&roles);
-        sb.dev_number = i as u32;
-        sb.device_uuid = *uuid::Uuid::new_v4().as_bytes();
-        sb.data_size = data_sizes[i];
-        write_member(dev, &sb).map_err(|e| EngineError::Create {
+        let params = CreateParams {
+            data_size: data_sizes[i],
+            dev_number: i as u32,
+            device_uuid: *uuid::Uuid::new_v4().as_bytes(),
+            ..array_params.clone()
+        };
+        sbs.push(
+            Superblock::new_for_create(&params).map_err(|e| EngineError::Create {
+                member: dev.name().into(),
+                reason: e.to_string(),
+            })?,
+        );
+    }
+    for (dev, sb) in all.iter().zip(&sbs) {
+        write_member(dev, sb).map_err(|e| EngineError::Create {
             member: dev.name().into(),
             reason: e.to_string(),
         })?;
@@ -170,72 +207,14 @@ fn check_members(all: &[&Arc<dyn Device>], force: bool) -> Result<()> {
     Ok(())
 }
 
-fn template_superblock(
-    spec: &CreateSpec,
-    g: &Geometry,
-    uuid: [u8; 16],
-    data_offset: u64,
-    component: u64,
-) -> Superblock {
-    let now = format::md_time(now_secs());
-    let total = spec.members.len() + spec.spares.len();
-    let max_dev = (((256 + 2 * total as u32).div_ceil(512) * 512) - 256) / 2;
-    Superblock {
-        feature_map: if spec.level == Level::Raid0 {
-            feature::RAID0_LAYOUT
-        } else {
-            0
-        },
-        set_uuid: uuid,
-        set_name: spec.name.clone(),
-        ctime: now,
-        level: spec.level.md_level(),
-        layout: g.spec().layout,
-        size: component,
-        chunksize: g.chunk_sectors() as u32,
-        raid_disks: spec.members.len() as u32,
-        bitmap_offset: 0,
-        new_level: 0,
-        reshape_position: 0,
-        delta_disks: 0,
-        new_layout: 0,
-        new_chunk: 0,
-        new_offset: 0,
-        data_offset,
-        data_size: 0,
-        super_offset: SB_OFFSET_SECTORS,
-        recovery_offset: 0,
-        dev_number: 0,
-        cnt_corrected_read: 0,
-        device_uuid: [0; 16],
-        devflags: 0,
-        bblog_shift: 0,
-        bblog_size: BBLOG_SECTORS,
-        bblog_offset: (8 + format::bm_space(
-            spec.members
-                .iter()
-                .map(|d| d.len_bytes() / 512)
-                .min()
-                .unwrap_or(0),
-        )) as i32,
-        utime: now,
-        events: 0,
-        resync_offset: if spec.assume_clean || g.max_degraded() == 0 {
-            MAX_SECTOR
-        } else {
-            0
-        },
-        max_dev,
-        dev_roles: Vec::new(),
-    }
-}
-
 /// Write an empty bad-block log (all ones) and the superblock, then flush.
 fn write_member(dev: &Arc<dyn Device>, sb: &Superblock) -> std::io::Result<()> {
-    let bblog_at = (SB_OFFSET_SECTORS as i64 + i64::from(sb.bblog_offset)) as u64 * 512;
-    let mut bblog = AlignedBuf::zeroed(usize::from(sb.bblog_size) * 512);
-    bblog.fill(0xff);
-    dev.write_at(&bblog, bblog_at, false)?;
+    if sb.bblog_size > 0 {
+        let bblog_at = (SB_OFFSET_SECTORS as i64 + i64::from(sb.bblog_offset)) as u64 * 512;
+        let mut bblog = AlignedBuf::zeroed(usize::from(sb.bblog_size) * 512);
+        bblog.fill(0xff);
+        dev.write_at(&bblog, bblog_at, false)?;
+    }
     let member = Member {
         dev: dev.clone(),
         data_offset_bytes: sb.data_offset * 512,

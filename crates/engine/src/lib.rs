@@ -26,8 +26,8 @@ mod stripe_cache;
 mod sync;
 
 pub use array::{Array, ArrayConfig, ArrayStatus, MemberState, MemberStatus};
-pub use clock::{Clock, ManualClock, SystemClock};
 pub use assemble::{assemble, AssembleOptions};
+pub use clock::{Clock, ManualClock, SystemClock};
 pub use create::{create, CreateSpec, Created};
 pub use error::{EngineError, Result};
 pub use events::Event;

@@ -11,8 +11,8 @@
 //! take no lock.
 
 use crate::array::Array;
-use crate::error::Result;
 use crate::commit::WriteSet;
+use crate::error::Result;
 use layout::Level;
 use parking_lot::{Mutex, MutexGuard};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -164,10 +164,7 @@ impl Array {
                 owner.push(i);
             }
         }
-        self.commit_writes(
-            &WriteSet::mirror(offset_bytes, data.len() as u64),
-            &mut ios,
-        )?;
+        self.commit_writes(&WriteSet::mirror(offset_bytes, data.len() as u64), &mut ios)?;
         let mut written = vec![false; pieces.len()];
         for (op, &i) in ios.iter().zip(&owner) {
             written[i] |= op.ok();

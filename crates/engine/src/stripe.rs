@@ -20,8 +20,8 @@
 
 use crate::array::Array;
 use crate::bufpool::PoolBuf;
-use crate::error::{EngineError, Result};
 use crate::commit::WriteSet;
+use crate::error::{EngineError, Result};
 use crate::io::MemberIo;
 use crate::stripe_cache::{covers_all, merge, BatchError, Completion, Piece};
 use layout::{Level, StripeRoles};

@@ -377,7 +377,7 @@ fn workload(
                 }
             }
             80..=84 => {
-                let action = if rng.gen_bool(0.5) { "check" } else { "repair" };
+                let action = ["check", "repair", "resync"][rng.gen_range(0..3)];
                 let _ = array.request_action(action);
             }
             85..=89 => {

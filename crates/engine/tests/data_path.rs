@@ -62,53 +62,204 @@ fn small_write_takes_read_modify_write_large_partial_takes_reconstruct_write() {
     common::check_redundancy(&sa);
 }
 
+/// A member that records where each write lands and can hold writes to one byte range until
+/// released: the test's view of which member was written where, and its way to keep a stripe
+/// busy (a batch in flight) for as long as it needs.
+struct Probe {
+    sim: Arc<SimDevice>,
+    /// `(offset_bytes, len_bytes)` of every write, in order.
+    writes: std::sync::Mutex<Vec<(u64, u64)>>,
+    /// While `Some`, writes overlapping this range wait; `blocked` counts the waiting ones.
+    gate: std::sync::Mutex<(Option<(u64, u64)>, usize)>,
+    cv: std::sync::Condvar,
+}
+
+impl Probe {
+    fn new(sim: Arc<SimDevice>) -> Arc<Probe> {
+        Arc::new(Probe {
+            sim,
+            writes: Default::default(),
+            gate: Default::default(),
+            cv: Default::default(),
+        })
+    }
+
+    fn writes_into(&self, start: u64, end: u64) -> usize {
+        let w = self.writes.lock().unwrap();
+        w.iter().filter(|(o, l)| *o < end && o + l > start).count()
+    }
+
+    fn close(&self, start: u64, end: u64) {
+        *self.gate.lock().unwrap() = (Some((start, end)), 0);
+    }
+
+    fn open(&self) {
+        self.gate.lock().unwrap().0 = None;
+        self.cv.notify_all();
+    }
+
+    /// Wait until some write is held at the gate.
+    fn wait_blocked(&self) {
+        let g = self.gate.lock().unwrap();
+        let (g, timeout) = self
+            .cv
+            .wait_timeout_while(g, std::time::Duration::from_secs(10), |g| g.1 == 0)
+            .unwrap();
+        assert!(!timeout.timed_out(), "no write reached the gate: {:?}", g.0);
+    }
+}
+
+impl Device for Probe {
+    fn name(&self) -> &str {
+        self.sim.name()
+    }
+    fn len_bytes(&self) -> u64 {
+        self.sim.len_bytes()
+    }
+    fn read_at(&self, buf: &mut [u8], offset_bytes: u64) -> std::io::Result<()> {
+        self.sim.read_at(buf, offset_bytes)
+    }
+    fn write_at(&self, buf: &[u8], offset_bytes: u64, fua: bool) -> std::io::Result<()> {
+        let end = offset_bytes + buf.len() as u64;
+        self.writes
+            .lock()
+            .unwrap()
+            .push((offset_bytes, buf.len() as u64));
+        let mut g = self.gate.lock().unwrap();
+        if matches!(g.0, Some((a, b)) if offset_bytes < b && end > a) {
+            g.1 += 1;
+            self.cv.notify_all();
+            g = self.cv.wait_while(g, |g| g.0.is_some()).unwrap();
+            g.1 -= 1;
+        }
+        drop(g);
+        self.sim.write_at(buf, offset_bytes, fua)
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        self.sim.flush()
+    }
+    fn discard_zeroes(&self, offset_bytes: u64, len_bytes: u64) -> std::io::Result<()> {
+        self.sim.discard_zeroes(offset_bytes, len_bytes)
+    }
+}
+
+/// A RAID5 of `n` probed members, each `member_bytes`, and the members' data offset in bytes.
+fn probed_raid5(
+    n: usize,
+    chunk_bytes: u64,
+    member_bytes: u64,
+    config: engine::ArrayConfig,
+) -> (Vec<Arc<SimDevice>>, Vec<Arc<Probe>>, engine::Array, u64) {
+    let sims: Vec<Arc<SimDevice>> = (0..n)
+        .map(|i| {
+            Arc::new(SimDevice::new(
+                format!("sim{i}"),
+                member_bytes,
+                40 + i as u64,
+            ))
+        })
+        .collect();
+    let probes: Vec<Arc<Probe>> = sims.iter().map(|s| Probe::new(s.clone())).collect();
+    let members: Vec<Arc<dyn Device>> = probes
+        .iter()
+        .map(|p| p.clone() as Arc<dyn Device>)
+        .collect();
+    engine::create(&engine::CreateSpec {
+        name: "probe".into(),
+        level: Level::Raid5,
+        layout: None,
+        chunk_bytes,
+        members: members.clone(),
+        spares: vec![],
+        size_bytes: None,
+        assume_clean: true,
+        force: false,
+    })
+    .expect("create");
+    let data_offset_bytes = engine::read_superblock(sims[0].as_ref())
+        .expect("superblock")
+        .data_offset
+        * 512;
+    let array = engine::assemble(
+        members,
+        engine::AssembleOptions {
+            name: None,
+            config,
+            ..Default::default()
+        },
+    )
+    .expect("assemble");
+    (sims, probes, array, data_offset_bytes)
+}
+
+/// Four writers fill the four data chunks of one stripe at once: their pieces are merged into
+/// one batch and P is written once for all of them, not once per writer.
+///
+/// To make "at once" deterministic, a first small write to the stripe is held at its data
+/// member (the probe's gate), so the stripe is busy while the four arrive: they queue on it,
+/// their leader waits for the batch in flight (and up to the write hold, long here, for the
+/// stripe to fill), then takes every queued piece. P of the stripe is thus written exactly
+/// twice per round: once by the held write, once for all four writers (unmerged: 1 + 4).
 #[test]
 fn concurrent_writes_to_one_stripe_share_one_parity_update() {
+    const CHUNK: u64 = 64 << 10;
+    const WRITERS: u64 = 4;
     let config = engine::ArrayConfig {
-        write_hold: std::time::Duration::from_millis(20),
+        write_hold: std::time::Duration::from_secs(2),
         ..common::config()
     };
-    let sa = common::sim_array_with(Level::Raid5, None, 5, 64 << 10, 16 << 20, 4, config);
-    let array = Arc::new(sa.array);
-    let stripe = 4 * (64u64 << 10);
+    let (sims, probes, array, data_offset) = probed_raid5(5, CHUNK, 16 << 20, config);
+    let array = Arc::new(array);
+    let stripe_bytes = WRITERS * CHUNK;
     // The first write marks the array dirty (a superblock write per member); get it done first.
-    array.write(40 * stripe, &[0u8; 4096], false).unwrap();
-    const ROUNDS: u64 = 20;
-    let before: u64 = sa.sims.iter().map(|s| s.stats().writes).sum();
-    for round in 0..ROUNDS {
-        // Four writers each fill one data chunk of the same stripe, all at once.
-        let barrier = std::sync::Barrier::new(4);
+    array.write(40 * stripe_bytes, &[0u8; 4096], false).unwrap();
+    for row in 1..=5u64 {
+        let roles = array.geometry().stripe_roles(row);
+        // The row's bytes on every member.
+        let (start, end) = (data_offset + row * CHUNK, data_offset + (row + 1) * CHUNK);
+        let p_before = probes[roles.p_dev()].writes_into(start, end);
+        let held = &probes[roles.data_dev(0)];
+        held.close(start, end);
+        let barrier = std::sync::Barrier::new(WRITERS as usize);
         std::thread::scope(|s| {
-            for d in 0..4u64 {
-                let (array, barrier) = (array.clone(), &barrier);
+            let a = array.clone();
+            s.spawn(move || a.write(row * stripe_bytes, &[0x11; 4096], false).unwrap());
+            held.wait_blocked();
+            for d in 0..WRITERS {
+                let (a, barrier) = (array.clone(), &barrier);
                 s.spawn(move || {
                     barrier.wait();
-                    array
-                        .write(
-                            round * stripe + d * (64 << 10),
-                            &vec![d as u8 + 1; 64 << 10],
-                            false,
-                        )
+                    let data = vec![row as u8 * 16 + d as u8; CHUNK as usize];
+                    a.write(row * stripe_bytes + d * CHUNK, &data, false)
                         .unwrap()
                 });
             }
+            // Let the writers queue behind the held batch (the long hold covers stragglers).
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            held.open();
         });
+        let p_writes = probes[roles.p_dev()].writes_into(start, end) - p_before;
+        assert_eq!(
+            p_writes, 2,
+            "row {row}: P written {p_writes} times for 1 held write + {WRITERS} concurrent \
+             writers; expected 2 (the held write's, then one shared by all {WRITERS})"
+        );
+        let mut back = vec![0u8; stripe_bytes as usize];
+        array.read(row * stripe_bytes, &mut back).unwrap();
+        for (d, chunk) in back.chunks(CHUNK as usize).enumerate() {
+            assert!(
+                chunk.iter().all(|&b| b == row as u8 * 16 + d as u8),
+                "row {row}: data chunk {d} is not its writer's"
+            );
+        }
     }
-    let per_round =
-        (sa.sims.iter().map(|s| s.stats().writes).sum::<u64>() - before) as f64 / ROUNDS as f64;
-    // Unmerged: 4 × (data + parity) = 8 member writes per stripe; fully merged: 4 + 1 = 5.
-    // Writers that arrive while a batch is in flight join the next one, so expect well below 8.
-    assert!(
-        per_round <= 6.5,
-        "expected merged parity updates, saw {per_round} member writes per stripe"
-    );
-    let sa2 = common::SimArray {
-        sims: sa.sims,
+    let sa = common::SimArray {
+        sims,
         array: Arc::try_unwrap(array).ok().unwrap(),
         level: Level::Raid5,
         layout: None,
     };
-    common::check_redundancy(&sa2);
+    common::check_redundancy(&sa);
 }
 
 #[test]

@@ -55,6 +55,7 @@ fn open(all: &[Arc<SimDevice>]) -> Arc<Array> {
             AssembleOptions {
                 name: None,
                 config: common::config(),
+                force: false,
             },
         )
         .expect("assemble"),
@@ -164,6 +165,28 @@ fn spare_rebuilds_while_clients_write() {
     }
 }
 
+/// Byte at which the next `rebuild_started` event says the rebuild starts, and the total:
+/// its message reads "recover started at byte N of T".
+fn rebuild_start(events: &std::sync::mpsc::Receiver<engine::Event>) -> (u64, u64) {
+    loop {
+        let ev = events
+            .recv_timeout(Duration::from_secs(20))
+            .expect("no rebuild_started event");
+        if ev.kind != "rebuild_started" {
+            continue;
+        }
+        let nums: Vec<u64> = ev
+            .message
+            .split_once("started at byte ")
+            .and_then(|(_, rest)| {
+                let (n, t) = rest.split_once(" of ")?;
+                Some(vec![n.trim().parse().ok()?, t.trim().parse().ok()?])
+            })
+            .unwrap_or_else(|| panic!("unexpected rebuild_started message: {ev:?}"));
+        return (nums[0], nums[1]);
+    }
+}
+
 #[test]
 fn rebuild_resumes_from_checkpoint_after_stop() {
     let m = sims(4, 16 << 20, 5);
@@ -173,11 +196,14 @@ fn rebuild_resumes_from_checkpoint_after_stop() {
     let a = open(&all);
     let model = fill(&a, 7);
     a.set_sync_speed(None, Some(4 << 20));
+    // Failed by hand, not by a read that hits the dead member: several reads in flight to it
+    // would race the spare's activation (a late error of the old member must not fail the
+    // spare that took its role; that race is not what this test is about).
     m[2].set_dead(true);
-    a.read(0, &mut vec![0u8; 1 << 20]).unwrap(); // notices the failure
+    a.fail_member("sim2").unwrap();
     std::thread::sleep(Duration::from_millis(1500));
     let st = a.sync_status();
-    assert!(st.done_bytes > 0, "rebuild made no progress");
+    assert!(st.done_bytes > 0, "rebuild made no progress: {st:?}");
     assert_eq!(
         st.action,
         engine::SyncAction::Recover,
@@ -192,13 +218,35 @@ fn rebuild_resumes_from_checkpoint_after_stop() {
         .map(|(_, s)| s.clone())
         .collect();
     let sb = engine::read_superblock(spare[0].as_ref()).unwrap();
+    let checkpoint_bytes = sb.recovery_offset * 512;
     assert!(
-        sb.recovery_offset > 0,
+        checkpoint_bytes > 0,
         "no recovery checkpoint recorded: {sb:?} after {st:?}"
     );
-    let b = open(&survivors);
-    let st = b.sync_status();
-    assert!(st.done_bytes >= sb.recovery_offset * 512 || st.action == engine::SyncAction::Idle);
+    // Reassemble, listening before the background work starts, so the rebuild's start is heard.
+    let b = Arc::new(
+        assemble(
+            devs(&survivors),
+            AssembleOptions {
+                name: None,
+                config: common::config(),
+                ..Default::default()
+            },
+        )
+        .expect("assemble"),
+    );
+    let events = b.subscribe();
+    b.set_sync_speed(None, Some(u64::MAX));
+    b.start_background();
+    let (from, total) = rebuild_start(&events);
+    assert!(
+        checkpoint_bytes < total,
+        "checkpoint {checkpoint_bytes} is not inside the rebuild (total {total})"
+    );
+    assert_eq!(
+        from, checkpoint_bytes,
+        "the rebuild after the restart must start at the checkpoint, not redo the start"
+    );
     assert_consistent(&b);
     assert!(read_all(&b) == model);
 }

@@ -10,21 +10,61 @@ use rand_chacha::ChaCha8Rng;
 
 const MEMBER_BYTES: u64 = 3 << 20;
 
-fn run_case(seed: u64, level: Level, layout: Option<u32>, n: usize) {
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let chunk = 4096u64 << rng.gen_range(0..4);
-    let sa = sim_array(level, layout, n, chunk, MEMBER_BYTES, seed);
+/// The plain in-memory model of the logical disk and the one comparison the workload makes:
+/// every read, and the final image, must equal it byte for byte.
+struct Model {
+    bytes: Vec<u8>,
+}
+
+impl Model {
+    fn new(size_bytes: u64) -> Model {
+        Model {
+            bytes: vec![0u8; size_bytes as usize],
+        }
+    }
+
+    fn write(&mut self, offset_bytes: u64, data: &[u8]) {
+        let at = offset_bytes as usize;
+        self.bytes[at..at + data.len()].copy_from_slice(data);
+    }
+
+    /// `got` was read at `offset_bytes`: it must be what the model holds there.
+    fn check(&self, offset_bytes: u64, got: &[u8], what: &str) {
+        let at = offset_bytes as usize;
+        let want = &self.bytes[at..at + got.len()];
+        if let Some(i) = got.iter().zip(want).position(|(g, w)| g != w) {
+            panic!(
+                "{what}: read {offset_bytes}+{} differs from model at byte {} ({:#04x}, model {:#04x})",
+                got.len(),
+                offset_bytes + i as u64,
+                got[i],
+                want[i]
+            );
+        }
+    }
+
+    /// Read the whole array and check it.
+    fn check_array(&self, array: &engine::Array) {
+        let mut all = vec![0u8; self.bytes.len()];
+        array.read(0, &mut all).expect("final read");
+        self.check(0, &all, "final image");
+    }
+}
+
+/// `steps` random operations (60% writes, 30% reads checked against `model`, 10% flushes),
+/// killing members (within the level's tolerance) at the chosen steps. Returns the killed ones.
+fn run_workload(
+    sa: &common::SimArray,
+    model: &mut Model,
+    rng: &mut ChaCha8Rng,
+    steps: usize,
+    kill_at: &[usize],
+) -> Vec<usize> {
     let size = sa.array.size_bytes();
-    assert!(size > 0);
-    let mut model = vec![0u8; size as usize];
-    let tolerance = sa.array.geometry().max_degraded();
+    let n = sa.sims.len();
     let mut failed = Vec::new();
-    let steps = 60;
-    let fail_at: Vec<usize> = (0..tolerance.min(2))
-        .map(|_| rng.gen_range(0..steps))
-        .collect();
     for step in 0..steps {
-        if fail_at.contains(&step) {
+        if kill_at.contains(&step) {
             let mut victims: Vec<usize> = (0..n).filter(|i| !failed.contains(i)).collect();
             victims.retain(|&v| {
                 let mut f = vec![false; n];
@@ -50,24 +90,35 @@ fn run_case(seed: u64, level: Level, layout: Option<u32>, n: usize) {
                 sa.array
                     .write(off, &data, rng.gen_bool(0.1))
                     .unwrap_or_else(|e| panic!("write {off}+{len}: {e}"));
-                model[off as usize..(off + len) as usize].copy_from_slice(&data);
+                model.write(off, &data);
             }
             5..=8 => {
                 let mut buf = vec![0u8; len as usize];
                 sa.array
                     .read(off, &mut buf)
                     .unwrap_or_else(|e| panic!("read {off}+{len}: {e}"));
-                assert!(
-                    buf == model[off as usize..(off + len) as usize],
-                    "read {off}+{len} differs from model (step {step})"
-                );
+                model.check(off, &buf, &format!("step {step}"));
             }
             _ => sa.array.flush().expect("flush"),
         }
     }
-    let mut all = vec![0u8; size as usize];
-    sa.array.read(0, &mut all).expect("final read");
-    assert!(all == model, "final image differs from model");
+    failed
+}
+
+fn run_case(seed: u64, level: Level, layout: Option<u32>, n: usize) {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let chunk = 4096u64 << rng.gen_range(0..4);
+    let sa = sim_array(level, layout, n, chunk, MEMBER_BYTES, seed);
+    let size = sa.array.size_bytes();
+    assert!(size > 0);
+    let mut model = Model::new(size);
+    let tolerance = sa.array.geometry().max_degraded();
+    let steps = 60;
+    let kill_at: Vec<usize> = (0..tolerance.min(2))
+        .map(|_| rng.gen_range(0..steps))
+        .collect();
+    let failed = run_workload(&sa, &mut model, &mut rng, steps, &kill_at);
+    model.check_array(&sa.array);
     if failed.is_empty() {
         common::check_redundancy(&sa);
     }
@@ -82,59 +133,102 @@ fn random_workload_every_level_with_failures() {
     }
 }
 
-/// Canary: the byte-for-byte comparison catches one flipped bit on a non-redundant array.
-#[test]
-fn workload_harness_detects_corruption() {
-    let sa = common::sim_array(Level::Raid0, None, 2, 4096, 4 << 20, 1);
-    let data = vec![0x33u8; 65536];
-    sa.array.write(0, &data, false).unwrap();
-    let off = engine::read_superblock(sa.sims[0].as_ref())
-        .unwrap()
-        .data_offset
-        * 512;
-    sa.sims[0].flip_bit(off + 100, 2);
-    let mut back = vec![0u8; data.len()];
-    sa.array.read(0, &mut back).unwrap();
-    assert!(
-        back != data,
-        "a flipped bit on a RAID0 member must show in the data"
-    );
+/// The panic message of `f`, if it panicked.
+fn panic_message(f: impl FnOnce()) -> Option<String> {
+    let err = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).err()?;
+    Some(
+        err.downcast_ref::<String>()
+            .cloned()
+            .or_else(|| err.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_default(),
+    )
 }
 
-/// Several client threads at once, each owning a region that does not line up with stripes, so
-/// that writers from different threads meet in the same stripes; a member dies half way.
+/// Canary: the workload's own checker (the model and its comparison) fails when the array
+/// returns wrong data. The workload runs on a non-redundant array, its model agrees, then one
+/// bit flips on a member behind the array's back and the same checker must report it.
+#[test]
+fn workload_harness_detects_corruption() {
+    let sa = sim_array(Level::Raid0, None, 2, 4096, 4 << 20, 1);
+    let mut rng = ChaCha8Rng::seed_from_u64(1);
+    let mut model = Model::new(sa.array.size_bytes());
+    run_workload(&sa, &mut model, &mut rng, 60, &[]);
+    model.check_array(&sa.array);
+    // Byte 100 of member 0's data area is logical byte 100 (RAID0, first chunk).
+    let data_offset_bytes = engine::read_superblock(sa.sims[0].as_ref())
+        .expect("superblock")
+        .data_offset
+        * 512;
+    sa.sims[0].flip_bit(data_offset_bytes + 100, 2);
+    let msg = panic_message(|| model.check_array(&sa.array))
+        .expect("the workload's checker missed a flipped bit");
+    assert!(
+        msg.contains("final image") && msg.contains("differs from model at byte 100 "),
+        "the checker failed for another reason: {msg}"
+    );
+    // And a read in the middle of a workload goes through the same check.
+    let mut buf = vec![0u8; 512];
+    sa.array.read(0, &mut buf).expect("read");
+    let msg = panic_message(|| model.check(0, &buf, "mid-run read")).expect("missed");
+    assert!(msg.contains("mid-run read"), "{msg}");
+}
+
+/// Client threads of the concurrent workload.
+const THREADS: u64 = 4;
+/// Unit of ownership: thread `t` owns 4 KiB blocks `t`, `t + THREADS`, `t + 2 THREADS`, … so
+/// every chunk of 16 KiB and up holds a block of every thread, and every stripe several.
+const BLOCK: u64 = 4096;
+/// The threads work in the array's first `HOT_BYTES`, so they meet in the same stripes at the
+/// same time, not only in the same stripes at some time.
+const HOT_BYTES: u64 = 1 << 20;
+
+/// Several client threads at once, their blocks interleaved in every stripe (see [`BLOCK`]):
+/// each writes and reads sector runs inside a random span of its own blocks and checks reads
+/// against its own model; a member dies half way. At the end the whole array must equal the
+/// models put together.
 fn concurrent_case(seed: u64, level: Level, layout: Option<u32>, n: usize) {
     let sa = sim_array(level, layout, n, 16 << 10, MEMBER_BYTES, seed);
     let array = std::sync::Arc::new(sa.array);
     let size = array.size_bytes();
-    const THREADS: u64 = 4;
-    let region = size / THREADS / 512 * 512;
-    let images: Vec<Vec<u8>> = std::thread::scope(|s| {
+    // Blocks per thread in the whole array, and in the hot area the operations pick from.
+    let owned = size / BLOCK / THREADS;
+    let hot = (HOT_BYTES / BLOCK / THREADS).min(owned);
+    let models: Vec<Vec<u8>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..THREADS)
             .map(|t| {
                 let array = array.clone();
                 let sims = &sa.sims;
                 s.spawn(move || {
+                    let block_at = |k: u64| (k * THREADS + t) * BLOCK;
                     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ (t * 0x9e37));
-                    let base = t * region;
-                    let mut model = vec![0u8; region as usize];
+                    // model[k * BLOCK..] is this thread's k-th block.
+                    let mut model = vec![0u8; (owned * BLOCK) as usize];
                     for step in 0..80 {
                         if t == 0 && step == 40 && array.geometry().max_degraded() > 0 {
                             sims[1].set_dead(true);
                         }
-                        let len = rng.gen_range(1..=64u64) * 512;
-                        let off = rng.gen_range(0..=(region - len) / 512) * 512;
-                        if rng.gen_bool(0.6) {
-                            let data: Vec<u8> = (0..len).map(|_| rng.gen()).collect();
-                            array.write(base + off, &data, false).expect("write");
-                            model[off as usize..(off + len) as usize].copy_from_slice(&data);
-                        } else {
-                            let mut buf = vec![0u8; len as usize];
-                            array.read(base + off, &mut buf).expect("read");
-                            assert!(
-                                buf == model[off as usize..(off + len) as usize],
-                                "thread {t}: read differs"
-                            );
+                        let first = rng.gen_range(0..hot);
+                        let count = rng.gen_range(1..=4u64).min(hot - first);
+                        let write = rng.gen_bool(0.6);
+                        for k in first..first + count {
+                            // A sector run inside the block: whole blocks and pieces of them.
+                            let start = rng.gen_range(0..BLOCK / 512) * 512;
+                            let len = rng.gen_range(1..=(BLOCK - start) / 512) * 512;
+                            let m =
+                                (k * BLOCK + start) as usize..(k * BLOCK + start + len) as usize;
+                            let at = block_at(k) + start;
+                            if write {
+                                let data: Vec<u8> = (0..len).map(|_| rng.gen()).collect();
+                                array.write(at, &data, false).expect("write");
+                                model[m].copy_from_slice(&data);
+                            } else {
+                                let mut buf = vec![0u8; len as usize];
+                                array.read(at, &mut buf).expect("read");
+                                assert!(
+                                    buf == model[m],
+                                    "thread {t}: read {at}+{len} differs (step {step})"
+                                );
+                            }
                         }
                     }
                     model
@@ -146,10 +240,12 @@ fn concurrent_case(seed: u64, level: Level, layout: Option<u32>, n: usize) {
             .map(|h| h.join().expect("client thread"))
             .collect()
     });
-    for (t, model) in images.iter().enumerate() {
-        let mut buf = vec![0u8; region as usize];
-        array.read(t as u64 * region, &mut buf).unwrap();
-        assert!(&buf == model, "region {t} differs at the end");
+    let mut all = vec![0u8; (owned * THREADS * BLOCK) as usize];
+    array.read(0, &mut all).expect("final read");
+    for (b, got) in all.chunks(BLOCK as usize).enumerate() {
+        let (t, k) = (b % THREADS as usize, b / THREADS as usize);
+        let want = &models[t][k * BLOCK as usize..][..BLOCK as usize];
+        assert!(got == want, "block {b} (thread {t}) differs at the end");
     }
 }
 

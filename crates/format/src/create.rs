@@ -1,4 +1,8 @@
 //! Building a fresh superblock the way `mdadm --create` lays one out (reference §1.4, §1.6).
+//!
+//! This is the one place superblocks are made from nothing: the engine's `create` computes the
+//! array-wide choices (data offset, component size, roles) and asks for one superblock per
+//! member here, so the on-disk layout rules live next to the encoder that writes them.
 
 use crate::{
     bm_space, feature, max_dev_for, md_time, FormatError, Superblock, MAX_SECTOR, ROLE_SPARE,
@@ -42,12 +46,18 @@ pub struct CreateParams {
     pub assume_clean: bool,
     /// Reserve and announce an internal write-intent bitmap at +8 sectors.
     pub internal_bitmap: bool,
+    /// Device size (sectors) the metadata area (bitmap space, then bad-block log) is laid out
+    /// for. `create` lays it out once per array, for the smallest active member (as it does
+    /// the data offset), and uses that layout on every member, spares included, so members of
+    /// different sizes agree. `None`: this device's own size (`data_offset + data_size`).
+    pub bm_space_device_sectors: Option<u64>,
 }
 
 impl Superblock {
     /// A new member superblock as mdadm would write it: events 0, `max_dev` by mdadm's rule
     /// ([`max_dev_for`], unused roles spare), bad-block log of 8 sectors right after the
-    /// bitmap space (`bblog_offset = 8 + bm_space`, or just below `data_offset` if that does
+    /// bitmap space (`bblog_offset = 8 + bm_space`, `bm_space` for
+    /// [`CreateParams::bm_space_device_sectors`], or just below `data_offset` if that does
     /// not fit), RAID0_LAYOUT for level 0, BITMAP_OFFSET with `bitmap_offset = 8` when
     /// requested. The result is checked with [`Superblock::validate`].
     pub fn new_for_create(p: &CreateParams) -> Result<Superblock, FormatError> {
@@ -77,7 +87,9 @@ impl Superblock {
         }
 
         // Bad-block log placement, in sectors relative to the superblock.
-        let device_sectors = p.data_offset.saturating_add(p.data_size);
+        let device_sectors = p
+            .bm_space_device_sectors
+            .unwrap_or_else(|| p.data_offset.saturating_add(p.data_size));
         let after_bitmap = SB_RESERVED_SECTORS + bm_space(device_sectors);
         let bbl = u64::from(BBLOG_SECTORS);
         let (bblog_offset, bblog_size) = if SB_OFFSET_SECTORS + after_bitmap + bbl <= p.data_offset

@@ -306,6 +306,7 @@ fn create_builder() {
         roles: vec![0, 1, 2, 3],
         assume_clean: false,
         internal_bitmap: false,
+        bm_space_device_sectors: None,
     };
     let sb = Superblock::new_for_create(&p).unwrap();
     assert_eq!(sb.max_dev, 128);
@@ -344,6 +345,26 @@ fn create_builder() {
     })
     .unwrap();
     assert_eq!(tight.bblog_offset, 14);
+    // The metadata area is laid out for the size given, not this device's: a member larger
+    // than 8 GiB in an array laid out for a small one keeps the small array's bblog place.
+    let big = CreateParams {
+        data_size: 20 << 21,
+        ..p.clone()
+    };
+    assert_eq!(
+        Superblock::new_for_create(&big).unwrap().bblog_offset,
+        8 + 128
+    );
+    let laid_out_small = CreateParams {
+        bm_space_device_sectors: Some(131_072),
+        ..big
+    };
+    assert_eq!(
+        Superblock::new_for_create(&laid_out_small)
+            .unwrap()
+            .bblog_offset,
+        16
+    );
     assert!(Superblock::new_for_create(&CreateParams {
         dev_number: 4,
         ..p.clone()

@@ -1,10 +1,12 @@
 //! Cross-check our encoder against the real `mdadm --examine` on plain sparse files
-//! (works without the md kernel module; reference §11). Skipped with a notice when mdadm
-//! is not installed.
+//! (works without the md kernel module; reference §11). Without mdadm these tests fail
+//! (`common::require_tool`; `IRONRAID_ALLOW_MISSING_TOOLS=1` makes them print a skip instead).
+
+mod common;
 
 use std::fs::OpenOptions;
 use std::io::{Seek, SeekFrom, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use format::{
@@ -13,15 +15,6 @@ use format::{
 };
 
 const DEV_SECTORS: u64 = 64 * 1024 * 2; // 64 MiB
-
-fn mdadm() -> Option<PathBuf> {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    let mut dirs: Vec<PathBuf> = std::env::split_paths(&path).collect();
-    dirs.extend(["/usr/sbin", "/sbin", "/usr/local/sbin"].map(PathBuf::from));
-    dirs.into_iter()
-        .map(|d| d.join("mdadm"))
-        .find(|p| p.is_file())
-}
 
 fn write_image(path: &Path, block: &[u8; SB_BYTES]) {
     let mut f = OpenOptions::new()
@@ -98,6 +91,7 @@ fn build(c: &Case, events: u64) -> Superblock {
         // No bitmap: mdadm drops BITMAP_OFFSET in memory (and then reports the checksum
         // as wrong) unless a valid bitmap superblock sits at +8 sectors.
         internal_bitmap: false,
+        bm_space_device_sectors: None,
     })
     .unwrap();
     sb.events = events;
@@ -162,8 +156,7 @@ fn check_case(mdadm: &Path, dir: &Path, c: &Case) {
 
 #[test]
 fn mdadm_examine_accepts_our_superblocks() {
-    let Some(mdadm) = mdadm() else {
-        println!("NOTICE: mdadm not found on PATH; skipping mdadm --examine cross-check");
+    let Some(mdadm) = common::require_tool("mdadm") else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
@@ -237,8 +230,7 @@ fn mdadm_examine_accepts_our_superblocks() {
 
 #[test]
 fn mdadm_examine_reports_bad_checksum() {
-    let Some(mdadm) = mdadm() else {
-        println!("NOTICE: mdadm not found on PATH; skipping mdadm --examine cross-check");
+    let Some(mdadm) = common::require_tool("mdadm") else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
@@ -275,8 +267,7 @@ fn mdadm_examine_reports_bad_checksum() {
 
 #[test]
 fn mdadm_examine_spare_dirty_and_bitmap_quirk() {
-    let Some(mdadm) = mdadm() else {
-        println!("NOTICE: mdadm not found on PATH; skipping mdadm --examine cross-check");
+    let Some(mdadm) = common::require_tool("mdadm") else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();

@@ -45,9 +45,13 @@
 //! maximum block size: they are split into `max`-sized backend calls.
 //!
 //! # Limits and invariants
-//! See [`Limits`]: in-flight requests and payload bytes per connection
-//! (back-pressure: the socket is not read while at the limit), option size
-//! and count, handshake timeout, connection count, shutdown grace period.
+//! See [`Limits`]: in-flight requests per connection, payload bytes in
+//! flight on all connections together and per connection (back-pressure: a
+//! connection's socket is not read while its next request does not fit; see
+//! `budget`), option size and count, handshake timeout, connection count,
+//! shutdown grace period, and how long a shutdown waits for backend calls
+//! that outlive their connection (`serve_*` returns only once every request
+//! thread has left the backend, or reports that some have not).
 //! After the handshake a connection leaves the tokio reactor: a few plain
 //! threads per connection (started as needed, at most
 //! `Limits::max_threads_per_conn`) take turns reading requests from the
@@ -64,13 +68,17 @@
 #![forbid(unsafe_code)]
 
 mod backend;
+mod budget;
 pub mod buf;
 pub mod codec;
 pub mod command;
 mod handshake;
 pub mod proto;
 mod server;
+mod threads;
 mod transmission;
 
 pub use backend::{errno_for, Backend, BlockSizes, Export, MAX_PAYLOAD};
+pub use budget::{DEFAULT_MAX_INFLIGHT_BYTES, DEFAULT_MAX_INFLIGHT_BYTES_PER_CONN};
 pub use server::{Limits, Server};
+pub use threads::DEFAULT_SHUTDOWN_BACKEND_TIMEOUT;

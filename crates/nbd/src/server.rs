@@ -11,7 +11,9 @@ use tokio::task::JoinSet;
 use tracing::{debug, warn};
 
 use crate::backend::Export;
+use crate::budget::{Budget, DEFAULT_MAX_INFLIGHT_BYTES, DEFAULT_MAX_INFLIGHT_BYTES_PER_CONN};
 use crate::handshake;
+use crate::threads::{ThreadTracker, DEFAULT_SHUTDOWN_BACKEND_TIMEOUT};
 use crate::transmission::{self, ConnConfig, IntoBlocking};
 
 /// Resource limits of the server.
@@ -30,11 +32,25 @@ pub struct Limits {
     /// Connections served at once; further ones are closed at accept
     /// (default 128).
     pub max_connections: usize,
-    /// READ/WRITE payload bytes in flight per connection (default 256 MiB).
+    /// READ/WRITE payload bytes in flight on all connections together
+    /// (default [`DEFAULT_MAX_INFLIGHT_BYTES`], 256 MiB): the server's memory
+    /// budget for request buffers. A connection whose next request does not
+    /// fit stops reading its socket until it does; requests wait their turn
+    /// in arrival order, and one larger than the whole budget runs alone.
+    pub max_inflight_bytes: usize,
+    /// READ/WRITE payload bytes in flight per connection (default
+    /// [`DEFAULT_MAX_INFLIGHT_BYTES_PER_CONN`], 64 MiB), so that one
+    /// connection cannot take the whole server budget. Taken before the
+    /// server budget; capped at `max_inflight_bytes`.
     pub max_inflight_bytes_per_conn: usize,
     /// After `shutdown()`, how long a connection may take to drain before it
     /// is dropped (default 30 s).
     pub shutdown_grace: Duration,
+    /// After every connection has drained or been dropped, how long
+    /// `serve_*` still waits for request threads inside backend calls
+    /// (default [`DEFAULT_SHUTDOWN_BACKEND_TIMEOUT`], 60 s). If some are
+    /// still running then, `serve_*` returns a `TimedOut` error.
+    pub shutdown_backend_timeout: Duration,
     /// Threads serving one connection's requests (started as needed; default
     /// 16). Requests in flight per connection are at most
     /// `min(max_inflight_per_conn, max_threads_per_conn)`.
@@ -49,8 +65,10 @@ impl Default for Limits {
             max_options: 64,
             handshake_timeout: Duration::from_secs(10),
             max_connections: 128,
-            max_inflight_bytes_per_conn: 256 << 20,
+            max_inflight_bytes: DEFAULT_MAX_INFLIGHT_BYTES,
+            max_inflight_bytes_per_conn: DEFAULT_MAX_INFLIGHT_BYTES_PER_CONN,
             shutdown_grace: Duration::from_secs(30),
+            shutdown_backend_timeout: DEFAULT_SHUTDOWN_BACKEND_TIMEOUT,
             max_threads_per_conn: 16,
         }
     }
@@ -62,6 +80,10 @@ pub struct Server {
     limits: Limits,
     shutdown: watch::Sender<bool>,
     active: AtomicUsize,
+    /// Payload bytes of all connections ([`Limits::max_inflight_bytes`]).
+    budget: Arc<Budget>,
+    /// Request threads of all connections, live or dropped.
+    threads: Arc<ThreadTracker>,
 }
 
 /// Decrements the active connection count when a connection task ends.
@@ -82,6 +104,8 @@ impl Server {
             limits,
             shutdown,
             active: AtomicUsize::new(0),
+            budget: Budget::new(limits.max_inflight_bytes),
+            threads: Arc::new(ThreadTracker::new()),
         })
     }
 
@@ -91,8 +115,11 @@ impl Server {
     }
 
     /// Accepts on a Unix socket until [`Server::shutdown`]; then stops
-    /// accepting, lets every connection finish its in-flight requests, and
-    /// returns.
+    /// accepting, lets every connection finish its in-flight requests, waits
+    /// for every request thread (also those of connections dropped after
+    /// the grace period) to leave the backend, and returns. Returns a
+    /// `TimedOut` error if threads were still inside backend calls after
+    /// [`Limits::shutdown_backend_timeout`].
     pub async fn serve_unix(self: Arc<Self>, listener: tokio::net::UnixListener) -> io::Result<()> {
         self.serve_loop(|| async { listener.accept().await.map(|(s, _)| s) })
             .await
@@ -118,6 +145,23 @@ impl Server {
         self.active.load(Ordering::SeqCst)
     }
 
+    /// Request threads alive, on open connections or on dropped ones still
+    /// finishing a backend call.
+    pub fn request_threads(&self) -> usize {
+        self.threads.running()
+    }
+
+    /// READ/WRITE payload bytes granted right now, all connections together.
+    pub fn inflight_bytes(&self) -> usize {
+        self.budget.in_use()
+    }
+
+    /// The most payload bytes ever granted at once (never above
+    /// [`Limits::max_inflight_bytes`]).
+    pub fn inflight_bytes_peak(&self) -> usize {
+        self.budget.peak()
+    }
+
     async fn serve_loop<S, F, Fut>(self: Arc<Self>, mut accept: F) -> io::Result<()>
     where
         S: AsyncRead + AsyncWrite + IntoBlocking + Send + Unpin + 'static,
@@ -141,7 +185,20 @@ impl Server {
             }
         }
         while conns.join_next().await.is_some() {}
-        Ok(())
+        // Connections dropped after the grace period may have left threads
+        // inside backend calls: a clean stop must not be reported before
+        // they have returned.
+        let timeout = self.limits.shutdown_backend_timeout;
+        match self.threads.wait_idle(timeout).await {
+            0 => Ok(()),
+            n => {
+                warn!("{n} NBD request threads still inside backend calls after {timeout:?}");
+                Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("{n} NBD request threads still inside backend calls after {timeout:?}"),
+                ))
+            }
+        }
     }
 
     fn spawn_conn<S>(self: Arc<Self>, conns: &mut JoinSet<()>, stream: S)
@@ -189,8 +246,13 @@ impl Server {
         let backend = self.exports[neg.export].backend.clone();
         let cfg = ConnConfig {
             max_inflight: self.limits.max_inflight_per_conn,
-            max_inflight_bytes: self.limits.max_inflight_bytes_per_conn,
+            max_inflight_bytes: self
+                .limits
+                .max_inflight_bytes_per_conn
+                .min(self.budget.total()),
             max_threads: self.limits.max_threads_per_conn,
+            server_budget: self.budget.clone(),
+            threads: self.threads.clone(),
         };
         let stream = stream.into_blocking()?;
         transmission::serve(stream, backend, neg, cfg, stop).await

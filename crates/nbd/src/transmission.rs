@@ -13,10 +13,12 @@
 //!
 //! Invariants:
 //! - at most `min(max_inflight_per_conn, max_threads_per_conn)` requests (and
-//!   `max_inflight_bytes_per_conn` payload bytes) are between "header read"
-//!   and "reply written": a thread holds at most one request, and the budget
-//!   is taken by the thread holding the read side, so when a limit is reached
-//!   nobody reads the socket (back-pressure);
+//!   `max_inflight_bytes_per_conn` payload bytes, all connections together at
+//!   most `max_inflight_bytes`) are between "header read" and "reply
+//!   written": a thread holds at most one request, and the payload grant (see
+//!   `budget`) is taken by the thread holding the read side before the
+//!   payload buffer exists, so when a limit is reached nobody reads the
+//!   socket (back-pressure);
 //! - a reply is written only after the backend call returned, so a later
 //!   FLUSH always covers every write whose reply was already sent;
 //! - on DISC, shutdown, a protocol violation or EOF the reading stops, every
@@ -24,22 +26,27 @@
 //!   connection is closed. Shutdown wakes a thread blocked in `recv` with
 //!   `shutdown(SHUT_RD)`; if the connection future is dropped (grace period
 //!   expired) the socket is shut down both ways and the threads exit as soon
-//!   as their backend calls return.
+//!   as their backend calls return;
+//! - every thread holds a token of the server's thread tracker from before it
+//!   is spawned until it exits, so the server's shutdown can wait for backend
+//!   calls that outlive their connection (see `threads`).
 
 use std::io::{self, BufReader, IoSlice, Read, Write};
 use std::net::Shutdown;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, warn};
 
 use crate::backend::{errno_for, Backend, BlockSizes};
+use crate::budget::{Budget, PayloadGrant};
 use crate::buf::AlignedBuf;
 use crate::codec::{self, Request};
 use crate::command::{validate, Command, ExportParams, Rejection};
 use crate::proto::*;
+use crate::threads::{ThreadToken, ThreadTracker};
 
 /// Size of the per-connection receive buffer: one `recv` picks up many
 /// pipelined request headers (and small write payloads).
@@ -135,8 +142,13 @@ struct Ctx {
 /// Connection-wide settings.
 pub(crate) struct ConnConfig {
     pub max_inflight: usize,
+    /// This connection's payload budget (at most the server's).
     pub max_inflight_bytes: usize,
     pub max_threads: usize,
+    /// The payload budget shared by every connection of the server.
+    pub server_budget: Arc<Budget>,
+    /// Counts this connection's threads for the server's shutdown.
+    pub threads: Arc<ThreadTracker>,
 }
 
 /// The read side; whoever holds its lock is the one thread reading requests.
@@ -161,7 +173,11 @@ struct Conn {
     /// Threads started (changed only under the read lock).
     threads: AtomicUsize,
     max_threads: usize,
-    budget: Budget,
+    /// Payload bytes of this connection (taken before `server_budget`).
+    budget: Arc<Budget>,
+    server_budget: Arc<Budget>,
+    /// The server's count of request threads (see `threads`).
+    tracker: Arc<ThreadTracker>,
     /// Backend time of the most recent request, nanoseconds.
     last_exec_ns: AtomicU64,
 }
@@ -171,8 +187,8 @@ struct Job {
     req: Request,
     cmd: Command,
     payload: Option<AlignedBuf>,
-    /// Budget bytes held until the reply is written.
-    bytes: usize,
+    /// Payload bytes held until the reply is written.
+    grant: Option<PayloadGrant>,
 }
 
 enum Next {
@@ -201,7 +217,6 @@ pub(crate) async fn serve(
     };
     let ctl = stream.try_clone()?;
     let wr = stream.try_clone()?;
-    let total = cfg.max_inflight_bytes.max(1);
     let conn = Arc::new(Conn {
         ctx: Ctx {
             backend,
@@ -219,14 +234,9 @@ pub(crate) async fn serve(
         idle: AtomicUsize::new(0),
         threads: AtomicUsize::new(1),
         max_threads: cfg.max_inflight.min(cfg.max_threads).max(1),
-        budget: Budget {
-            state: Mutex::new(BudgetState {
-                avail: total,
-                waiting: false,
-            }),
-            cv: Condvar::new(),
-            total,
-        },
+        budget: Budget::new(cfg.max_inflight_bytes),
+        server_budget: cfg.server_budget,
+        tracker: cfg.threads,
         last_exec_ns: AtomicU64::new(0),
     });
     // Every thread holds a sender; `recv` yields `None` once all are gone.
@@ -258,10 +268,21 @@ impl Drop for CloseOnDrop {
 }
 
 fn spawn_thread(conn: Arc<Conn>, alive: mpsc::Sender<()>) -> io::Result<()> {
+    // Counted before it exists, so a shutdown never misses a thread.
+    let token = conn.tracker.enter();
     std::thread::Builder::new()
         .name("nbd-conn".into())
-        .spawn(move || conn_thread(&conn, &alive))
+        .spawn(move || run_thread(conn, alive, token))
         .map(|_| ())
+}
+
+/// The body of a connection thread; the token is dropped last, after the
+/// connection state (and with it any backend reference) is released.
+fn run_thread(conn: Arc<Conn>, alive: mpsc::Sender<()>, token: ThreadToken) {
+    conn_thread(&conn, &alive);
+    drop(alive);
+    drop(conn);
+    drop(token);
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -331,31 +352,25 @@ impl Conn {
             }
         };
         let mut payload = None;
-        let mut bytes = 0;
+        let mut grant = None;
         if req.command == CMD_WRITE {
             if req.length > self.ctx.params.max_payload {
                 debug!("closing: write of {} bytes exceeds maximum", req.length);
                 return Next::Stop;
             }
-            bytes = self.budget.acquire(req.length);
+            grant = Some(self.grant(req.length));
             let mut buf = AlignedBuf::new(req.length as usize);
             if let Err(e) = rd.r.read_exact(buf.as_mut_slice()) {
                 debug!("closing: write payload not received: {e}");
-                self.budget.release(bytes);
                 return Next::Stop;
             }
             payload = Some(buf);
         }
         match validate(&req, &self.ctx.params) {
-            Ok(Command::Disconnect) => {
-                self.budget.release(bytes);
-                Next::Stop
-            }
+            Ok(Command::Disconnect) => Next::Stop,
             Err(rej) => {
                 let head = error_reply(&self.ctx, &req, rej);
-                let ok = self.reply(&head, None);
-                self.budget.release(bytes);
-                if ok {
+                if self.reply(&head, None) {
                     Next::Answered
                 } else {
                     Next::Stop
@@ -363,17 +378,23 @@ impl Conn {
             }
             Ok(cmd) => {
                 if let Command::Read { len, .. } = cmd {
-                    bytes = self.budget.acquire(len);
+                    grant = Some(self.grant(len));
                 }
                 self.inflight.fetch_add(1, Ordering::SeqCst);
                 Next::Run(Job {
                     req,
                     cmd,
                     payload,
-                    bytes,
+                    grant,
                 })
             }
         }
+    }
+
+    /// Waits for `len` payload bytes from this connection's budget and the
+    /// server's (the caller holds the read side: back-pressure).
+    fn grant(&self, len: u32) -> PayloadGrant {
+        PayloadGrant::acquire(&self.budget, &self.server_budget, len as usize)
     }
 
     /// Whether the reading thread should run `job` itself.
@@ -394,7 +415,9 @@ impl Conn {
         self.last_exec_ns.store(ns, Ordering::Relaxed);
         self.reply(&head, data.as_ref().map(|d| d.as_slice()));
         self.inflight.fetch_sub(1, Ordering::SeqCst);
-        self.budget.release(job.bytes);
+        // The reply buffer is gone: give its bytes back.
+        drop(data);
+        drop(job.grant);
     }
 
     /// Writes one whole reply; on failure the connection is torn down.
@@ -436,49 +459,6 @@ fn write_all2(w: &mut Stream, mut a: &[u8], mut b: &[u8]) -> io::Result<()> {
         b = &b[n - k..];
     }
     Ok(())
-}
-
-struct BudgetState {
-    avail: usize,
-    waiting: bool,
-}
-
-/// Per-connection payload byte budget.
-struct Budget {
-    state: Mutex<BudgetState>,
-    cv: Condvar,
-    total: usize,
-}
-
-impl Budget {
-    /// Waits for `len` bytes of budget (a request larger than the whole
-    /// budget waits for all of it); returns what it took. Only the thread
-    /// holding the read side ever waits here.
-    fn acquire(&self, len: u32) -> usize {
-        if len == 0 {
-            return 0;
-        }
-        let want = (len as usize).min(self.total);
-        let mut s = lock(&self.state);
-        while s.avail < want {
-            s.waiting = true;
-            s = self.cv.wait(s).unwrap_or_else(|e| e.into_inner());
-        }
-        s.avail -= want;
-        want
-    }
-
-    fn release(&self, n: usize) {
-        if n == 0 {
-            return;
-        }
-        let mut s = lock(&self.state);
-        s.avail += n;
-        if s.waiting {
-            s.waiting = false;
-            self.cv.notify_all();
-        }
-    }
 }
 
 fn error_reply(ctx: &Ctx, req: &Request, rej: Rejection) -> Vec<u8> {

@@ -68,7 +68,15 @@ pub fn sim_array_with(
         force: false,
     })
     .expect("create");
-    let array = assemble(devs(&sims), AssembleOptions { name: None, config }).expect("assemble");
+    let array = assemble(
+        devs(&sims),
+        AssembleOptions {
+            name: None,
+            config,
+            force: false,
+        },
+    )
+    .expect("assemble");
     SimArray {
         sims,
         array,
@@ -83,6 +91,7 @@ pub fn reassemble(sims: &[Arc<SimDevice>]) -> engine::Result<Array> {
         AssembleOptions {
             name: None,
             config: config(),
+            force: false,
         },
     )
 }
