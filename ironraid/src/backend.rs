@@ -10,9 +10,9 @@
 //! patch writes back bytes the client did not send, with the values it read. If another write
 //! to that sector — unaligned, aligned or zeroing, from any connection — completes between the
 //! patch's read and its write, those values are stale and that write's update is silently
-//! undone (the NBD spec leaves overlapping concurrent writes undefined only for the bytes both
-//! write, never for a neighbour's). Hence: *while an edge sector is being patched, no other
-//! write to that sector may run.*
+//! undone, although the two requests share no byte. (Concurrent writes to the *same* bytes may
+//! land in either order; that is all a client may not rely on.) Hence: *while an edge sector is
+//! being patched, no other write to that sector may run.*
 //!
 //! How: [`SectorLocks`], a fixed table of `LOCK_STRIPES` reader-writer locks. A sector belongs to
 //! the lock of its `LOCK_GRANULE_BYTES` granule, modulo `LOCK_STRIPES`. Every write takes, before

@@ -57,6 +57,9 @@ pub struct ArrayConfig {
     pub deterministic_seed: Option<u64>,
     /// The clock background work paces and checkpoints by (default: real time).
     pub clock: Option<Arc<dyn Clock>>,
+    /// Background work (rebuild, resync, check) claims about this much of each member at a
+    /// time: one read per member per window.
+    pub sync_window_bytes: u64,
 }
 
 impl Default for ArrayConfig {
@@ -72,6 +75,7 @@ impl Default for ArrayConfig {
             read_only: false,
             deterministic_seed: None,
             clock: None,
+            sync_window_bytes: 2 << 20,
         }
     }
 }
@@ -161,9 +165,9 @@ pub(crate) struct ArrayParts {
 impl Array {
     pub(crate) fn from_parts(p: ArrayParts) -> Result<Array> {
         let executor = match p.config.deterministic_seed {
-            Some(seed) => Executor::Deterministic(parking_lot::Mutex::new(
+            Some(seed) => Executor::Deterministic(Box::new(parking_lot::Mutex::new(
                 <rand_chacha::ChaCha8Rng as rand::SeedableRng>::seed_from_u64(seed),
-            )),
+            ))),
             None => Executor::Threads(
                 rayon::ThreadPoolBuilder::new()
                     .num_threads(p.config.io_threads.max(2))

@@ -141,7 +141,7 @@ pub(crate) enum Executor {
     Threads(rayon::ThreadPool),
     /// One after the other on the caller's thread, in an order drawn from a seeded RNG, so that
     /// one seed replays one interleaving of completions.
-    Deterministic(parking_lot::Mutex<rand_chacha::ChaCha8Rng>),
+    Deterministic(Box<parking_lot::Mutex<rand_chacha::ChaCha8Rng>>),
 }
 
 impl Array {

@@ -1,6 +1,6 @@
 //! Recovery: a spare takes a missing role and is rebuilt online, window by window.
 //!
-//! Each window (about `WINDOW_BYTES` of every member) is claimed exactly as client writes claim
+//! Each window (about `ArrayConfig::sync_window_bytes` of every member) is claimed exactly as client writes claim
 //! stripes (mirrors: region locks), read once per member, reconstructed, written to the new
 //! member, and the role's in-sync point is advanced before the claim is released. Client I/O
 //! uses the new member only below that point, so nothing the rebuild read earlier can overwrite
@@ -13,7 +13,7 @@ use crate::bufpool::PoolBuf;
 use crate::commit::WriteSet;
 use crate::io::{IoKind, MemberIo};
 use crate::member::FULLY_IN_SYNC;
-use crate::sync::{Stop, WINDOW_BYTES};
+use crate::sync::Stop;
 use layout::Level;
 use std::sync::Arc;
 
@@ -159,9 +159,9 @@ impl Array {
         self.fail_members_after_sb_error(failed);
     }
 
-    /// Stripes per unit of background work: about `WINDOW_BYTES` of each member.
+    /// Stripes per unit of background work: about `sync_window_bytes` of each member.
     pub(crate) fn window_rows(&self) -> u64 {
-        (WINDOW_BYTES / (self.geometry.chunk_sectors() * 512)).max(1)
+        (self.config.sync_window_bytes / (self.geometry.chunk_sectors() * 512)).max(1)
     }
 
     /// Claim stripes `r0..r1` in ascending order (writers hold one stripe at a time, so this

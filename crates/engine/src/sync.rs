@@ -63,8 +63,6 @@ pub const DEFAULT_SPEED_MIN: u64 = 1000 * 1024;
 pub const DEFAULT_SPEED_MAX: u64 = 200_000 * 1024;
 /// How long after a client request the array counts as busy.
 const CLIENT_BUSY: Duration = Duration::from_millis(20);
-/// Background work claims about this much of each member at a time.
-pub(crate) const WINDOW_BYTES: u64 = 2 << 20;
 /// Checkpoints go to the superblocks at least this often during long work.
 pub(crate) const CHECKPOINT_EVERY: Duration = Duration::from_secs(2);
 
