@@ -60,6 +60,8 @@ pub struct ArrayConfig {
     /// Background work (rebuild, resync, check) claims about this much of each member at a
     /// time: one read per member per window.
     pub sync_window_bytes: u64,
+    /// Checks every member read before use (integrity); None: reads are taken as good.
+    pub read_verifier: Option<Arc<dyn crate::io::ReadVerifier>>,
 }
 
 impl Default for ArrayConfig {
@@ -76,6 +78,7 @@ impl Default for ArrayConfig {
             deterministic_seed: None,
             clock: None,
             sync_window_bytes: 2 << 20,
+            read_verifier: None,
         }
     }
 }

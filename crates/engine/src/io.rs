@@ -13,7 +13,10 @@
 //! from the seed. An I/O error marks its member faulty (via [`Array::fail_role`], which records
 //! it in the superblocks) before the caller sees the outcome, so the caller can fall back to
 //! redundancy at once. A full backing file system (ENOSPC, EDQUOT) is not a failed disk: the
-//! member stays, the operation ends [`IoOutcome::NoSpace`] and the caller fails the request.
+//! member stays, the operation ends [`IoOutcome::NoSpace`] and the caller fails the request. A
+//! read whose data the [`ReadVerifier`] rejects ends [`IoOutcome::Corrupt`]: every caller then
+//! serves the range from redundancy (another copy, or reconstruction as if the member were
+//! missing there), or fails the request when none is left, never returning the data.
 
 use crate::array::Array;
 use crate::member::Member;
@@ -37,6 +40,17 @@ pub(crate) enum IoOutcome {
     NoSpace,
     /// The planned member is no longer the role's current, healthy member; nothing was done.
     Stale,
+    /// The read succeeded but the [`ReadVerifier`] says the data is not what was written; the
+    /// member stays (it answered), the caller rebuilds the range from redundancy.
+    Corrupt,
+}
+
+/// Checks what a member read returned before the engine uses it. The integrity layer plugs in
+/// here; without one every successful read is taken as good.
+pub trait ReadVerifier: Send + Sync + std::fmt::Debug {
+    /// Is `buf`, read from `member` (filling `role`) at byte `offset_bytes` of its data area,
+    /// what was last written there?
+    fn verify(&self, member: &str, role: usize, offset_bytes: u64, buf: &[u8]) -> bool;
 }
 
 /// One operation on the member planned for `role`, at `offset_bytes` into its data area.
@@ -86,7 +100,14 @@ impl<'a> MemberIo<'a> {
         };
         match res {
             Ok(()) => {
-                self.outcome = IoOutcome::Ok;
+                self.outcome = match (&self.kind, &array.config.read_verifier) {
+                    (IoKind::Read(buf), Some(v))
+                        if !v.verify(member.name(), self.role, self.offset_bytes, buf) =>
+                    {
+                        IoOutcome::Corrupt
+                    }
+                    _ => IoOutcome::Ok,
+                };
                 None
             }
             Err(e) if is_no_space(&e) => {

@@ -31,5 +31,6 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use create::{create, CreateSpec, Created};
 pub use error::{EngineError, Result};
 pub use events::Event;
+pub use io::ReadVerifier;
 pub use meta::read_superblock;
 pub use sync::{SyncAction, SyncStatus, DEFAULT_SPEED_MAX, DEFAULT_SPEED_MIN};

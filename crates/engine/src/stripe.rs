@@ -22,7 +22,7 @@ use crate::array::Array;
 use crate::bufpool::PoolBuf;
 use crate::commit::WriteSet;
 use crate::error::{EngineError, Result};
-use crate::io::MemberIo;
+use crate::io::{IoOutcome, MemberIo};
 use crate::stripe_cache::{covers_all, merge, BatchError, Completion, Piece};
 use layout::{Level, StripeRoles};
 use std::time::Instant;
@@ -33,6 +33,17 @@ const MAX_REPLANS: usize = 4;
 enum Outcome {
     Done,
     Replan,
+    /// A chunk read back corrupt: plan again through the degraded path, which rebuilds it.
+    Degrade,
+}
+
+/// How to go on after some reads of a plan failed.
+fn replan_after(ios: &[MemberIo<'_>]) -> Outcome {
+    if ios.iter().any(|io| io.outcome == IoOutcome::Corrupt) {
+        Outcome::Degrade
+    } else {
+        Outcome::Replan
+    }
 }
 
 /// Every chunk of one column interval of a stripe, reconstructed where a member is missing.
@@ -45,6 +56,12 @@ pub(crate) struct RowBufs {
 impl Array {
     fn chunk_bytes(&self) -> u64 {
         self.geometry.chunk_sectors() * 512
+    }
+
+    /// The array byte at `off` in data chunk `d` of stripe `row` (md's parity layouts number
+    /// a stripe's data chunks in array order).
+    fn array_offset(&self, row: u64, d: usize, off: u64) -> u64 {
+        (row * self.geometry.data_disks() as u64 + d as u64) * self.chunk_bytes() + off
     }
 
     /// Pieces of a byte range: (row, data_index, offset in chunk, length, offset in request).
@@ -122,7 +139,7 @@ impl Array {
                 }
             }
             Err(self.unrecoverable(
-                0,
+                self.array_offset(row, d, off),
                 out.len() as u64,
                 "members kept failing during reconstruction",
             ))
@@ -287,10 +304,11 @@ impl Array {
             full: &full,
             fua,
         };
+        let mut degrade = false;
         for _ in 0..MAX_REPLANS {
             let at = row * self.chunk_bytes() + a;
-            let any_missing =
-                (0..self.geometry.raid_disks()).any(|dev| !self.slot(dev).in_sync(at, b - a));
+            let any_missing = degrade
+                || (0..self.geometry.raid_disks()).any(|dev| !self.slot(dev).in_sync(at, b - a));
             let parity = if roles.q_dev().is_some() { 2 } else { 1 };
             let rmw_reads = dirty.iter().filter(|&&x| x).count() + parity;
             let rcw_reads = full.iter().filter(|&&x| !x).count();
@@ -301,12 +319,14 @@ impl Array {
             } else {
                 self.rcw_write(&ctx)?
             };
-            if let Outcome::Done = outcome {
-                return Ok(());
+            match outcome {
+                Outcome::Done => return Ok(()),
+                Outcome::Degrade => degrade = true,
+                Outcome::Replan => {}
             }
         }
         Err(self.unrecoverable(
-            row * self.chunk_bytes() + a,
+            self.array_offset(row, 0, a),
             b - a,
             "members kept failing during a stripe write",
         ))
@@ -331,7 +351,7 @@ impl Array {
             })
             .collect();
         if !ios.is_empty() && !self.run_io(&mut ios) {
-            return Ok(Outcome::Replan);
+            return Ok(replan_after(&ios));
         }
         drop(ios);
         for (d, buf) in owned.iter_mut().enumerate() {
@@ -367,7 +387,7 @@ impl Array {
                 ios.push(self.read_io(qd, at, qb));
             }
             if !self.run_io(&mut ios) {
-                return Ok(Outcome::Replan);
+                return Ok(replan_after(&ios));
             }
         }
         let mut new_data: Vec<PoolBuf> = Vec::with_capacity(dirty.len());
@@ -493,7 +513,7 @@ impl Array {
         len: usize,
     ) -> Result<Option<(Vec<PoolBuf>, Vec<usize>)>> {
         let n = self.geometry.raid_disks();
-        let missing: Vec<usize> = (0..n)
+        let mut missing: Vec<usize> = (0..n)
             .filter(|&dev| !self.slot(dev).in_sync(at, len as u64))
             .collect();
         if missing.len() > self.geometry.max_degraded() {
@@ -510,10 +530,28 @@ impl Array {
             .filter(|(dev, _)| !missing.contains(dev))
             .map(|(dev, buf)| self.read_io(dev, at, buf))
             .collect();
-        if !self.run_io(&mut ios) {
-            return Ok(None);
+        self.run_io(&mut ios);
+        let mut replan = false;
+        for io in &ios {
+            match io.outcome {
+                IoOutcome::Ok => {}
+                // Read fine but wrong: rebuilt from the others like a missing chunk.
+                IoOutcome::Corrupt => missing.push(io.role),
+                _ => replan = true,
+            }
         }
         drop(ios);
+        if replan {
+            return Ok(None);
+        }
+        if missing.len() > self.geometry.max_degraded() {
+            return Err(self.unrecoverable(
+                at,
+                len as u64,
+                "corrupt and missing chunks exceed the level's redundancy",
+            ));
+        }
+        missing.sort_unstable();
         Ok(Some((bufs, missing)))
     }
 
