@@ -1,0 +1,72 @@
+//! Silent faults today: a lost write, a misdirected write and bit rot on a member reach clients
+//! as good data, because md's format has no way to tell. This test pins that gap with the
+//! simulated device's own fault injection, so the integrity issue starts from a failing
+//! expectation: once checksums land, each of these reads must return the written data or fail,
+//! and the assertions below must be turned around.
+
+use device::{Device, Faults, SimDevice};
+use engine::{assemble, create, AssembleOptions, CreateSpec};
+use layout::Level;
+use std::sync::Arc;
+
+fn wrong_data_after(fault: Faults) -> bool {
+    let sims: Vec<Arc<SimDevice>> = (0..4)
+        .map(|i| Arc::new(SimDevice::new(format!("m{i}"), 4 << 20, 77 + i)))
+        .collect();
+    let devs =
+        || -> Vec<Arc<dyn Device>> { sims.iter().map(|s| s.clone() as Arc<dyn Device>).collect() };
+    create(&CreateSpec {
+        name: "silent".into(),
+        level: Level::Raid5,
+        layout: None,
+        chunk_bytes: 64 << 10,
+        members: devs(),
+        spares: vec![],
+        size_bytes: None,
+        assume_clean: true,
+        force: false,
+    })
+    .expect("create");
+    let array = assemble(devs(), AssembleOptions::default()).expect("assemble");
+    let old = vec![0x11u8; 3 * 64 << 10];
+    array.write(0, &old, false).expect("first write");
+    // Member 1 misbehaves for exactly the next full-stripe write.
+    sims[1].set_faults(fault);
+    let new = vec![0x22u8; 3 * 64 << 10];
+    array
+        .write(0, &new, false)
+        .expect("the array believes this write landed");
+    sims[1].set_faults(Faults::default());
+    let mut back = vec![0u8; new.len()];
+    array
+        .read(0, &mut back)
+        .expect("the array reports no error");
+    back != new
+}
+
+#[test]
+fn lost_misdirected_and_rotten_writes_reach_clients_undetected_today() {
+    let lost = Faults {
+        lost_write: 1.0,
+        ..Faults::default()
+    };
+    let misdirected = Faults {
+        misdirected_write: 1.0,
+        ..Faults::default()
+    };
+    let rot = Faults {
+        bit_rot: 1.0,
+        ..Faults::default()
+    };
+    assert!(
+        wrong_data_after(lost),
+        "a lost write went unnoticed: wrong data expected today"
+    );
+    assert!(
+        wrong_data_after(misdirected),
+        "a misdirected write: wrong data expected today"
+    );
+    assert!(wrong_data_after(rot), "bit rot: wrong data expected today");
+    // Canary of the canary: without a fault the same run reads back right.
+    assert!(!wrong_data_after(Faults::default()));
+}
