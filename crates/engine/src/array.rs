@@ -301,7 +301,7 @@ impl Array {
         let flush_role = |role: usize| {
             if let Some(m) = self.slots[role].usable() {
                 if let Err(e) = m.dev.flush() {
-                    self.fail_role(role, &format!("flush failed: {e}"));
+                    self.fail_role(role, Some(&m), &format!("flush failed: {e}"));
                 }
             }
         };
@@ -449,7 +449,11 @@ impl Array {
     ) {
         for (member, err) in failed {
             if let Some(role) = self.role_of_member(member.dev_number) {
-                self.fail_role(role, &format!("superblock write failed: {err}"));
+                self.fail_role(
+                    role,
+                    Some(&member),
+                    &format!("superblock write failed: {err}"),
+                );
             }
         }
     }
@@ -462,7 +466,9 @@ impl Array {
 
     /// Mark the member in `role` faulty: stop using it, record it in every surviving
     /// superblock (events bump), and note whether the array can still serve everything.
-    pub(crate) fn fail_role(&self, role: usize, why: &str) {
+    /// `expected`: the member the failure was seen on; nothing happens if the role holds
+    /// another one by now.
+    pub(crate) fn fail_role(&self, role: usize, expected: Option<&Arc<Member>>, why: &str) {
         let slot = &self.slots[role];
         let name = slot
             .member()
@@ -475,6 +481,11 @@ impl Array {
         let mut meta = self.meta.lock();
         if slot.is_faulty() {
             return;
+        }
+        if let Some(m) = expected {
+            if !slot.member().is_some_and(|cur| Arc::ptr_eq(&cur, m)) {
+                return;
+            }
         }
         // Raised before the failure is visible and lowered after the commit: a writer that
         // sees the member faulty (and skips it) then waits for this commit before acking.
@@ -536,7 +547,7 @@ impl Array {
                 self.name
             )));
         }
-        self.fail_role(role, "failed by administrator");
+        self.fail_role(role, None, "failed by administrator");
         Ok(())
     }
 

@@ -171,7 +171,9 @@ fn place(found: Vec<Found>, best: &Superblock) -> Result<Placement> {
             continue;
         }
         match best.role_of(sb.dev_number) {
-            DevRole::Active(r) if (r as usize) < n => p.by_role[r as usize] = Some((dev, sb)),
+            DevRole::Active(r) if (r as usize) < n => {
+                p.by_role[r as usize] = Some((dev, own_progress(sb, r)));
+            }
             DevRole::Active(r) => {
                 return Err(EngineError::Assemble {
                     member: dev.name().into(),
@@ -192,6 +194,20 @@ fn place(found: Vec<Found>, best: &Superblock) -> Result<Placement> {
         }
     }
     Ok(p)
+}
+
+/// How far a member given role `r` by the freshest table is in sync, by its own superblock.
+/// Its own record is the conservative one: a member whose own superblock does not give it role
+/// `r` (a spare whose activation reached the others' superblocks but not its own) has rebuilt
+/// nothing that can be trusted, so it rebuilds from the start (md takes each member's role from
+/// its own superblock, which leaves it a spare: the same outcome).
+fn own_progress(mut sb: Superblock, r: u16) -> Superblock {
+    if sb.role() != DevRole::Active(r) {
+        tracing::warn!(dev_number = sb.dev_number, role = r, "the role table gives this member a role its own superblock does not record; it rebuilds from the start");
+        sb.feature_map |= format::feature::RECOVERY_OFFSET;
+        sb.recovery_offset = 0;
+    }
+    sb
 }
 
 /// A member left out whose own superblock gives it a role it could take back by force.

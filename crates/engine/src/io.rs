@@ -192,28 +192,25 @@ impl Array {
         if ios.is_empty() {
             return true;
         }
-        let errors = match &self.executor {
+        // (index into `ios`, error) of every operation the device failed.
+        let errors: Vec<(usize, io::Error)> = match &self.executor {
             Executor::Deterministic(rng) => {
                 use rand::seq::SliceRandom;
                 let mut order: Vec<usize> = (0..ios.len()).collect();
                 order.shuffle(&mut *rng.lock());
-                let mut errors = Vec::new();
-                for i in order {
-                    let op = &mut ios[i];
-                    if let Some(e) = op.run(self) {
-                        errors.push((op.role, op.op_name(), op.offset_bytes, e));
-                    }
-                }
-                errors
+                order
+                    .into_iter()
+                    .filter_map(|i| ios[i].run(self).map(|e| (i, e)))
+                    .collect()
             }
             Executor::Threads(_) if ios.len() == 1 || self.io_is_cheap(ios) => {
                 // One operation, or small ones on members that answer at memory speed: a
                 // hand-off to another thread would cost more than the I/O itself.
                 let mut errors = Vec::new();
-                for op in ios.iter_mut() {
+                for (i, op) in ios.iter_mut().enumerate() {
                     let started = std::time::Instant::now();
                     if let Some(e) = op.run(self) {
-                        errors.push((op.role, op.op_name(), op.offset_bytes, e));
+                        errors.push((i, e));
                     }
                     self.note_io_latency(op.len(), started.elapsed());
                 }
@@ -221,8 +218,18 @@ impl Array {
             }
             Executor::Threads(pool) => self.run_parallel(pool, ios),
         };
-        for (role, op, offset, e) in &errors {
-            self.fail_role(*role, &format!("{op} at data byte {offset} failed: {e}"));
+        // Only the member the operation ran against is failed: the role may have changed
+        // hands since (a spare filling it now is not to blame).
+        for (i, e) in &errors {
+            let op = &ios[*i];
+            if let Some(m) = &op.member {
+                let why = format!(
+                    "{} at data byte {} failed: {e}",
+                    op.op_name(),
+                    op.offset_bytes
+                );
+                self.fail_role(op.role, Some(m), &why);
+            }
         }
         ios.iter().all(MemberIo::ok)
     }
@@ -231,26 +238,22 @@ impl Array {
         &self,
         pool: &rayon::ThreadPool,
         ios: &mut [MemberIo<'_>],
-    ) -> Vec<(usize, &'static str, u64, io::Error)> {
+    ) -> Vec<(usize, io::Error)> {
         // The caller's thread does the first operation itself: one hand-off fewer.
         let found = parking_lot::Mutex::new(Vec::new());
         let (first, rest) = ios.split_first_mut().expect("more than one operation");
         pool.in_place_scope(|s| {
-            for op in rest.iter_mut() {
+            for (i, op) in rest.iter_mut().enumerate() {
                 let found = &found;
                 s.spawn(move |_| {
                     if let Some(e) = op.run(self) {
-                        found
-                            .lock()
-                            .push((op.role, op.op_name(), op.offset_bytes, e));
+                        found.lock().push((i + 1, e));
                     }
                 });
             }
             let started = std::time::Instant::now();
             if let Some(e) = first.run(self) {
-                found
-                    .lock()
-                    .push((first.role, first.op_name(), first.offset_bytes, e));
+                found.lock().push((0, e));
             }
             self.note_io_latency(first.len(), started.elapsed());
         });

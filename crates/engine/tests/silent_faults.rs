@@ -28,11 +28,11 @@ fn wrong_data_after(fault: Faults) -> bool {
     })
     .expect("create");
     let array = assemble(devs(), AssembleOptions::default()).expect("assemble");
-    let old = vec![0x11u8; 3 * 64 << 10];
+    let old = vec![0x11u8; 3 * (64 << 10)];
     array.write(0, &old, false).expect("first write");
     // Member 1 misbehaves for exactly the next full-stripe write.
     sims[1].set_faults(fault);
-    let new = vec![0x22u8; 3 * 64 << 10];
+    let new = vec![0x22u8; 3 * (64 << 10)];
     array
         .write(0, &new, false)
         .expect("the array believes this write landed");
