@@ -19,6 +19,7 @@ mod member;
 mod meta;
 mod mirror;
 mod policy;
+mod range_lock;
 mod rebuild;
 mod scrub;
 mod stripe;

@@ -149,7 +149,7 @@ impl Array {
 
     pub(crate) fn mirror_write(&self, offset_bytes: u64, data: &[u8], fua: bool) -> Result<()> {
         let _guards = (self.geometry.max_degraded() > 0)
-            .then(|| self.regions.lock_range(offset_bytes, data.len() as u64));
+            .then(|| self.lock_array_range(offset_bytes, data.len() as u64));
         let pieces = self.pieces(offset_bytes, data.len());
         let mut ios = Vec::new();
         let mut owner = Vec::new();

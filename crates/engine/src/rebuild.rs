@@ -15,7 +15,6 @@ use crate::io::{IoKind, MemberIo};
 use crate::member::FULLY_IN_SYNC;
 use crate::sync::Stop;
 use layout::Level;
-use std::sync::Arc;
 
 impl Array {
     /// Assign a spare to the first role without a complete member; returns the role to rebuild.
@@ -72,12 +71,13 @@ impl Array {
             let chunk = self.geometry.chunk_sectors() * 512;
             let row = pos / chunk;
             let last = (row + self.window_rows()).min(self.geometry.stripes());
-            let claimed = self.claim_rows(row, last);
+            let guard = self.lock_stripes(row, last);
             let res = self.rebuild_window(role, row, last);
             if res.is_ok() {
+                // Under the lock: no write to these stripes can slip in between.
                 self.slots[role].advance(last * chunk);
             }
-            self.release_rows(row, claimed);
+            drop(guard);
             res?;
             return Ok(last * chunk);
         }
@@ -86,7 +86,7 @@ impl Array {
         let len = step.min(end - off);
         if let Some(array_sector) = self.geometry.reverse_copy(role, off / 512) {
             let at = array_sector * 512;
-            let _guard = self.regions.lock_range(at, len);
+            let _guard = self.lock_array_range(at, len);
             let mut buf = self.bufs.get(len as usize);
             self.read_other_copy(role, at, &mut buf)?;
             self.write_rebuilt(role, off, &buf)?;
@@ -162,25 +162,6 @@ impl Array {
     /// Stripes per unit of background work: about `sync_window_bytes` of each member.
     pub(crate) fn window_rows(&self) -> u64 {
         (self.config.sync_window_bytes / (self.geometry.chunk_sectors() * 512)).max(1)
-    }
-
-    /// Claim stripes `r0..r1` in ascending order (writers hold one stripe at a time, so this
-    /// cannot deadlock with them).
-    pub(crate) fn claim_rows(&self, r0: u64, r1: u64) -> Vec<Arc<crate::stripe_cache::Row>> {
-        (r0..r1)
-            .map(|row| {
-                let r = self.stripes.get(row);
-                drop(r.claim(r.st.lock()));
-                r
-            })
-            .collect()
-    }
-
-    pub(crate) fn release_rows(&self, r0: u64, rows: Vec<Arc<crate::stripe_cache::Row>>) {
-        for (i, r) in rows.into_iter().enumerate() {
-            r.release();
-            self.stripes.put(r0 + i as u64);
-        }
     }
 
     /// Read every usable member over stripes `r0..r1` (one I/O per member) and reconstruct

@@ -17,9 +17,9 @@ impl Array {
             let chunk = self.geometry.chunk_sectors() * 512;
             let row = pos / chunk;
             let last = (row + self.window_rows()).min(self.geometry.stripes());
-            let claimed = self.claim_rows(row, last);
+            let guard = self.lock_stripes(row, last);
             let res = self.scrub_window(row, last, fix);
-            self.release_rows(row, claimed);
+            drop(guard);
             bad = res?;
             next = last * chunk;
         } else {
@@ -75,7 +75,7 @@ impl Array {
 
     /// Compare every copy of array bytes `at..at+len` with the first; copy it over if `fix`.
     pub(crate) fn scrub_mirror(&self, at: u64, len: u64, fix: bool) -> Result<u64, Stop> {
-        let _guard = self.regions.lock_range(at, len);
+        let _guard = self.lock_array_range(at, len);
         let mut done = 0;
         let mut bad = 0;
         while done < len {
