@@ -184,6 +184,13 @@ impl Walk {
         if self.pos >= self.end {
             return Ok(true);
         }
+        if !matches!(self.job, Job::Recover(_)) && array.parity_degraded() {
+            // A member went missing meanwhile: with it, the parity a resync would check is
+            // what reconstructs the missing chunks, so "checking" it proves nothing and calling
+            // the array in sync would hide the write hole. Stop; the resync stays pending and
+            // resumes after the rebuild.
+            return Err(Stop::Interrupted);
+        }
         let next = match self.job {
             Job::Recover(role) => array.recover_window(role, self.pos, self.end)?,
             Job::Resync(_) => array.scrub_step(SyncAction::Resync, self.pos, self.end)?,
@@ -337,6 +344,11 @@ impl Array {
                 return false;
             }
         }
+    }
+
+    /// A parity level with a role not complete.
+    fn parity_degraded(&self) -> bool {
+        self.geometry.level().is_parity() && self.slots.iter().any(|s| !s.is_complete())
     }
 
     fn has_spare_or_partial(&self) -> bool {
@@ -495,7 +507,7 @@ impl Array {
         let degraded = self.slots.iter().any(|s| !s.is_complete());
         // A degraded parity array has no redundancy left to make consistent (resync waits for
         // the rebuild); mirrors resync the copies they still have, as md does.
-        if degraded && self.geometry.level().is_parity() {
+        if self.parity_degraded() {
             return None;
         }
         if let Some(from) = st.resync_from {

@@ -124,6 +124,12 @@ struct Rig {
     removed: Vec<String>,
     /// Members dead until the next power cycle (a restart without one leaves them out).
     dead: Vec<String>,
+    /// A crash left redundancy to resync that may not be done yet. An array that loses a member
+    /// now may lose what only that member held of the writes in flight at the crash: a parity
+    /// array meets the write hole (md does too; the journal closes it), a mirror falls back to
+    /// the other copy's older version of a sector it already served. So the workload fails no
+    /// member meanwhile.
+    resync_pending: bool,
     shape: oracle::Shape,
     boots: u64,
 }
@@ -207,6 +213,7 @@ impl Rig {
             sims,
             removed: Vec::new(),
             dead: Vec::new(),
+            resync_pending: false,
             shape,
             boots: 0,
         }
@@ -250,6 +257,11 @@ impl Rig {
                 force,
             },
         )
+    }
+
+    /// Would failing a member now lose writes that were in flight at the last crash?
+    fn hole_risk(&self) -> bool {
+        self.resync_pending
     }
 
     /// Power off now: every device loses or tears what it had not flushed.
@@ -429,7 +441,11 @@ fn fail_or_add(rig: &mut Rig, array: &Array, rng: &mut ChaCha8Rng) {
         .filter(|m| m.state == engine::MemberState::InSync)
         .collect();
     match rng.gen_range(0..3) {
-        0 if st.missing_roles.is_empty() && rig.dead.is_empty() && in_sync.len() > 1 => {
+        0 if st.missing_roles.is_empty()
+            && rig.dead.is_empty()
+            && !rig.hole_risk()
+            && in_sync.len() > 1 =>
+        {
             let victim = in_sync[rng.gen_range(0..in_sync.len())].name.clone();
             if rng.gen_bool(0.5) {
                 let _ = array.fail_member(&victim);
@@ -494,6 +510,7 @@ fn recover(
     } else if let Err(e) = model.check(&before) {
         panic!("after the cut, before resync: {e}");
     }
+    rig.resync_pending = partial_sync.is_some();
     match partial_sync {
         None => rig.settle_sync(&array),
         Some(windows) => {
@@ -550,7 +567,7 @@ fn check_degraded_reads(rig: &mut Rig, array: Array, model: &CrashModel, rng: &m
 /// errors, each of which fails the member).
 fn maybe_flaky(rig: &mut Rig, array: &Array, rng: &mut ChaCha8Rng, mode: Mode) {
     let healthy = array.status().missing_roles.is_empty() && rig.dead.is_empty();
-    if mode == Mode::Failures && healthy && rng.gen_bool(0.3) {
+    if mode == Mode::Failures && healthy && !rig.hole_risk() && rng.gen_bool(0.3) {
         let i = rng.gen_range(0..rig.shape.members);
         let name = rig.sims[i].name().to_string();
         rig.sims[i].set_faults(Faults {
@@ -576,7 +593,12 @@ fn crash_case(seed: u64, level: Level, mode: Mode) {
         let healthy = array.status().missing_roles.is_empty() && rig.dead.is_empty();
         drop(array);
         let mut left_out = Vec::new();
-        if mode == Mode::Failures && healthy && rng.gen_bool(0.2) && rig.shape.members > 2 {
+        if mode == Mode::Failures
+            && healthy
+            && !rig.hole_risk()
+            && rng.gen_bool(0.2)
+            && rig.shape.members > 2
+        {
             left_out.push(rng.gen_range(0..rig.shape.members));
         }
         // Some rounds leave the resync half done: the next round writes below its checkpoint,
