@@ -81,6 +81,8 @@ pub(crate) struct SyncState {
     pub resync_from: Option<u64>,
     /// A resync that failed (e.g. a full backing store) is tried again only after this time.
     pub retry_resync_at: Option<Duration>,
+    /// While a resync runs: the earliest point reported inconsistent since it started.
+    pub rewind_to: Option<u64>,
     pub speed_min: u64,
     pub speed_max: u64,
 }
@@ -115,6 +117,7 @@ impl SyncControl {
                 mismatches: 0,
                 resync_from,
                 retry_resync_at: None,
+                rewind_to: None,
                 speed_min: DEFAULT_SPEED_MIN,
                 speed_max: DEFAULT_SPEED_MAX,
             }),
@@ -290,12 +293,14 @@ impl Array {
     /// with the data: resync from there (or from wherever an earlier request said).
     pub(crate) fn request_resync_from(&self, offset_bytes: u64) {
         let mut st = self.sync.st.lock();
-        let from = st.resync_from.map_or(offset_bytes, |f| f.min(offset_bytes));
-        st.resync_from = Some(from);
         self.sync.unsynced.store(true, Ordering::Release);
         if st.running == SyncAction::Resync {
-            // The running resync may be past this point already: start it again from here.
+            // The running resync may be past this point already: it stops and starts again
+            // from here (its own progress is in its walk, not in `resync_from`).
+            st.rewind_to = Some(st.rewind_to.map_or(offset_bytes, |r| r.min(offset_bytes)));
             st.interrupt = true;
+        } else {
+            st.resync_from = Some(st.resync_from.map_or(offset_bytes, |f| f.min(offset_bytes)));
         }
         drop(st);
         self.sync.wake();
@@ -549,17 +554,16 @@ impl Array {
             st.last = action;
             mismatches = st.mismatches;
             if action == SyncAction::Resync {
-                match &res {
-                    // A resync requested from an earlier point while this one ran restarts there.
-                    Ok(()) if !st.interrupt => {
-                        st.resync_from = None;
-                        self.sync.unsynced.store(false, Ordering::Release);
-                    }
-                    Ok(()) => {}
-                    Err(_) => {
-                        let from = st.resync_from.map_or(walk.pos, |f| f.min(walk.pos));
-                        st.resync_from = Some(from);
-                    }
+                // Where the next resync starts: where this one stopped, or earlier if a range
+                // behind it was reported inconsistent meanwhile.
+                let rewind = st.rewind_to.take();
+                st.resync_from = match (&res, rewind) {
+                    (Ok(()), None) => None,
+                    (Ok(()), Some(r)) => Some(r),
+                    (Err(_), r) => Some(r.map_or(walk.pos, |r| r.min(walk.pos))),
+                };
+                if st.resync_from.is_none() {
+                    self.sync.unsynced.store(false, Ordering::Release);
                 }
                 if let Err(Stop::Failed(_)) = &res {
                     st.retry_resync_at = Some(self.sync.clock.now() + RESYNC_RETRY);
