@@ -17,7 +17,10 @@
 //!
 //! `IRONRAID_CRASH_CASES` sets cases per level (CI: 1000), `IRONRAID_SEED` replays one.
 
+mod crash_model;
 mod oracle;
+
+use crash_model::CrashModel;
 
 use device::{Device, Faults, PowerRail, SimDevice};
 use engine::{
@@ -32,85 +35,6 @@ use std::time::Duration;
 const MEMBER_BYTES: u64 = 2 << 20;
 /// Bound on background windows run to finish one recovery (a window is ≥ one stripe).
 const MAX_SYNC_STEPS: usize = 100_000;
-
-/// A sector-granular model of what the array may hold after a power cut: per sector, the data
-/// known durable and the hashes of writes since (any of which may have landed).
-struct CrashModel {
-    current: Vec<u8>,
-    durable: Vec<u8>,
-    candidates: Vec<Vec<u64>>,
-}
-
-fn hash(s: &[u8]) -> u64 {
-    s.iter().fold(0xcbf29ce484222325u64, |h, &b| {
-        (h ^ u64::from(b)).wrapping_mul(0x100000001b3)
-    })
-}
-
-impl CrashModel {
-    fn new(image: Vec<u8>) -> CrashModel {
-        let sectors = image.len() / 512;
-        CrashModel {
-            current: image.clone(),
-            durable: image,
-            candidates: vec![Vec::new(); sectors],
-        }
-    }
-
-    /// A write is about to be issued: any of its sectors may land from now on.
-    fn issue(&mut self, off: usize, data: &[u8]) {
-        for (i, sector) in data.chunks(512).enumerate() {
-            self.candidates[off / 512 + i].push(hash(sector));
-        }
-    }
-
-    /// The write completed (durable if FUA).
-    fn complete(&mut self, off: usize, data: &[u8], fua: bool) {
-        self.current[off..off + data.len()].copy_from_slice(data);
-        if fua {
-            for (i, sector) in data.chunks(512).enumerate() {
-                let s = off / 512 + i;
-                self.durable[s * 512..(s + 1) * 512].copy_from_slice(sector);
-                // Writes issued before this one can no longer win over it.
-                self.candidates[s].clear();
-            }
-        }
-    }
-
-    fn flushed(&mut self) {
-        for (s, c) in self.candidates.iter_mut().enumerate() {
-            if !c.is_empty() {
-                self.durable[s * 512..(s + 1) * 512]
-                    .copy_from_slice(&self.current[s * 512..(s + 1) * 512]);
-                c.clear();
-            }
-        }
-    }
-
-    /// What survived must be, per sector, the durable data or one of the later writes.
-    fn check(&self, got: &[u8]) -> Result<(), String> {
-        for (s, c) in self.candidates.iter().enumerate() {
-            let sector = &got[s * 512..(s + 1) * 512];
-            if sector != &self.durable[s * 512..(s + 1) * 512] && !c.contains(&hash(sector)) {
-                return Err(format!(
-                    "array sector {s}: neither the flushed data nor a later write ({} later writes; \
-                     read {:02x?}…, flushed {:02x?}…)",
-                    c.len(),
-                    &sector[..8],
-                    &self.durable[s * 512..s * 512 + 8]
-                ));
-            }
-        }
-        Ok(())
-    }
-
-    /// After recovery the image is the new durable truth.
-    fn settle(&mut self, image: Vec<u8>) {
-        self.current.clone_from(&image);
-        self.durable = image;
-        self.candidates.iter_mut().for_each(Vec::clear);
-    }
-}
 
 /// Everything about one simulated machine: its devices, their power, its clock.
 struct Rig {
@@ -702,19 +626,6 @@ fn crash_raid10_with_failures_and_rebuilds() {
         Level::Raid10,
         Mode::Failures,
     );
-}
-
-/// Canary: the crash model rejects a sector that is neither flushed nor a later write.
-#[test]
-fn crash_model_canary() {
-    let mut model = CrashModel::new(vec![0u8; 4096]);
-    model.issue(512, &[7u8; 512]);
-    let mut disk = vec![0u8; 4096];
-    assert!(model.check(&disk).is_ok());
-    disk[512..1024].fill(7);
-    assert!(model.check(&disk).is_ok());
-    disk[2048] = 1;
-    assert!(model.check(&disk).is_err(), "accepted a corrupted sector");
 }
 
 /// Canary: the oracle notices one flipped parity bit behind the array's back, and the engine
