@@ -14,80 +14,10 @@ pub struct Env {
     pub name: String,
 }
 
-/// Environment switch for developers without every external tool: when set to `1`, a test whose
-/// tool is missing prints `SKIPPED (tool X missing)` and passes. `./scripts/test.sh` clears it,
-/// so there a missing tool fails the test instead of passing it silently.
-pub const ALLOW_MISSING_TOOLS: &str = "IRONRAID_ALLOW_MISSING_TOOLS";
-
-/// Is `tool` here? A name starting with `/` is a path that must exist (`/dev/fuse`); anything
-/// else is a program looked up on PATH (as the tests run it, by name).
-fn tool_present(tool: &str) -> bool {
-    if tool.starts_with('/') {
-        return Path::new(tool).exists();
-    }
-    use std::os::unix::fs::PermissionsExt;
-    std::env::var_os("PATH").is_some_and(|path| {
-        std::env::split_paths(&path).any(|dir| {
-            std::fs::metadata(dir.join(tool))
-                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-        })
-    })
-}
-
-/// The Debian package that provides `tool` (for the failure message).
-fn package_of(tool: &str) -> &'static str {
-    match tool {
-        "nbdinfo" | "nbdcopy" => "libnbd-bin",
-        "qemu-io" | "qemu-img" => "qemu-utils",
-        "mkfs.ext4" | "e2fsck" => "e2fsprogs",
-        "fusermount3" => "fuse3",
-        "losetup" | "mount" | "umount" => "mount",
-        "nbdfuse" => "nbdfuse",
-        "nbdkit" => "nbdkit",
-        "fio" => "fio",
-        "mdadm" => "mdadm",
-        "/dev/fuse" => "the fuse kernel module (in a container: --device /dev/fuse)",
-        _ => "?",
-    }
-}
-
-/// The one check every test that needs an external tool makes first:
-/// `if !require_tools(&["fio"]) { return; }`.
-///
-/// All present: true. One missing: see [`tool_missing`].
-pub fn require_tools(tools: &[&str]) -> bool {
-    match tools.iter().copied().find(|t| !tool_present(t)) {
-        None => true,
-        Some(missing) => {
-            tool_missing(missing, "not installed");
-            false
-        }
-    }
-}
-
-/// `tool` is missing or unusable here (`why`): the test fails, naming the tool and its package,
-/// unless `IRONRAID_ALLOW_MISSING_TOOLS=1`; only then does this return (after printing
-/// `SKIPPED (tool X missing)` straight to stderr, past the test harness's capture, so the skip is
-/// seen), and the caller returns from the test.
-pub fn tool_missing(tool: &str, why: &str) {
-    let test = std::thread::current()
-        .name()
-        .unwrap_or("this test")
-        .to_string();
-    if std::env::var(ALLOW_MISSING_TOOLS).is_ok_and(|v| v == "1") {
-        use std::io::Write;
-        let _ = writeln!(
-            std::io::stderr(),
-            "SKIPPED (tool {tool} missing): {test}: {why} [{ALLOW_MISSING_TOOLS}=1]"
-        );
-        return;
-    }
-    panic!(
-        "{test} needs {tool}: {why} (Debian package: {}; ./scripts/test.sh installs the \
-         packages). To skip such tests locally, set {ALLOW_MISSING_TOOLS}=1.",
-        package_of(tool)
-    );
-}
+/// The external-tool checks (`require_tools`, `tool_missing`, the
+/// `IRONRAID_ALLOW_MISSING_TOOLS` switch) live in the `testkit` crate, shared by every test.
+#[allow(unused_imports)] // each test binary uses some of these
+pub use testkit::{require_tools, tool_missing, ALLOW_MISSING_TOOLS};
 
 impl Env {
     /// `n` sparse member files of `member_bytes` each.

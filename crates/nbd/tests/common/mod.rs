@@ -173,60 +173,10 @@ impl Drop for TestServer {
     }
 }
 
-/// Environment switch for developers without every client installed: when set to `1`, a test
-/// whose tool is missing prints `SKIPPED (tool X missing)` and passes. `./scripts/test.sh` clears
-/// it, so there a missing tool fails the test instead of passing it silently.
-pub const ALLOW_MISSING_TOOLS: &str = "IRONRAID_ALLOW_MISSING_TOOLS";
-
-/// Is `bin` a program on PATH (the tests run it by name)?
-fn on_path(bin: &str) -> bool {
-    use std::os::unix::fs::PermissionsExt;
-    std::env::var_os("PATH").is_some_and(|path| {
-        std::env::split_paths(&path).any(|dir| {
-            std::fs::metadata(dir.join(bin))
-                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-        })
-    })
-}
-
-/// The Debian package that provides `bin` (for the failure message).
-fn package_of(bin: &str) -> &'static str {
-    match bin {
-        "nbdinfo" | "nbdcopy" => "libnbd-bin",
-        "qemu-io" | "qemu-img" => "qemu-utils",
-        "nbdkit" => "nbdkit",
-        "fio" => "fio",
-        _ => "?",
-    }
-}
-
-/// The one check every test that needs an external client makes first:
-/// `if !require_tools(&["fio"]) { return; }`.
-///
-/// All present: true. One missing: the test fails, naming the tool and its package, unless
-/// `IRONRAID_ALLOW_MISSING_TOOLS=1`; then this prints `SKIPPED (tool X missing)` (straight to
-/// stderr, past the test harness's capture, so the skip is seen) and returns false.
-pub fn require_tools(bins: &[&str]) -> bool {
-    let Some(missing) = bins.iter().copied().find(|b| !on_path(b)) else {
-        return true;
-    };
-    let test = std::thread::current()
-        .name()
-        .unwrap_or("this test")
-        .to_string();
-    if std::env::var(ALLOW_MISSING_TOOLS).is_ok_and(|v| v == "1") {
-        let _ = writeln!(
-            io::stderr(),
-            "SKIPPED (tool {missing} missing): {test} [{ALLOW_MISSING_TOOLS}=1]"
-        );
-        return false;
-    }
-    panic!(
-        "{test} needs {missing}, which is not installed (Debian package: {}; ./scripts/test.sh \
-         installs the packages). To skip such tests locally, set {ALLOW_MISSING_TOOLS}=1.",
-        package_of(missing)
-    );
-}
+/// The external-tool check (`require_tools`, the `IRONRAID_ALLOW_MISSING_TOOLS` switch) lives in
+/// the `testkit` crate, shared by every test.
+#[allow(unused_imports)] // each test binary uses some of these
+pub use testkit::{require_tools, ALLOW_MISSING_TOOLS};
 
 /// Runs a command, panicking with its output if it fails; returns stdout.
 pub fn run(cmd: &mut std::process::Command) -> String {
