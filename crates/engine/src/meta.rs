@@ -48,20 +48,28 @@ pub(crate) fn now_secs() -> u64 {
 impl Meta {
     /// Bump events and write every writable superblock. Returns the members whose write failed.
     pub fn commit(&mut self) -> Vec<(Arc<Member>, io::Error)> {
-        self.events += 1;
         let utime = format::md_time(now_secs());
         let mut failed = Vec::new();
+        // Members whose superblock is behind (a power cut came in the middle of the last
+        // commit) first catch up to the current count; only then does the count move on. A cut
+        // anywhere in here leaves every member within one event of the freshest, which is what
+        // assembly accepts: without this, two cuts in a row inside commits would leave a member
+        // that never failed two events behind, and the array could not start.
         for m in self.members.iter_mut().filter(|m| m.writable) {
-            m.sb.events = self.events;
-            m.sb.resync_offset = self.resync_offset;
-            m.sb.dev_roles.clone_from(&self.roles);
-            m.sb.utime = utime;
-            let written = m
-                .member
-                .dev
-                .flush()
-                .and_then(|()| write_superblock(&m.member, &m.sb));
-            if let Err(e) = written {
+            if m.sb.events < self.events {
+                if let Err(e) = write_member(m, self.events, self.resync_offset, &self.roles, utime)
+                {
+                    failed.push((m.member.clone(), e));
+                }
+            }
+        }
+        self.events += 1;
+        let events = self.events;
+        for m in self.members.iter_mut().filter(|m| m.writable) {
+            if failed.iter().any(|(f, _)| Arc::ptr_eq(f, &m.member)) {
+                continue;
+            }
+            if let Err(e) = write_member(m, events, self.resync_offset, &self.roles, utime) {
                 failed.push((m.member.clone(), e));
             }
         }
@@ -111,6 +119,25 @@ impl Meta {
             }
         }
     }
+}
+
+/// Flush `m` (everything written to it before is durable first), then write its superblock
+/// with the array-wide fields given, FUA.
+fn write_member(
+    m: &mut MemberSb,
+    events: u64,
+    resync_offset: u64,
+    roles: &[u16],
+    utime: u64,
+) -> io::Result<()> {
+    m.sb.events = events;
+    m.sb.resync_offset = resync_offset;
+    m.sb.dev_roles = roles.to_vec();
+    m.sb.utime = utime;
+    m.member
+        .dev
+        .flush()
+        .and_then(|()| write_superblock(&m.member, &m.sb))
 }
 
 /// Write one member's superblock durably (FUA).
