@@ -547,6 +547,13 @@ impl Array {
                 Err(_) => self.checkpoint_recovery(role),
             }
         }
+        if res.is_ok() && matches!(action, SyncAction::Resync | SyncAction::Repair) {
+            // What the resync or repair rewrote is durable before redundancy counts as good
+            // again (md writes its superblock with a preflush at the end of a sync): the copy
+            // or parity it made may soon be all that is left of a block. A flush failure fails
+            // the member, which the array then reports.
+            let _ = self.flush();
+        }
         let mismatches;
         {
             let mut st = self.sync.st.lock();
