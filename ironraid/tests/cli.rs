@@ -312,7 +312,9 @@ fn send_malformed_requests(env: &Env, size: u64) {
     assert!(data.iter().all(|&b| b == 0x5a), "READ after bad writes");
     // Bad magic: the server drops this connection only.
     request(&mut s, 0xdeadbeef, 0, CMD_WRITE, 8, 0, 512);
-    s.write_all(&[0xee; 512]).unwrap();
+    // The server may close before the payload arrives (it owes a bad header nothing): a
+    // broken pipe here is the behaviour under test, not a failure.
+    let _ = s.write_all(&[0xee; 512]);
     let mut buf = [0u8; 1];
     assert_eq!(
         s.read(&mut buf).unwrap_or(0),
