@@ -20,7 +20,7 @@
 use crate::clock::{Clock, SystemClock};
 use crate::error::{EngineError, Result};
 use crate::events::{Event, EventBus};
-use crate::io::Executor;
+use crate::io::{Executor, IoPath};
 use crate::member::{Member, Slot};
 use crate::meta::Meta;
 use crate::mirror::RegionLocks;
@@ -36,9 +36,6 @@ use std::time::{Duration, Instant};
 
 /// How long a clean stop waits for writes in flight before giving up (the array stays dirty).
 const CLOSE_DRAIN_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// How many concurrent sequential write streams the hold heuristic tracks.
-pub(crate) const RECENT_STREAMS: usize = 8;
 
 /// Tunables of a running array.
 #[derive(Clone, Debug)]
@@ -93,24 +90,18 @@ pub struct Array {
     pub(crate) config: ArrayConfig,
     active: AtomicBool,
     closing: AtomicBool,
-    pub(crate) failures_in_commit: AtomicUsize,
+    failures_in_commit: AtomicUsize,
     failed: AtomicBool,
     was_dirty: bool,
-    pub(crate) executor: Executor,
+    pub(crate) io: IoPath,
     pub(crate) policy: Box<dyn ConsistencyPolicy>,
     pub(crate) stripes: StripeCache,
     pub(crate) regions: RegionLocks,
     pub(crate) inflight_writes: AtomicUsize,
-    /// Where recent writes ended, to recognise sequential streams (which are worth holding
-    /// for so that their stripes fill) from random writes (which are not).
-    pub(crate) recent_ends: [std::sync::atomic::AtomicU64; RECENT_STREAMS],
-    /// Moving average of small member operations' duration (ns), starting pessimistic.
-    pub(crate) small_io_nanos: std::sync::atomic::AtomicU64,
     /// Spares not yet given a role.
     pub(crate) spares: Mutex<Vec<Arc<Member>>>,
     pub(crate) sync: SyncControl,
     pub(crate) events: EventBus,
-    pub(crate) background: Mutex<Option<std::thread::JoinHandle<()>>>,
     pub(crate) bufs: Arc<crate::bufpool::BufPool>,
 }
 
@@ -208,17 +199,14 @@ impl Array {
             failures_in_commit: AtomicUsize::new(0),
             failed: AtomicBool::new(false),
             was_dirty,
-            executor,
+            io: IoPath::new(executor),
             policy,
             stripes,
             regions: RegionLocks::new(),
             inflight_writes: AtomicUsize::new(0),
-            recent_ends: std::array::from_fn(|_| std::sync::atomic::AtomicU64::new(u64::MAX)),
-            small_io_nanos: std::sync::atomic::AtomicU64::new(1_000_000),
             spares: Mutex::new(p.spares),
             sync: SyncControl::new(resync_from, clock),
             events: EventBus::default(),
-            background: Mutex::new(None),
             bufs: crate::bufpool::BufPool::new(pool_bytes),
         };
         array.failed.store(
@@ -298,21 +286,13 @@ impl Array {
     /// Make every write that completed before this call durable on the members.
     pub fn flush(&self) -> Result<()> {
         self.stripes.hurry_all();
-        let flush_role = |role: usize| {
+        self.io.for_each(self.slots.len(), |role| {
             if let Some(m) = self.slots[role].usable() {
                 if let Err(e) = m.dev.flush() {
                     self.fail_role(role, Some(&m), &format!("flush failed: {e}"));
                 }
             }
-        };
-        match &self.executor {
-            Executor::Threads(pool) => pool.scope(|s| {
-                for role in 0..self.slots.len() {
-                    s.spawn(move |_| flush_role(role));
-                }
-            }),
-            Executor::Deterministic(_) => (0..self.slots.len()).for_each(flush_role),
-        }
+        });
         // A member that failed meanwhile was skipped: its failure must be on disk first.
         self.wait_failures_durable();
         if self.is_failed() {

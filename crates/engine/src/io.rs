@@ -21,6 +21,7 @@
 use crate::array::Array;
 use crate::member::Member;
 use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 pub(crate) enum IoKind<'a> {
@@ -156,6 +157,52 @@ const CHEAP_BATCH_BYTES: usize = 128 * 1024;
 /// Small member operations faster than this (moving average) count as memory speed.
 const CHEAP_OP_NANOS: u64 = 20_000;
 
+/// How member operations run, and what the fast-path heuristic has learnt of the members.
+pub(crate) struct IoPath {
+    executor: Executor,
+    /// Moving average of small member operations' duration (ns), starting pessimistic.
+    small_io_nanos: AtomicU64,
+}
+
+impl IoPath {
+    pub fn new(executor: Executor) -> IoPath {
+        IoPath {
+            executor,
+            small_io_nanos: AtomicU64::new(1_000_000),
+        }
+    }
+
+    /// Small batch and members fast enough (recent small operations, averaged) that issuing
+    /// them one after the other beats waking other threads.
+    fn is_cheap(&self, ios: &[MemberIo<'_>]) -> bool {
+        ios.iter().map(MemberIo::len).sum::<usize>() <= CHEAP_BATCH_BYTES
+            && self.small_io_nanos.load(Ordering::Relaxed) < CHEAP_OP_NANOS
+    }
+
+    /// Fold the duration of a small operation into the moving average.
+    fn note_latency(&self, len: usize, took: std::time::Duration) {
+        if len <= 64 * 1024 {
+            let ns = took.as_nanos().min(u128::from(u32::MAX)) as u64;
+            let avg = self.small_io_nanos.load(Ordering::Relaxed);
+            self.small_io_nanos
+                .store(avg - avg / 16 + ns / 16, Ordering::Relaxed);
+        }
+    }
+
+    /// Run `f` once per index in `0..n`: in parallel on the pool, or in order when simulated.
+    pub fn for_each(&self, n: usize, f: impl Fn(usize) + Sync) {
+        match &self.executor {
+            Executor::Threads(pool) => pool.scope(|s| {
+                for i in 0..n {
+                    let f = &f;
+                    s.spawn(move |_| f(i));
+                }
+            }),
+            Executor::Deterministic(_) => (0..n).for_each(f),
+        }
+    }
+}
+
 /// How member operations of one request are run.
 pub(crate) enum Executor {
     /// In parallel on a thread pool (inline when cheap).
@@ -166,26 +213,6 @@ pub(crate) enum Executor {
 }
 
 impl Array {
-    /// Small batch and members fast enough (recent small operations, averaged) that issuing
-    /// them one after the other beats waking other threads.
-    fn io_is_cheap(&self, ios: &[MemberIo<'_>]) -> bool {
-        ios.iter().map(MemberIo::len).sum::<usize>() <= CHEAP_BATCH_BYTES
-            && self
-                .small_io_nanos
-                .load(std::sync::atomic::Ordering::Relaxed)
-                < CHEAP_OP_NANOS
-    }
-
-    /// Fold the duration of a small operation into the moving average.
-    fn note_io_latency(&self, len: usize, took: std::time::Duration) {
-        use std::sync::atomic::Ordering::Relaxed;
-        if len <= 64 * 1024 {
-            let ns = took.as_nanos().min(u128::from(u32::MAX)) as u64;
-            let avg = self.small_io_nanos.load(Relaxed);
-            self.small_io_nanos.store(avg - avg / 16 + ns / 16, Relaxed);
-        }
-    }
-
     /// Run `ios`. Each `outcome` tells how it ended; a member that failed has been marked
     /// faulty on return. Returns true if all succeeded.
     pub(crate) fn run_io(&self, ios: &mut [MemberIo<'_>]) -> bool {
@@ -193,7 +220,7 @@ impl Array {
             return true;
         }
         // (index into `ios`, error) of every operation the device failed.
-        let errors: Vec<(usize, io::Error)> = match &self.executor {
+        let errors: Vec<(usize, io::Error)> = match &self.io.executor {
             Executor::Deterministic(rng) => {
                 use rand::seq::SliceRandom;
                 let mut order: Vec<usize> = (0..ios.len()).collect();
@@ -203,7 +230,7 @@ impl Array {
                     .filter_map(|i| ios[i].run(self).map(|e| (i, e)))
                     .collect()
             }
-            Executor::Threads(_) if ios.len() == 1 || self.io_is_cheap(ios) => {
+            Executor::Threads(_) if ios.len() == 1 || self.io.is_cheap(ios) => {
                 // One operation, or small ones on members that answer at memory speed: a
                 // hand-off to another thread would cost more than the I/O itself.
                 let mut errors = Vec::new();
@@ -212,7 +239,7 @@ impl Array {
                     if let Some(e) = op.run(self) {
                         errors.push((i, e));
                     }
-                    self.note_io_latency(op.len(), started.elapsed());
+                    self.io.note_latency(op.len(), started.elapsed());
                 }
                 errors
             }
@@ -255,7 +282,7 @@ impl Array {
             if let Some(e) = first.run(self) {
                 found.lock().push((0, e));
             }
-            self.note_io_latency(first.len(), started.elapsed());
+            self.io.note_latency(first.len(), started.elapsed());
         });
         found.into_inner()
     }

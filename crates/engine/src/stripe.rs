@@ -153,7 +153,9 @@ impl Array {
         let reserved = self.stripes.reserve(data.len());
         let pieces = self.parity_pieces(offset_bytes, data.len());
         let done = Completion::new(pieces.len());
-        let sequential = self.continues_stream(offset_bytes, data.len() as u64);
+        let sequential = self
+            .stripes
+            .continues_stream(offset_bytes, data.len() as u64);
         let others = self
             .inflight_writes
             .load(std::sync::atomic::Ordering::Acquire)
@@ -215,20 +217,6 @@ impl Array {
                 self.unrecoverable(offset_bytes, data.len() as u64, &reason)
             }
         })
-    }
-
-    /// Does this write start where a recent one ended? Records where it ends either way.
-    /// Only such writes wait for their stripes to fill: a random write would wait for nothing.
-    fn continues_stream(&self, offset_bytes: u64, len: u64) -> bool {
-        use std::sync::atomic::Ordering::Relaxed;
-        let end = offset_bytes + len;
-        let hit = self
-            .recent_ends
-            .iter()
-            .position(|e| e.load(Relaxed) == offset_bytes);
-        let slot = hit.unwrap_or((offset_bytes / len.max(1)) as usize % self.recent_ends.len());
-        self.recent_ends[slot].store(end, Relaxed);
-        hit.is_some()
     }
 
     /// `extend`: non-zero for a sequential stream, whose hold follows the pieces still arriving.

@@ -18,6 +18,7 @@
 
 use parking_lot::{Condvar, Mutex, MutexGuard};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -102,9 +103,15 @@ struct Budget {
     total: usize,
 }
 
+/// How many concurrent sequential write streams the hold heuristic tracks.
+const RECENT_STREAMS: usize = 8;
+
 pub(crate) struct StripeCache {
     rows: Mutex<HashMap<u64, (Arc<Row>, usize)>>,
     budget: Budget,
+    /// Where recent writes ended, to recognise sequential streams (which are worth holding
+    /// for so that their stripes fill) from random writes (which are not).
+    recent_ends: [AtomicU64; RECENT_STREAMS],
 }
 
 impl StripeCache {
@@ -117,7 +124,21 @@ impl StripeCache {
                 cv: Condvar::new(),
                 total,
             },
+            recent_ends: std::array::from_fn(|_| AtomicU64::new(u64::MAX)),
         }
+    }
+
+    /// Does this write start where a recent one ended? Records where it ends either way.
+    /// Only such writes wait for their stripes to fill: a random write would wait for nothing.
+    pub fn continues_stream(&self, offset_bytes: u64, len: u64) -> bool {
+        let end = offset_bytes + len;
+        let hit = self
+            .recent_ends
+            .iter()
+            .position(|e| e.load(Ordering::Relaxed) == offset_bytes);
+        let slot = hit.unwrap_or((offset_bytes / len.max(1)) as usize % RECENT_STREAMS);
+        self.recent_ends[slot].store(end, Ordering::Relaxed);
+        hit.is_some()
     }
 
     /// Reserve room for `bytes` of client data (capped at the whole budget); returns the amount.

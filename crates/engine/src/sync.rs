@@ -98,6 +98,8 @@ pub(crate) struct SyncControl {
     /// The walk driven by [`Array::sync_step`] (simulation); the background thread keeps its
     /// own. Never both: `sync_step` refuses while the thread runs.
     stepped: Mutex<Option<Walk>>,
+    /// The background thread, while it runs.
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 impl SyncControl {
@@ -125,6 +127,7 @@ impl SyncControl {
             clock,
             last_client_io_ms: std::sync::atomic::AtomicU64::new(0),
             stepped: Mutex::new(None),
+            thread: Mutex::new(None),
         }
     }
 
@@ -220,7 +223,7 @@ impl Array {
             .name(format!("sync-{}", self.name))
             .spawn(move || me.background_loop())
             .expect("spawn the background sync thread");
-        *self.background.lock() = Some(handle);
+        *self.sync.thread.lock() = Some(handle);
     }
 
     pub(crate) fn stop_background(&self) {
@@ -230,7 +233,7 @@ impl Array {
             st.interrupt = true;
         }
         self.sync.wake();
-        if let Some(h) = self.background.lock().take() {
+        if let Some(h) = self.sync.thread.lock().take() {
             let _ = h.join();
         }
         if let Some(walk) = self.sync.stepped.lock().take() {
@@ -456,7 +459,7 @@ impl Array {
     /// next action as the thread would. Returns the action that ran, or `Idle` if none.
     pub fn sync_step(&self) -> SyncAction {
         assert!(
-            self.background.lock().is_none(),
+            self.sync.thread.lock().is_none(),
             "sync_step while the background thread runs"
         );
         let mut stepped = self.sync.stepped.lock();
