@@ -101,7 +101,12 @@ impl Detail {
             raid_devices: s.raid_disks,
             events: s.events,
             state: state.into(),
-            consistency_policy: if redundant { "resync" } else { "none" }.into(),
+            consistency_policy: if redundant {
+                s.consistency_policy
+            } else {
+                "none"
+            }
+            .into(),
             integrity: None,
             members: s
                 .members
