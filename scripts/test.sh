@@ -4,7 +4,8 @@
 #   ./scripts/test.sh            everything (unit, property, simulation, real clients, style)
 #   QUICK=1 ./scripts/test.sh    skip the fuzz smoke run
 #
-# Knobs: IRONRAID_SIM_CASES (seeds per simulation test), IRONRAID_SEED (replay one seed).
+# Knobs: IRONRAID_SIM_CASES (seeds per simulation test), IRONRAID_CRASH_CASES (cases per crash
+# simulation test, default 1000; 10000 for the long run), IRONRAID_SEED (replay one seed).
 #
 # A test that needs an external tool fails here when the tool is missing. The developer switch
 # IRONRAID_ALLOW_MISSING_TOOLS=1 (such tests print "SKIPPED (tool X missing)" and pass) is for a
