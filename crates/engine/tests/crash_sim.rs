@@ -17,15 +17,15 @@
 //!
 //! `IRONRAID_CRASH_CASES` sets cases per level (CI: 1000), `IRONRAID_SEED` replays one.
 
+mod common;
 mod crash_model;
 mod oracle;
 
 use crash_model::CrashModel;
 
+use common::devs;
 use device::{Device, Faults, PowerRail, SimDevice};
-use engine::{
-    assemble, create, Array, ArrayConfig, AssembleOptions, CreateSpec, ManualClock, SyncAction,
-};
+use engine::{assemble, Array, ArrayConfig, AssembleOptions, ManualClock, SyncAction};
 use layout::Level;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -90,10 +90,6 @@ fn oracle_level(level: Level) -> oracle::Level {
     }
 }
 
-fn devs(sims: &[Arc<SimDevice>]) -> Vec<Arc<dyn Device>> {
-    sims.iter().map(|s| s.clone() as Arc<dyn Device>).collect()
-}
-
 impl Rig {
     fn new(seed: u64, level: Level, rng: &mut ChaCha8Rng) -> Rig {
         let (layout, n) = pick_geometry(level, rng);
@@ -107,18 +103,8 @@ impl Rig {
                 )
             })
             .collect();
-        let created = create(&CreateSpec {
-            name: "crash".into(),
-            level,
-            layout,
-            chunk_bytes: chunk as u64,
-            members: devs(&sims),
-            spares: vec![],
-            size_bytes: None,
-            assume_clean: true,
-            force: false,
-        })
-        .expect("create");
+        let created =
+            common::create_clean("crash", level, layout, chunk as u64, devs(&sims), vec![]);
         let shape = oracle::Shape {
             level: oracle_level(level),
             layout: layout.unwrap_or(match level {

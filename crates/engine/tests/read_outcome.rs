@@ -4,8 +4,10 @@
 //!
 //! The verifier here knows which member ranges were scribbled over behind the array's back.
 
+mod common;
+
 use device::{Device, SimDevice};
-use engine::{assemble, create, Array, ArrayConfig, AssembleOptions, CreateSpec, ReadVerifier};
+use engine::{assemble, Array, ArrayConfig, AssembleOptions, ReadVerifier};
 use layout::Level;
 use parking_lot::Mutex;
 use std::sync::Arc;
@@ -43,18 +45,7 @@ fn rig(level: Level, n: usize) -> Rig {
         .collect();
     let devs =
         || -> Vec<Arc<dyn Device>> { sims.iter().map(|s| s.clone() as Arc<dyn Device>).collect() };
-    let created = create(&CreateSpec {
-        name: "verify".into(),
-        level,
-        layout: None,
-        chunk_bytes: CHUNK,
-        members: devs(),
-        spares: vec![],
-        size_bytes: None,
-        assume_clean: true,
-        force: false,
-    })
-    .expect("create");
+    let created = common::create_clean("verify", level, None, CHUNK, devs(), vec![]);
     let bad = Arc::new(KnownBad::default());
     let array = assemble(
         devs(),

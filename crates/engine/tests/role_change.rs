@@ -7,8 +7,11 @@
 //! member above its rebuilt point, or of a member that left its role after the read was planned,
 //! shows up as a block that differs from the model.
 
+mod common;
+
+use common::devs;
 use device::{Device, SimDevice};
-use engine::{assemble, create, Array, ArrayConfig, AssembleOptions, CreateSpec};
+use engine::{assemble, Array, ArrayConfig, AssembleOptions};
 use layout::Level;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -22,10 +25,6 @@ const MEMBER_BYTES: u64 = 4 << 20;
 /// Blocks per verifying read.
 const READ_BLOCKS: u64 = 64;
 
-fn devs(sims: &[Arc<SimDevice>]) -> Vec<Arc<dyn Device>> {
-    sims.iter().map(|s| s.clone() as Arc<dyn Device>).collect()
-}
-
 fn start(level: Level, n: usize, seed: u64) -> (Arc<Array>, Vec<Arc<SimDevice>>) {
     let sims: Vec<Arc<SimDevice>> = (0..=n)
         .map(|i| {
@@ -36,18 +35,14 @@ fn start(level: Level, n: usize, seed: u64) -> (Arc<Array>, Vec<Arc<SimDevice>>)
             ))
         })
         .collect();
-    create(&CreateSpec {
-        name: "roles".into(),
+    common::create_clean(
+        "roles",
         level,
-        layout: None,
-        chunk_bytes: 16 << 10,
-        members: devs(&sims[..n]),
-        spares: devs(&sims[n..]),
-        size_bytes: None,
-        assume_clean: true,
-        force: false,
-    })
-    .expect("create");
+        None,
+        16 << 10,
+        devs(&sims[..n]),
+        devs(&sims[n..]),
+    );
     let array = Arc::new(
         assemble(
             devs(&sims),

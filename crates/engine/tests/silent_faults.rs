@@ -4,8 +4,10 @@
 //! expectation: once checksums land, each of these reads must return the written data or fail,
 //! and the assertions below must be turned around.
 
+mod common;
+
 use device::{Device, Faults, SimDevice};
-use engine::{assemble, create, AssembleOptions, CreateSpec};
+use engine::{assemble, AssembleOptions};
 use layout::Level;
 use std::sync::Arc;
 
@@ -15,18 +17,7 @@ fn wrong_data_after(fault: Faults) -> bool {
         .collect();
     let devs =
         || -> Vec<Arc<dyn Device>> { sims.iter().map(|s| s.clone() as Arc<dyn Device>).collect() };
-    create(&CreateSpec {
-        name: "silent".into(),
-        level: Level::Raid5,
-        layout: None,
-        chunk_bytes: 64 << 10,
-        members: devs(),
-        spares: vec![],
-        size_bytes: None,
-        assume_clean: true,
-        force: false,
-    })
-    .expect("create");
+    common::create_clean("silent", Level::Raid5, None, 64 << 10, devs(), vec![]);
     let array = assemble(devs(), AssembleOptions::default()).expect("assemble");
     let old = vec![0x11u8; 3 * (64 << 10)];
     array.write(0, &old, false).expect("first write");

@@ -56,18 +56,7 @@ pub fn sim_array_with(
             ))
         })
         .collect();
-    create(&CreateSpec {
-        name: "test".into(),
-        level,
-        layout,
-        chunk_bytes,
-        members: devs(&sims),
-        spares: vec![],
-        size_bytes: None,
-        assume_clean: true,
-        force: false,
-    })
-    .expect("create");
+    create_clean("test", level, layout, chunk_bytes, devs(&sims), vec![]);
     let array = assemble(
         devs(&sims),
         AssembleOptions {
@@ -197,4 +186,27 @@ pub fn check_redundancy(sa: &SimArray) {
         }
         Level::Linear | Level::Raid0 => {}
     }
+}
+
+/// `create` an array named `name` over `members` (and `spares`), known clean from the start.
+pub fn create_clean(
+    name: &str,
+    level: Level,
+    layout: Option<u32>,
+    chunk_bytes: u64,
+    members: Vec<Arc<dyn Device>>,
+    spares: Vec<Arc<dyn Device>>,
+) -> engine::Created {
+    create(&CreateSpec {
+        name: name.into(),
+        level,
+        layout,
+        chunk_bytes,
+        members,
+        spares,
+        size_bytes: None,
+        assume_clean: true,
+        force: false,
+    })
+    .expect("create")
 }
