@@ -7,7 +7,7 @@ mod common;
 
 use common::{config, devs};
 use device::{Device, SimDevice};
-use engine::{assemble, create, Array, AssembleOptions, CreateSpec, MemberState};
+use engine::{assemble, Array, AssembleOptions, MemberState};
 use format::{Superblock, ROLE_FAULTY};
 use layout::Level;
 use std::sync::Arc;
@@ -29,18 +29,7 @@ fn sims(prefix: &str, n: usize, seed: u64) -> Vec<Arc<SimDevice>> {
 }
 
 fn make(level: Level, members: &[Arc<SimDevice>], spares: &[Arc<SimDevice>]) {
-    create(&CreateSpec {
-        name: "asm".into(),
-        level,
-        layout: None,
-        chunk_bytes: CHUNK,
-        members: devs(members),
-        spares: devs(spares),
-        size_bytes: None,
-        assume_clean: true,
-        force: false,
-    })
-    .expect("create");
+    common::create_clean("asm", level, None, CHUNK, devs(members), devs(spares));
 }
 
 fn opts(force: bool) -> AssembleOptions {

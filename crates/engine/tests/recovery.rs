@@ -6,7 +6,7 @@ mod crash_model;
 use common::{devs, for_each_seed};
 use crash_model::CrashModel;
 use device::{Device, SimDevice};
-use engine::{assemble, create, Array, AssembleOptions, CreateSpec, MemberState};
+use engine::{assemble, Array, AssembleOptions, MemberState};
 use layout::Level;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -36,18 +36,7 @@ fn make(
     spares: &[Arc<SimDevice>],
     chunk: u64,
 ) {
-    create(&CreateSpec {
-        name: "rec".into(),
-        level,
-        layout,
-        chunk_bytes: chunk,
-        members: devs(members),
-        spares: devs(spares),
-        size_bytes: None,
-        assume_clean: true,
-        force: false,
-    })
-    .expect("create");
+    common::create_clean("rec", level, layout, chunk, devs(members), devs(spares));
 }
 
 fn open(all: &[Arc<SimDevice>]) -> Arc<Array> {
