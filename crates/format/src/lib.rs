@@ -66,9 +66,15 @@
 //! data_offset, RAID0_LAYOUT only with level 0, PPL combinations, reshape → unsupported).
 #![forbid(unsafe_code)]
 
+mod bitmap;
 mod create;
 mod util;
 
+pub use bitmap::{
+    bit_is_set, bitmap_bytes_on_disk, bitmap_chunks, count_dirty, default_bitmap_chunk,
+    min_bitmap_chunk, state as bitmap_state, BitmapSuper, BITMAP_HEADER_BYTES, BITMAP_MAGIC,
+    BITMAP_OFFSET_SECTORS, BITMAP_PAGE_BYTES, BITMAP_VERSION, DEFAULT_DAEMON_SLEEP,
+};
 pub use create::CreateParams;
 pub use util::{
     bm_space, default_data_offset, format_uuid, format_uuid_mdadm, level_name, max_dev_for,
@@ -162,6 +168,8 @@ pub enum FormatError {
     BadDataOffset(u64),
     #[error("unsupported md array: {0}")]
     Unsupported(String),
+    #[error("md write-intent bitmap: {0}")]
+    Bitmap(String),
     #[error("md superblock buffer truncated")]
     Truncated,
     #[error("device too small for md data area: need {need} sectors, have {have}")]
