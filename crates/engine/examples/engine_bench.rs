@@ -41,6 +41,7 @@ fn run(dir: &Path, level: Level, n: usize, mib: usize) -> (f64, f64) {
         size_bytes: None,
         assume_clean: true,
         force: true,
+        bitmap: None,
     })
     .unwrap();
     let array = Arc::new(assemble(open(), AssembleOptions::default()).unwrap());

@@ -65,6 +65,7 @@ fn main() {
         size_bytes: None,
         assume_clean: true,
         force: true,
+        bitmap: None,
     })
     .unwrap();
     let a = Arc::new(assemble(open(&paths[..4]), AssembleOptions::default()).unwrap());

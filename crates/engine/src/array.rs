@@ -24,7 +24,7 @@ use crate::io::{Executor, IoPath};
 use crate::member::{Member, Slot};
 use crate::meta::Meta;
 use crate::mirror::RegionLocks;
-use crate::policy::{ConsistencyPolicy, ResyncPolicy};
+use crate::policy::{BitmapPolicy, ConsistencyPolicy, ResyncPolicy};
 use crate::stripe_cache::StripeCache;
 use crate::sync::SyncControl;
 use format::ROLE_FAULTY;
@@ -141,12 +141,26 @@ pub struct ArrayStatus {
     pub failed: bool,
     pub read_only: bool,
     pub sync: crate::sync::SyncStatus,
+    pub bitmap: Option<BitmapStatus>,
+}
+
+/// The write-intent bitmap, for status (mdstat's `bitmap:` line, `mdadm -X`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BitmapStatus {
+    /// Bytes of each member (of the array for RAID10) one bit covers.
+    pub chunk_bytes: u64,
+    pub chunks: u64,
+    /// Bits set: chunks written recently, or still to resync or recover.
+    pub dirty_chunks: u64,
+    pub events_cleared: u64,
 }
 
 pub(crate) struct ArrayParts {
     pub spares: Vec<Arc<Member>>,
     /// Resync needed from this offset (None: in sync).
     pub resync_from: Option<u64>,
+    /// md's internal write-intent bitmap, if the superblocks announce one.
+    pub bitmap: Option<Arc<crate::bitmap::WriteIntentBitmap>>,
     pub name: String,
     pub uuid: [u8; 16],
     pub geometry: Geometry,
@@ -178,7 +192,10 @@ impl Array {
             .clone()
             .unwrap_or_else(|| Arc::new(SystemClock::default()));
         let was_dirty = p.was_dirty;
-        let policy: Box<dyn ConsistencyPolicy> = Box::new(ResyncPolicy);
+        let policy: Box<dyn ConsistencyPolicy> = match p.bitmap {
+            Some(bitmap) => Box::new(BitmapPolicy { bitmap }),
+            None => Box::new(ResyncPolicy),
+        };
         let resync_from = if p.geometry.max_degraded() > 0 {
             policy.resync_from(p.meta.resync_offset)
         } else {
@@ -286,6 +303,17 @@ impl Array {
     /// Make every write that completed before this call durable on the members.
     pub fn flush(&self) -> Result<()> {
         self.stripes.hurry_all();
+        self.flush_members();
+        // A member that failed meanwhile was skipped: its failure must be on disk first.
+        self.wait_failures_durable();
+        if self.is_failed() {
+            return Err(self.unrecoverable(0, self.size_bytes(), "too many members failed"));
+        }
+        Ok(())
+    }
+
+    /// Flush every member in a role; a member whose flush fails is failed.
+    pub(crate) fn flush_members(&self) {
         self.io.for_each(self.slots.len(), |role| {
             if let Some(m) = self.slots[role].usable() {
                 if let Err(e) = m.dev.flush() {
@@ -293,12 +321,19 @@ impl Array {
                 }
             }
         });
-        // A member that failed meanwhile was skipped: its failure must be on disk first.
-        self.wait_failures_durable();
-        if self.is_failed() {
-            return Err(self.unrecoverable(0, self.size_bytes(), "too many members failed"));
+    }
+
+    /// Fail the members a write-intent bitmap write failed on.
+    pub(crate) fn fail_bitmap_writers(&self, failed: crate::bitmap::WriteFailures) {
+        for (member, err) in failed {
+            if let Some(role) = self.role_of_member(member.dev_number) {
+                self.fail_role(
+                    role,
+                    Some(&member),
+                    &format!("write-intent bitmap write failed: {err}"),
+                );
+            }
         }
-        Ok(())
     }
 
     /// Write zeroes over a range (in bounded pieces).
@@ -412,6 +447,11 @@ impl Array {
         self.flush()?;
         if self.config.read_only {
             return Ok(());
+        }
+        if let Some(bm) = self.policy.bitmap() {
+            // Everything written is durable: the bits of every quiet chunk may go now, as md
+            // clears its bitmap at a clean stop (chunks still to resync keep theirs).
+            bm.daemon_pass(self, true);
         }
         let resync_from = self.sync.st.lock().resync_from;
         let mut meta = self.meta.lock();
@@ -585,6 +625,12 @@ impl Array {
             failed: self.is_failed(),
             read_only: self.config.read_only,
             sync,
+            bitmap: self.policy.bitmap().map(|b| BitmapStatus {
+                chunk_bytes: b.chunk_bytes(),
+                chunks: b.chunks(),
+                dirty_chunks: b.dirty_chunks(),
+                events_cleared: b.events_cleared(),
+            }),
         }
     }
 }

@@ -29,6 +29,7 @@
 //! assembly writes nothing).
 
 use crate::array::{Array, ArrayConfig, ArrayParts};
+use crate::bitmap::WriteIntentBitmap;
 use crate::error::{EngineError, Result};
 use crate::member::{Member, Slot};
 use crate::meta::{read_superblock, MemberSb, Meta};
@@ -500,8 +501,10 @@ fn build(
                 let m = new_member(dev, &sb);
                 let slot = Slot::new(Some(m.clone()));
                 if sb.feature_map & format::feature::RECOVERY_OFFSET != 0 {
-                    // Rebuilt only up to here when the daemon stopped; the rebuild resumes.
+                    // Rebuilt only up to here when the daemon stopped; the rebuild resumes
+                    // (still limited to the bitmap's set chunks if it was a re-add).
                     slot.advance(sb.recovery_offset * 512);
+                    slot.set_bitmap_guided(sb.feature_map & format::feature::RECOVERY_BITMAP != 0);
                 }
                 members.push(MemberSb {
                     member: m,
@@ -527,11 +530,13 @@ fn build(
     let was_dirty = best.resync_offset != MAX_SECTOR;
     let resync_from =
         (was_dirty && geometry.max_degraded() > 0).then_some(best.resync_offset * 512);
+    let bitmap = load_bitmap(&best, &geometry, &slots, resync_from)?;
     let mut meta = Meta {
         members,
         events: best.events,
         resync_offset: best.resync_offset,
         roles,
+        bitmap: bitmap.clone(),
     };
     if table_changed && !opts.config.read_only {
         commit_at_assembly(&mut meta, &name)?;
@@ -546,7 +551,78 @@ fn build(
         was_dirty,
         spares: spare_members,
         resync_from,
+        bitmap,
     })
+}
+
+/// The write-intent bitmap of an array whose superblock announces one: the union of the
+/// copies on the members in sync (a copy behind the superblocks counts as all ones, as in md).
+/// Copies that do not decode or belong elsewhere are skipped; none usable refuses assembly.
+fn load_bitmap(
+    best: &Superblock,
+    geometry: &Geometry,
+    slots: &[Slot],
+    resync_from: Option<u64>,
+) -> Result<Option<Arc<WriteIntentBitmap>>> {
+    if best.feature_map & format::feature::BITMAP_OFFSET == 0 {
+        return Ok(None);
+    }
+    if best.bitmap_offset != format::BITMAP_OFFSET_SECTORS {
+        return Err(EngineError::Assemble {
+            member: format!("array '{}'", best.set_name),
+            reason: format!(
+                "internal bitmap at offset {} sectors is not supported (ironraid reads it at +{})",
+                best.bitmap_offset,
+                format::BITMAP_OFFSET_SECTORS
+            ),
+        });
+    }
+    let want_sync = crate::bitmap::sync_sectors(geometry);
+    let mut header: Option<format::BitmapSuper> = None;
+    let mut bits: Vec<u8> = Vec::new();
+    let mut problems = Vec::new();
+    for m in slots.iter().filter(|s| s.is_complete()).filter_map(|s| s.member()) {
+        let (sb, b) = match crate::bitmap::read_bitmap(m.dev.as_ref()) {
+            Ok(found) => found,
+            Err(e) => {
+                problems.push(format!("{}: {e}", m.name()));
+                continue;
+            }
+        };
+        if sb.uuid != best.set_uuid || sb.sync_size != want_sync {
+            problems.push(format!(
+                "{}: bitmap belongs to another array or size ({} sectors, expected {want_sync})",
+                m.name(),
+                sb.sync_size
+            ));
+            continue;
+        }
+        let stale = sb.events < best.events || sb.is_stale();
+        if stale {
+            tracing::warn!(member = %m.name(), bitmap_events = sb.events, events = best.events, "write-intent bitmap is out of date: every chunk counts as dirty");
+        }
+        if bits.len() < b.len() {
+            bits.resize(b.len(), 0);
+        }
+        for (dst, src) in bits.iter_mut().zip(&b) {
+            *dst |= if stale { 0xff } else { *src };
+        }
+        if header.as_ref().is_none_or(|h| sb.events > h.events) {
+            header = Some(sb);
+        }
+    }
+    let Some(mut sb) = header else {
+        return Err(EngineError::Assemble {
+            member: format!("array '{}'", best.set_name),
+            reason: format!("no usable write-intent bitmap: {}", problems.join("; ")),
+        });
+    };
+    for p in &problems {
+        tracing::warn!(array = %best.set_name, "bitmap copy skipped: {p}");
+    }
+    sb.state &= !format::bitmap_state::STALE;
+    sb.events = sb.events.max(best.events);
+    Ok(Some(Arc::new(WriteIntentBitmap::load(sb, &bits, resync_from))))
 }
 
 /// Make the running role table durable on every present member before any write can happen.

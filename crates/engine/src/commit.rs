@@ -10,8 +10,9 @@
 //! 3. the writes run;
 //! 4. a member failure that any of these writes (or writes planned past a member already failing)
 //!    skipped is durable in the superblocks before this returns, so before any acknowledgement;
-//! 5. the policy's `after_writes` hook runs; writes that hit a full backing store leave the
-//!    range inconsistent, which the policy remembers for resync, and the request fails NoSpace.
+//! 5. writes that hit a full backing store leave the range inconsistent, which the policy
+//!    remembers for resync (and the request fails NoSpace); then the policy's `after_writes`
+//!    hook runs, whatever the outcome.
 
 use crate::array::Array;
 use crate::error::{EngineError, Result};
@@ -94,6 +95,12 @@ impl Array {
         self.policy.before_writes(self, set)?;
         self.run_io(ios);
         self.wait_failures_durable();
+        let no_space = ios.iter().any(|io| io.outcome == IoOutcome::NoSpace);
+        if no_space {
+            // Before `after_writes`: the bitmap must not let the range's bits clear first.
+            self.policy.note_inconsistent(self, set);
+        }
+        self.policy.after_writes(self, set);
         if self.is_failed() {
             // The failures these writes met could not all be recorded, or redundancy is gone:
             // nothing may be acknowledged.
@@ -103,9 +110,7 @@ impl Array {
                 "too many members failed",
             ));
         }
-        self.policy.after_writes(self, set);
-        if ios.iter().any(|io| io.outcome == IoOutcome::NoSpace) {
-            self.policy.note_inconsistent(self, set);
+        if no_space {
             return Err(EngineError::NoSpace {
                 array: self.name.clone(),
                 offset_bytes: set.offset_bytes,

@@ -14,7 +14,7 @@ use crate::error::{EngineError, Result};
 use crate::member::Member;
 use crate::meta::{now_secs, read_superblock, write_superblock};
 use device::{AlignedBuf, Device};
-use format::{CreateParams, Superblock, ROLE_SPARE, SB_OFFSET_SECTORS};
+use format::{BitmapSuper, CreateParams, Superblock, ROLE_SPARE, SB_OFFSET_SECTORS};
 use layout::{Geometry, GeometrySpec, Level};
 use std::sync::Arc;
 
@@ -33,6 +33,16 @@ pub struct CreateSpec {
     pub assume_clean: bool,
     /// Overwrite members that already carry an md superblock.
     pub force: bool,
+    /// Give the array md's internal write-intent bitmap.
+    pub bitmap: Option<BitmapSpec>,
+}
+
+/// The write-intent bitmap of a new array.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BitmapSpec {
+    /// Bytes of the array (per member for parity levels and RAID1) one bit covers; `None`:
+    /// mdadm's default (the smallest that fits the reserved space, at least 64 MiB).
+    pub chunk_bytes: Option<u64>,
 }
 
 /// What `create` wrote.
@@ -121,6 +131,10 @@ pub fn create(spec: &CreateSpec) -> Result<Created> {
         ));
     }
     let uuid = *uuid::Uuid::new_v4().as_bytes();
+    let bitmap = spec
+        .bitmap
+        .map(|b| new_bitmap(&geometry, uuid, smallest, b))
+        .transpose()?;
     // Roles in the order members are given, spares after them (format widens the table to
     // mdadm's `max_dev` with spare entries).
     let roles: Vec<u16> = (0..all.len())
@@ -148,7 +162,7 @@ pub fn create(spec: &CreateSpec) -> Result<Created> {
         roles,
         // Levels without redundancy have nothing to resync (a one-member RAID1 included).
         assume_clean: spec.assume_clean || geometry.max_degraded() == 0,
-        internal_bitmap: false,
+        internal_bitmap: bitmap.is_some(),
         bm_space_device_sectors: Some(smallest),
     };
     // Every superblock is built (and validated by `format`) before the first is written.
@@ -168,7 +182,7 @@ pub fn create(spec: &CreateSpec) -> Result<Created> {
         );
     }
     for (dev, sb) in all.iter().zip(&sbs) {
-        write_member(dev, sb).map_err(|e| EngineError::Create {
+        write_member(dev, sb, bitmap.as_ref()).map_err(|e| EngineError::Create {
             member: dev.name().into(),
             reason: e.to_string(),
         })?;
@@ -207,8 +221,55 @@ fn check_members(all: &[&Arc<dyn Device>], force: bool) -> Result<()> {
     Ok(())
 }
 
-/// Write an empty bad-block log (all ones) and the superblock, then flush.
-fn write_member(dev: &Arc<dyn Device>, sb: &Superblock) -> std::io::Result<()> {
+/// The bitmap header of a new array: md's sync coordinates (array sectors for RAID10, component
+/// sectors otherwise), in the space `create` reserves after the superblock.
+fn new_bitmap(
+    geometry: &Geometry,
+    uuid: [u8; 16],
+    smallest_member_sectors: u64,
+    spec: BitmapSpec,
+) -> Result<BitmapSuper> {
+    if geometry.max_degraded() == 0 {
+        return Err(EngineError::InvalidArgument(format!(
+            "{} has no redundancy: a write-intent bitmap has nothing to resync",
+            geometry.level().name()
+        )));
+    }
+    let sync_sectors = crate::bitmap::sync_sectors(geometry);
+    let room = format::bm_space(smallest_member_sectors);
+    let min = format::min_bitmap_chunk(sync_sectors, room).ok_or_else(|| {
+        EngineError::InvalidArgument("members too small to hold a write-intent bitmap".into())
+    })?;
+    let chunk = match spec.chunk_bytes {
+        None => format::default_bitmap_chunk(sync_sectors, room).expect("room checked above"),
+        Some(c) if !c.is_power_of_two() || c < 4096 => {
+            return Err(EngineError::InvalidArgument(format!(
+                "--bitmap-chunk {c}: must be a power of two of at least 4096 bytes"
+            )))
+        }
+        Some(c) if c < min => {
+            return Err(EngineError::InvalidArgument(format!(
+                "--bitmap-chunk {c}: too small; {} bytes of bitmap space need at least {min}",
+                room * 512
+            )))
+        }
+        Some(c) => c,
+    };
+    let chunk = u32::try_from(chunk).map_err(|_| {
+        EngineError::InvalidArgument(format!("--bitmap-chunk {chunk}: larger than 2 GiB"))
+    })?;
+    Ok(BitmapSuper::new(uuid, sync_sectors, chunk, room as u32))
+}
+
+/// Write an empty bad-block log (all ones), the bitmap (if any) and the superblock, then flush.
+fn write_member(
+    dev: &Arc<dyn Device>,
+    sb: &Superblock,
+    bitmap: Option<&BitmapSuper>,
+) -> std::io::Result<()> {
+    if let Some(bm) = bitmap {
+        crate::bitmap::write_initial(dev.as_ref(), bm)?;
+    }
     if sb.bblog_size > 0 {
         let bblog_at = (SB_OFFSET_SECTORS as i64 + i64::from(sb.bblog_offset)) as u64 * 512;
         let mut bblog = AlignedBuf::zeroed(usize::from(sb.bblog_size) * 512);

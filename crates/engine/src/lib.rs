@@ -7,6 +7,7 @@
 
 mod array;
 mod assemble;
+mod bitmap;
 mod bufpool;
 mod clock;
 mod commit;
@@ -26,10 +27,11 @@ mod stripe;
 mod stripe_cache;
 mod sync;
 
-pub use array::{Array, ArrayConfig, ArrayStatus, MemberState, MemberStatus};
+pub use array::{Array, ArrayConfig, ArrayStatus, BitmapStatus, MemberState, MemberStatus};
 pub use assemble::{assemble, AssembleOptions};
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use create::{create, CreateSpec, Created};
+pub use bitmap::read_bitmap;
+pub use create::{create, BitmapSpec, CreateSpec, Created};
 pub use error::{EngineError, Result};
 pub use events::Event;
 pub use io::ReadVerifier;

@@ -29,7 +29,8 @@ impl Array {
                 self.name
             )));
         }
-        if let Ok(sb) = read_superblock(dev.as_ref()) {
+        let own = read_superblock(dev.as_ref()).ok();
+        if let Some(sb) = &own {
             if sb.set_uuid != self.uuid && !force {
                 return Err(EngineError::InvalidArgument(format!(
                     "{}: holds a superblock of another array ({}); use --force to overwrite it",
@@ -38,6 +39,7 @@ impl Array {
                 )));
             }
         }
+        let readd = own.as_ref().and_then(|sb| self.readd_role(&meta, sb));
         let template = meta.members.first().map(|m| m.sb.clone()).ok_or_else(|| {
             EngineError::InvalidArgument(format!(
                 "{} has no member to copy the superblock from",
@@ -53,21 +55,27 @@ impl Array {
                 self.name
             )));
         }
-        let dev_number = (0u32..)
-            .find(|n| {
-                !meta.members.iter().any(|m| m.member.dev_number == *n)
-                    && meta.roles.get(*n as usize).is_none_or(|r| *r >= ROLE_MAX)
-            })
-            .expect("a free device number exists");
+        let free = |n: u32| {
+            !meta.members.iter().any(|m| m.member.dev_number == n)
+                && meta.roles.get(n as usize).is_none_or(|r| *r >= ROLE_MAX)
+        };
+        // A re-added member keeps its device number when nobody took it meanwhile (md does).
+        let dev_number = match (&own, readd) {
+            (Some(sb), Some(_)) if free(sb.dev_number) => sb.dev_number,
+            _ => (0u32..).find(|&n| free(n)).expect("a free device number exists"),
+        };
         if meta.roles.len() <= dev_number as usize {
             meta.roles.resize(dev_number as usize + 1, ROLE_FAULTY);
         }
         meta.roles[dev_number as usize] = ROLE_SPARE;
         let mut sb = template;
         sb.dev_number = dev_number;
-        sb.device_uuid = *uuid::Uuid::new_v4().as_bytes();
+        sb.device_uuid = match (&own, readd) {
+            (Some(own), Some(_)) => own.device_uuid,
+            _ => *uuid::Uuid::new_v4().as_bytes(),
+        };
         sb.data_size = dev.len_bytes() / 512 - sb.data_offset;
-        sb.feature_map &= !format::feature::RECOVERY_OFFSET;
+        sb.feature_map &= !(format::feature::RECOVERY_OFFSET | format::feature::RECOVERY_BITMAP);
         sb.recovery_offset = 0;
         sb.max_dev = sb.max_dev.max(meta.roles.len() as u32);
         sb.events = meta.events;
@@ -97,18 +105,56 @@ impl Array {
             sb,
             writable: true,
         });
+        if let Some(role) = readd {
+            let slot = &self.slots[role];
+            if let Some(old) = slot.member() {
+                meta.retire(old.dev_number, ROLE_FAULTY);
+            }
+            meta.readd(dev_number, role as u16);
+            slot.install(member.clone(), 0);
+            slot.set_bitmap_guided(true);
+        }
         let failed = meta.commit();
         drop(meta);
         self.fail_members_after_sb_error(failed);
-        self.spares.lock().push(member);
-        self.events.emit(
-            "spare_added",
-            &self.name,
-            Some(dev.name()),
-            format!("device number {dev_number}"),
-        );
+        match readd {
+            Some(role) => self.events.emit(
+                "member_readded",
+                &self.name,
+                Some(dev.name()),
+                format!("role {role}: recovering only the chunks the write-intent bitmap marks"),
+            ),
+            None => {
+                self.spares.lock().push(member);
+                self.events.emit(
+                    "spare_added",
+                    &self.name,
+                    Some(dev.name()),
+                    format!("device number {dev_number}"),
+                );
+            }
+        }
         self.sync.wake();
         Ok(())
+    }
+
+    /// The role a member that left this array may take back with a bitmap-guided recovery:
+    /// the one its own superblock records, if that role is empty now, and only if the bitmap
+    /// still covers every write it missed (its events are not older than the last time bits
+    /// were cleared, md's `events_cleared` rule). Otherwise it is a new spare.
+    fn readd_role(&self, meta: &crate::meta::Meta, sb: &format::Superblock) -> Option<usize> {
+        let bm = self.policy.bitmap()?;
+        if sb.set_uuid != self.uuid || self.geometry.level() == layout::Level::Raid10 {
+            return None;
+        }
+        let format::DevRole::Active(role) = sb.role() else {
+            return None;
+        };
+        let role = usize::from(role);
+        let template = &meta.members.first()?.sb;
+        let fits = sb.data_offset == template.data_offset && sb.size == template.size;
+        let fresh = sb.events >= bm.events_cleared() && sb.events <= meta.events;
+        (role < self.slots.len() && self.slots[role].is_faulty() && fits && fresh).then_some(role)
     }
 
     /// Remove a faulty member or a spare from the array (an active member must fail first).

@@ -37,6 +37,9 @@ pub struct Slot {
     member: RwLock<Option<Arc<Member>>>,
     faulty: AtomicBool,
     in_sync_bytes: AtomicU64,
+    /// The member was re-added with a write-intent bitmap: above `in_sync_bytes` it is
+    /// current wherever the bitmap has no bit set, so its rebuild visits only set chunks.
+    bitmap_guided: AtomicBool,
 }
 
 impl Slot {
@@ -46,7 +49,18 @@ impl Slot {
             member: RwLock::new(member),
             faulty,
             in_sync_bytes: AtomicU64::new(FULLY_IN_SYNC),
+            bitmap_guided: AtomicBool::new(false),
         }
+    }
+
+    /// Whether this role's rebuild may skip chunks the write-intent bitmap has clear.
+    pub fn is_bitmap_guided(&self) -> bool {
+        self.bitmap_guided.load(Ordering::Acquire)
+    }
+
+    /// Set with the member's install or at assembly (metadata lock held or not yet shared).
+    pub(crate) fn set_bitmap_guided(&self, guided: bool) {
+        self.bitmap_guided.store(guided, Ordering::Release);
     }
 
     /// The member if it may be used for I/O at all.
@@ -107,6 +121,7 @@ impl Slot {
 
     /// A new member takes the role, current up to `in_sync_bytes` (metadata lock held).
     pub(crate) fn install(&self, member: Arc<Member>, in_sync_bytes: u64) {
+        self.bitmap_guided.store(false, Ordering::Release);
         *self.member.write() = Some(member);
         self.in_sync_bytes.store(in_sync_bytes, Ordering::Release);
         self.faulty.store(false, Ordering::Release);

@@ -14,6 +14,7 @@
 //! Events only go up here (md may step back by one on clean transitions; we never do, which is
 //! allowed: md accepts any member whose count is within one of the freshest).
 
+use crate::bitmap::WriteIntentBitmap;
 use crate::member::Member;
 use device::AlignedBuf;
 use format::{Superblock, SB_BYTES, SB_OFFSET_SECTORS};
@@ -36,6 +37,8 @@ pub(crate) struct Meta {
     pub events: u64,
     pub resync_offset: u64,
     pub roles: Vec<u16>,
+    /// The write-intent bitmap, whose header records each new event count first.
+    pub bitmap: Option<Arc<WriteIntentBitmap>>,
 }
 
 pub(crate) fn now_secs() -> u64 {
@@ -65,6 +68,17 @@ impl Meta {
         }
         self.events += 1;
         let events = self.events;
+        if let Some(bm) = &self.bitmap {
+            // md writes the bitmap header before the superblocks: a bitmap whose events are
+            // behind the superblocks' is stale and costs a full resync.
+            let targets: Vec<Arc<Member>> = self
+                .members
+                .iter()
+                .filter(|m| m.writable && !failed.iter().any(|(f, _)| Arc::ptr_eq(f, &m.member)))
+                .map(|m| m.member.clone())
+                .collect();
+            failed.extend(bm.record_events(events, &targets));
+        }
         for m in self.members.iter_mut().filter(|m| m.writable) {
             if failed.iter().any(|(f, _)| Arc::ptr_eq(f, &m.member)) {
                 continue;
@@ -98,6 +112,26 @@ impl Meta {
             *r = role;
         }
         self.set_recovery(dev_number, Some(0));
+        for m in self
+            .members
+            .iter_mut()
+            .filter(|m| m.member.dev_number == dev_number)
+        {
+            m.sb.feature_map &= !format::feature::RECOVERY_BITMAP;
+        }
+    }
+
+    /// A member comes back into `role` with a bitmap-guided recovery from the beginning
+    /// (md's RECOVERY_BITMAP: only chunks whose bit is set are rebuilt, also after a restart).
+    pub fn readd(&mut self, dev_number: u32, role: u16) {
+        self.activate_spare(dev_number, role);
+        for m in self
+            .members
+            .iter_mut()
+            .filter(|m| m.member.dev_number == dev_number)
+        {
+            m.sb.feature_map |= format::feature::RECOVERY_BITMAP;
+        }
     }
 
     /// Record a member's rebuild progress (sectors), or that it is complete (`None`).
@@ -113,7 +147,8 @@ impl Meta {
                     m.sb.recovery_offset = s;
                 }
                 None => {
-                    m.sb.feature_map &= !format::feature::RECOVERY_OFFSET;
+                    m.sb.feature_map &=
+                        !(format::feature::RECOVERY_OFFSET | format::feature::RECOVERY_BITMAP);
                     m.sb.recovery_offset = 0;
                 }
             }

@@ -14,10 +14,12 @@
 //! write-intent bitmap, the journal and guided resync implement the same trait.
 
 use crate::array::Array;
-use crate::commit::WriteSet;
+use crate::bitmap::WriteIntentBitmap;
+use crate::commit::{WriteKind, WriteSet};
 use crate::error::Result;
 use crate::meta::Meta;
 use format::MAX_SECTOR;
+use std::sync::Arc;
 
 pub(crate) trait ConsistencyPolicy: Send + Sync {
     /// The name `detail` shows (`--consistency-policy` of `create`).
@@ -35,6 +37,33 @@ pub(crate) trait ConsistencyPolicy: Send + Sync {
     fn note_inconsistent(&self, array: &Array, set: &WriteSet);
     /// From the superblock of an array that was not stopped cleanly: where resync starts.
     fn resync_from(&self, sb_resync_offset_sectors: u64) -> Option<u64>;
+    /// Where a resync walking `from..end` next has work: `from` unless the policy knows the
+    /// range up to the returned point is consistent.
+    fn next_to_resync(&self, from: u64, _end: u64) -> u64 {
+        from
+    }
+    /// A resync made `from..to` consistent.
+    fn resynced(&self, _from: u64, _to: u64) {}
+    /// The write-intent bitmap, if the policy keeps one.
+    fn bitmap(&self) -> Option<&Arc<WriteIntentBitmap>> {
+        None
+    }
+}
+
+/// md's `active` resync checkpoint as the plain policy records it, shared by policies that
+/// keep md's superblock semantics.
+fn mark_active(meta: &mut Meta) {
+    // md writes 0 while active: whatever was written since the last clean state may be
+    // anywhere, including below an older resync checkpoint.
+    meta.resync_offset = 0;
+}
+
+fn mark_clean(meta: &mut Meta, resync_from: Option<u64>) {
+    meta.resync_offset = resync_from.map_or(MAX_SECTOR, |b| b / 512);
+}
+
+fn sb_resync_from(sb_resync_offset_sectors: u64) -> Option<u64> {
+    (sb_resync_offset_sectors != MAX_SECTOR).then_some(sb_resync_offset_sectors * 512)
 }
 
 /// md without bitmap or journal: a crash means a full resync.
@@ -46,13 +75,11 @@ impl ConsistencyPolicy for ResyncPolicy {
     }
 
     fn on_active(&self, meta: &mut Meta) {
-        // md writes 0 while active: whatever was written since the last clean state may be
-        // anywhere, including below an older resync checkpoint.
-        meta.resync_offset = 0;
+        mark_active(meta);
     }
 
     fn on_clean(&self, meta: &mut Meta, resync_from: Option<u64>) {
-        meta.resync_offset = resync_from.map_or(MAX_SECTOR, |b| b / 512);
+        mark_clean(meta, resync_from);
     }
 
     fn before_writes(&self, _array: &Array, _set: &WriteSet) -> Result<()> {
@@ -66,6 +93,67 @@ impl ConsistencyPolicy for ResyncPolicy {
     }
 
     fn resync_from(&self, sb_resync_offset_sectors: u64) -> Option<u64> {
-        (sb_resync_offset_sectors != MAX_SECTOR).then_some(sb_resync_offset_sectors * 512)
+        sb_resync_from(sb_resync_offset_sectors)
+    }
+}
+
+/// md's internal write-intent bitmap: the superblock still says active/clean as without it,
+/// but every member write is covered by a durable bit first, so resync after a crash visits
+/// only chunks whose bits are set (see `bitmap.rs`).
+pub(crate) struct BitmapPolicy {
+    pub bitmap: Arc<WriteIntentBitmap>,
+}
+
+impl ConsistencyPolicy for BitmapPolicy {
+    fn name(&self) -> &'static str {
+        "bitmap"
+    }
+
+    fn on_active(&self, meta: &mut Meta) {
+        mark_active(meta);
+    }
+
+    fn on_clean(&self, meta: &mut Meta, resync_from: Option<u64>) {
+        mark_clean(meta, resync_from);
+    }
+
+    fn before_writes(&self, array: &Array, set: &WriteSet) -> Result<()> {
+        // Rebuild writes only fill a member above its in-sync point; its recovery checkpoint
+        // covers them.
+        if set.kind == WriteKind::Rebuild {
+            return Ok(());
+        }
+        self.bitmap
+            .start_write(array, set.offset_bytes, set.len_bytes)
+    }
+
+    fn after_writes(&self, _array: &Array, set: &WriteSet) {
+        // A member that failed under these writes missed them; its bits stay anyway (the
+        // daemon clears nothing while the array is degraded). Writes that left redundancy
+        // inconsistent were marked by `note_inconsistent` before this.
+        if set.kind != WriteKind::Rebuild {
+            self.bitmap.end_write(set.offset_bytes, set.len_bytes);
+        }
+    }
+
+    fn note_inconsistent(&self, array: &Array, set: &WriteSet) {
+        self.bitmap.mark_needed(set.offset_bytes, set.len_bytes);
+        array.request_resync_from(set.offset_bytes);
+    }
+
+    fn resync_from(&self, sb_resync_offset_sectors: u64) -> Option<u64> {
+        sb_resync_from(sb_resync_offset_sectors)
+    }
+
+    fn next_to_resync(&self, from: u64, end: u64) -> u64 {
+        self.bitmap.next_needed(from, end)
+    }
+
+    fn resynced(&self, from: u64, to: u64) {
+        self.bitmap.synced(from, to);
+    }
+
+    fn bitmap(&self) -> Option<&Arc<WriteIntentBitmap>> {
+        Some(&self.bitmap)
     }
 }

@@ -100,6 +100,8 @@ pub(crate) struct SyncControl {
     stepped: Mutex<Option<Walk>>,
     /// The background thread, while it runs.
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// The write-intent bitmap's clean-up thread, while it runs.
+    bitmap_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 impl SyncControl {
@@ -128,6 +130,7 @@ impl SyncControl {
             last_client_io_ms: std::sync::atomic::AtomicU64::new(0),
             stepped: Mutex::new(None),
             thread: Mutex::new(None),
+            bitmap_thread: Mutex::new(None),
         }
     }
 
@@ -198,8 +201,22 @@ impl Walk {
             return Err(Stop::Interrupted);
         }
         let next = match self.job {
-            Job::Recover(role) => array.recover_window(role, self.pos, self.end)?,
-            Job::Resync(_) => array.scrub_step(SyncAction::Resync, self.pos, self.end)?,
+            Job::Recover(role) => match array.skip_clean_for_recovery(role, self.pos, self.end) {
+                Some(next) => next,
+                None => array.recover_window(role, self.pos, self.end)?,
+            },
+            Job::Resync(_) => {
+                // The policy may know that everything up to some point is consistent (the
+                // bitmap: chunks without a set bit).
+                let from = array.policy.next_to_resync(self.pos, self.end);
+                if from >= self.end {
+                    self.pos = self.end;
+                    return Ok(true);
+                }
+                let next = array.scrub_step(SyncAction::Resync, from, self.end)?;
+                array.policy.resynced(from, next.min(self.end));
+                next
+            }
             Job::Scrub(a) => array.scrub_step(a, self.pos, self.end)?,
         };
         assert!(next > self.pos, "a window must make progress");
@@ -224,6 +241,14 @@ impl Array {
             .spawn(move || me.background_loop())
             .expect("spawn the background sync thread");
         *self.sync.thread.lock() = Some(handle);
+        if self.policy.bitmap().is_some() {
+            let me = self.clone();
+            let handle = std::thread::Builder::new()
+                .name(format!("bitmap-{}", self.name))
+                .spawn(move || me.bitmap_daemon())
+                .expect("spawn the bitmap daemon");
+            *self.sync.bitmap_thread.lock() = Some(handle);
+        }
     }
 
     pub(crate) fn stop_background(&self) {
@@ -234,6 +259,9 @@ impl Array {
         }
         self.sync.wake();
         if let Some(h) = self.sync.thread.lock().take() {
+            let _ = h.join();
+        }
+        if let Some(h) = self.sync.bitmap_thread.lock().take() {
             let _ = h.join();
         }
         if let Some(walk) = self.sync.stepped.lock().take() {

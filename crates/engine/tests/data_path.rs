@@ -174,6 +174,7 @@ fn probed_raid5(
         size_bytes: None,
         assume_clean: true,
         force: false,
+        bitmap: None,
     })
     .expect("create");
     let data_offset_bytes = engine::read_superblock(sims[0].as_ref())
@@ -418,6 +419,7 @@ fn create_refuses_members_already_in_an_array() {
         size_bytes: None,
         assume_clean: true,
         force: false,
+        bitmap: None,
     })
     .expect_err("refused")
     .to_string();

@@ -207,6 +207,7 @@ pub fn create_clean(
         size_bytes: None,
         assume_clean: true,
         force: false,
+        bitmap: None,
     })
     .expect("create")
 }

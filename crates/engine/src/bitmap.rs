@@ -1,0 +1,530 @@
+//! md's internal write-intent bitmap: one bit per bitmap chunk, set on every member (durably)
+//! before any write it covers goes out, cleared lazily once the chunk has been quiet.
+//!
+//! Coordinates are md's "sync" coordinates: bytes of each member's data area for RAID1/4/5/6,
+//! array bytes for RAID10 (reference §5.1, `sync_size`). They are the coordinates the commit
+//! point's [`WriteSet`](crate::commit::WriteSet)s and the resync walk already use.
+//!
+//! # In memory
+//! One `AtomicU32` per chunk: the writes in flight on it, how many clean-up passes found it
+//! idle, whether its bit is durable on the members (`ON_DISK`), and whether its redundancy must
+//! be made consistent (`NEEDED`: a set bit found at an unclean assembly, or writes that failed).
+//! A write to a chunk whose bit is durable touches only its counter: no lock on that path.
+//!
+//! # Setting (group commit)
+//! A write to a chunk without a durable bit sets the bit in the page image (image lock), then
+//! waits until a write-out that started after that has completed. Write-outs are serialised by
+//! the writer lock; whoever holds it writes every dirty page, so writes to many new chunks that
+//! arrive together share one bitmap write.
+//!
+//! # Clearing (the daemon, every `daemon_sleep`)
+//! 1. Idle chunks age by one pass (a write start resets the age).
+//! 2. If any chunk has been idle for [`CLEAR_AFTER_PASSES`], flush every member: the writes it
+//!    covered ended before this pass began, so they are durable after this flush.
+//! 3. Unless the array is degraded (bits then stay set: they are what a re-added member needs
+//!    recovered), record `events_cleared` in the header, then clear those chunks whose
+//!    counter is still unchanged (a write that started meanwhile keeps its bit) and write the
+//!    pages out.
+//!
+//! Lock order: the metadata lock, then the writer lock, then the image lock. Nothing holding
+//! the writer lock takes the metadata lock: member failures met while writing the bitmap are
+//! reported to the caller, who fails the members after letting go.
+
+use crate::array::Array;
+use crate::error::Result;
+use crate::member::Member;
+use device::{AlignedBuf, Device};
+use format::{
+    bit_is_set, BitmapSuper, BITMAP_HEADER_BYTES, BITMAP_OFFSET_SECTORS, BITMAP_PAGE_BYTES,
+    SB_OFFSET_SECTORS,
+};
+use layout::{Geometry, Level};
+use parking_lot::Mutex;
+use std::io;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Byte offset of the bitmap on every member (superblock at 4096, bitmap 8 sectors after it).
+pub(crate) const BITMAP_BYTE_OFFSET: u64 =
+    (SB_OFFSET_SECTORS as i64 + BITMAP_OFFSET_SECTORS as i64) as u64 * 512;
+
+const COUNT_MASK: u32 = 0xffff;
+const AGE_SHIFT: u32 = 16;
+const AGE_MASK: u32 = 0x3 << AGE_SHIFT;
+const ON_DISK: u32 = 1 << 20;
+const NEEDED: u32 = 1 << 21;
+/// Clean-up passes a chunk must stay idle before its bit clears (md: 2–3 × daemon_sleep).
+const CLEAR_AFTER_PASSES: u32 = 2;
+
+/// md's sync size for a geometry: component sectors, array sectors for RAID10.
+pub(crate) fn sync_sectors(g: &Geometry) -> u64 {
+    match g.level() {
+        Level::Raid10 => g.array_sectors(),
+        Level::Raid4 | Level::Raid5 | Level::Raid6 => g.stripes() * g.chunk_sectors(),
+        _ => g.spec().component_sectors,
+    }
+}
+
+/// Write a new array's bitmap: the header and every bit set, as mdadm's create does (a clean
+/// array clears them lazily, a dirty one resyncs what they cover: everything).
+pub(crate) fn write_initial(dev: &dyn Device, sb: &BitmapSuper) -> io::Result<()> {
+    let mut buf = AlignedBuf::zeroed(sb.bytes_on_disk() as usize);
+    buf.fill(0xff);
+    buf[..BITMAP_HEADER_BYTES].copy_from_slice(&sb.encode());
+    dev.write_at(&buf, BITMAP_BYTE_OFFSET, false)
+}
+
+/// Read a member's bitmap: its header and the bytes holding its bits.
+pub fn read_bitmap(dev: &dyn Device) -> std::result::Result<(BitmapSuper, Vec<u8>), String> {
+    let mut head = AlignedBuf::zeroed(BITMAP_PAGE_BYTES);
+    dev.read_at(&mut head, BITMAP_BYTE_OFFSET)
+        .map_err(|e| format!("cannot read the bitmap: {e}"))?;
+    let sb = BitmapSuper::decode(&head).map_err(|e| e.to_string())?;
+    let total = sb.bytes_on_disk();
+    if BITMAP_BYTE_OFFSET + total > dev.len_bytes() {
+        return Err(format!(
+            "bitmap of {} chunks runs past the device end",
+            sb.chunks()
+        ));
+    }
+    let mut all = AlignedBuf::zeroed(total as usize);
+    dev.read_at(&mut all, BITMAP_BYTE_OFFSET)
+        .map_err(|e| format!("cannot read the bitmap: {e}"))?;
+    Ok((sb, all[BITMAP_HEADER_BYTES..].to_vec()))
+}
+
+/// The page image: header and bits exactly as on disk, and which pages differ from the disk.
+struct Image {
+    sb: BitmapSuper,
+    bytes: Vec<u8>,
+    dirty: Vec<bool>,
+    /// Bumped whenever a bit is set; a write-out covers every change up to the value it saw.
+    gen: u64,
+}
+
+impl Image {
+    fn set(&mut self, chunk: u64, on: bool) {
+        let byte = BITMAP_HEADER_BYTES + (chunk / 8) as usize;
+        let mask = 1u8 << (chunk % 8);
+        if on {
+            self.bytes[byte] |= mask;
+        } else {
+            self.bytes[byte] &= !mask;
+        }
+        self.dirty[byte / BITMAP_PAGE_BYTES] = true;
+    }
+
+    fn put_header(&mut self) {
+        let head = self.sb.encode();
+        self.bytes[..BITMAP_HEADER_BYTES].copy_from_slice(&head);
+        self.dirty[0] = true;
+    }
+
+    /// Copies of the pages to write: the dirty ones, or all of them.
+    fn take_pages(&mut self, all: bool) -> Vec<(usize, AlignedBuf)> {
+        let mut out = Vec::new();
+        for (p, d) in self.dirty.iter_mut().enumerate() {
+            if *d || all {
+                let at = p * BITMAP_PAGE_BYTES;
+                out.push((
+                    p,
+                    AlignedBuf::copy_from(&self.bytes[at..at + BITMAP_PAGE_BYTES]),
+                ));
+                *d = false;
+            }
+        }
+        out
+    }
+}
+
+/// Who holds the writer lock: members that have a complete copy of the image on disk.
+struct Writer {
+    complete_on: Vec<u32>,
+}
+
+pub(crate) struct WriteIntentBitmap {
+    chunk_bytes: u64,
+    sync_bytes: u64,
+    chunks: u64,
+    counters: Box<[AtomicU32]>,
+    image: Mutex<Image>,
+    writer: Mutex<Writer>,
+    durable_gen: AtomicU64,
+    pub(crate) daemon_sleep: Duration,
+}
+
+/// Members whose bitmap write failed.
+pub(crate) type WriteFailures = Vec<(Arc<Member>, io::Error)>;
+
+impl WriteIntentBitmap {
+    /// The bitmap as assembly found it: `bits` is the union of the members' copies (all ones if
+    /// none was fresh). Set bits are durable already; those covering bytes at or past
+    /// `resync_from` need resync (an unclean stop).
+    pub(crate) fn load(sb: BitmapSuper, bits: &[u8], resync_from: Option<u64>) -> Self {
+        let chunks = sb.chunks();
+        let chunk_bytes = u64::from(sb.chunksize);
+        let pages = sb.bytes_on_disk() as usize / BITMAP_PAGE_BYTES;
+        let mut bytes = vec![0u8; pages * BITMAP_PAGE_BYTES];
+        let n = bits.len().min(bytes.len() - BITMAP_HEADER_BYTES);
+        bytes[BITMAP_HEADER_BYTES..BITMAP_HEADER_BYTES + n].copy_from_slice(&bits[..n]);
+        let counters: Box<[AtomicU32]> = (0..chunks)
+            .map(|c| {
+                let mut w = 0;
+                if bit_is_set(bits, c) {
+                    w |= ON_DISK;
+                    if resync_from.is_some_and(|from| (c + 1) * chunk_bytes > from) {
+                        w |= NEEDED;
+                    }
+                }
+                AtomicU32::new(w)
+            })
+            .collect();
+        let daemon_sleep = Duration::from_secs(u64::from(sb.daemon_sleep.max(1)));
+        let mut image = Image {
+            sb,
+            bytes,
+            dirty: vec![false; pages],
+            gen: 0,
+        };
+        image.put_header();
+        WriteIntentBitmap {
+            chunk_bytes,
+            sync_bytes: image.sb.sync_size * 512,
+            chunks,
+            counters,
+            image: Mutex::new(image),
+            writer: Mutex::new(Writer {
+                complete_on: Vec::new(),
+            }),
+            durable_gen: AtomicU64::new(0),
+            daemon_sleep,
+        }
+    }
+
+    pub(crate) fn chunk_bytes(&self) -> u64 {
+        self.chunk_bytes
+    }
+
+    pub(crate) fn events_cleared(&self) -> u64 {
+        self.image.lock().sb.events_cleared
+    }
+
+    /// Chunks covering `offset..offset+len` (sync coordinates).
+    fn span(&self, offset: u64, len: u64) -> std::ops::Range<u64> {
+        let first = offset / self.chunk_bytes;
+        let end = (offset + len.max(1)).div_ceil(self.chunk_bytes);
+        first.min(self.chunks)..end.min(self.chunks)
+    }
+
+    /// A write to `offset..offset+len` starts: its bits are durable on the members when this
+    /// returns. Every successful call is paired with one [`WriteIntentBitmap::end_write`].
+    pub(crate) fn start_write(&self, array: &Array, offset: u64, len: u64) -> Result<()> {
+        let mut new = Vec::new();
+        for c in self.span(offset, len) {
+            let prev = self.counters[c as usize]
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
+                    assert!(w & COUNT_MASK < COUNT_MASK, "bitmap counter overflow");
+                    Some((w + 1) & !AGE_MASK)
+                })
+                .expect("the update always applies");
+            if prev & ON_DISK == 0 {
+                new.push(c);
+            }
+        }
+        if new.is_empty() {
+            return Ok(());
+        }
+        let gen = {
+            let mut im = self.image.lock();
+            for &c in &new {
+                im.set(c, true);
+            }
+            im.gen += 1;
+            im.gen
+        };
+        let failed = self.write_out_to(array, gen);
+        array.fail_bitmap_writers(failed);
+        if array.is_failed() {
+            self.end_write(offset, len);
+            return Err(array.unrecoverable(offset, len, "cannot record the write-intent bitmap"));
+        }
+        for c in new {
+            self.counters[c as usize].fetch_or(ON_DISK, Ordering::AcqRel);
+        }
+        Ok(())
+    }
+
+    /// A write started with [`WriteIntentBitmap::start_write`] is over.
+    pub(crate) fn end_write(&self, offset: u64, len: u64) {
+        for c in self.span(offset, len) {
+            let prev = self.counters[c as usize].fetch_sub(1, Ordering::AcqRel);
+            assert!(prev & COUNT_MASK > 0, "bitmap counter underflow");
+        }
+    }
+
+    /// Make every image change up to `gen` durable (unless a write-out since did).
+    fn write_out_to(&self, array: &Array, gen: u64) -> WriteFailures {
+        let mut w = self.writer.lock();
+        if self.durable_gen.load(Ordering::Acquire) >= gen {
+            return Vec::new();
+        }
+        self.write_out(array, &mut w)
+    }
+
+    /// Write the dirty pages (every page to members without a complete copy yet) to every
+    /// member that holds a role and is not faulty, FUA. Writer lock held.
+    fn write_out(&self, array: &Array, w: &mut Writer) -> WriteFailures {
+        let targets: Vec<Arc<Member>> = array.slots.iter().filter_map(|s| s.usable()).collect();
+        self.write_out_members(&targets, w)
+    }
+
+    fn write_out_members(&self, targets: &[Arc<Member>], w: &mut Writer) -> WriteFailures {
+        let (dirty, all, gen) = {
+            let mut im = self.image.lock();
+            let gen = im.gen;
+            let all = if targets
+                .iter()
+                .any(|m| !w.complete_on.contains(&m.dev_number))
+            {
+                let snapshot = im.take_pages(true);
+                Some(snapshot)
+            } else {
+                None
+            };
+            let dirty = match &all {
+                Some(pages) => pages.clone(),
+                None => im.take_pages(false),
+            };
+            (dirty, all, gen)
+        };
+        let mut failed = Vec::new();
+        for m in targets {
+            let fresh = !w.complete_on.contains(&m.dev_number);
+            let pages = if fresh {
+                all.as_ref().expect("full snapshot taken")
+            } else {
+                &dirty
+            };
+            let res = pages.iter().try_for_each(|(p, buf)| {
+                m.dev.write_at(
+                    buf,
+                    BITMAP_BYTE_OFFSET + (p * BITMAP_PAGE_BYTES) as u64,
+                    true,
+                )
+            });
+            match res {
+                Ok(()) if fresh => w.complete_on.push(m.dev_number),
+                Ok(()) => {}
+                Err(e) => failed.push((m.clone(), e)),
+            }
+        }
+        self.durable_gen.fetch_max(gen, Ordering::AcqRel);
+        failed
+    }
+
+    /// The superblocks are about to record `events`: the bitmap header records them first (a
+    /// bitmap behind the superblocks is stale, md resyncs everything). Called by the
+    /// superblock commit with the metadata lock held, for the members it writes.
+    pub(crate) fn record_events(&self, events: u64, members: &[Arc<Member>]) -> WriteFailures {
+        let mut w = self.writer.lock();
+        {
+            let mut im = self.image.lock();
+            im.sb.events = events;
+            im.put_header();
+        }
+        self.write_out_members(members, &mut w)
+    }
+
+    /// One clean-up pass: age idle chunks and clear the bits of those idle long enough.
+    /// `now`: clear every idle chunk at once (a clean stop, after its flush).
+    pub(crate) fn daemon_pass(&self, array: &Array, now: bool) {
+        let mut ripe = false;
+        for c in self.counters.iter() {
+            let _ = c.fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
+                let idle = w & ON_DISK != 0 && w & NEEDED == 0 && w & COUNT_MASK == 0;
+                let age = (w & AGE_MASK) >> AGE_SHIFT;
+                if !idle || age >= CLEAR_AFTER_PASSES {
+                    ripe |= idle;
+                    return None;
+                }
+                ripe |= age + 1 >= CLEAR_AFTER_PASSES || now;
+                Some((w & !AGE_MASK) | ((age + 1) << AGE_SHIFT))
+            });
+        }
+        if !ripe || array.is_read_only() {
+            return;
+        }
+        if !now {
+            // The writes of every ripe chunk ended before this pass began.
+            array.flush_members();
+        }
+        let failed = {
+            let mut w = self.writer.lock();
+            if array.slots.iter().any(|s| !s.is_complete()) || array.is_failed() {
+                return;
+            }
+            let mut failed = Vec::new();
+            let events = {
+                let mut im = self.image.lock();
+                let events = im.sb.events;
+                if im.sb.events_cleared != events {
+                    im.sb.events_cleared = events;
+                    im.put_header();
+                    Some(events)
+                } else {
+                    None
+                }
+            };
+            if events.is_some() {
+                // The new events_cleared is durable before any bit it accounts for clears.
+                failed.extend(self.write_out(array, &mut w));
+            }
+            let mut cleared = 0u64;
+            {
+                let mut im = self.image.lock();
+                for (c, ctr) in self.counters.iter().enumerate() {
+                    let done = ctr.fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
+                        let idle = w & ON_DISK != 0 && w & NEEDED == 0 && w & COUNT_MASK == 0;
+                        let age = (w & AGE_MASK) >> AGE_SHIFT;
+                        (idle && (age >= CLEAR_AFTER_PASSES || now)).then_some(0)
+                    });
+                    if done.is_ok() {
+                        im.set(c as u64, false);
+                        cleared += 1;
+                    }
+                }
+            }
+            if cleared > 0 {
+                failed.extend(self.write_out(array, &mut w));
+            }
+            failed
+        };
+        array.fail_bitmap_writers(failed);
+    }
+
+    /// Bits set in the image (what `mdadm -X` would count as dirty).
+    pub(crate) fn dirty_chunks(&self) -> u64 {
+        self.counters
+            .iter()
+            .filter(|c| c.load(Ordering::Acquire) & ON_DISK != 0)
+            .count() as u64
+    }
+
+    /// Chunks counted in the bitmap.
+    pub(crate) fn chunks(&self) -> u64 {
+        self.chunks
+    }
+
+    /// The first byte at or after `from` (and before `end`) in a chunk whose bit is set:
+    /// where a re-added member's recovery has work. `end` if none.
+    pub(crate) fn next_set(&self, from: u64, end: u64) -> u64 {
+        self.next_matching(from, end, ON_DISK)
+    }
+
+    /// The first byte at or after `from` (and before `end`) in a chunk that needs resync.
+    pub(crate) fn next_needed(&self, from: u64, end: u64) -> u64 {
+        self.next_matching(from, end, NEEDED)
+    }
+
+    fn next_matching(&self, from: u64, end: u64, flag: u32) -> u64 {
+        let first = from / self.chunk_bytes;
+        (first..self.chunks)
+            .find(|&c| self.counters[c as usize].load(Ordering::Acquire) & flag != 0)
+            .map_or(end, |c| (c * self.chunk_bytes).max(from).min(end))
+    }
+
+    /// A resync walking upwards made `from..to` consistent: chunks that end inside it (their
+    /// earlier part the walk covered before, or a resync before it) no longer need it.
+    pub(crate) fn synced(&self, from: u64, to: u64) {
+        let first = from / self.chunk_bytes;
+        let last = if to >= self.sync_bytes {
+            self.chunks
+        } else {
+            (to / self.chunk_bytes).min(self.chunks)
+        };
+        for c in first.min(last)..last {
+            self.counters[c as usize].fetch_and(!NEEDED, Ordering::AcqRel);
+        }
+    }
+
+    /// Redundancy over `offset..offset+len` may disagree with the data (writes that hit a full
+    /// backing store): keep the bits and resync there.
+    pub(crate) fn mark_needed(&self, offset: u64, len: u64) {
+        for c in self.span(offset, len) {
+            self.counters[c as usize].fetch_or(NEEDED, Ordering::AcqRel);
+        }
+    }
+}
+
+/// Most a guided recovery skips in one step: it holds the range lock over what it skips.
+const SKIP_MAX_BYTES: u64 = 256 << 20;
+
+impl Array {
+    /// Recovery of a member re-added with the bitmap, over chunks whose bit is clear: those
+    /// bytes are current on it already (every write it missed left its bit set, and no bit
+    /// clears while a role is rebuilding). Moves the in-sync point past them; `None` if there
+    /// is nothing to skip at `pos`.
+    pub(crate) fn skip_clean_for_recovery(&self, role: usize, pos: u64, end: u64) -> Option<u64> {
+        let slot = &self.slots[role];
+        if !slot.is_bitmap_guided() {
+            return None;
+        }
+        let bm = self.policy.bitmap()?;
+        let parity = self.geometry.level().is_parity();
+        let unit = if parity {
+            self.geometry.chunk_sectors() * 512
+        } else {
+            self.mirror_step()
+        };
+        let limit = end.min(pos + SKIP_MAX_BYTES);
+        let found = bm.next_set(pos, limit);
+        let target = if found == end {
+            end
+        } else {
+            found / unit * unit
+        };
+        if target <= pos {
+            return None;
+        }
+        // A write into the range either finished (its bit is set) or waits for this lock.
+        let _guard = if parity {
+            self.lock_stripes(pos / unit, target.div_ceil(unit))
+        } else {
+            self.lock_array_range(pos, target - pos)
+        };
+        if bm.next_set(pos, target) < target {
+            return None;
+        }
+        slot.advance(target);
+        Some(target)
+    }
+
+    /// One clean-up pass of the write-intent bitmap (the daemon runs one every
+    /// `daemon_sleep`; the deterministic simulation calls this instead).
+    pub fn bitmap_pass(&self) {
+        if let Some(bm) = self.policy.bitmap() {
+            bm.daemon_pass(self, false);
+        }
+    }
+
+    /// The bitmap daemon: a pass every `daemon_sleep` of the array's clock until the array
+    /// stops its background work.
+    pub(crate) fn bitmap_daemon(&self) {
+        let Some(bm) = self.policy.bitmap() else {
+            return;
+        };
+        let clock = self.sync.clock.clone();
+        let mut last = clock.now();
+        loop {
+            if self.sync.st.lock().stop {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+            if clock.now().saturating_sub(last) >= bm.daemon_sleep {
+                bm.daemon_pass(self, false);
+                last = clock.now();
+            }
+        }
+    }
+}
