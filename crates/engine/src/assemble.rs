@@ -581,7 +581,11 @@ fn load_bitmap(
     let mut header: Option<format::BitmapSuper> = None;
     let mut bits: Vec<u8> = Vec::new();
     let mut problems = Vec::new();
-    for m in slots.iter().filter(|s| s.is_complete()).filter_map(|s| s.member()) {
+    for m in slots
+        .iter()
+        .filter(|s| s.is_complete())
+        .filter_map(|s| s.member())
+    {
         let (sb, b) = match crate::bitmap::read_bitmap(m.dev.as_ref()) {
             Ok(found) => found,
             Err(e) => {
@@ -622,7 +626,11 @@ fn load_bitmap(
     }
     sb.state &= !format::bitmap_state::STALE;
     sb.events = sb.events.max(best.events);
-    Ok(Some(Arc::new(WriteIntentBitmap::load(sb, &bits, resync_from))))
+    Ok(Some(Arc::new(WriteIntentBitmap::load(
+        sb,
+        &bits,
+        resync_from,
+    ))))
 }
 
 /// Make the running role table durable on every present member before any write can happen.

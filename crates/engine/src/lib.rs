@@ -29,8 +29,8 @@ mod sync;
 
 pub use array::{Array, ArrayConfig, ArrayStatus, BitmapStatus, MemberState, MemberStatus};
 pub use assemble::{assemble, AssembleOptions};
-pub use clock::{Clock, ManualClock, SystemClock};
 pub use bitmap::read_bitmap;
+pub use clock::{Clock, ManualClock, SystemClock};
 pub use create::{create, BitmapSpec, CreateSpec, Created};
 pub use error::{EngineError, Result};
 pub use events::Event;

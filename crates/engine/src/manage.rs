@@ -62,7 +62,9 @@ impl Array {
         // A re-added member keeps its device number when nobody took it meanwhile (md does).
         let dev_number = match (&own, readd) {
             (Some(sb), Some(_)) if free(sb.dev_number) => sb.dev_number,
-            _ => (0u32..).find(|&n| free(n)).expect("a free device number exists"),
+            _ => (0u32..)
+                .find(|&n| free(n))
+                .expect("a free device number exists"),
         };
         if meta.roles.len() <= dev_number as usize {
             meta.roles.resize(dev_number as usize + 1, ROLE_FAULTY);
