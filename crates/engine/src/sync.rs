@@ -63,6 +63,8 @@ pub const DEFAULT_SPEED_MIN: u64 = 1000 * 1024;
 pub const DEFAULT_SPEED_MAX: u64 = 200_000 * 1024;
 /// How long after a client request the array counts as busy.
 const CLIENT_BUSY: Duration = Duration::from_millis(20);
+/// The rate limits apply to the rate over about this much of the recent past.
+const RATE_WINDOW: Duration = Duration::from_secs(3);
 /// Checkpoints go to the superblocks at least this often during long work.
 pub(crate) const CHECKPOINT_EVERY: Duration = Duration::from_secs(2);
 
@@ -157,7 +159,12 @@ const RESYNC_RETRY: Duration = Duration::from_secs(5);
 #[derive(Clone, Copy, Debug)]
 enum Job {
     Recover(usize),
-    Resync(u64),
+    /// Resync from this offset; `full`: every byte (an administrator's request), not only
+    /// what the consistency policy says may be inconsistent.
+    Resync {
+        from: u64,
+        full: bool,
+    },
     Scrub(SyncAction),
 }
 
@@ -205,10 +212,14 @@ impl Walk {
                 Some(next) => next,
                 None => array.recover_window(role, self.pos, self.end)?,
             },
-            Job::Resync(_) => {
+            Job::Resync { full, .. } => {
                 // The policy may know that everything up to some point is consistent (the
                 // bitmap: chunks without a set bit).
-                let from = array.policy.next_to_resync(self.pos, self.end);
+                let from = if full {
+                    self.pos
+                } else {
+                    array.policy.next_to_resync(self.pos, self.end)
+                };
                 if from >= self.end {
                     self.pos = self.end;
                     return Ok(true);
@@ -402,7 +413,7 @@ impl Array {
         let job = self.next_job(st)?;
         let (action, from) = match job {
             Job::Recover(role) => (SyncAction::Recover, self.slots[role].in_sync_bytes()),
-            Job::Resync(from) => (SyncAction::Resync, from),
+            Job::Resync { from, .. } => (SyncAction::Resync, from),
             Job::Scrub(a) => (a, 0),
         };
         let end = match job {
@@ -551,7 +562,7 @@ impl Array {
                 Some(at) if self.sync.clock.now() < at => {}
                 _ => {
                     st.retry_resync_at = None;
-                    return Some(Job::Resync(from));
+                    return Some(Job::Resync { from, full: false });
                 }
             }
         }
@@ -562,7 +573,10 @@ impl Array {
             Some(SyncAction::Resync) => {
                 st.resync_from = Some(0);
                 self.sync.unsynced.store(true, Ordering::Release);
-                Some(Job::Resync(0))
+                Some(Job::Resync {
+                    from: 0,
+                    full: true,
+                })
             }
             Some(a) => Some(Job::Scrub(a)),
             None => None,
@@ -666,8 +680,18 @@ impl Array {
     pub(crate) fn pace(&self, p: &mut Pace, done: u64) -> Result<(), Stop> {
         let clock = &self.sync.clock;
         loop {
-            let secs = clock.now().saturating_sub(p.start).as_secs_f64().max(1e-3);
+            let now = clock.now();
+            let secs = now.saturating_sub(p.start).as_secs_f64().max(1e-3);
             let rate = (done - p.done_at_start) as f64 / secs;
+            if now.saturating_sub(p.start) > RATE_WINDOW {
+                // The rate is of the recent past (md's sync marks), not since the start: after
+                // a long run at full speed, an average since the start would stay above `min`
+                // for ages once clients come, and the work would stall instead of going on at
+                // `min`.
+                let kept = RATE_WINDOW / 2;
+                p.start = now - kept;
+                p.done_at_start = done - (rate * kept.as_secs_f64()) as u64;
+            }
             let (min, max, interrupt, frozen) = {
                 let mut st = self.sync.st.lock();
                 st.done = done;
