@@ -422,9 +422,15 @@ impl WriteIntentBitmap {
         self.next_matching(from, end, ON_DISK)
     }
 
-    /// The first byte at or after `from` (and before `end`) in a chunk that needs resync.
-    pub(crate) fn next_needed(&self, from: u64, end: u64) -> u64 {
-        self.next_matching(from, end, NEEDED)
+    /// The next run of chunks that need resync, at or after `from` and before `end` (empty,
+    /// at `end`, if none).
+    pub(crate) fn next_needed(&self, from: u64, end: u64) -> std::ops::Range<u64> {
+        let start = self.next_matching(from, end, NEEDED);
+        let first = start / self.chunk_bytes;
+        let stop = (first..self.chunks)
+            .find(|&c| self.counters[c as usize].load(Ordering::Acquire) & NEEDED == 0)
+            .map_or(end, |c| (c * self.chunk_bytes).min(end));
+        start..stop.max(start)
     }
 
     fn next_matching(&self, from: u64, end: u64, flag: u32) -> u64 {

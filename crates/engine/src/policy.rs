@@ -37,10 +37,10 @@ pub(crate) trait ConsistencyPolicy: Send + Sync {
     fn note_inconsistent(&self, array: &Array, set: &WriteSet);
     /// From the superblock of an array that was not stopped cleanly: where resync starts.
     fn resync_from(&self, sb_resync_offset_sectors: u64) -> Option<u64>;
-    /// Where a resync walking `from..end` next has work: `from` unless the policy knows the
-    /// range up to the returned point is consistent.
-    fn next_to_resync(&self, from: u64, _end: u64) -> u64 {
-        from
+    /// Where a resync walking `from..end` next has work, and where that work ends: all of
+    /// `from..end` unless the policy knows parts of it are consistent.
+    fn next_to_resync(&self, from: u64, end: u64) -> std::ops::Range<u64> {
+        from..end
     }
     /// A resync made `from..to` consistent.
     fn resynced(&self, _from: u64, _to: u64) {}
@@ -145,7 +145,7 @@ impl ConsistencyPolicy for BitmapPolicy {
         sb_resync_from(sb_resync_offset_sectors)
     }
 
-    fn next_to_resync(&self, from: u64, end: u64) -> u64 {
+    fn next_to_resync(&self, from: u64, end: u64) -> std::ops::Range<u64> {
         self.bitmap.next_needed(from, end)
     }
 

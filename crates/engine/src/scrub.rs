@@ -16,7 +16,10 @@ impl Array {
         if self.geometry.level().is_parity() {
             let chunk = self.geometry.chunk_sectors() * 512;
             let row = pos / chunk;
-            let last = (row + self.window_rows()).min(self.geometry.stripes());
+            // Not past `end`: a bitmap-guided resync stops where the dirty chunks do.
+            let last = (row + self.window_rows())
+                .min(self.geometry.stripes())
+                .min(end.div_ceil(chunk));
             let guard = self.lock_stripes(row, last);
             let res = self.scrub_window(row, last, fix);
             drop(guard);

@@ -215,17 +215,17 @@ impl Walk {
             Job::Resync { full, .. } => {
                 // The policy may know that everything up to some point is consistent (the
                 // bitmap: chunks without a set bit).
-                let from = if full {
-                    self.pos
+                let todo = if full {
+                    self.pos..self.end
                 } else {
                     array.policy.next_to_resync(self.pos, self.end)
                 };
-                if from >= self.end {
+                if todo.start >= self.end {
                     self.pos = self.end;
                     return Ok(true);
                 }
-                let next = array.scrub_step(SyncAction::Resync, from, self.end)?;
-                array.policy.resynced(from, next.min(self.end));
+                let next = array.scrub_step(SyncAction::Resync, todo.start, todo.end)?;
+                array.policy.resynced(todo.start, next.min(self.end));
                 next
             }
             Job::Scrub(a) => array.scrub_step(a, self.pos, self.end)?,
