@@ -42,6 +42,9 @@ enum Cmd {
     Create(CreateArgs),
     /// Read and print members' superblocks, like `mdadm --examine`.
     Examine {
+        /// Print the write-intent bitmap instead, like `mdadm --examine-bitmap`.
+        #[arg(long)]
+        bitmap: bool,
         #[arg(long)]
         json: bool,
         #[arg(required = true)]
@@ -147,9 +150,13 @@ struct CreateArgs {
     /// Array name stored in the superblocks (default: "ironraid").
     #[arg(long)]
     name: Option<String>,
-    /// resync, bitmap, journal or guided (only resync is implemented today).
-    #[arg(long, default_value = "resync")]
+    /// resync, bitmap, journal or guided (journal and guided are not implemented yet).
+    #[arg(long, default_value = "resync", value_parser = ["resync", "bitmap", "journal", "guided"])]
     consistency_policy: String,
+    /// Bytes each write-intent bit covers (with --consistency-policy bitmap; default: md's,
+    /// at least 64M).
+    #[arg(long)]
+    bitmap_chunk: Option<String>,
     #[arg(long)]
     journal: Option<PathBuf>,
     #[arg(long)]
@@ -208,7 +215,16 @@ fn size_arg(s: &str) -> Result<u64, String> {
 fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
     match cmd {
         Cmd::Create(a) => create(a).map(|uuid| println!("{uuid}")),
-        Cmd::Examine { json, members } => examine::examine(&members, json),
+        Cmd::Examine {
+            bitmap: false,
+            json,
+            members,
+        } => examine::examine(&members, json),
+        Cmd::Examine {
+            bitmap: true,
+            json,
+            members,
+        } => examine::examine_bitmap(&members, json),
         Cmd::Run {
             name,
             nbd,
@@ -262,8 +278,15 @@ fn expect_ok(resp: control::Response) -> anyhow::Result<()> {
 fn create(a: CreateArgs) -> anyhow::Result<String> {
     let level =
         layout::Level::parse(&a.level).ok_or_else(|| anyhow!("unknown level '{}'", a.level))?;
-    if a.consistency_policy != "resync" || a.journal.is_some() || a.integrity.is_some() {
-        bail!("--consistency-policy other than resync, --journal and --integrity are not implemented yet");
+    let bitmap = bitmap_spec(&a, level)?;
+    if matches!(a.consistency_policy.as_str(), "journal" | "guided")
+        || a.journal.is_some()
+        || a.integrity.is_some()
+    {
+        bail!(
+            "--consistency-policy journal or guided, --journal and --integrity are not \
+             implemented yet"
+        );
     }
     let layout = a
         .layout
@@ -304,6 +327,7 @@ fn create(a: CreateArgs) -> anyhow::Result<String> {
         size_bytes,
         assume_clean: a.assume_clean,
         force: a.force,
+        bitmap,
     };
     let created = engine::create(&spec).map_err(|e| anyhow!("{e}"))?;
     if !a.preallocate {
@@ -318,6 +342,47 @@ fn create(a: CreateArgs) -> anyhow::Result<String> {
         size::human(created.array_bytes)
     );
     Ok(format::format_uuid_mdadm(&created.uuid))
+}
+
+/// The write-intent bitmap `create` was asked for. Checked before anything touches a member
+/// (`--preallocate` included); whether the chunk fits the reserved space is the engine's call.
+fn bitmap_spec(a: &CreateArgs, level: layout::Level) -> anyhow::Result<Option<engine::BitmapSpec>> {
+    if a.consistency_policy != "bitmap" {
+        if a.bitmap_chunk.is_some() {
+            usage_error("--bitmap-chunk needs --consistency-policy bitmap");
+        }
+        return Ok(None);
+    }
+    if matches!(level, layout::Level::Raid0 | layout::Level::Linear) {
+        bail!(
+            "--consistency-policy bitmap: {} has no redundancy, so there is nothing to resync",
+            level.name()
+        );
+    }
+    let chunk_bytes = a
+        .bitmap_chunk
+        .as_deref()
+        .map(|s| {
+            let c = size::parse_size(s).map_err(|e| anyhow!("--bitmap-chunk: {e}"))?;
+            if !c.is_power_of_two() || c < 4096 {
+                bail!("--bitmap-chunk {s}: must be a power of two of at least 4K");
+            }
+            Ok(c)
+        })
+        .transpose()?;
+    Ok(Some(engine::BitmapSpec { chunk_bytes }))
+}
+
+/// Bad usage of `create` that clap cannot express: its usage message and exit status 2.
+fn usage_error(msg: &str) -> ! {
+    use clap::CommandFactory;
+    let mut cli = Cli::command();
+    // Building names the subcommand "ironraid create" in the usage line.
+    cli.build();
+    cli.find_subcommand_mut("create")
+        .expect("the create subcommand is defined above")
+        .error(clap::error::ErrorKind::ArgumentConflict, msg)
+        .exit()
 }
 
 fn fetch_detail(name: &str) -> anyhow::Result<status::Detail> {
@@ -408,6 +473,7 @@ fn demo(dir: Option<PathBuf>) -> anyhow::Result<()> {
             layout: None,
             name: Some("demo".into()),
             consistency_policy: "resync".into(),
+            bitmap_chunk: None,
             journal: None,
             integrity: None,
             spares: vec![],

@@ -176,8 +176,13 @@ impl BitmapSuper {
 }
 
 /// Bits needed to cover `sync_sectors` with chunks of `chunk_bytes`.
+///
+/// Computed in u128: `sync_size` comes off disk, and a header claiming more than 2^55 sectors
+/// must not wrap into a small bitmap (the kernel divides in sectors for the same reason).
 pub fn bitmap_chunks(sync_sectors: u64, chunk_bytes: u64) -> u64 {
-    (sync_sectors * 512).div_ceil(chunk_bytes)
+    assert!(chunk_bytes > 0, "bitmap chunk of 0 bytes");
+    let chunks = (u128::from(sync_sectors) * 512).div_ceil(u128::from(chunk_bytes));
+    u64::try_from(chunks).unwrap_or(u64::MAX)
 }
 
 /// Header plus `chunks` bits, rounded up to whole pages.
