@@ -323,8 +323,14 @@ impl Array {
         });
     }
 
-    /// Fail the members a write-intent bitmap write failed on.
-    pub(crate) fn fail_bitmap_writers(&self, failed: crate::bitmap::WriteFailures) {
+    /// The members filling roles, not faulty (rebuilding ones included): where replicated
+    /// metadata (bitmap, used-region map) goes.
+    pub(crate) fn role_members(&self) -> Vec<Arc<Member>> {
+        self.slots.iter().filter_map(|s| s.usable()).collect()
+    }
+
+    /// Fail the members a write of replicated metadata (bitmap, used-region map) failed on.
+    pub(crate) fn fail_bitmap_writers(&self, failed: crate::paged::WriteFailures) {
         for (member, err) in failed {
             if let Some(role) = self.role_of_member(member.dev_number) {
                 self.fail_role(

@@ -33,6 +33,7 @@
 use crate::array::Array;
 use crate::error::Result;
 use crate::member::Member;
+use crate::paged::{PagedCopy, WriteFailures};
 use device::{AlignedBuf, Device};
 use format::{
     bit_is_set, BitmapSuper, BITMAP_HEADER_BYTES, BITMAP_OFFSET_SECTORS, BITMAP_PAGE_BYTES,
@@ -41,7 +42,7 @@ use format::{
 use layout::{Geometry, Level};
 use parking_lot::Mutex;
 use std::io;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -94,68 +95,16 @@ pub fn read_bitmap(dev: &dyn Device) -> std::result::Result<(BitmapSuper, Vec<u8
     Ok((sb, all[BITMAP_HEADER_BYTES..].to_vec()))
 }
 
-/// The page image: header and bits exactly as on disk, and which pages differ from the disk.
-struct Image {
-    sb: BitmapSuper,
-    bytes: Vec<u8>,
-    dirty: Vec<bool>,
-    /// Bumped whenever a bit is set; a write-out covers every change up to the value it saw.
-    gen: u64,
-}
-
-impl Image {
-    fn set(&mut self, chunk: u64, on: bool) {
-        let byte = BITMAP_HEADER_BYTES + (chunk / 8) as usize;
-        let mask = 1u8 << (chunk % 8);
-        if on {
-            self.bytes[byte] |= mask;
-        } else {
-            self.bytes[byte] &= !mask;
-        }
-        self.dirty[byte / BITMAP_PAGE_BYTES] = true;
-    }
-
-    fn put_header(&mut self) {
-        let head = self.sb.encode();
-        self.bytes[..BITMAP_HEADER_BYTES].copy_from_slice(&head);
-        self.dirty[0] = true;
-    }
-
-    /// Copies of the pages to write: the dirty ones, or all of them.
-    fn take_pages(&mut self, all: bool) -> Vec<(usize, AlignedBuf)> {
-        let mut out = Vec::new();
-        for (p, d) in self.dirty.iter_mut().enumerate() {
-            if *d || all {
-                let at = p * BITMAP_PAGE_BYTES;
-                out.push((
-                    p,
-                    AlignedBuf::copy_from(&self.bytes[at..at + BITMAP_PAGE_BYTES]),
-                ));
-                *d = false;
-            }
-        }
-        out
-    }
-}
-
-/// Who holds the writer lock: members that have a complete copy of the image on disk.
-struct Writer {
-    complete_on: Vec<u32>,
-}
-
 pub(crate) struct WriteIntentBitmap {
     chunk_bytes: u64,
     sync_bytes: u64,
     chunks: u64,
     counters: Box<[AtomicU32]>,
-    image: Mutex<Image>,
-    writer: Mutex<Writer>,
-    durable_gen: AtomicU64,
+    /// The header as last put into the image (locked before the copy's locks).
+    header: Mutex<BitmapSuper>,
+    copy: PagedCopy,
     pub(crate) daemon_sleep: Duration,
 }
-
-/// Members whose bitmap write failed.
-pub(crate) type WriteFailures = Vec<(Arc<Member>, io::Error)>;
 
 impl WriteIntentBitmap {
     /// The bitmap as assembly found it: `bits` is the union of the members' copies (all ones if
@@ -181,23 +130,14 @@ impl WriteIntentBitmap {
             })
             .collect();
         let daemon_sleep = Duration::from_secs(u64::from(sb.daemon_sleep.max(1)));
-        let mut image = Image {
-            sb,
-            bytes,
-            dirty: vec![false; pages],
-            gen: 0,
-        };
-        image.put_header();
+        bytes[..BITMAP_HEADER_BYTES].copy_from_slice(&sb.encode());
         WriteIntentBitmap {
             chunk_bytes,
-            sync_bytes: image.sb.sync_size * 512,
+            sync_bytes: sb.sync_size * 512,
             chunks,
             counters,
-            image: Mutex::new(image),
-            writer: Mutex::new(Writer {
-                complete_on: Vec::new(),
-            }),
-            durable_gen: AtomicU64::new(0),
+            header: Mutex::new(sb),
+            copy: PagedCopy::new(BITMAP_BYTE_OFFSET, bytes),
             daemon_sleep,
         }
     }
@@ -207,7 +147,7 @@ impl WriteIntentBitmap {
     }
 
     pub(crate) fn events_cleared(&self) -> u64 {
-        self.image.lock().sb.events_cleared
+        self.header.lock().events_cleared
     }
 
     /// Chunks covering `offset..offset+len` (sync coordinates).
@@ -235,15 +175,13 @@ impl WriteIntentBitmap {
         if new.is_empty() {
             return Ok(());
         }
-        let gen = {
-            let mut im = self.image.lock();
+        let gen = self.copy.edit(|pages| {
             for &c in &new {
-                im.set(c, true);
+                pages.set_bit(BITMAP_HEADER_BYTES, c, true);
             }
-            im.gen += 1;
-            im.gen
-        };
-        let failed = self.write_out_to(array, gen);
+            pages.bump()
+        });
+        let failed = self.copy.write_through(&array.role_members(), gen);
         array.fail_bitmap_writers(failed);
         if array.is_failed() {
             self.end_write(offset, len);
@@ -263,77 +201,21 @@ impl WriteIntentBitmap {
         }
     }
 
-    /// Make every image change up to `gen` durable (unless a write-out since did).
-    fn write_out_to(&self, array: &Array, gen: u64) -> WriteFailures {
-        let mut w = self.writer.lock();
-        if self.durable_gen.load(Ordering::Acquire) >= gen {
-            return Vec::new();
-        }
-        self.write_out(array, &mut w)
-    }
-
-    /// Write the dirty pages (every page to members without a complete copy yet) to every
-    /// member that holds a role and is not faulty, FUA. Writer lock held.
-    fn write_out(&self, array: &Array, w: &mut Writer) -> WriteFailures {
-        let targets: Vec<Arc<Member>> = array.slots.iter().filter_map(|s| s.usable()).collect();
-        self.write_out_members(&targets, w)
-    }
-
-    fn write_out_members(&self, targets: &[Arc<Member>], w: &mut Writer) -> WriteFailures {
-        let (dirty, all, gen) = {
-            let mut im = self.image.lock();
-            let gen = im.gen;
-            let all = if targets
-                .iter()
-                .any(|m| !w.complete_on.contains(&m.dev_number))
-            {
-                let snapshot = im.take_pages(true);
-                Some(snapshot)
-            } else {
-                None
-            };
-            let dirty = match &all {
-                Some(pages) => pages.clone(),
-                None => im.take_pages(false),
-            };
-            (dirty, all, gen)
-        };
-        let mut failed = Vec::new();
-        for m in targets {
-            let fresh = !w.complete_on.contains(&m.dev_number);
-            let pages = if fresh {
-                all.as_ref().expect("full snapshot taken")
-            } else {
-                &dirty
-            };
-            let res = pages.iter().try_for_each(|(p, buf)| {
-                m.dev.write_at(
-                    buf,
-                    BITMAP_BYTE_OFFSET + (p * BITMAP_PAGE_BYTES) as u64,
-                    true,
-                )
-            });
-            match res {
-                Ok(()) if fresh => w.complete_on.push(m.dev_number),
-                Ok(()) => {}
-                Err(e) => failed.push((m.clone(), e)),
-            }
-        }
-        self.durable_gen.fetch_max(gen, Ordering::AcqRel);
-        failed
-    }
-
     /// The superblocks are about to record `events`: the bitmap header records them first (a
     /// bitmap behind the superblocks is stale, md resyncs everything). Called by the
     /// superblock commit with the metadata lock held, for the members it writes.
     pub(crate) fn record_events(&self, events: u64, members: &[Arc<Member>]) -> WriteFailures {
-        let mut w = self.writer.lock();
-        {
-            let mut im = self.image.lock();
-            im.sb.events = events;
-            im.put_header();
-        }
-        self.write_out_members(members, &mut w)
+        let mut w = self.copy.writer();
+        self.put_header(|sb| sb.events = events);
+        self.copy.write_out(members, &mut w)
+    }
+
+    /// Change the header and put it into the image.
+    fn put_header(&self, f: impl FnOnce(&mut BitmapSuper)) {
+        let mut sb = self.header.lock();
+        f(&mut sb);
+        let head = sb.encode();
+        self.copy.edit(|pages| pages.put(0, &head));
     }
 
     /// One clean-up pass: age idle chunks and clear the bits of those idle long enough.
@@ -360,29 +242,23 @@ impl WriteIntentBitmap {
             array.flush_members();
         }
         let failed = {
-            let mut w = self.writer.lock();
+            let mut w = self.copy.writer();
             if array.slots.iter().any(|s| !s.is_complete()) || array.is_failed() {
                 return;
             }
+            let targets = array.role_members();
             let mut failed = Vec::new();
-            let events = {
-                let mut im = self.image.lock();
-                let events = im.sb.events;
-                if im.sb.events_cleared != events {
-                    im.sb.events_cleared = events;
-                    im.put_header();
-                    Some(events)
-                } else {
-                    None
-                }
+            let behind = {
+                let sb = self.header.lock();
+                sb.events_cleared != sb.events
             };
-            if events.is_some() {
+            if behind {
                 // The new events_cleared is durable before any bit it accounts for clears.
-                failed.extend(self.write_out(array, &mut w));
+                self.put_header(|sb| sb.events_cleared = sb.events);
+                failed.extend(self.copy.write_out(&targets, &mut w));
             }
-            let mut cleared = 0u64;
-            {
-                let mut im = self.image.lock();
+            let cleared = self.copy.edit(|pages| {
+                let mut cleared = 0u64;
                 for (c, ctr) in self.counters.iter().enumerate() {
                     let done = ctr.fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
                         let idle = w & ON_DISK != 0 && w & NEEDED == 0 && w & COUNT_MASK == 0;
@@ -390,13 +266,14 @@ impl WriteIntentBitmap {
                         (idle && (age >= CLEAR_AFTER_PASSES || now)).then_some(0)
                     });
                     if done.is_ok() {
-                        im.set(c as u64, false);
+                        pages.set_bit(BITMAP_HEADER_BYTES, c as u64, false);
                         cleared += 1;
                     }
                 }
-            }
+                cleared
+            });
             if cleared > 0 {
-                failed.extend(self.write_out(array, &mut w));
+                failed.extend(self.copy.write_out(&targets, &mut w));
             }
             failed
         };

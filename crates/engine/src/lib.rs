@@ -19,6 +19,7 @@ mod manage;
 mod member;
 mod meta;
 mod mirror;
+mod paged;
 mod policy;
 mod range_lock;
 mod rebuild;

@@ -604,6 +604,7 @@ impl Array {
             let mut st = self.sync.st.lock();
             st.running = SyncAction::Idle;
             st.last = action;
+            st.done = walk.pos;
             mismatches = st.mismatches;
             if action == SyncAction::Resync {
                 // Where the next resync starts: where this one stopped, or earlier if a range

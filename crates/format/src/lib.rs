@@ -68,6 +68,7 @@
 
 mod bitmap;
 mod create;
+mod used_map;
 mod util;
 
 pub use bitmap::{
@@ -76,6 +77,10 @@ pub use bitmap::{
     BITMAP_OFFSET_SECTORS, BITMAP_PAGE_BYTES, BITMAP_VERSION, DEFAULT_DAEMON_SLEEP,
 };
 pub use create::CreateParams;
+pub use used_map::{
+    choose_region_bytes, used_map_bytes, used_map_offset_sectors, UsedMapHeader,
+    USED_MAP_HEADER_BYTES,
+};
 pub use util::{
     bm_space, default_data_offset, format_uuid, format_uuid_mdadm, level_name, max_dev_for,
     md_time, parse_uuid, MD_TIME_SECS_MASK,
@@ -170,6 +175,8 @@ pub enum FormatError {
     Unsupported(String),
     #[error("md write-intent bitmap: {0}")]
     Bitmap(String),
+    #[error("used-region map: {0}")]
+    UsedMap(String),
     #[error("md superblock buffer truncated")]
     Truncated,
     #[error("device too small for md data area: need {need} sectors, have {have}")]

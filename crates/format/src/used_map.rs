@@ -1,0 +1,153 @@
+//! ironraid's used-region map: which regions of an array may hold data (pure, no I/O).
+//!
+//! md has no field for this, so it lives where md neither reads nor writes: in the reserved
+//! space between the end of the bad-block log and `data_offset` on every member (mdadm keeps
+//! that space as reshape headroom; ironraid does not reshape). Layout, in 4 KiB pages from
+//! [`used_map_offset_sectors`]:
+//!
+//! | off | size | field |
+//! |---|---|---|
+//! | 0 | 8 | magic `"IRUSEDMP"` |
+//! | 8 | 4 | version (1) |
+//! | 12 | 4 | zero |
+//! | 16 | 16 | array UUID (md's set_uuid) |
+//! | 32 | 8 | events: the array's events when the map was last written |
+//! | 40 | 8 | region_bytes: bytes of md's sync coordinates one bit covers (power of two) |
+//! | 48 | 8 | regions |
+//! | 56 | 4 | CRC32C of bytes 0..56 |
+//! | 60 | 4036 | zero |
+//! | 4096 | ⌈regions/8⌉ | one bit per region (bit `j % 8` of byte `j / 8`): 1 = may hold data |
+//!
+//! A clear bit promises that the region is zero on every member in sync (data and parity), so
+//! it reads as zeroes and is consistent without being read. The map is written before the
+//! superblocks on every event change; a map whose events are behind the superblocks' was not
+//! kept up to date by whoever ran the array last (e.g. the kernel's md) and counts as all used.
+
+use crate::FormatError;
+
+pub const USED_MAP_MAGIC: &[u8; 8] = b"IRUSEDMP";
+pub const USED_MAP_VERSION: u32 = 1;
+/// The header takes the first page; the bits start on the second.
+pub const USED_MAP_HEADER_BYTES: usize = 4096;
+/// Smallest region: the unit trims must cover whole to free space.
+pub const MIN_REGION_BYTES: u64 = 1 << 20;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UsedMapHeader {
+    pub uuid: [u8; 16],
+    pub events: u64,
+    pub region_bytes: u64,
+    pub regions: u64,
+}
+
+impl UsedMapHeader {
+    pub fn encode(&self) -> [u8; USED_MAP_HEADER_BYTES] {
+        let mut b = [0u8; USED_MAP_HEADER_BYTES];
+        b[0..8].copy_from_slice(USED_MAP_MAGIC);
+        b[8..12].copy_from_slice(&USED_MAP_VERSION.to_le_bytes());
+        b[16..32].copy_from_slice(&self.uuid);
+        b[32..40].copy_from_slice(&self.events.to_le_bytes());
+        b[40..48].copy_from_slice(&self.region_bytes.to_le_bytes());
+        b[48..56].copy_from_slice(&self.regions.to_le_bytes());
+        let crc = crc32c::crc32c(&b[..56]);
+        b[56..60].copy_from_slice(&crc.to_le_bytes());
+        b
+    }
+
+    pub fn decode(buf: &[u8]) -> Result<Self, FormatError> {
+        if buf.len() < 64 {
+            return Err(FormatError::Truncated);
+        }
+        if &buf[0..8] != USED_MAP_MAGIC {
+            return Err(FormatError::UsedMap("no used-region map (bad magic)".into()));
+        }
+        let u32_at = |o: usize| u32::from_le_bytes(buf[o..o + 4].try_into().expect("4 bytes"));
+        let u64_at = |o: usize| u64::from_le_bytes(buf[o..o + 8].try_into().expect("8 bytes"));
+        let stored = u32_at(56);
+        let computed = crc32c::crc32c(&buf[..56]);
+        if stored != computed {
+            return Err(FormatError::UsedMap(format!(
+                "header checksum mismatch: stored {stored:#010x}, computed {computed:#010x}"
+            )));
+        }
+        let version = u32_at(8);
+        if version != USED_MAP_VERSION {
+            return Err(FormatError::UsedMap(format!("unknown version {version}")));
+        }
+        let h = UsedMapHeader {
+            uuid: buf[16..32].try_into().expect("16 bytes"),
+            events: u64_at(32),
+            region_bytes: u64_at(40),
+            regions: u64_at(48),
+        };
+        if h.region_bytes < 4096 || !h.region_bytes.is_power_of_two() {
+            return Err(FormatError::UsedMap(format!(
+                "region size {} is not a power of two of at least 4096",
+                h.region_bytes
+            )));
+        }
+        Ok(h)
+    }
+
+    /// Header and bits, in whole pages.
+    pub fn bytes_on_disk(&self) -> u64 {
+        used_map_bytes(self.regions)
+    }
+}
+
+/// Header page plus `regions` bits, rounded up to whole pages.
+pub fn used_map_bytes(regions: u64) -> u64 {
+    USED_MAP_HEADER_BYTES as u64 + regions.div_ceil(8).div_ceil(4096) * 4096
+}
+
+/// Where the map starts on a member (sectors from the device start): the first 4 KiB
+/// boundary after the bad-block log (after the bitmap space if there is no log).
+pub fn used_map_offset_sectors(sb: &crate::Superblock) -> u64 {
+    let after = if sb.bblog_size > 0 {
+        crate::SB_OFFSET_SECTORS as i64 + i64::from(sb.bblog_offset) + i64::from(sb.bblog_size)
+    } else {
+        (crate::SB_OFFSET_SECTORS + crate::SB_RESERVED_SECTORS) as i64
+            + crate::bm_space(sb.data_offset + sb.data_size) as i64
+    };
+    (after.max(0) as u64).div_ceil(8) * 8
+}
+
+/// The region size for `sync_bytes` of sync coordinates in `room_bytes`: the smallest power
+/// of two of at least [`MIN_REGION_BYTES`] (and `align`) whose map fits; None if none does.
+pub fn choose_region_bytes(sync_bytes: u64, room_bytes: u64, align: u64) -> Option<u64> {
+    let mut region = MIN_REGION_BYTES.max(align.next_power_of_two());
+    while used_map_bytes(sync_bytes.div_ceil(region)) > room_bytes {
+        region = region.checked_mul(2)?;
+    }
+    Some(region)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_round_trips_and_checks_its_crc() {
+        let h = UsedMapHeader {
+            uuid: [3; 16],
+            events: 9,
+            region_bytes: 1 << 20,
+            regions: 1000,
+        };
+        let mut b = h.encode();
+        assert_eq!(UsedMapHeader::decode(&b).unwrap(), h);
+        b[33] ^= 1;
+        assert!(UsedMapHeader::decode(&b).is_err());
+        assert!(UsedMapHeader::decode(&[0u8; 4096]).is_err());
+    }
+
+    #[test]
+    fn region_size_fits_the_room() {
+        // 1 GiB in 2 MiB of headroom: 1 MiB regions, one page of bits.
+        assert_eq!(choose_region_bytes(1 << 30, 2 << 20, 512 << 10), Some(1 << 20));
+        // 4 TiB in 8 KiB (one header page, one bit page): 32768 bits → 128 MiB regions.
+        assert_eq!(choose_region_bytes(4 << 40, 8192, 4096), Some(128 << 20));
+        assert_eq!(choose_region_bytes(1 << 30, 4096, 4096), None);
+        assert_eq!(used_map_bytes(1), 8192);
+    }
+}
