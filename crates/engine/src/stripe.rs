@@ -11,10 +11,14 @@
 //!   all data; a full stripe reads nothing;
 //! * read-modify-write (RMW): read old data of the chunks being written and old parity, fold
 //!   the difference into parity (`P ^= Δ`, `Q ^= g^slot·Δ`);
-//! * degraded: when any member of the row is faulty, read every usable member, reconstruct the
-//!   missing chunks, apply the new data and recompute all parity.
+//! * degraded: read every usable member, reconstruct the missing chunks, apply the new data and
+//!   recompute all parity; only when a member of the row is missing (faulty, or rebuilding and
+//!   not yet past the interval) and neither RCW nor RMW can do without its old bytes.
 //!
-//! RMW is chosen only when it reads strictly fewer chunks, as md does with `rmw_level` 1. A read
+//! RMW is chosen only when it reads strictly fewer chunks, as md does with `rmw_level` 1. A
+//! missing member counts as md's `handle_stripe_dirtying` counts it: a missing parity chunk is
+//! neither read nor written, a missing data chunk rules out RMW if it is written and RCW if it is
+//! not overwritten whole. A read
 //! failure marks the member faulty and the interval is planned again (now degraded); a write
 //! failure marks it faulty and the stripe stays recoverable through the remaining members.
 
@@ -35,6 +39,14 @@ enum Outcome {
     Replan,
     /// A chunk read back corrupt: plan again through the degraded path, which rebuilds it.
     Degrade,
+}
+
+/// How an interval of a stripe is written (see [`Array::plan_write`]).
+enum WritePlan {
+    Rmw,
+    Rcw,
+    /// Read every usable member, reconstruct the missing chunks, recompute all parity.
+    Degraded,
 }
 
 /// How to go on after some reads of a plan failed.
@@ -295,17 +307,10 @@ impl Array {
         let mut degrade = false;
         for _ in 0..MAX_REPLANS {
             let at = row * self.chunk_bytes() + a;
-            let any_missing = degrade
-                || (0..self.geometry.raid_disks()).any(|dev| !self.slot(dev).in_sync(at, b - a));
-            let parity = if roles.q_dev().is_some() { 2 } else { 1 };
-            let rmw_reads = dirty.iter().filter(|&&x| x).count() + parity;
-            let rcw_reads = full.iter().filter(|&&x| !x).count();
-            let outcome = if any_missing {
-                self.degraded_write(&ctx)?
-            } else if rmw_reads < rcw_reads {
-                self.rmw_write(&ctx)?
-            } else {
-                self.rcw_write(&ctx)?
+            let outcome = match self.plan_write(roles, at, b - a, &dirty, &full, degrade) {
+                WritePlan::Degraded => self.degraded_write(&ctx)?,
+                WritePlan::Rmw => self.rmw_write(&ctx)?,
+                WritePlan::Rcw => self.rcw_write(&ctx)?,
             };
             match outcome {
                 Outcome::Done => return Ok(()),
@@ -320,6 +325,44 @@ impl Array {
         ))
     }
 
+    /// Pick the write that reads fewest chunks, as md's `handle_stripe_dirtying` does, with
+    /// members missing over `at..at+len` (faulty, or rebuilding below it) counted: RMW needs the
+    /// old bytes of every dirty data chunk, RCW those of every data chunk not fully overwritten;
+    /// a missing parity chunk is neither read nor written (the rebuild recomputes it). Only when
+    /// neither can run without a missing chunk does the write read every member and reconstruct.
+    fn plan_write(
+        &self,
+        roles: &StripeRoles,
+        at: u64,
+        len: u64,
+        dirty: &[bool],
+        full: &[bool],
+        degrade: bool,
+    ) -> WritePlan {
+        if degrade {
+            return WritePlan::Degraded;
+        }
+        let present = |dev: usize| self.slot(dev).in_sync(at, len);
+        let parity_present = std::iter::once(roles.p_dev())
+            .chain(roles.q_dev())
+            .filter(|&dev| present(dev))
+            .count();
+        let data = || (0..dirty.len()).map(|d| (d, present(roles.data_dev(d))));
+        let rmw_ok = data().all(|(d, here)| here || !dirty[d]);
+        let rcw_ok = parity_present == 0 || data().all(|(d, here)| here || full[d]);
+        let rmw_reads = dirty.iter().filter(|&&x| x).count() + parity_present;
+        // With no parity left to write, RCW reads only what it writes back partly.
+        let rcw_reads = (0..dirty.len())
+            .filter(|&d| !full[d] && (parity_present > 0 || dirty[d]))
+            .count();
+        match (rmw_ok, rcw_ok) {
+            (true, true) if rmw_reads < rcw_reads => WritePlan::Rmw,
+            (_, true) => WritePlan::Rcw,
+            (true, false) => WritePlan::Rmw,
+            (false, false) => WritePlan::Degraded,
+        }
+    }
+
     fn rcw_write(&self, c: &Interval<'_>) -> Result<Outcome> {
         let len = (c.b - c.a) as usize;
         let at = c.row * self.chunk_bytes() + c.a;
@@ -329,10 +372,20 @@ impl Array {
             .iter()
             .map(|s| s.is_none().then(|| self.bufs.get(len)))
             .collect();
+        let len64 = len as u64;
+        let present = |dev: usize| self.slot(dev).in_sync(at, len64);
+        let parity_present = std::iter::once(c.roles.p_dev())
+            .chain(c.roles.q_dev())
+            .any(present);
+        // Chunks not overwritten whole are read to compute parity, and a dirty one also to be
+        // written back whole; with no parity left, only the dirty ones that are still there.
+        let needs_read = |d: usize| {
+            !c.full[d] && (parity_present || (c.dirty[d] && present(c.roles.data_dev(d))))
+        };
         let mut ios: Vec<MemberIo<'_>> = owned
             .iter_mut()
             .enumerate()
-            .filter(|(d, _)| !c.full[*d])
+            .filter(|(d, _)| needs_read(*d))
             .filter_map(|(d, buf)| {
                 buf.as_mut()
                     .map(|b| self.read_io(c.roles.data_dev(d), at, b))
@@ -353,7 +406,7 @@ impl Array {
             .map(|(s, o)| s.unwrap_or_else(|| o.as_deref().expect("owned when not sole")))
             .collect();
         let (p, q) = self.compute_parity(c.roles, &refs);
-        self.write_row(c, at, &refs, &p, q.as_deref())?;
+        self.write_row(c, at, &c.dirty_of(&refs), &p, q.as_deref())?;
         Ok(Outcome::Done)
     }
 
@@ -370,9 +423,15 @@ impl Array {
                 .zip(&dirty)
                 .map(|(buf, &d)| self.read_io(c.roles.data_dev(d), at, buf))
                 .collect();
-            ios.push(self.read_io(c.roles.p_dev(), at, &mut p));
+            // A missing parity chunk is neither read nor written; its buffer only takes the
+            // arithmetic.
+            if self.slot(c.roles.p_dev()).in_sync(at, len as u64) {
+                ios.push(self.read_io(c.roles.p_dev(), at, &mut p));
+            }
             if let (Some(qd), Some(qb)) = (c.roles.q_dev(), q.as_mut()) {
-                ios.push(self.read_io(qd, at, qb));
+                if self.slot(qd).in_sync(at, len as u64) {
+                    ios.push(self.read_io(qd, at, qb));
+                }
             }
             if !self.run_io(&mut ios) {
                 return Ok(replan_after(&ios));
@@ -389,16 +448,12 @@ impl Array {
             }
             new_data.push(new);
         }
-        let mut ios: Vec<MemberIo<'_>> = new_data
+        let written: Vec<(usize, &[u8])> = dirty
             .iter()
-            .zip(&dirty)
-            .map(|(buf, &d)| self.write_io(c.roles.data_dev(d), at, buf, c.fua))
+            .zip(&new_data)
+            .map(|(&d, b)| (d, &b[..]))
             .collect();
-        ios.push(self.write_io(c.roles.p_dev(), at, &p, c.fua));
-        if let (Some(qd), Some(qb)) = (c.roles.q_dev(), q.as_ref()) {
-            ios.push(self.write_io(qd, at, qb, c.fua));
-        }
-        self.commit_writes(&WriteSet::stripe(at, len as u64), &mut ios)?;
+        self.write_row(c, at, &written, &p, q.as_deref())?;
         Ok(Outcome::Done)
     }
 
@@ -415,25 +470,25 @@ impl Array {
         bufs.p = p;
         bufs.q = q;
         let refs: Vec<&[u8]> = bufs.data.iter().map(|b| &b[..]).collect();
-        self.write_row(c, at, &refs, &bufs.p, bufs.q.as_deref())?;
+        self.write_row(c, at, &c.dirty_of(&refs), &bufs.p, bufs.q.as_deref())?;
         Ok(Outcome::Done)
     }
 
-    /// Write the dirty data chunks and the parity of an interval to every usable member.
+    /// Write data chunks `(data index, bytes)` and the parity of an interval to every member
+    /// in sync there (a missing or rebuilding one gets its bytes from the rebuild).
     fn write_row(
         &self,
         c: &Interval<'_>,
         at: u64,
-        data: &[&[u8]],
+        data: &[(usize, &[u8])],
         p: &[u8],
         q: Option<&[u8]>,
     ) -> Result<()> {
         let len = p.len() as u64;
         let mut ios: Vec<MemberIo<'_>> = data
             .iter()
-            .enumerate()
-            .filter(|(d, _)| c.dirty[*d] && self.slot(c.roles.data_dev(*d)).in_sync(at, len))
-            .map(|(d, buf)| self.write_io(c.roles.data_dev(d), at, buf, c.fua))
+            .filter(|(d, _)| self.slot(c.roles.data_dev(*d)).in_sync(at, len))
+            .map(|&(d, buf)| self.write_io(c.roles.data_dev(d), at, buf, c.fua))
             .collect();
         if self.slot(c.roles.p_dev()).in_sync(at, len) {
             ios.push(self.write_io(c.roles.p_dev(), at, p, c.fua));
@@ -628,6 +683,15 @@ impl Interval<'_> {
             return None;
         }
         Some(&p.data[(self.a - p.offset) as usize..(self.b - p.offset) as usize])
+    }
+
+    /// The dirty ones of `data` (every data chunk, by data index), with their indices.
+    fn dirty_of<'b>(&self, data: &[&'b [u8]]) -> Vec<(usize, &'b [u8])> {
+        data.iter()
+            .enumerate()
+            .filter(|(d, _)| self.dirty[*d])
+            .map(|(d, b)| (d, *b))
+            .collect()
     }
 
     /// Apply the batch's bytes for data chunk `d` to `buf` (which holds [a, b)), in arrival
