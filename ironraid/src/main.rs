@@ -328,6 +328,13 @@ fn create(a: CreateArgs) -> anyhow::Result<String> {
         assume_clean: a.assume_clean,
         force: a.force,
         bitmap,
+        // Holes in regular files cost nothing and make every region start unused (no initial
+        // sync, nothing to rebuild until written); zeroing a block device would write it all,
+        // and a preallocated file would lose its reservation.
+        discard: !a.preallocate
+            && all_paths
+                .iter()
+                .all(|p| std::fs::metadata(p).is_ok_and(|m| m.file_type().is_file())),
     };
     let created = engine::create(&spec).map_err(|e| anyhow!("{e}"))?;
     if !a.preallocate {

@@ -42,6 +42,7 @@ fn crash_and_resync(
         assume_clean: true,
         force: true,
         bitmap: bitmap.map(|chunk_bytes| BitmapSpec { chunk_bytes }),
+        discard: true,
     })
     .unwrap();
     // A clean stop first: create leaves every bit set (as mdadm does) until the daemon's

@@ -42,6 +42,7 @@ fn run(dir: &Path, level: Level, n: usize, mib: usize) -> (f64, f64) {
         assume_clean: true,
         force: true,
         bitmap: None,
+        discard: false,
     })
     .unwrap();
     let array = Arc::new(assemble(open(), AssembleOptions::default()).unwrap());

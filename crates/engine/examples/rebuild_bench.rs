@@ -66,6 +66,7 @@ fn main() {
         assume_clean: true,
         force: true,
         bitmap: None,
+        discard: false,
     })
     .unwrap();
     let a = Arc::new(assemble(open(&paths[..4]), AssembleOptions::default()).unwrap());

@@ -95,6 +95,8 @@ pub struct Array {
     was_dirty: bool,
     pub(crate) io: IoPath,
     pub(crate) policy: Box<dyn ConsistencyPolicy>,
+    /// Which regions may hold data (None: every region counts as used).
+    pub(crate) used: Option<Arc<crate::used::UsedRegions>>,
     pub(crate) stripes: StripeCache,
     pub(crate) regions: RegionLocks,
     pub(crate) inflight_writes: AtomicUsize,
@@ -142,6 +144,17 @@ pub struct ArrayStatus {
     pub read_only: bool,
     pub sync: crate::sync::SyncStatus,
     pub bitmap: Option<BitmapStatus>,
+    pub used_regions: Option<UsedStatus>,
+}
+
+/// The used-region map, for status.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UsedStatus {
+    /// Bytes of each member one region covers.
+    pub region_bytes: u64,
+    pub regions: u64,
+    /// Regions that may hold data; the rest are zero and skipped by resync, check and rebuild.
+    pub used: u64,
 }
 
 /// The write-intent bitmap, for status (mdstat's `bitmap:` line, `mdadm -X`).
@@ -161,6 +174,7 @@ pub(crate) struct ArrayParts {
     pub resync_from: Option<u64>,
     /// md's internal write-intent bitmap, if the superblocks announce one.
     pub bitmap: Option<Arc<crate::bitmap::WriteIntentBitmap>>,
+    pub used: Option<Arc<crate::used::UsedRegions>>,
     pub name: String,
     pub uuid: [u8; 16],
     pub geometry: Geometry,
@@ -218,6 +232,7 @@ impl Array {
             was_dirty,
             io: IoPath::new(executor),
             policy,
+            used: p.used,
             stripes,
             regions: RegionLocks::new(),
             inflight_writes: AtomicUsize::new(0),
@@ -281,8 +296,20 @@ impl Array {
     /// Write `data` at `offset_bytes`; returns once it is on the members (durable with `fua`).
     pub fn write(&self, offset_bytes: u64, data: &[u8], fua: bool) -> Result<()> {
         self.check_range(offset_bytes, data.len() as u64)?;
-        self.check_writable()?;
         self.sync.note_client_io();
+        self.as_client_write(|| {
+            if self.geometry.level().is_parity() {
+                self.parity_write(offset_bytes, data, fua)
+            } else {
+                self.mirror_write(offset_bytes, data, fua)
+            }
+        })
+    }
+
+    /// Run a client write (or trim): refused when read-only, failed or stopping; counted in
+    /// flight so that a clean stop waits for it.
+    pub(crate) fn as_client_write<R>(&self, f: impl FnOnce() -> Result<R>) -> Result<R> {
+        self.check_writable()?;
         // Counted before `closing` is checked: a clean stop that set `closing` and then saw no
         // write in flight cannot miss this one.
         self.inflight_writes.fetch_add(1, Ordering::SeqCst);
@@ -291,10 +318,8 @@ impl Array {
                 array: self.name.clone(),
                 reason: "stopping".into(),
             })
-        } else if self.geometry.level().is_parity() {
-            self.parity_write(offset_bytes, data, fua)
         } else {
-            self.mirror_write(offset_bytes, data, fua)
+            f()
         };
         self.inflight_writes.fetch_sub(1, Ordering::SeqCst);
         res
@@ -342,10 +367,29 @@ impl Array {
         }
     }
 
-    /// Write zeroes over a range (in bounded pieces).
+    /// Write zeroes over a range: whole unused-able regions are discarded and marked unused,
+    /// the rest is written with zeroes (in bounded pieces).
     pub fn write_zeroes(&self, offset_bytes: u64, len_bytes: u64, fua: bool) -> Result<()> {
-        const PIECE: u64 = 1 << 20;
         self.check_range(offset_bytes, len_bytes)?;
+        let released = self.release_whole_regions(offset_bytes, len_bytes)?;
+        let (a, b) = released
+            .clone()
+            .map_or((offset_bytes + len_bytes, offset_bytes + len_bytes), |r| {
+                (r.start, r.end)
+            });
+        self.write_zero_bytes(offset_bytes, a - offset_bytes, fua)?;
+        self.write_zero_bytes(b, offset_bytes + len_bytes - b, fua)?;
+        if fua && released.is_some() {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    fn write_zero_bytes(&self, offset_bytes: u64, len_bytes: u64, fua: bool) -> Result<()> {
+        const PIECE: u64 = 1 << 20;
+        if len_bytes == 0 {
+            return Ok(());
+        }
         let zeroes = device::AlignedBuf::zeroed(PIECE.min(len_bytes) as usize);
         let mut done = 0;
         while done < len_bytes {
@@ -356,7 +400,7 @@ impl Array {
         Ok(())
     }
 
-    fn check_range(&self, offset_bytes: u64, len_bytes: u64) -> Result<()> {
+    pub(crate) fn check_range(&self, offset_bytes: u64, len_bytes: u64) -> Result<()> {
         if !offset_bytes.is_multiple_of(512) || !len_bytes.is_multiple_of(512) {
             return Err(EngineError::InvalidArgument(format!(
                 "request {offset_bytes}+{len_bytes} is not a multiple of 512 bytes"
@@ -371,7 +415,7 @@ impl Array {
         }
     }
 
-    fn check_writable(&self) -> Result<()> {
+    pub(crate) fn check_writable(&self) -> Result<()> {
         if self.config.read_only {
             return Err(EngineError::ReadOnly {
                 array: self.name.clone(),
@@ -636,6 +680,11 @@ impl Array {
                 chunks: b.chunks(),
                 dirty_chunks: b.dirty_chunks(),
                 events_cleared: b.events_cleared(),
+            }),
+            used_regions: self.used.as_ref().map(|u| UsedStatus {
+                region_bytes: u.region_bytes(),
+                regions: u.regions(),
+                used: u.used_regions(),
             }),
         }
     }

@@ -33,6 +33,7 @@ use crate::bitmap::WriteIntentBitmap;
 use crate::error::{EngineError, Result};
 use crate::member::{Member, Slot};
 use crate::meta::{read_superblock, MemberSb, Meta};
+use crate::used::UsedRegions;
 use device::Device;
 use format::{DevRole, Superblock, MAX_SECTOR};
 use layout::{Geometry, GeometrySpec, Level};
@@ -531,12 +532,14 @@ fn build(
     let resync_from =
         (was_dirty && geometry.max_degraded() > 0).then_some(best.resync_offset * 512);
     let bitmap = load_bitmap(&best, &geometry, &slots, resync_from)?;
+    let used = load_used(&best, &geometry, &slots);
     let mut meta = Meta {
         members,
         events: best.events,
         resync_offset: best.resync_offset,
         roles,
         bitmap: bitmap.clone(),
+        used: used.clone(),
     };
     if table_changed && !opts.config.read_only {
         commit_at_assembly(&mut meta, &name)?;
@@ -552,7 +555,52 @@ fn build(
         spares: spare_members,
         resync_from,
         bitmap,
+        used,
     })
+}
+
+/// The used-region map, if the members in sync carry one for this array: the union of their
+/// copies; a copy behind the superblocks (the array ran without it) counts as all used.
+fn load_used(best: &Superblock, geometry: &Geometry, slots: &[Slot]) -> Option<Arc<UsedRegions>> {
+    if !crate::used::supported(geometry) {
+        return None;
+    }
+    let base = format::used_map_offset_sectors(best) * 512;
+    let sync_bytes = crate::bitmap::sync_sectors(geometry) * 512;
+    let mut header: Option<format::UsedMapHeader> = None;
+    let mut bits: Vec<u8> = Vec::new();
+    for m in slots
+        .iter()
+        .filter(|s| s.is_complete())
+        .filter_map(|s| s.member())
+    {
+        let Ok((h, b)) = crate::used::read_map(m.dev.as_ref(), base) else {
+            continue;
+        };
+        if h.uuid != best.set_uuid || h.regions != sync_bytes.div_ceil(h.region_bytes) {
+            continue;
+        }
+        if header
+            .as_ref()
+            .is_some_and(|k| k.region_bytes != h.region_bytes)
+        {
+            return None;
+        }
+        if bits.len() < b.len() {
+            bits.resize(b.len(), 0);
+        }
+        let stale = h.events < best.events;
+        if stale {
+            tracing::warn!(member = %m.name(), "used-region map is behind the superblocks: every region counts as used");
+        }
+        for (dst, src) in bits.iter_mut().zip(&b) {
+            *dst |= if stale { 0xff } else { *src };
+        }
+        header.get_or_insert(h);
+    }
+    let mut h = header?;
+    h.events = best.events;
+    Some(Arc::new(UsedRegions::load(base, h, &bits)))
 }
 
 /// The write-intent bitmap of an array whose superblock announces one: the union of the

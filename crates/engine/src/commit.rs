@@ -5,7 +5,8 @@
 //! for. In order:
 //! 1. unless the writes only fill a rebuilding member, the superblocks say "active" (durably)
 //!    before the first member write of the run (DESIGN.md's first ordering rule);
-//! 2. the consistency policy's `before_writes` hook runs (the bitmap sets and flushes its bits
+//! 2. the used-region map marks the regions written as used (durably), then the consistency
+//!    policy's `before_writes` hook runs (the bitmap sets and flushes its bits
 //!    here, the journal logs and waits for the log);
 //! 3. the writes run;
 //! 4. a member failure that any of these writes (or writes planned past a member already failing)
@@ -29,6 +30,8 @@ pub(crate) enum WriteKind {
     Rebuild,
     /// Resync or repair rewriting redundancy.
     Repair,
+    /// Discarding whole unused regions on every member (a trim).
+    Release,
 }
 
 /// A group of member writes handed to the commit point, and the range it covers: per-member
@@ -66,6 +69,14 @@ impl WriteSet {
         }
     }
 
+    pub fn release(offset_bytes: u64, len_bytes: u64) -> WriteSet {
+        WriteSet {
+            kind: WriteKind::Release,
+            offset_bytes,
+            len_bytes,
+        }
+    }
+
     pub fn repair(offset_bytes: u64, len_bytes: u64) -> WriteSet {
         WriteSet {
             kind: WriteKind::Repair,
@@ -82,7 +93,7 @@ impl Array {
     pub(crate) fn commit_writes(&self, set: &WriteSet, ios: &mut [MemberIo<'_>]) -> Result<()> {
         for io in ios.iter() {
             assert!(
-                matches!(io.kind, IoKind::Write(..)),
+                matches!(io.kind, IoKind::Write(..) | IoKind::Discard(_)),
                 "only member writes pass the commit point"
             );
         }
@@ -91,6 +102,13 @@ impl Array {
         }
         if set.kind != WriteKind::Rebuild {
             self.mark_active()?;
+        }
+        if let Some(used) = &self.used {
+            // Data goes into these regions: the map says so first. (A rebuild fills what is
+            // used already; a release is what makes regions unused.)
+            if !matches!(set.kind, WriteKind::Rebuild | WriteKind::Release) {
+                used.ensure_used(self, set.offset_bytes, set.len_bytes)?;
+            }
         }
         self.policy.before_writes(self, set)?;
         self.run_io(ios);

@@ -35,6 +35,10 @@ pub struct CreateSpec {
     pub force: bool,
     /// Give the array md's internal write-intent bitmap.
     pub bitmap: Option<BitmapSpec>,
+    /// Discard every member's data area first (cheap on files: it punches holes), so that the
+    /// whole array starts as unused regions: nothing to sync, nothing to rebuild until written.
+    /// Without it every region starts used (trims free them later).
+    pub discard: bool,
 }
 
 /// The write-intent bitmap of a new array.
@@ -181,7 +185,28 @@ pub fn create(spec: &CreateSpec) -> Result<Created> {
             })?,
         );
     }
+    let used_map = sbs.first().and_then(|sb| {
+        let base = format::used_map_offset_sectors(sb) * 512;
+        let room = (sb.data_offset * 512).checked_sub(base)?;
+        crate::used::initial_map(&geometry, uuid, room, !spec.discard)
+            .map(|(_, bytes)| (base, bytes))
+    });
     for (dev, sb) in all.iter().zip(&sbs) {
+        if spec.discard {
+            dev.discard_zeroes(sb.data_offset * 512, sb.data_size * 512)
+                .map_err(|e| EngineError::Create {
+                    member: dev.name().into(),
+                    reason: format!("cannot discard the data area: {e}"),
+                })?;
+        }
+        if let Some((base, bytes)) = &used_map {
+            let buf = AlignedBuf::copy_from(bytes);
+            dev.write_at(&buf, *base, false)
+                .map_err(|e| EngineError::Create {
+                    member: dev.name().into(),
+                    reason: e.to_string(),
+                })?;
+        }
         write_member(dev, sb, bitmap.as_ref()).map_err(|e| EngineError::Create {
             member: dev.name().into(),
             reason: e.to_string(),

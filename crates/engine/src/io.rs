@@ -27,6 +27,9 @@ use std::sync::Arc;
 pub(crate) enum IoKind<'a> {
     Read(&'a mut [u8]),
     Write(&'a [u8], bool),
+    /// Discard this many bytes: the range reads as zeroes afterwards (not durable until a
+    /// flush, like a plain write).
+    Discard(u64),
 }
 
 /// How one member operation ended.
@@ -98,6 +101,7 @@ impl<'a> MemberIo<'a> {
         let res = match &mut self.kind {
             IoKind::Read(buf) => member.dev.read_at(buf, at),
             IoKind::Write(buf, fua) => member.dev.write_at(buf, at, *fua),
+            IoKind::Discard(len) => member.dev.discard_zeroes(at, *len),
         };
         match res {
             Ok(()) => {
@@ -127,6 +131,7 @@ impl<'a> MemberIo<'a> {
         match &self.kind {
             IoKind::Read(b) => b.len(),
             IoKind::Write(b, _) => b.len(),
+            IoKind::Discard(len) => *len as usize,
         }
     }
 
@@ -134,6 +139,7 @@ impl<'a> MemberIo<'a> {
         match self.kind {
             IoKind::Read(_) => "read",
             IoKind::Write(..) => "write",
+            IoKind::Discard(_) => "discard",
         }
     }
 }

@@ -27,8 +27,11 @@ mod scrub;
 mod stripe;
 mod stripe_cache;
 mod sync;
+mod used;
 
-pub use array::{Array, ArrayConfig, ArrayStatus, BitmapStatus, MemberState, MemberStatus};
+pub use array::{
+    Array, ArrayConfig, ArrayStatus, BitmapStatus, MemberState, MemberStatus, UsedStatus,
+};
 pub use assemble::{assemble, AssembleOptions};
 pub use bitmap::read_bitmap;
 pub use clock::{Clock, ManualClock, SystemClock};

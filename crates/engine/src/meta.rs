@@ -39,6 +39,8 @@ pub(crate) struct Meta {
     pub roles: Vec<u16>,
     /// The write-intent bitmap, whose header records each new event count first.
     pub bitmap: Option<Arc<WriteIntentBitmap>>,
+    /// The used-region map, whose header does too.
+    pub used: Option<Arc<crate::used::UsedRegions>>,
 }
 
 pub(crate) fn now_secs() -> u64 {
@@ -68,16 +70,22 @@ impl Meta {
         }
         self.events += 1;
         let events = self.events;
-        if let Some(bm) = &self.bitmap {
+        if self.bitmap.is_some() || self.used.is_some() {
             // md writes the bitmap header before the superblocks: a bitmap whose events are
-            // behind the superblocks' is stale and costs a full resync.
+            // behind the superblocks' is stale and costs a full resync. Our used-region map
+            // follows the same rule.
             let targets: Vec<Arc<Member>> = self
                 .members
                 .iter()
                 .filter(|m| m.writable && !failed.iter().any(|(f, _)| Arc::ptr_eq(f, &m.member)))
                 .map(|m| m.member.clone())
                 .collect();
-            failed.extend(bm.record_events(events, &targets));
+            if let Some(bm) = &self.bitmap {
+                failed.extend(bm.record_events(events, &targets));
+            }
+            if let Some(used) = &self.used {
+                failed.extend(used.record_events(events, &targets));
+            }
         }
         for m in self.members.iter_mut().filter(|m| m.writable) {
             if failed.iter().any(|(f, _)| Arc::ptr_eq(f, &m.member)) {

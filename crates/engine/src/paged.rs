@@ -77,9 +77,10 @@ pub(crate) struct PagedCopy {
     durable_gen: AtomicU64,
 }
 
-/// Held while writing out: which members have a complete copy.
+/// Held while writing out: which members have a complete copy. Members, not device numbers:
+/// a spare may take over the number of a member removed before it.
 pub(crate) struct Writer {
-    complete_on: Vec<u32>,
+    complete_on: Vec<Arc<Member>>,
 }
 
 impl PagedCopy {
@@ -123,7 +124,7 @@ impl PagedCopy {
 
     /// Write the dirty pages (all pages to members without a complete copy) to `targets`, FUA.
     pub fn write_out(&self, targets: &[Arc<Member>], w: &mut Writer) -> WriteFailures {
-        let fresh = |m: &Arc<Member>| !w.complete_on.contains(&m.dev_number);
+        let fresh = |m: &Arc<Member>| !w.complete_on.iter().any(|c| Arc::ptr_eq(c, m));
         let (pages, all, gen) = {
             let mut im = self.image.lock();
             let gen = im.gen;
@@ -148,7 +149,7 @@ impl PagedCopy {
                     .write_at(buf, self.base + (p * PAGE_BYTES) as u64, true)
             });
             match res {
-                Ok(()) if is_fresh => completed.push(m.dev_number),
+                Ok(()) if is_fresh => completed.push(m.clone()),
                 Ok(()) => {}
                 Err(e) => failed.push((m.clone(), e)),
             }

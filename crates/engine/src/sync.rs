@@ -208,27 +208,39 @@ impl Walk {
             return Err(Stop::Interrupted);
         }
         let next = match self.job {
-            Job::Recover(role) => match array.skip_clean_for_recovery(role, self.pos, self.end) {
-                Some(next) => next,
-                None => array.recover_window(role, self.pos, self.end)?,
+            Job::Recover(role) => match array.skip_unused_for_recovery(role, self.pos, self.end) {
+                Some(res) => res?,
+                None => match array.skip_clean_for_recovery(role, self.pos, self.end) {
+                    Some(next) => next,
+                    None => array.recover_window(role, self.pos, self.end)?,
+                },
             },
             Job::Resync { full, .. } => {
-                // The policy may know that everything up to some point is consistent (the
-                // bitmap: chunks without a set bit).
+                // The policy may know that parts are consistent (the bitmap: chunks without a
+                // set bit), and unused regions are (zero everywhere).
                 let todo = if full {
                     self.pos..self.end
                 } else {
                     array.policy.next_to_resync(self.pos, self.end)
                 };
-                if todo.start >= self.end {
-                    self.pos = self.end;
-                    return Ok(true);
+                let work = array.used_within(todo.clone());
+                if work.start >= todo.end {
+                    array.policy.resynced(todo.start, todo.end);
+                    self.pos = todo.end;
+                    return Ok(self.pos >= self.end);
                 }
-                let next = array.scrub_step(SyncAction::Resync, todo.start, todo.end)?;
+                let next = array.scrub_step(SyncAction::Resync, work.start, work.end)?;
                 array.policy.resynced(todo.start, next.min(self.end));
                 next
             }
-            Job::Scrub(a) => array.scrub_step(a, self.pos, self.end)?,
+            Job::Scrub(a) => {
+                let work = array.used_within(self.pos..self.end);
+                if work.start >= self.end {
+                    self.pos = self.end;
+                    return Ok(true);
+                }
+                array.scrub_step(a, work.start, work.end)?
+            }
         };
         assert!(next > self.pos, "a window must make progress");
         self.pos = next.min(self.end);

@@ -135,6 +135,8 @@ impl Rig {
                 bitmap: Some(engine::BitmapSpec {
                     chunk_bytes: Some(4096 << rng.gen_range(0..4)),
                 }),
+                // Half the cases start with every region unused (members discarded).
+                discard: rng.gen_bool(0.5),
             })
             .expect("create with a bitmap"),
         };
@@ -341,7 +343,21 @@ fn workload(
                     Err(e) => panic!("read {off}+{len} failed with power on: {e}"),
                 }
             }
-            55..=64 => match array.flush() {
+            55..=56 => {
+                // Zeroes over a large range: whole used-map regions are released (discarded on
+                // every member), the edges written.
+                let len = rng.gen_range(1..=(size / 512)) * 512;
+                let off = rng.gen_range(0..=(size - len) / 512) * 512;
+                let fua = rng.gen_bool(0.3);
+                let zeroes = vec![0u8; len];
+                model.issue(off, &zeroes);
+                match array.write_zeroes(off as u64, len as u64, fua) {
+                    _ if rig.rail.is_off() => return,
+                    Ok(()) => model.complete(off, &zeroes, fua),
+                    Err(e) => panic!("write_zeroes {off}+{len} failed with power on: {e}"),
+                }
+            }
+            57..=64 => match array.flush() {
                 Ok(()) if !rig.rail.is_off() => model.flushed(),
                 _ => return,
             },

@@ -1,0 +1,369 @@
+//! Used-region tracking: which regions of the array may hold data. A region never written
+//! since create, or trimmed whole since, is zero on every member in sync (data and parity
+//! alike), so it is consistent without being read: resync, check and rebuild skip it (a
+//! rebuild discards it on the new member instead of reading the others).
+//!
+//! On disk: `format`'s used-region map, replicated on every member in the space md leaves
+//! between the bad-block log and the data (see `format::used_map`, and `docs/on-disk.md`).
+//! Coordinates are md's sync coordinates (bytes of each member's data area); RAID1/4/5/6 only.
+//!
+//! Ordering:
+//! * a region's bit is durable on every member in a role before the first write into it goes
+//!   out (the commit point calls [`UsedRegions::ensure_used`], under the range lock the write
+//!   holds), so after any crash a region that may hold data is marked used;
+//! * a trim releases only whole regions, under the range lock: it discards them on every
+//!   member (through the commit point, so the write-intent bitmap covers the discards), flushes,
+//!   and only then clears their bits. A crash in between leaves them marked used (harmless).
+//! * the map's header records the array's events before every superblock update; a map behind
+//!   the superblocks (someone else ran the array) counts as all used.
+
+use crate::array::Array;
+use crate::commit::WriteSet;
+use crate::error::Result;
+use crate::io::{IoKind, MemberIo};
+use crate::member::Member;
+use crate::paged::{PagedCopy, WriteFailures};
+use format::{UsedMapHeader, USED_MAP_HEADER_BYTES};
+use layout::{Geometry, Level};
+use parking_lot::Mutex;
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+pub(crate) struct UsedRegions {
+    region_bytes: u64,
+    regions: u64,
+    /// One bit per region, as durable on the members: set = may hold data.
+    used: Box<[AtomicU64]>,
+    header: Mutex<UsedMapHeader>,
+    copy: PagedCopy,
+}
+
+/// Whether a geometry can keep a used-region map: redundancy, md sync coordinates per member,
+/// and regions that cover whole stripes.
+pub(crate) fn supported(g: &Geometry) -> bool {
+    let chunk = g.chunk_sectors() * 512;
+    match g.level() {
+        Level::Raid1 => true,
+        Level::Raid4 | Level::Raid5 | Level::Raid6 => chunk.is_power_of_two(),
+        _ => false,
+    }
+}
+
+/// The map a new array starts with: `used` says whether every region counts as used (members
+/// not known to be zero) or none does. Returns the header and the bytes to write.
+pub(crate) fn initial_map(
+    g: &Geometry,
+    uuid: [u8; 16],
+    room_bytes: u64,
+    used: bool,
+) -> Option<(UsedMapHeader, Vec<u8>)> {
+    if !supported(g) {
+        return None;
+    }
+    let sync_bytes = crate::bitmap::sync_sectors(g) * 512;
+    let region_bytes =
+        format::choose_region_bytes(sync_bytes, room_bytes, g.chunk_sectors().max(1) * 512)?;
+    let header = UsedMapHeader {
+        uuid,
+        events: 0,
+        region_bytes,
+        regions: sync_bytes.div_ceil(region_bytes),
+    };
+    let mut bytes = vec![if used { 0xff } else { 0 }; header.bytes_on_disk() as usize];
+    bytes[..USED_MAP_HEADER_BYTES].copy_from_slice(&header.encode());
+    Some((header, bytes))
+}
+
+/// Read a member's used-region map at `base`: header and bit bytes.
+pub(crate) fn read_map(
+    dev: &dyn device::Device,
+    base: u64,
+) -> std::result::Result<(UsedMapHeader, Vec<u8>), String> {
+    let mut head = device::AlignedBuf::zeroed(USED_MAP_HEADER_BYTES);
+    dev.read_at(&mut head, base)
+        .map_err(|e| format!("cannot read the used-region map: {e}"))?;
+    let h = UsedMapHeader::decode(&head).map_err(|e| e.to_string())?;
+    let total = h.bytes_on_disk();
+    if base + total > dev.len_bytes() {
+        return Err("used-region map runs past the device end".into());
+    }
+    let mut all = device::AlignedBuf::zeroed(total as usize);
+    dev.read_at(&mut all, base)
+        .map_err(|e| format!("cannot read the used-region map: {e}"))?;
+    Ok((h, all[USED_MAP_HEADER_BYTES..].to_vec()))
+}
+
+impl UsedRegions {
+    /// The map as assembly found it at byte `base` of every member: `bits` is the union of the
+    /// members' copies.
+    pub(crate) fn load(base: u64, header: UsedMapHeader, bits: &[u8]) -> UsedRegions {
+        let words = header.regions.div_ceil(64) as usize;
+        let used: Box<[AtomicU64]> = (0..words)
+            .map(|w| {
+                let mut v = [0u8; 8];
+                for (i, b) in v.iter_mut().enumerate() {
+                    *b = bits.get(w * 8 + i).copied().unwrap_or(0xff);
+                }
+                AtomicU64::new(u64::from_le_bytes(v))
+            })
+            .collect();
+        let mut bytes = vec![0u8; header.bytes_on_disk() as usize];
+        bytes[..USED_MAP_HEADER_BYTES].copy_from_slice(&header.encode());
+        let n = bits.len().min(bytes.len() - USED_MAP_HEADER_BYTES);
+        bytes[USED_MAP_HEADER_BYTES..USED_MAP_HEADER_BYTES + n].copy_from_slice(&bits[..n]);
+        UsedRegions {
+            region_bytes: header.region_bytes,
+            regions: header.regions,
+            used,
+            header: Mutex::new(header),
+            copy: PagedCopy::new(base, bytes),
+        }
+    }
+
+    pub(crate) fn region_bytes(&self) -> u64 {
+        self.region_bytes
+    }
+
+    pub(crate) fn regions(&self) -> u64 {
+        self.regions
+    }
+
+    fn is_set(&self, r: u64) -> bool {
+        self.used[(r / 64) as usize].load(Ordering::Acquire) & (1 << (r % 64)) != 0
+    }
+
+    fn span(&self, offset: u64, len: u64) -> Range<u64> {
+        let first = offset / self.region_bytes;
+        let end = (offset + len.max(1)).div_ceil(self.region_bytes);
+        first.min(self.regions)..end.min(self.regions)
+    }
+
+    /// Regions marked used.
+    pub(crate) fn used_regions(&self) -> u64 {
+        (0..self.regions).filter(|&r| self.is_set(r)).count() as u64
+    }
+
+    /// Before a write into `offset..offset+len` (sync coordinates) goes out: its regions are
+    /// marked used, durably, on every member in a role.
+    pub(crate) fn ensure_used(&self, array: &Array, offset: u64, len: u64) -> Result<()> {
+        let new: Vec<u64> = self
+            .span(offset, len)
+            .filter(|&r| !self.is_set(r))
+            .collect();
+        if new.is_empty() {
+            return Ok(());
+        }
+        let gen = self.copy.edit(|pages| {
+            for &r in &new {
+                pages.set_bit(USED_MAP_HEADER_BYTES, r, true);
+            }
+            pages.bump()
+        });
+        let failed = self.copy.write_through(&array.role_members(), gen);
+        array.fail_bitmap_writers(failed);
+        if array.is_failed() {
+            return Err(array.unrecoverable(offset, len, "cannot record the used-region map"));
+        }
+        for r in new {
+            self.used[(r / 64) as usize].fetch_or(1 << (r % 64), Ordering::AcqRel);
+        }
+        Ok(())
+    }
+
+    /// The next run of used regions at or after `from` and before `end` (empty, at `end`, if
+    /// none): where background work has something to do.
+    pub(crate) fn next_used(&self, from: u64, end: u64) -> Range<u64> {
+        let first = from / self.region_bytes;
+        let Some(start_r) = (first..self.regions).find(|&r| self.is_set(r)) else {
+            return end..end;
+        };
+        let start = (start_r * self.region_bytes).max(from).min(end);
+        let stop = (start_r..self.regions)
+            .find(|&r| !self.is_set(r))
+            .map_or(end, |r| (r * self.region_bytes).min(end));
+        start..stop.max(start)
+    }
+
+    /// Whole regions inside `offset..offset+len` (sync coordinates).
+    pub(crate) fn whole_regions(&self, offset: u64, len: u64) -> Range<u64> {
+        let first = offset.div_ceil(self.region_bytes);
+        let end = ((offset + len) / self.region_bytes).min(self.regions);
+        first.min(end)..end
+    }
+
+    /// Regions `rs` were discarded on every member and flushed: clear their bits.
+    pub(crate) fn released(&self, array: &Array, rs: Range<u64>) {
+        for r in rs.clone() {
+            self.used[(r / 64) as usize].fetch_and(!(1 << (r % 64)), Ordering::AcqRel);
+        }
+        let gen = self.copy.edit(|pages| {
+            for r in rs {
+                pages.set_bit(USED_MAP_HEADER_BYTES, r, false);
+            }
+            pages.bump()
+        });
+        let failed = self.copy.write_through(&array.role_members(), gen);
+        array.fail_bitmap_writers(failed);
+    }
+
+    /// The superblocks are about to record `events`: the map's header records them first.
+    pub(crate) fn record_events(&self, events: u64, members: &[Arc<Member>]) -> WriteFailures {
+        let mut w = self.copy.writer();
+        let head = {
+            let mut h = self.header.lock();
+            h.events = events;
+            h.encode()
+        };
+        self.copy.edit(|pages| pages.put(0, &head));
+        self.copy.write_out(members, &mut w)
+    }
+}
+
+impl Array {
+    /// The part of `range` (sync coordinates) background work must visit: the first run of
+    /// used regions in it (all of it without a map).
+    pub(crate) fn used_within(&self, range: Range<u64>) -> Range<u64> {
+        match &self.used {
+            Some(u) => u.next_used(range.start, range.end),
+            None => range,
+        }
+    }
+
+    /// Trim: release the whole regions inside array bytes `offset..offset+len` (discarded on
+    /// every member, marked unused). The rest is left as it is: a trim promises nothing about
+    /// what reads of the range return.
+    pub fn trim(&self, offset_bytes: u64, len_bytes: u64) -> Result<()> {
+        self.check_range(offset_bytes, len_bytes)?;
+        self.release_whole_regions(offset_bytes, len_bytes)
+            .map(|_| ())
+    }
+
+    /// Release the whole regions inside array bytes `offset..offset+len`; returns the array
+    /// bytes released (None: nothing, or no used-region map).
+    pub(crate) fn release_whole_regions(
+        &self,
+        offset_bytes: u64,
+        len_bytes: u64,
+    ) -> Result<Option<Range<u64>>> {
+        let Some(used) = self.used.as_ref() else {
+            return Ok(None);
+        };
+        let (at, len) = self.sync_range_of(offset_bytes, len_bytes);
+        let rs = used.whole_regions(at, len);
+        if rs.is_empty() {
+            return Ok(None);
+        }
+        self.as_client_write(|| {
+            for r in rs.clone() {
+                self.release_region(used, r)?;
+            }
+            Ok(())
+        })?;
+        let rb = used.region_bytes();
+        Ok(Some(
+            self.array_bytes_of(rs.start * rb)..self.array_bytes_of(rs.end * rb),
+        ))
+    }
+
+    /// The array byte where sync coordinate `at` (a stripe boundary) starts.
+    fn array_bytes_of(&self, at: u64) -> u64 {
+        let g = &self.geometry;
+        if g.level().is_parity() {
+            at * g.data_disks() as u64
+        } else {
+            at
+        }
+    }
+
+    /// Array bytes `offset..offset+len` as a range of sync coordinates that it covers whole
+    /// stripes of (parity levels: rows; RAID1: the same bytes).
+    fn sync_range_of(&self, offset: u64, len: u64) -> (u64, u64) {
+        let g = &self.geometry;
+        if !g.level().is_parity() {
+            return (offset, len);
+        }
+        let chunk = g.chunk_sectors() * 512;
+        let row = chunk * g.data_disks() as u64;
+        let first = offset.div_ceil(row);
+        let end = (offset + len) / row;
+        if end <= first {
+            return (0, 0);
+        }
+        (first * chunk, (end - first) * chunk)
+    }
+
+    fn release_region(&self, used: &UsedRegions, r: u64) -> Result<()> {
+        let rb = used.region_bytes();
+        let at = r * rb;
+        let _guard = if self.geometry.level().is_parity() {
+            let chunk = self.geometry.chunk_sectors() * 512;
+            self.lock_stripes(at / chunk, (at + rb) / chunk)
+        } else {
+            self.lock_array_range(at, rb)
+        };
+        if !used.is_set(r) {
+            return Ok(());
+        }
+        let mut ios: Vec<MemberIo<'_>> = (0..self.slots.len())
+            .map(|role| {
+                let m = self.slots[role].usable();
+                MemberIo::planned(role, m, at, IoKind::Discard(rb))
+            })
+            .collect();
+        self.commit_writes(&WriteSet::release(at, rb), &mut ios)?;
+        // The zeroes are durable before the map says so.
+        self.flush_members();
+        if self.is_failed() {
+            return Err(self.unrecoverable(at, rb, "too many members failed"));
+        }
+        used.released(self, r..r + 1);
+        Ok(())
+    }
+
+    /// Rebuild over unused regions: they are zero on every member in sync, so the new member
+    /// gets them discarded (no reads). Moves its in-sync point past them; `None` if `pos` is
+    /// in a used region.
+    pub(crate) fn skip_unused_for_recovery(
+        &self,
+        role: usize,
+        pos: u64,
+        end: u64,
+    ) -> Option<std::result::Result<u64, crate::sync::Stop>> {
+        let used = self.used.as_ref()?;
+        let limit = end.min(pos + (256 << 20));
+        let next = used.next_used(pos, limit);
+        let target = if next.start >= limit {
+            limit
+        } else {
+            next.start
+        };
+        if target <= pos {
+            return None;
+        }
+        let _guard = if self.geometry.level().is_parity() {
+            let chunk = self.geometry.chunk_sectors() * 512;
+            self.lock_stripes(pos / chunk, target.div_ceil(chunk))
+        } else {
+            self.lock_array_range(pos, target - pos)
+        };
+        if used.next_used(pos, target).start < target {
+            return None; // a write claimed part of it meanwhile: rebuild it the usual way
+        }
+        let member = self.slots[role].member();
+        let mut ios = [MemberIo::planned(
+            role,
+            member,
+            pos,
+            IoKind::Discard(target - pos),
+        )];
+        if let Err(e) = self.commit_writes(&WriteSet::rebuild(pos, target - pos), &mut ios) {
+            return Some(Err(crate::sync::Stop::Failed(e.to_string())));
+        }
+        if !ios[0].ok() {
+            return Some(Err(crate::sync::Stop::Interrupted));
+        }
+        self.slots[role].advance(target);
+        Some(Ok(target))
+    }
+}
