@@ -252,15 +252,24 @@ impl Backend for ArrayBackend {
         self.0.flush().map_err(io::Error::from)
     }
 
-    /// Trim is advisory in NBD; the array keeps the data (and its parity) as it is.
-    fn trim(&self, _offset: u64, _len: u64, fua: bool) -> io::Result<()> {
+    /// Trim is advisory in NBD: the array releases the whole used-map regions inside the
+    /// range (discarded on the members, skipped by resync and rebuild from then on) and leaves
+    /// the rest as it is.
+    fn trim(&self, offset: u64, len: u64, fua: bool) -> io::Result<()> {
+        let start = offset.div_ceil(SECTOR);
+        let end = (offset + len) / SECTOR;
+        if end > start {
+            self.0
+                .trim(start * SECTOR, (end - start) * SECTOR)
+                .map_err(io::Error::from)?;
+        }
         if fua {
             self.flush()?;
         }
         Ok(())
     }
 
-    fn write_zeroes(&self, offset: u64, len: u64, fua: bool, _may_trim: bool) -> io::Result<()> {
+    fn write_zeroes(&self, offset: u64, len: u64, fua: bool, may_trim: bool) -> io::Result<()> {
         if len == 0 {
             return Ok(());
         }
@@ -274,7 +283,7 @@ impl Backend for ArrayBackend {
             return Ok(());
         }
         self.0
-            .write_zeroes(mid, mid_len, fua)
+            .write_zeroes(mid, mid_len, fua, may_trim)
             .map_err(io::Error::from)
     }
 }

@@ -70,7 +70,7 @@ fn main() {
     })
     .unwrap();
     let a = Arc::new(assemble(open(&paths[..4]), AssembleOptions::default()).unwrap());
-    a.write_zeroes(0, a.size_bytes(), false).unwrap(); // allocate every block of the members
+    a.write_zeroes(0, a.size_bytes(), false, false).unwrap(); // allocate every block of the members
     a.flush().unwrap();
     let raw = raw_read_gbs(&paths[0]);
     println!("RAID5 x4, 512 KiB chunk, {mib} MiB members in {}; raw sequential read of one member: {raw:.2} GB/s", dir.display());

@@ -367,11 +367,22 @@ impl Array {
         }
     }
 
-    /// Write zeroes over a range: whole unused-able regions are discarded and marked unused,
-    /// the rest is written with zeroes (in bounded pieces).
-    pub fn write_zeroes(&self, offset_bytes: u64, len_bytes: u64, fua: bool) -> Result<()> {
+    /// Write zeroes over a range. With `release`, whole used-map regions inside it are
+    /// discarded on the members and marked unused instead (NBD's WRITE_ZEROES without
+    /// NO_HOLE); the rest is written with zeroes, in bounded pieces.
+    pub fn write_zeroes(
+        &self,
+        offset_bytes: u64,
+        len_bytes: u64,
+        fua: bool,
+        release: bool,
+    ) -> Result<()> {
         self.check_range(offset_bytes, len_bytes)?;
-        let released = self.release_whole_regions(offset_bytes, len_bytes)?;
+        let released = if release {
+            self.release_whole_regions(offset_bytes, len_bytes)?
+        } else {
+            None
+        };
         let (a, b) = released
             .clone()
             .map_or((offset_bytes + len_bytes, offset_bytes + len_bytes), |r| {

@@ -351,7 +351,7 @@ fn workload(
                 let fua = rng.gen_bool(0.3);
                 let zeroes = vec![0u8; len];
                 model.issue(off, &zeroes);
-                match array.write_zeroes(off as u64, len as u64, fua) {
+                match array.write_zeroes(off as u64, len as u64, fua, true) {
                     _ if rig.rail.is_off() => return,
                     Ok(()) => model.complete(off, &zeroes, fua),
                     Err(e) => panic!("write_zeroes {off}+{len} failed with power on: {e}"),
