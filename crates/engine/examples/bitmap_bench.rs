@@ -42,7 +42,8 @@ fn crash_and_resync(
         assume_clean: true,
         force: true,
         bitmap: bitmap.map(|chunk_bytes| BitmapSpec { chunk_bytes }),
-        discard: true,
+        // Every region counts as used (as on a block device): the full scan reads it all.
+        discard: false,
     })
     .unwrap();
     // A clean stop first: create leaves every bit set (as mdadm does) until the daemon's
