@@ -355,7 +355,7 @@ impl Array {
     }
 
     /// Fail the members a write of replicated metadata (bitmap, used-region map) failed on.
-    pub(crate) fn fail_bitmap_writers(&self, failed: crate::paged::WriteFailures) {
+    pub(crate) fn fail_metadata_writers(&self, failed: crate::paged::WriteFailures) {
         for (member, err) in failed {
             if let Some(role) = self.role_of_member(member.dev_number) {
                 self.fail_role(

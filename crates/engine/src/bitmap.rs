@@ -175,15 +175,10 @@ impl WriteIntentBitmap {
         if new.is_empty() {
             return Ok(());
         }
-        let gen = self.copy.edit(|pages| {
-            for &c in &new {
-                pages.set_bit(BITMAP_HEADER_BYTES, c, true);
-            }
-            pages.bump()
-        });
-        let failed = self.copy.write_through(&array.role_members(), gen);
-        array.fail_bitmap_writers(failed);
-        if array.is_failed() {
+        if !self
+            .copy
+            .commit_bits(array, BITMAP_HEADER_BYTES, new.iter().copied(), true)
+        {
             self.end_write(offset, len);
             return Err(array.unrecoverable(offset, len, "cannot record the write-intent bitmap"));
         }
@@ -277,7 +272,7 @@ impl WriteIntentBitmap {
             }
             failed
         };
-        array.fail_bitmap_writers(failed);
+        array.fail_metadata_writers(failed);
     }
 
     /// Bits set in the image (what `mdadm -X` would count as dirty).

@@ -10,6 +10,7 @@
 //! Lock order: the writer lock, then the image lock. Nothing holding either takes the array's
 //! metadata lock; failed member writes are returned for the caller to act on afterwards.
 
+use crate::array::Array;
 use crate::member::Member;
 use device::AlignedBuf;
 use parking_lot::{Mutex, MutexGuard};
@@ -111,6 +112,27 @@ impl PagedCopy {
     /// Hold the writer lock (to write out several times without others in between).
     pub fn writer(&self) -> MutexGuard<'_, Writer> {
         self.writer.lock()
+    }
+
+    /// Set (or clear) `bits` of the bit array at byte `base` and make that durable on every
+    /// member in a role of `array`; members the write fails on are failed. False if the
+    /// array has failed.
+    pub fn commit_bits(
+        &self,
+        array: &Array,
+        base: usize,
+        bits: impl IntoIterator<Item = u64>,
+        on: bool,
+    ) -> bool {
+        let gen = self.edit(|pages| {
+            for b in bits {
+                pages.set_bit(base, b, on);
+            }
+            pages.bump()
+        });
+        let failed = self.write_through(&array.role_members(), gen);
+        array.fail_metadata_writers(failed);
+        !array.is_failed()
     }
 
     /// Make every change up to `gen` durable on `targets`, unless a write-out did already.

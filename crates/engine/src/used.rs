@@ -154,15 +154,10 @@ impl UsedRegions {
         if new.is_empty() {
             return Ok(());
         }
-        let gen = self.copy.edit(|pages| {
-            for &r in &new {
-                pages.set_bit(USED_MAP_HEADER_BYTES, r, true);
-            }
-            pages.bump()
-        });
-        let failed = self.copy.write_through(&array.role_members(), gen);
-        array.fail_bitmap_writers(failed);
-        if array.is_failed() {
+        if !self
+            .copy
+            .commit_bits(array, USED_MAP_HEADER_BYTES, new.iter().copied(), true)
+        {
             return Err(array.unrecoverable(offset, len, "cannot record the used-region map"));
         }
         for r in new {
@@ -197,14 +192,10 @@ impl UsedRegions {
         for r in rs.clone() {
             self.used[(r / 64) as usize].fetch_and(!(1 << (r % 64)), Ordering::AcqRel);
         }
-        let gen = self.copy.edit(|pages| {
-            for r in rs {
-                pages.set_bit(USED_MAP_HEADER_BYTES, r, false);
-            }
-            pages.bump()
-        });
-        let failed = self.copy.write_through(&array.role_members(), gen);
-        array.fail_bitmap_writers(failed);
+        // A member this write fails on is failed; one that keeps the bit set only counts the
+        // region as used, which is always safe.
+        self.copy
+            .commit_bits(array, USED_MAP_HEADER_BYTES, rs, false);
     }
 
     /// The superblocks are about to record `events`: the map's header records them first.
