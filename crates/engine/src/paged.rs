@@ -16,7 +16,7 @@ use device::AlignedBuf;
 use parking_lot::{Mutex, MutexGuard};
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 pub(crate) const PAGE_BYTES: usize = 4096;
 
@@ -78,10 +78,11 @@ pub(crate) struct PagedCopy {
     durable_gen: AtomicU64,
 }
 
-/// Held while writing out: which members have a complete copy. Members, not device numbers:
-/// a spare may take over the number of a member removed before it.
+/// Held while writing out: which members have a complete copy. Members, not device numbers
+/// (a spare may take over the number of a member removed before it), and weakly: a removed
+/// member's device must close.
 pub(crate) struct Writer {
-    complete_on: Vec<Arc<Member>>,
+    complete_on: Vec<Weak<Member>>,
 }
 
 impl PagedCopy {
@@ -146,7 +147,12 @@ impl PagedCopy {
 
     /// Write the dirty pages (all pages to members without a complete copy) to `targets`, FUA.
     pub fn write_out(&self, targets: &[Arc<Member>], w: &mut Writer) -> WriteFailures {
-        let fresh = |m: &Arc<Member>| !w.complete_on.iter().any(|c| Arc::ptr_eq(c, m));
+        w.complete_on.retain(|c| c.strong_count() > 0);
+        let fresh = |m: &Arc<Member>| {
+            !w.complete_on
+                .iter()
+                .any(|c| std::ptr::eq(c.as_ptr(), Arc::as_ptr(m)))
+        };
         let (pages, all, gen) = {
             let mut im = self.image.lock();
             let gen = im.gen;
@@ -171,7 +177,7 @@ impl PagedCopy {
                     .write_at(buf, self.base + (p * PAGE_BYTES) as u64, true)
             });
             match res {
-                Ok(()) if is_fresh => completed.push(m.clone()),
+                Ok(()) if is_fresh => completed.push(Arc::downgrade(m)),
                 Ok(()) => {}
                 Err(e) => failed.push((m.clone(), e)),
             }
