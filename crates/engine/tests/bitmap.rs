@@ -42,6 +42,7 @@ fn create(level: Level, sims: &[Arc<SimDevice>]) {
         bitmap: Some(BitmapSpec {
             chunk_bytes: Some(BITMAP_CHUNK),
         }),
+        discard: false,
     })
     .expect("create");
 }
@@ -240,4 +241,44 @@ fn member_older_than_events_cleared_gets_a_full_rebuild() {
     a.request_action("check").unwrap();
     settle(&a);
     assert_eq!(a.status().sync.mismatch_sectors, 0);
+}
+
+/// Writes to many new chunks at once share bitmap writes: while one write-out is on its way,
+/// the bits of the writes arriving meanwhile go out together in the next one.
+#[test]
+fn concurrent_writes_to_new_chunks_share_bitmap_writes() {
+    let s = sims(2, 21);
+    create(Level::Raid1, &s);
+    let a = assemble(
+        devs(&s),
+        AssembleOptions {
+            name: None,
+            config: ArrayConfig {
+                sync_window_bytes: WINDOW,
+                ..ArrayConfig::default()
+            },
+            force: false,
+        },
+    )
+    .expect("assemble");
+    a.bitmap_pass();
+    a.bitmap_pass();
+    assert!(set_bits(&s[0]).is_empty());
+    for d in &s {
+        d.set_delay(std::time::Duration::from_millis(5));
+    }
+    let before = s[0].stats().writes;
+    const WRITERS: u64 = 32;
+    std::thread::scope(|scope| {
+        for i in 0..WRITERS {
+            let a = &a;
+            scope.spawn(move || a.write(i * BITMAP_CHUNK, &[i as u8; 4096], false).unwrap());
+        }
+    });
+    assert_eq!(set_bits(&s[0]).len() as u64, WRITERS);
+    let bitmap_writes = s[0].stats().writes - before - WRITERS;
+    assert!(
+        bitmap_writes < WRITERS / 2,
+        "{bitmap_writes} bitmap writes for {WRITERS} writes to new chunks"
+    );
 }
