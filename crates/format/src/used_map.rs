@@ -70,6 +70,10 @@ impl UsedMapHeader {
                 "header checksum mismatch: stored {stored:#010x}, computed {computed:#010x}"
             )));
         }
+        let pad_end = buf.len().min(USED_MAP_HEADER_BYTES);
+        if buf[60..pad_end].iter().any(|&b| b != 0) {
+            return Err(FormatError::UsedMap("header padding is not zero".into()));
+        }
         let version = u32_at(8);
         if version != USED_MAP_VERSION {
             return Err(FormatError::UsedMap(format!("unknown version {version}")));
