@@ -175,6 +175,7 @@ fn probed_raid5(
         assume_clean: true,
         force: false,
         bitmap: None,
+        discard: false,
     })
     .expect("create");
     let data_offset_bytes = engine::read_superblock(sims[0].as_ref())
@@ -420,6 +421,7 @@ fn create_refuses_members_already_in_an_array() {
         assume_clean: true,
         force: false,
         bitmap: None,
+        discard: false,
     })
     .expect_err("refused")
     .to_string();

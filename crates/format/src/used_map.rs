@@ -59,7 +59,9 @@ impl UsedMapHeader {
             return Err(FormatError::Truncated);
         }
         if &buf[0..8] != USED_MAP_MAGIC {
-            return Err(FormatError::UsedMap("no used-region map (bad magic)".into()));
+            return Err(FormatError::UsedMap(
+                "no used-region map (bad magic)".into(),
+            ));
         }
         let u32_at = |o: usize| u32::from_le_bytes(buf[o..o + 4].try_into().expect("4 bytes"));
         let u64_at = |o: usize| u64::from_le_bytes(buf[o..o + 8].try_into().expect("8 bytes"));
@@ -148,7 +150,10 @@ mod tests {
     #[test]
     fn region_size_fits_the_room() {
         // 1 GiB in 2 MiB of headroom: 1 MiB regions, one page of bits.
-        assert_eq!(choose_region_bytes(1 << 30, 2 << 20, 512 << 10), Some(1 << 20));
+        assert_eq!(
+            choose_region_bytes(1 << 30, 2 << 20, 512 << 10),
+            Some(1 << 20)
+        );
         // 4 TiB in 8 KiB (one header page, one bit page): 32768 bits → 128 MiB regions.
         assert_eq!(choose_region_bytes(4 << 40, 8192, 4096), Some(128 << 20));
         assert_eq!(choose_region_bytes(1 << 30, 4096, 4096), None);

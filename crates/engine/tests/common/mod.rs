@@ -208,6 +208,7 @@ pub fn create_clean(
         assume_clean: true,
         force: false,
         bitmap: None,
+        discard: false,
     })
     .expect("create")
 }
