@@ -24,6 +24,9 @@ pub struct Detail {
     /// Extension: the write-intent bitmap (null: the array has none).
     #[serde(default)]
     pub bitmap: Option<BitmapDetail>,
+    /// Extension: the used-region map (null: the array keeps none, e.g. RAID0/10/linear).
+    #[serde(default)]
+    pub used_regions: Option<UsedDetail>,
     /// Extension: where the NBD export listens.
     #[serde(default)]
     pub nbd: Vec<String>,
@@ -67,6 +70,58 @@ pub struct BitmapDetail {
     /// Bits set: chunks written recently, or still to resync or recover.
     pub dirty_chunks: u64,
     pub events_cleared: u64,
+}
+
+/// The used-region map: regions of each member's data area that may hold data. The others are
+/// zero on every member and skipped by resync, check and rebuild.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct UsedDetail {
+    /// Bytes of each member's data area one region covers.
+    pub region_bytes: u64,
+    pub regions: u64,
+    /// Regions that may hold data.
+    pub used: u64,
+    /// `used × region_bytes`: bytes of each member's data area that may hold data (the last
+    /// region may reach past the data area's end).
+    pub used_bytes: u64,
+}
+
+impl UsedDetail {
+    pub fn from_engine(u: &engine::UsedStatus) -> UsedDetail {
+        UsedDetail {
+            region_bytes: u.region_bytes,
+            regions: u.regions,
+            used: u.used,
+            used_bytes: u.used.saturating_mul(u.region_bytes),
+        }
+    }
+
+    /// `used: 12/1024 regions (12 MiB of each member), 1 MiB region`.
+    pub fn mdstat_line(&self) -> String {
+        format!(
+            "      used: {}/{} regions ({} of each member), {} region\n",
+            self.used,
+            self.regions,
+            exact_size(self.used_bytes),
+            exact_size(self.region_bytes)
+        )
+    }
+}
+
+/// Bytes in the largest power-of-1024 unit they reach: a whole number when exact ("12 MiB"),
+/// else two decimals as `size::human` ("4.50 MiB").
+fn exact_size(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut unit = 0;
+    while unit + 1 < UNITS.len() && bytes >= 1 << (10 * (unit + 1)) {
+        unit += 1;
+    }
+    let scale = 1u64 << (10 * unit);
+    if bytes.is_multiple_of(scale) {
+        format!("{} {}", bytes / scale, UNITS[unit])
+    } else {
+        crate::size::human(bytes)
+    }
 }
 
 /// Counters md keeps in one 4 KiB page (16 bits per chunk): the unit of mdstat's "pages".
@@ -162,6 +217,7 @@ impl Detail {
                 dirty_chunks: b.dirty_chunks,
                 events_cleared: b.events_cleared,
             }),
+            used_regions: s.used_regions.as_ref().map(UsedDetail::from_engine),
             nbd,
             pid: std::process::id(),
         }
@@ -233,6 +289,9 @@ impl Detail {
         if let Some(b) = &self.bitmap {
             out.push_str(&b.mdstat_line());
         }
+        if let Some(u) = &self.used_regions {
+            out.push_str(&u.mdstat_line());
+        }
         out
     }
 }
@@ -287,5 +346,110 @@ mod tests {
             busy.mdstat_line(),
             "      bitmap: 2/30 pages [8KB], 65536KB chunk\n"
         );
+    }
+
+    fn used(region_bytes: u64, regions: u64, used: u64) -> UsedDetail {
+        UsedDetail::from_engine(&engine::UsedStatus {
+            region_bytes,
+            regions,
+            used,
+        })
+    }
+
+    #[test]
+    fn used_line_counts_regions_and_bytes_of_each_member() {
+        assert_eq!(
+            used(1 << 20, 1024, 12).mdstat_line(),
+            "      used: 12/1024 regions (12 MiB of each member), 1 MiB region\n"
+        );
+        assert_eq!(
+            used(1 << 20, 255, 0).mdstat_line(),
+            "      used: 0/255 regions (0 B of each member), 1 MiB region\n"
+        );
+        // 1536 regions of 2 MiB: 3 GiB; 3 of 1.5 MiB: 4.5 MiB, not a whole MiB.
+        assert_eq!(
+            used(2 << 20, 4096, 1536).mdstat_line(),
+            "      used: 1536/4096 regions (3 GiB of each member), 2 MiB region\n"
+        );
+        assert_eq!(
+            used(3 << 19, 10, 3).mdstat_line(),
+            "      used: 3/10 regions (4.50 MiB of each member), 1.50 MiB region\n"
+        );
+        assert_eq!(used(1 << 20, 1024, 12).used_bytes, 12 << 20);
+    }
+
+    fn raid5_detail(used_regions: Option<UsedDetail>) -> Detail {
+        let members = (0..4)
+            .map(|i| MemberDetail {
+                path: format!("/tmp/m{i}.img"),
+                role: Some(i),
+                state: "in_sync".into(),
+            })
+            .collect();
+        Detail {
+            name: "vol".into(),
+            uuid: "00000000:00000000:00000000:00000000".into(),
+            level: "raid5".into(),
+            layout: Some("left-symmetric".into()),
+            chunk_bytes: 512 << 10,
+            size_bytes: 3 * (255 << 20),
+            raid_devices: 4,
+            events: 3,
+            state: "clean".into(),
+            consistency_policy: "resync".into(),
+            integrity: None,
+            members,
+            sync: SyncDetail {
+                action: "idle".into(),
+                done_bytes: 0,
+                total_bytes: 0,
+                rate_bytes_per_s: 0,
+                last_action: "idle".into(),
+                frozen: false,
+                speed_min_bytes_per_s: 1000 << 10,
+                speed_max_bytes_per_s: 200_000 << 10,
+            },
+            mismatch_count: 0,
+            bitmap: None,
+            used_regions,
+            nbd: vec![],
+            pid: 1,
+        }
+    }
+
+    #[test]
+    fn mdstat_shows_the_used_map_last() {
+        let d = raid5_detail(Some(used(1 << 20, 255, 3)));
+        assert_eq!(
+            d.mdstat(),
+            "vol : active raid5 m0.img[0] m1.img[1] m2.img[2] m3.img[3]\n      \
+             783360 blocks super 1.2 level 5, 512k chunk, algorithm left-symmetric [4/4] \
+             [UUUU]  state clean\n      \
+             used: 3/255 regions (3 MiB of each member), 1 MiB region\n"
+        );
+        let none = raid5_detail(None).mdstat();
+        assert!(!none.contains("used:"), "{none}");
+    }
+
+    #[test]
+    fn json_used_regions_is_an_object_or_null() {
+        let v = serde_json::to_value(raid5_detail(Some(used(1 << 20, 255, 3)))).unwrap();
+        assert_eq!(
+            v["used_regions"],
+            serde_json::json!({
+                "region_bytes": 1u64 << 20,
+                "regions": 255,
+                "used": 3,
+                "used_bytes": 3u64 << 20,
+            })
+        );
+        let v = serde_json::to_value(raid5_detail(None)).unwrap();
+        assert!(v["used_regions"].is_null(), "{v:#}");
+        assert!(v.as_object().unwrap().contains_key("used_regions"), "{v:#}");
+        // A daemon from before the extension: the field is absent, the CLI reads None.
+        let mut old = v;
+        old.as_object_mut().unwrap().remove("used_regions");
+        let back: Detail = serde_json::from_value(old).unwrap();
+        assert_eq!(back.used_regions, None);
     }
 }

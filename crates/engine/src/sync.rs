@@ -177,7 +177,7 @@ pub(crate) enum Stop {
 /// Tracks one action's progress and paces it.
 pub(crate) struct Pace {
     start: Duration,
-    done_at_start: u64,
+    worked_at_start: u64,
     last_checkpoint: Duration,
 }
 
@@ -190,6 +190,9 @@ pub(crate) struct Walk {
     /// Per-member bytes (array bytes for mirror resync/scrub of RAID10) done so far.
     pos: u64,
     end: u64,
+    /// Bytes of `pos` that were really read and written (not skipped as unused or clean):
+    /// what the rate limits count, as md counts only sync I/O.
+    worked: u64,
     pace: Pace,
     member: Option<String>,
 }
@@ -207,12 +210,17 @@ impl Walk {
             // resumes after the rebuild.
             return Err(Stop::Interrupted);
         }
+        // Where the real work of this step starts (None: the step only skips).
+        let mut work_from = None;
         let next = match self.job {
             Job::Recover(role) => match array.skip_unused_for_recovery(role, self.pos, self.end) {
                 Some(res) => res?,
                 None => match array.skip_clean_for_recovery(role, self.pos, self.end) {
                     Some(next) => next,
-                    None => array.recover_window(role, self.pos, self.end)?,
+                    None => {
+                        work_from = Some(self.pos);
+                        array.recover_window(role, self.pos, self.end)?
+                    }
                 },
             },
             Job::Resync { full, .. } => {
@@ -229,6 +237,7 @@ impl Walk {
                     self.pos = todo.end;
                     return Ok(self.pos >= self.end);
                 }
+                work_from = Some(work.start);
                 let next = array.scrub_step(SyncAction::Resync, work.start, work.end)?;
                 array.policy.resynced(todo.start, next.min(self.end));
                 next
@@ -239,11 +248,15 @@ impl Walk {
                     self.pos = self.end;
                     return Ok(true);
                 }
+                work_from = Some(work.start);
                 array.scrub_step(a, work.start, work.end)?
             }
         };
         assert!(next > self.pos, "a window must make progress");
         self.pos = next.min(self.end);
+        if let Some(from) = work_from {
+            self.worked += self.pos.saturating_sub(from);
+        }
         if let Job::Recover(role) = self.job {
             let now = array.sync.clock.now();
             if now.saturating_sub(self.pace.last_checkpoint) > CHECKPOINT_EVERY {
@@ -445,9 +458,10 @@ impl Array {
             action,
             pos: from.min(end),
             end,
+            worked: 0,
             pace: Pace {
                 start: now,
-                done_at_start: from.min(end),
+                worked_at_start: 0,
                 last_checkpoint: now,
             },
             member: match job {
@@ -479,7 +493,7 @@ impl Array {
     fn run_walk(&self, mut walk: Walk) {
         self.announce(&walk);
         let res = loop {
-            if let Err(stop) = self.pace(&mut walk.pace, walk.pos) {
+            if let Err(stop) = self.pace(&mut walk.pace, walk.pos, walk.worked) {
                 break Err(stop);
             }
             match walk.step(self) {
@@ -690,12 +704,14 @@ impl Array {
     }
 
     /// Pause as md's speed limits ask; `Err` if told to stop.
-    pub(crate) fn pace(&self, p: &mut Pace, done: u64) -> Result<(), Stop> {
+    /// `done`: progress so far; `worked`: the bytes of it really read and written, which is
+    /// what the limits count.
+    pub(crate) fn pace(&self, p: &mut Pace, done: u64, worked: u64) -> Result<(), Stop> {
         let clock = &self.sync.clock;
         loop {
             let now = clock.now();
             let secs = now.saturating_sub(p.start).as_secs_f64().max(1e-3);
-            let rate = (done - p.done_at_start) as f64 / secs;
+            let rate = (worked - p.worked_at_start) as f64 / secs;
             if now.saturating_sub(p.start) > RATE_WINDOW {
                 // The rate is of the recent past (md's sync marks), not since the start: after
                 // a long run at full speed, an average since the start would stay above `min`
@@ -703,7 +719,7 @@ impl Array {
                 // `min`.
                 let kept = RATE_WINDOW / 2;
                 p.start = now - kept;
-                p.done_at_start = done - (rate * kept.as_secs_f64()) as u64;
+                p.worked_at_start = worked - (rate * kept.as_secs_f64()) as u64;
             }
             let (min, max, interrupt, frozen) = {
                 let mut st = self.sync.st.lock();

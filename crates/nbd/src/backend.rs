@@ -60,8 +60,10 @@ impl Default for BlockSizes {
 /// are always within `size_bytes()`; when the client negotiated block sizes
 /// they are multiples of `block_sizes().min`, otherwise they may be any byte
 /// range. `read`/`write` never see more than `block_sizes().max` bytes;
-/// `trim`/`write_zeroes`/`cache` are split by the server into pieces of at
-/// most `max` bytes (aligned to `min`).
+/// `cache` is split by the server into pieces of at most `max` bytes (aligned to
+/// `min`); `trim` and `write_zeroes` carry no payload and come whole (up to the
+/// protocol's 32-bit length), so a backend that frees space in large units sees
+/// every unit the request covers.
 pub trait Backend: Send + Sync + 'static {
     /// Export size in bytes.
     fn size_bytes(&self) -> u64;

@@ -500,13 +500,13 @@ fn execute(
             _ => Ok(()),
         },
         Command::Flush => b.flush(),
-        Command::Trim { offset, len, fua } => split(ctx, offset, len, |o, l| b.trim(o, l, fua)),
+        Command::Trim { offset, len, fua } => b.trim(offset, u64::from(len), fua),
         Command::WriteZeroes {
             offset,
             len,
             fua,
             may_trim,
-        } => split(ctx, offset, len, |o, l| b.write_zeroes(o, l, fua, may_trim)),
+        } => b.write_zeroes(offset, u64::from(len), fua, may_trim),
         Command::Cache { offset, len } => split(ctx, offset, len, |o, l| b.cache(o, l)),
         Command::BlockStatus {
             offset: _,
