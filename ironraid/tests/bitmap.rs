@@ -283,6 +283,15 @@ fn after_a_crash_only_the_dirty_chunks_are_resynced() {
         "5",
         &["--consistency-policy", "bitmap", "--bitmap-chunk", "1M"],
     );
+    // Data everywhere the test looks (member bytes 0..32M), so that no used-region skipping
+    // hides a stripe from the resync or the check; a clean stop then clears the bits.
+    let d = env.run_all();
+    let out = sh(
+        "qemu-io",
+        &["-f", "raw", &env.uri(), "-c", "write -P 0x33 0 96M"],
+    );
+    assert!(out.contains("wrote"), "{out}");
+    env.stop(d);
     clear_bits(&env);
     let d = env.run_all();
     // Four 1 MiB regions far apart. With 512K chunks a stripe holds 1.5 MiB of data, so array
