@@ -8,14 +8,15 @@
 //! # In memory
 //! One `AtomicU32` per chunk: the writes in flight on it, how many clean-up passes found it
 //! idle, whether its bit is durable on the members (`ON_DISK`), and whether its redundancy must
-//! be made consistent (`NEEDED`: a set bit found at an unclean assembly, or writes that failed).
+//! be made consistent (`NEEDED`: a set bit found at an unclean assembly, or writes that hit a
+//! full backing store).
 //! A write to a chunk whose bit is durable touches only its counter: no lock on that path.
 //!
 //! # Setting (group commit)
-//! A write to a chunk without a durable bit sets the bit in the page image (image lock), then
-//! waits until a write-out that started after that has completed. Write-outs are serialised by
-//! the writer lock; whoever holds it writes every dirty page, so writes to many new chunks that
-//! arrive together share one bitmap write.
+//! A write to a chunk without a durable bit sets the bit in the page image, then waits until a
+//! write-out that started after that has completed ([`PagedCopy`], shared with the used-region
+//! map): whoever holds its writer lock writes every dirty page, so writes to many new chunks
+//! that arrive together share one bitmap write.
 //!
 //! # Clearing (the daemon, every `daemon_sleep`)
 //! 1. Idle chunks age by one pass (a write start resets the age).
@@ -26,9 +27,9 @@
 //!    counter is still unchanged (a write that started meanwhile keeps its bit) and write the
 //!    pages out.
 //!
-//! Lock order: the metadata lock, then the writer lock, then the image lock. Nothing holding
-//! the writer lock takes the metadata lock: member failures met while writing the bitmap are
-//! reported to the caller, who fails the members after letting go.
+//! Lock order: the metadata lock, the copy's writer lock, the header lock, the copy's image
+//! lock. Nothing holding the writer lock takes the metadata lock: member failures met while
+//! writing the bitmap are reported to the caller, who fails the members after letting go.
 
 use crate::array::Array;
 use crate::error::Result;
