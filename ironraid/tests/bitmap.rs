@@ -262,17 +262,6 @@ fn scribble(env: &Env, p: &Path, at: u64) {
     f.sync_all().unwrap();
 }
 
-/// `action NAME ACTION --wait`; the mismatch_count it printed.
-fn action_wait(env: &Env, action: &str) -> u64 {
-    let out = env.ok(&["action", &env.name, action, "--wait"]);
-    assert!(out.contains(&format!("{action} finished")), "{out}");
-    out.trim()
-        .rsplit(' ')
-        .next()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("action {action} --wait printed no mismatch_count: {out}"))
-}
-
 #[test]
 fn after_a_crash_only_the_dirty_chunks_are_resynced() {
     if !require_tools(&["mdadm", "losetup", "qemu-io"]) {
@@ -327,12 +316,12 @@ fn after_a_crash_only_the_dirty_chunks_are_resynced() {
     });
     assert_eq!(done["sync"]["last_action"], "resync", "{done:#}");
     assert_eq!(
-        action_wait(&env, "check"),
+        env.action_wait("check"),
         8,
         "the resync should have fixed stripe 0 (a dirty chunk) and skipped stripe 60 (clean)"
     );
-    action_wait(&env, "repair");
-    assert_eq!(action_wait(&env, "check"), 0);
+    env.action_wait("repair");
+    assert_eq!(env.action_wait("check"), 0);
     let mut args = vec!["-f".to_string(), "raw".into(), uri];
     for (mib, pat) in regions {
         args.extend(["-c".into(), format!("read -P {pat:#x} {mib}M 1M")]);
@@ -479,12 +468,12 @@ fn a_member_added_back_recovers_only_what_it_missed() {
     });
     assert_eq!(done["sync"]["last_action"], "recover", "{done:#}");
     assert_eq!(
-        action_wait(&env, "check"),
+        env.action_wait("check"),
         8,
         "only the page changed behind the array's back (in a clean chunk) may disagree"
     );
-    action_wait(&env, "repair");
-    assert_eq!(action_wait(&env, "check"), 0);
+    env.action_wait("repair");
+    assert_eq!(env.action_wait("check"), 0);
     let out = io("read -P 0x22 60M 1M");
     assert!(!out.contains("Pattern verification failed"), "{out}");
     let out = io("read -P 0x11 0 60M");

@@ -33,20 +33,6 @@ fn member_state(d: &Value, p: &Path) -> String {
     )
 }
 
-/// `action NAME ACTION --wait`; returns the mismatch_count it printed.
-fn action_wait(env: &Env, action: &str) -> u64 {
-    let out = env.ok(&["action", &env.name, action, "--wait"]);
-    let n = out
-        .trim()
-        .rsplit(' ')
-        .next()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("action {action} --wait printed no mismatch_count: {out}"));
-    assert!(out.contains(&format!("{action} finished")), "{out}");
-    assert_eq!(env.detail()["mismatch_count"], n, "{out}");
-    n
-}
-
 /// The fio job of these tests: 2 jobs, iodepth 16, random 8 KiB writes with crc32c headers.
 fn fio_args(env: &Env, size_mib: u64, extra: &[&str]) -> Vec<String> {
     let mut a: Vec<String> = [
@@ -143,7 +129,7 @@ fn spare_rebuilds_under_fio_and_check_is_clean() {
     );
     assert_eq!(member(&d1, &spare).unwrap()["role"], 1, "{d1:#}");
     env.ok(&["speed", "rb5", "--max", "1G"]);
-    assert_eq!(action_wait(&env, "check"), 0);
+    assert_eq!(env.action_wait("check"), 0);
     // The superblocks agree: the spare holds role 1 and is active. The failed member is no
     // longer written (as in md, its own superblock still says what it was, with older events).
     let ex = env.examine(&spare);
@@ -229,7 +215,7 @@ fn killed_daemon_resyncs_in_background() {
         matches!(done["state"].as_str(), Some("clean" | "active")),
         "{done:#}"
     );
-    assert_eq!(action_wait(&env, "check"), 0);
+    assert_eq!(env.action_wait("check"), 0);
     let out = sh("qemu-io", &["-f", "raw", &uri, "-c", "read -P 0xab 0 8M"]);
     assert!(!out.contains("Pattern verification failed"), "{out}");
     env.stop(d);
@@ -267,11 +253,11 @@ fn scrub_case(level: &str, n: usize, victim: usize, gone: usize, at: u64) {
     env.stop(d);
     scribble(&env, &env.members[victim], at, 4096);
     let d = env.run_all();
-    assert_eq!(action_wait(&env, "check"), 8, "one 4 KiB page = 8 sectors");
+    assert_eq!(env.action_wait("check"), 8, "one 4 KiB page = 8 sectors");
     assert_eq!(env.detail()["sync"]["last_action"], "check");
-    assert_eq!(action_wait(&env, "repair"), 8);
-    assert_eq!(action_wait(&env, "check"), 0);
-    assert_eq!(action_wait(&env, "resync"), 0);
+    assert_eq!(env.action_wait("repair"), 8);
+    assert_eq!(env.action_wait("check"), 0);
+    assert_eq!(env.action_wait("resync"), 0);
     assert!(read_back(&env, want.len()) == want, "{level}: data changed");
     env.ok(&["fail", &env.name, env.members[gone].to_str().unwrap()]);
     assert!(

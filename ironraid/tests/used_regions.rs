@@ -117,17 +117,6 @@ fn write_random(env: &Env, expected: &Expected, off: u64, len: u64, seed: u64) {
     expected.put(off, &std::fs::read(&src).unwrap());
 }
 
-/// `action NAME ACTION --wait`; the mismatch_count it printed.
-fn action_wait(env: &Env, action: &str) -> u64 {
-    let out = env.ok(&["action", &env.name, action, "--wait"]);
-    assert!(out.contains(&format!("{action} finished")), "{out}");
-    out.trim()
-        .rsplit(' ')
-        .next()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("action {action} --wait printed no mismatch_count: {out}"))
-}
-
 fn allocated_bytes(p: &Path) -> u64 {
     std::fs::metadata(p).unwrap().blocks() * 512
 }
@@ -239,7 +228,7 @@ fn a_new_array_skips_its_initial_sync_and_counts_written_regions() {
             format!("read -P 0x5e {} 4096", 42 * MIB - 4096),
         ],
     );
-    assert_eq!(action_wait(&env, "check"), 0);
+    assert_eq!(env.action_wait("check"), 0);
     env.stop(d);
     mdadm_reads_members(&env.members);
 }
@@ -310,7 +299,7 @@ fn a_rebuild_skips_unwritten_regions() {
     let after = env.detail();
     assert_eq!(used_map(&after).0, 24, "{after:#}");
     reads_like(&env, &expected);
-    assert_eq!(action_wait(&env, "check"), 0);
+    assert_eq!(env.action_wait("check"), 0);
     // The new member holds what the old one held, holes for zeroes included.
     let data_off = env.examine(&spare)["data_offset_sectors"].as_u64().unwrap() * 512;
     assert_eq!(
@@ -399,7 +388,7 @@ fn trim_and_write_zeroes_release_whole_regions_and_the_map_persists() {
         ],
     );
     reads_like(&env, &expected);
-    assert_eq!(action_wait(&env, "check"), 0);
+    assert_eq!(env.action_wait("check"), 0);
 
     // A clean stop and a new run: the same map, the same data.
     env.stop(d);
@@ -411,7 +400,7 @@ fn trim_and_write_zeroes_release_whole_regions_and_the_map_persists() {
     // A released region takes data again.
     write_random(&env, &expected, 4 * MIB, MIB, 9201);
     assert_eq!(used(&env), 7);
-    assert_eq!(action_wait(&env, "check"), 0);
+    assert_eq!(env.action_wait("check"), 0);
 
     // kill -9: the map on the members still covers everything written.
     qemu_io(&env, &[format!("write -P 0x77 {} {}", 100 * MIB, MIB)]);
@@ -428,7 +417,7 @@ fn trim_and_write_zeroes_release_whole_regions_and_the_map_persists() {
         "the map after kill -9: {resynced:#}"
     );
     reads_like(&env, &expected);
-    assert_eq!(action_wait(&env, "check"), 0);
+    assert_eq!(env.action_wait("check"), 0);
     env.stop(d);
     mdadm_reads_members(&env.members);
 }
@@ -458,7 +447,7 @@ fn trim_across_a_32_mib_multiple_releases_every_whole_region() {
     qemu_io(&env, &[format!("write -z -u {} {}", 60 * MIB, 9 * MIB)]);
     let after_zeroes = used(&env);
     qemu_io(&env, &[format!("read -P 0 {} {}", 60 * MIB, 9 * MIB)]);
-    assert_eq!(action_wait(&env, "check"), 0);
+    assert_eq!(env.action_wait("check"), 0);
     env.stop(d);
     assert_eq!(
         (after_trim, after_zeroes),
@@ -487,7 +476,7 @@ fn skipped_regions_do_not_count_against_the_speed_limit() {
     qemu_io(&env, &cmds);
     assert_eq!(used(&env), 9);
     let t0 = Instant::now();
-    assert_eq!(action_wait(&env, "check"), 0);
+    assert_eq!(env.action_wait("check"), 0);
     let check = t0.elapsed();
     let spare = env.file("spare.img", MEMBER);
     let rebuild = replace_member(&env, &spare);

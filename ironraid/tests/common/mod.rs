@@ -179,6 +179,20 @@ impl Env {
         v[0].clone()
     }
 
+    /// `action NAME ACTION --wait`; the mismatch_count it printed (which `detail` agrees with).
+    pub fn action_wait(&self, action: &str) -> u64 {
+        let out = self.ok(&["action", &self.name, action, "--wait"]);
+        assert!(out.contains(&format!("{action} finished")), "{out}");
+        let n = out
+            .trim()
+            .rsplit(' ')
+            .next()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("action {action} --wait printed no mismatch_count: {out}"));
+        assert_eq!(self.detail()["mismatch_count"], n, "{out}");
+        n
+    }
+
     pub fn run_all(&self) -> Daemon {
         self.run(&self.members)
     }
