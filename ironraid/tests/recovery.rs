@@ -476,7 +476,9 @@ fn add_and_remove_members() {
 fn speed_limits_slow_a_rebuild_and_can_be_raised() {
     let env = Env::new("speed1", 2, 128 * MIB);
     let spare = env.file("spare.img", 128 * MIB);
-    env.create("1", &["--spare", spare.to_str().unwrap()]);
+    // Preallocated members keep every region in use: the rebuild has all of them to copy
+    // (a fresh array of holes would have nothing to rebuild, nothing to pace).
+    env.create("1", &["--spare", spare.to_str().unwrap(), "--preallocate"]);
     let mut all = env.members.clone();
     all.push(spare.clone());
     let d = env.run(&all);
