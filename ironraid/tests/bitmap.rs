@@ -294,7 +294,8 @@ fn after_a_crash_only_the_dirty_chunks_are_resynced() {
     let refs: Vec<&str> = args.iter().map(String::as_str).collect();
     let out = sh("qemu-io", &refs);
     assert!(out.contains("wrote"), "{out}");
-    std::thread::sleep(Duration::from_millis(500));
+    // At once: qemu-io returned, so nothing is in flight, and safe mode (which records an
+    // array idle for 200 ms clean, so that no resync would follow) has not come yet.
     d.kill9();
     assert_eq!(env.examine(&env.members[0])["state"], "active");
     let Some(dirty) = mdadm_agrees(&env) else {

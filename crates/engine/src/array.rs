@@ -34,6 +34,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// md's `safe_mode_delay`: how long without member writes before the array is recorded clean.
+pub(crate) const SAFE_MODE_DELAY: Duration = Duration::from_millis(200);
+
 /// How long a clean stop waits for writes in flight before giving up (the array stays dirty).
 const CLOSE_DRAIN_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -89,6 +92,10 @@ pub struct Array {
     pub(crate) meta: Mutex<Meta>,
     pub(crate) config: ArrayConfig,
     active: AtomicBool,
+    /// Groups of member writes between their commit point's start and end.
+    pub(crate) writes_in_commit: AtomicUsize,
+    /// When the last group of member writes ended (the sync clock's ms, +1; 0: none yet).
+    pub(crate) last_write_ms: std::sync::atomic::AtomicU64,
     closing: AtomicBool,
     failures_in_commit: AtomicUsize,
     failed: AtomicBool,
@@ -226,6 +233,8 @@ impl Array {
             meta: Mutex::new(p.meta),
             config: p.config,
             active: AtomicBool::new(false),
+            writes_in_commit: AtomicUsize::new(0),
+            last_write_ms: std::sync::atomic::AtomicU64::new(0),
             closing: AtomicBool::new(false),
             failures_in_commit: AtomicUsize::new(0),
             failed: AtomicBool::new(false),
@@ -463,19 +472,76 @@ impl Array {
     /// Record that the array is active on every member (durably) before the first member
     /// write of this run.
     pub(crate) fn mark_active(&self) -> Result<()> {
-        if self.active.load(Ordering::Acquire) {
+        // SeqCst: the caller counted itself in `writes_in_commit` first, and safe mode clears
+        // `active` before it reads that count (see `mark_clean_if_idle`).
+        if self.active.load(Ordering::SeqCst) {
             return Ok(());
         }
         let mut meta = self.meta.lock();
-        if self.active.load(Ordering::Acquire) {
+        if self.active.load(Ordering::SeqCst) {
             return Ok(());
         }
         self.policy.on_active(&mut meta);
         let failed = meta.commit();
-        self.active.store(true, Ordering::Release);
+        self.active.store(true, Ordering::SeqCst);
         drop(meta);
         self.fail_members_after_sb_error(failed);
         Ok(())
+    }
+
+    /// md's safe mode: an array with no member write for [`SAFE_MODE_DELAY`] is recorded clean
+    /// (with the resync checkpoint, if one is pending), so that a crash while idle costs no
+    /// resync. Every write completed is durable first (the superblock commit flushes). The next
+    /// write records "active" again before it goes out.
+    ///
+    /// Why no write can slip through: a write counts itself in `writes_in_commit` and then reads
+    /// `active`; this clears `active` and then reads the count (all SeqCst). Either it sees the
+    /// write and backs off, or the write sees `active` false and waits on the metadata lock,
+    /// held here, to record "active" again after this commit.
+    pub(crate) fn mark_clean_if_idle(&self) {
+        if !self.active.load(Ordering::SeqCst) || self.config.read_only || self.is_failed() {
+            return;
+        }
+        let now = self.sync.clock.now().as_millis() as u64 + 1;
+        let last = self.last_write_ms.load(Ordering::Acquire);
+        if now.saturating_sub(last) < SAFE_MODE_DELAY.as_millis() as u64 {
+            return;
+        }
+        let resync_from = {
+            let st = self.sync.st.lock();
+            if st.running != crate::sync::SyncAction::Idle {
+                return;
+            }
+            st.resync_from
+        };
+        let mut meta = self.meta.lock();
+        if !self.active.load(Ordering::SeqCst) {
+            return;
+        }
+        self.active.store(false, Ordering::SeqCst);
+        if self.writes_in_commit.load(Ordering::SeqCst) > 0
+            || self.failures_in_commit.load(Ordering::SeqCst) > 0
+        {
+            self.active.store(true, Ordering::SeqCst);
+            return;
+        }
+        // Every member flushed before any superblock says clean: the commit's own flush is per
+        // member, and a cut between two of them must not leave one saying clean while another
+        // still holds the last writes in a volatile cache. A flush that fails leaves the array
+        // active; the next write or flush meets the error and fails the member.
+        let flushed = meta
+            .members
+            .iter()
+            .filter(|m| m.writable)
+            .all(|m| m.member.dev.flush().is_ok());
+        if !flushed {
+            self.active.store(true, Ordering::SeqCst);
+            return;
+        }
+        self.policy.on_clean(&mut meta, resync_from);
+        let failed = meta.commit();
+        drop(meta);
+        self.fail_members_after_sb_error(failed);
     }
 
     /// Wait until every member failure set so far is recorded in the superblocks.
@@ -518,7 +584,7 @@ impl Array {
         let mut meta = self.meta.lock();
         self.policy.on_clean(&mut meta, resync_from);
         let failed = meta.commit();
-        self.active.store(false, Ordering::Release);
+        self.active.store(false, Ordering::SeqCst);
         drop(meta);
         self.fail_members_after_sb_error(failed);
         Ok(())
@@ -680,8 +746,7 @@ impl Array {
             missing_roles: (0..self.slots.len())
                 .filter(|&r| !self.slots[r].is_complete())
                 .collect(),
-            dirty: self.active.load(Ordering::Acquire)
-                || self.sync.unsynced.load(Ordering::Acquire),
+            dirty: self.active.load(Ordering::SeqCst) || self.sync.unsynced.load(Ordering::Acquire),
             consistency_policy: self.policy.name(),
             failed: self.is_failed(),
             read_only: self.config.read_only,

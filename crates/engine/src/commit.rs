@@ -18,6 +18,7 @@
 use crate::array::Array;
 use crate::error::{EngineError, Result};
 use crate::io::{IoKind, IoOutcome, MemberIo};
+use std::sync::atomic::Ordering;
 
 /// What a group of member writes is for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -100,6 +101,7 @@ impl Array {
         if ios.is_empty() {
             return Ok(());
         }
+        let _counted = InCommit::enter(self);
         if set.kind != WriteKind::Rebuild {
             self.mark_active()?;
         }
@@ -136,5 +138,24 @@ impl Array {
             });
         }
         Ok(())
+    }
+}
+
+/// Counts a group of member writes in `writes_in_commit` while it passes the commit point (safe
+/// mode waits for none), and notes when the last one ended.
+struct InCommit<'a>(&'a Array);
+
+impl<'a> InCommit<'a> {
+    fn enter(array: &'a Array) -> InCommit<'a> {
+        array.writes_in_commit.fetch_add(1, Ordering::SeqCst);
+        InCommit(array)
+    }
+}
+
+impl Drop for InCommit<'_> {
+    fn drop(&mut self) {
+        let now = self.0.sync.clock.now().as_millis() as u64 + 1;
+        self.0.last_write_ms.store(now, Ordering::Release);
+        self.0.writes_in_commit.fetch_sub(1, Ordering::SeqCst);
     }
 }

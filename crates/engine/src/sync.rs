@@ -473,9 +473,9 @@ impl Array {
 
     fn background_loop(self: Arc<Self>) {
         loop {
-            let walk = {
-                let mut st = self.sync.st.lock();
-                loop {
+            let walk = loop {
+                {
+                    let mut st = self.sync.st.lock();
                     if st.stop {
                         return;
                     }
@@ -483,8 +483,11 @@ impl Array {
                         break walk;
                     }
                     self.sync.cv.notify_all();
-                    self.sync.cv.wait_for(&mut st, Duration::from_millis(500));
+                    self.sync
+                        .cv
+                        .wait_for(&mut st, crate::array::SAFE_MODE_DELAY);
                 }
+                self.mark_clean_if_idle();
             };
             self.run_walk(walk);
         }
@@ -540,6 +543,8 @@ impl Array {
             }
         }
         let Some(walk) = stepped.as_mut() else {
+            drop(stepped);
+            self.mark_clean_if_idle();
             return SyncAction::Idle;
         };
         let action = walk.action;
