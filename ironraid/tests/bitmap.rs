@@ -10,7 +10,6 @@ use std::io::{Seek, SeekFrom, Write};
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::process::Command;
-use std::time::Duration;
 
 const MIB: u64 = 1 << 20;
 const MEMBER: u64 = 64 * MIB;
