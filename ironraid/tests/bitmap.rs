@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{require_tools, sh, tool_missing, Env};
+use common::{mdadm_field, require_tools, sh, Env, Loop};
 use serde_json::Value;
 use std::io::{Seek, SeekFrom, Write};
 use std::os::unix::fs::MetadataExt;
@@ -18,49 +18,26 @@ const MEMBER: u64 = 64 * MIB;
 /// superblock and the internal bitmap after it. `None` only when loop devices are unusable here
 /// and missing tools are allowed.
 fn mdadm_examine_bitmap(member: &Path) -> Option<String> {
-    let out = Command::new("losetup")
-        .args(["-f", "--show", "-r", "--direct-io=off"])
-        .arg(member)
+    let lo = Loop::attach(member, true)?;
+    let x = Command::new("mdadm")
+        .args(["-X", &lo.0])
         .output()
-        .expect("spawn losetup");
-    if !out.status.success() {
-        let why = format!(
-            "cannot attach a loop device: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-        tool_missing("losetup", &why);
-        return None;
-    }
-    let dev = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    let x = Command::new("mdadm").args(["-X", &dev]).output();
-    let _ = Command::new("losetup").args(["-d", &dev]).status();
-    let x = x.expect("spawn mdadm");
+        .expect("spawn mdadm");
     let text = String::from_utf8_lossy(&x.stdout).into_owned();
     assert!(
         x.status.success(),
-        "mdadm -X {} ({dev}) failed ({}):\n{text}{}",
+        "mdadm -X {} ({}) failed ({}):\n{text}{}",
         member.display(),
+        lo.0,
         x.status,
         String::from_utf8_lossy(&x.stderr)
     );
     Some(text)
 }
 
-/// The value after `key :` in mdadm's output.
-fn field(out: &str, key: &str) -> String {
-    out.lines()
-        .find_map(|l| {
-            l.trim()
-                .strip_prefix(key)
-                .and_then(|r| r.trim().strip_prefix(':'))
-                .map(|v| v.trim().to_string())
-        })
-        .unwrap_or_else(|| panic!("mdadm output lacks '{key}':\n{out}"))
-}
-
 /// mdadm -X's "Bitmap : N bits (chunks), M dirty (x%)": (N, M).
 fn mdadm_bits(out: &str) -> (u64, u64) {
-    let line = field(out, "Bitmap");
+    let line = mdadm_field(out, "Bitmap");
     let nums: Vec<u64> = line
         .split(|c: char| !c.is_ascii_digit())
         .filter(|s| !s.is_empty())
@@ -96,28 +73,39 @@ fn mdadm_agrees(env: &Env) -> Option<u64> {
     for (m, e) in env.members.iter().zip(&ours) {
         let x = mdadm_examine_bitmap(m)?;
         let sb = sh("mdadm", &["--examine", m.to_str().unwrap()]);
-        assert_eq!(field(&x, "Magic"), "6d746962", "{x}");
-        assert_eq!(field(&x, "Version"), "4", "{x}");
-        assert_eq!(field(&x, "UUID"), field(&sb, "Array UUID"), "{x}\n{sb}");
-        assert_eq!(field(&x, "Events"), field(&sb, "Events"), "{x}\n{sb}");
-        assert_eq!(field(&x, "State"), "OK", "{x}");
+        assert_eq!(mdadm_field(&x, "Magic"), "6d746962", "{x}");
+        assert_eq!(mdadm_field(&x, "Version"), "4", "{x}");
         assert_eq!(
-            field(&sb, "Internal Bitmap"),
+            mdadm_field(&x, "UUID"),
+            mdadm_field(&sb, "Array UUID"),
+            "{x}\n{sb}"
+        );
+        assert_eq!(
+            mdadm_field(&x, "Events"),
+            mdadm_field(&sb, "Events"),
+            "{x}\n{sb}"
+        );
+        assert_eq!(mdadm_field(&x, "State"), "OK", "{x}");
+        assert_eq!(
+            mdadm_field(&sb, "Internal Bitmap"),
             "8 sectors from superblock",
             "{sb}"
         );
         assert_eq!(e["magic"], "6d746962");
         assert_eq!(e["version"], 4);
-        assert_eq!(e["uuid"].as_str().unwrap(), field(&sb, "Array UUID"));
-        assert_eq!(e["events"].to_string(), field(&x, "Events"));
-        assert_eq!(e["events_cleared"].to_string(), field(&x, "Events Cleared"));
+        assert_eq!(e["uuid"].as_str().unwrap(), mdadm_field(&sb, "Array UUID"));
+        assert_eq!(e["events"].to_string(), mdadm_field(&x, "Events"));
+        assert_eq!(
+            e["events_cleared"].to_string(),
+            mdadm_field(&x, "Events Cleared")
+        );
         assert_eq!(e["state"], "ok");
         let chunk = e["chunk_bytes"].as_u64().unwrap();
-        assert_eq!(field(&x, "Chunksize"), mdadm_chunksize(chunk), "{x}");
+        assert_eq!(mdadm_field(&x, "Chunksize"), mdadm_chunksize(chunk), "{x}");
         assert_eq!(e["daemon_sleep_s"], 5);
-        assert_eq!(field(&x, "Daemon"), "5s flush period", "{x}");
+        assert_eq!(mdadm_field(&x, "Daemon"), "5s flush period", "{x}");
         assert_eq!(e["write_behind"], 0);
-        let sync_kib: u64 = field(&x, "Sync Size")
+        let sync_kib: u64 = mdadm_field(&x, "Sync Size")
             .split_whitespace()
             .next()
             .unwrap()

@@ -3,22 +3,11 @@
 
 mod common;
 
-use common::{require_tools, sh, Env};
+use common::{mdadm_field, require_tools, sh, Env};
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 
 const MEMBER: u64 = 64 << 20;
-
-fn mdadm_field(out: &str, key: &str) -> String {
-    out.lines()
-        .find_map(|l| {
-            l.trim()
-                .strip_prefix(key)
-                .and_then(|r| r.trim().strip_prefix(':'))
-                .map(|v| v.trim().to_string())
-        })
-        .unwrap_or_else(|| panic!("mdadm output lacks '{key}':\n{out}"))
-}
 
 #[test]
 fn mdadm_examine_agrees_with_ironraid_examine() {

@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{require_tools, sh, tool_missing, Env};
+use common::{require_tools, sh, Env, Loop};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -50,37 +50,6 @@ impl Drop for Fuse {
     }
 }
 
-struct Loop(String);
-
-impl Loop {
-    /// A loop device over `file`; `None` only when loop devices are unusable here and
-    /// missing tools are allowed (see `common::tool_missing`).
-    fn attach(file: &std::path::Path) -> Option<Loop> {
-        let out = Command::new("losetup")
-            .args(["-f", "--show", "--direct-io=off"])
-            .arg(file)
-            .output()
-            .expect("spawn losetup");
-        if !out.status.success() {
-            let why = format!(
-                "cannot attach a loop device: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
-            tool_missing("losetup", &why);
-            return None;
-        }
-        Some(Loop(
-            String::from_utf8_lossy(&out.stdout).trim().to_string(),
-        ))
-    }
-}
-
-impl Drop for Loop {
-    fn drop(&mut self) {
-        let _ = Command::new("losetup").args(["-d", &self.0]).status();
-    }
-}
-
 fn checksums(dir: &std::path::Path) -> String {
     sh(
         "sh",
@@ -117,7 +86,7 @@ fn ext4_on_nbdfuse_survives_restart_and_fsck() {
     let sums;
     {
         let fuse = Fuse::start(&env.uri(), &fuse_dir);
-        let Some(lo) = Loop::attach(&fuse.mnt.join("nbd")) else {
+        let Some(lo) = Loop::attach(&fuse.mnt.join("nbd"), false) else {
             return;
         };
         sh("mkfs.ext4", &["-q", "-F", &lo.0]);
@@ -146,7 +115,7 @@ fn ext4_on_nbdfuse_survives_restart_and_fsck() {
     let d = env.run_all();
     {
         let fuse = Fuse::start(&env.uri(), &fuse_dir);
-        let Some(lo) = Loop::attach(&fuse.mnt.join("nbd")) else {
+        let Some(lo) = Loop::attach(&fuse.mnt.join("nbd"), false) else {
             return;
         };
         sh("mount", &[&lo.0, mnt.to_str().unwrap()]);

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{random_file, require_tools, sh, Env};
+use common::{canon, member, member_state, random_file, require_tools, sh, Env};
 use serde_json::Value;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
@@ -11,27 +11,6 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 const MIB: u64 = 1 << 20;
-
-fn canon(p: &Path) -> String {
-    std::fs::canonicalize(p).unwrap().display().to_string()
-}
-
-/// The `detail --json` entry of member `p`.
-fn member<'a>(d: &'a Value, p: &Path) -> Option<&'a Value> {
-    let want = canon(p);
-    d["members"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|m| m["path"] == want.as_str())
-}
-
-fn member_state(d: &Value, p: &Path) -> String {
-    member(d, p).map_or_else(
-        || "absent".to_string(),
-        |m| m["state"].as_str().unwrap().to_string(),
-    )
-}
 
 /// The fio job of these tests: 2 jobs, iodepth 16, random 8 KiB writes with crc32c headers.
 fn fio_args(env: &Env, size_mib: u64, extra: &[&str]) -> Vec<String> {

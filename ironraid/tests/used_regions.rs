@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{require_tools, sh, Env};
+use common::{member_state, require_tools, sh, Env};
 use serde_json::Value;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
@@ -119,20 +119,6 @@ fn write_random(env: &Env, expected: &Expected, off: u64, len: u64, seed: u64) {
 
 fn allocated_bytes(p: &Path) -> u64 {
     std::fs::metadata(p).unwrap().blocks() * 512
-}
-
-fn canon(p: &Path) -> String {
-    std::fs::canonicalize(p).unwrap().display().to_string()
-}
-
-fn member_state(d: &Value, p: &Path) -> String {
-    let want = canon(p);
-    d["members"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|m| m["path"] == want.as_str())
-        .map_or("absent".into(), |m| m["state"].as_str().unwrap().into())
 }
 
 /// `mdadm --examine` and `--examine-badblocks` read every member without a complaint: the map

@@ -392,17 +392,11 @@ impl Array {
         } else {
             None
         };
-        let (a, b) = released
-            .clone()
-            .map_or((offset_bytes + len_bytes, offset_bytes + len_bytes), |r| {
-                (r.start, r.end)
-            });
+        let end = offset_bytes + len_bytes;
+        let (a, b) = released.map_or((end, end), |r| (r.start, r.end));
         self.write_zero_bytes(offset_bytes, a - offset_bytes, fua)?;
-        self.write_zero_bytes(b, offset_bytes + len_bytes - b, fua)?;
-        if fua && released.is_some() {
-            self.flush()?;
-        }
-        Ok(())
+        // Released regions are durable already: their release flushed before clearing bits.
+        self.write_zero_bytes(b, end - b, fua)
     }
 
     fn write_zero_bytes(&self, offset_bytes: u64, len_bytes: u64, fua: bool) -> Result<()> {

@@ -336,8 +336,9 @@ impl WriteIntentBitmap {
     }
 }
 
-/// Most a guided recovery skips in one step: it holds the range lock over what it skips.
-const SKIP_MAX_BYTES: u64 = 256 << 20;
+/// Most a recovery skips in one step (clean chunks, unused regions): it holds the range lock
+/// over what it skips.
+pub(crate) const SKIP_MAX_BYTES: u64 = 256 << 20;
 
 impl Array {
     /// Recovery of a member re-added with the bitmap, over chunks whose bit is clear: those
@@ -350,8 +351,7 @@ impl Array {
             return None;
         }
         let bm = self.policy.bitmap()?;
-        let parity = self.geometry.level().is_parity();
-        let unit = if parity {
+        let unit = if self.geometry.level().is_parity() {
             self.geometry.chunk_sectors() * 512
         } else {
             self.mirror_step()
@@ -367,11 +367,7 @@ impl Array {
             return None;
         }
         // A write into the range either finished (its bit is set) or waits for this lock.
-        let _guard = if parity {
-            self.lock_stripes(pos / unit, target.div_ceil(unit))
-        } else {
-            self.lock_array_range(pos, target - pos)
-        };
+        let _guard = self.lock_sync_range(pos, target - pos);
         if bm.next_set(pos, target) < target {
             return None;
         }

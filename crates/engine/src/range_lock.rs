@@ -58,6 +58,20 @@ impl Array {
     }
 }
 
+impl Array {
+    /// Lock `at..at + len` of md's sync coordinates (what the bitmap, the used-region map and
+    /// the background walks use): the stripes holding those per-member bytes for parity levels,
+    /// the same array bytes for mirrors.
+    pub(crate) fn lock_sync_range(&self, at: u64, len: u64) -> RangeGuard<'_> {
+        if self.geometry.level().is_parity() {
+            let chunk = self.geometry.chunk_sectors() * 512;
+            self.lock_stripes(at / chunk, (at + len).div_ceil(chunk))
+        } else {
+            self.lock_array_range(at, len)
+        }
+    }
+}
+
 impl Drop for RangeGuard<'_> {
     fn drop(&mut self) {
         if let Held::Stripes { first, rows } = &mut self.held {

@@ -287,12 +287,7 @@ impl Array {
     fn release_region(&self, used: &UsedRegions, r: u64) -> Result<()> {
         let rb = used.region_bytes();
         let at = r * rb;
-        let _guard = if self.geometry.level().is_parity() {
-            let chunk = self.geometry.chunk_sectors() * 512;
-            self.lock_stripes(at / chunk, (at + rb) / chunk)
-        } else {
-            self.lock_array_range(at, rb)
-        };
+        let _guard = self.lock_sync_range(at, rb);
         if !used.is_set(r) {
             return Ok(());
         }
@@ -322,7 +317,7 @@ impl Array {
         end: u64,
     ) -> Option<std::result::Result<u64, crate::sync::Stop>> {
         let used = self.used.as_ref()?;
-        let limit = end.min(pos + (256 << 20));
+        let limit = end.min(pos + crate::bitmap::SKIP_MAX_BYTES);
         let next = used.next_used(pos, limit);
         let target = if next.start >= limit {
             limit
@@ -332,12 +327,7 @@ impl Array {
         if target <= pos {
             return None;
         }
-        let _guard = if self.geometry.level().is_parity() {
-            let chunk = self.geometry.chunk_sectors() * 512;
-            self.lock_stripes(pos / chunk, target.div_ceil(chunk))
-        } else {
-            self.lock_array_range(pos, target - pos)
-        };
+        let _guard = self.lock_sync_range(pos, target - pos);
         if used.next_used(pos, target).start < target {
             return None; // a write claimed part of it meanwhile: rebuild it the usual way
         }

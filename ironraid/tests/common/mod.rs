@@ -260,3 +260,71 @@ pub fn random_file(path: &Path, len: usize, seed: u64) {
 pub fn same_files(a: &Path, b: &Path) -> bool {
     std::fs::read(a).unwrap() == std::fs::read(b).unwrap()
 }
+
+/// `path` as `detail` names members (canonical).
+pub fn canon(p: &Path) -> String {
+    std::fs::canonicalize(p).unwrap().display().to_string()
+}
+
+/// The `detail --json` entry of member `p`.
+pub fn member<'a>(d: &'a serde_json::Value, p: &Path) -> Option<&'a serde_json::Value> {
+    let want = canon(p);
+    d["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["path"] == want.as_str())
+}
+
+/// The `detail --json` state of member `p`, or "absent".
+pub fn member_state(d: &serde_json::Value, p: &Path) -> String {
+    member(d, p).map_or_else(
+        || "absent".to_string(),
+        |m| m["state"].as_str().unwrap().to_string(),
+    )
+}
+
+/// The value after `key :` in mdadm's output.
+pub fn mdadm_field(out: &str, key: &str) -> String {
+    out.lines()
+        .find_map(|l| {
+            l.trim()
+                .strip_prefix(key)
+                .and_then(|r| r.trim().strip_prefix(':'))
+                .map(|v| v.trim().to_string())
+        })
+        .unwrap_or_else(|| panic!("mdadm output lacks '{key}':\n{out}"))
+}
+
+/// A loop device, detached on drop.
+pub struct Loop(pub String);
+
+impl Loop {
+    /// A loop device over `file` (`read_only`: `losetup -r`); `None` only when loop devices are
+    /// unusable here and missing tools are allowed (see `tool_missing`).
+    pub fn attach(file: &Path, read_only: bool) -> Option<Loop> {
+        let mut c = Command::new("losetup");
+        c.args(["-f", "--show", "--direct-io=off"]);
+        if read_only {
+            c.arg("-r");
+        }
+        let out = c.arg(file).output().expect("spawn losetup");
+        if !out.status.success() {
+            let why = format!(
+                "cannot attach a loop device: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+            tool_missing("losetup", &why);
+            return None;
+        }
+        Some(Loop(
+            String::from_utf8_lossy(&out.stdout).trim().to_string(),
+        ))
+    }
+}
+
+impl Drop for Loop {
+    fn drop(&mut self) {
+        let _ = Command::new("losetup").args(["-d", &self.0]).status();
+    }
+}
