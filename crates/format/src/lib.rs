@@ -68,6 +68,7 @@
 
 mod bitmap;
 mod create;
+mod journal;
 mod used_map;
 mod util;
 
@@ -77,6 +78,10 @@ pub use bitmap::{
     BITMAP_OFFSET_SECTORS, BITMAP_PAGE_BYTES, BITMAP_VERSION, DEFAULT_DAEMON_SLEEP,
 };
 pub use create::CreateParams;
+pub use journal::{
+    crc32c_raw, journal_seed, MetaBlock, Payload, JOURNAL_BLOCK, JOURNAL_MAGIC, JOURNAL_VERSION,
+    PAGE_SECTORS, PAYLOAD_DATA, PAYLOAD_FLUSH, PAYLOAD_PARITY,
+};
 pub use used_map::{
     choose_region_bytes, used_map_bytes, used_map_offset_sectors, UsedMapHeader,
     USED_MAP_HEADER_BYTES,
@@ -175,6 +180,8 @@ pub enum FormatError {
     Unsupported(String),
     #[error("md write-intent bitmap: {0}")]
     Bitmap(String),
+    #[error("md journal record: {0}")]
+    Journal(String),
     #[error("used-region map: {0}")]
     UsedMap(String),
     #[error("md superblock buffer truncated")]
