@@ -44,6 +44,7 @@ fn crash_and_resync(
         bitmap: bitmap.map(|chunk_bytes| BitmapSpec { chunk_bytes }),
         // Every region counts as used (as on a block device): the full scan reads it all.
         discard: false,
+        journal: None,
     })
     .unwrap();
     // A clean stop first: create leaves every bit set (as mdadm does) until the daemon's

@@ -43,6 +43,7 @@ fn run(dir: &Path, level: Level, n: usize, mib: usize) -> (f64, f64) {
         force: true,
         bitmap: None,
         discard: false,
+        journal: None,
     })
     .unwrap();
     let array = Arc::new(assemble(open(), AssembleOptions::default()).unwrap());

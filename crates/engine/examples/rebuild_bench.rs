@@ -67,6 +67,7 @@ fn main() {
         force: true,
         bitmap: None,
         discard: false,
+        journal: None,
     })
     .unwrap();
     let a = Arc::new(assemble(open(&paths[..4]), AssembleOptions::default()).unwrap());

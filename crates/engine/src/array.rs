@@ -24,7 +24,7 @@ use crate::io::{Executor, IoPath};
 use crate::member::{Member, Slot};
 use crate::meta::Meta;
 use crate::mirror::RegionLocks;
-use crate::policy::{BitmapPolicy, ConsistencyPolicy, ResyncPolicy};
+use crate::policy::{BitmapPolicy, ConsistencyPolicy, JournalPolicy, ResyncPolicy};
 use crate::stripe_cache::StripeCache;
 use crate::sync::SyncControl;
 use format::ROLE_FAULTY;
@@ -91,6 +91,8 @@ pub struct Array {
     pub(crate) slots: Vec<Slot>,
     pub(crate) meta: Mutex<Meta>,
     pub(crate) config: ArrayConfig,
+    /// Why the array was assembled read-only, when assembly decided it.
+    read_only_reason: Option<String>,
     active: AtomicBool,
     /// Groups of member writes between their commit point's start and end.
     pub(crate) writes_in_commit: AtomicUsize,
@@ -129,6 +131,8 @@ pub enum MemberState {
     Rebuilding,
     Faulty,
     Spare,
+    /// The raid5-cache log device.
+    Journal,
 }
 
 /// A snapshot of the array's state.
@@ -152,6 +156,9 @@ pub struct ArrayStatus {
     pub sync: crate::sync::SyncStatus,
     pub bitmap: Option<BitmapStatus>,
     pub used_regions: Option<UsedStatus>,
+    pub journal: Option<crate::journal::JournalStatus>,
+    /// Why writes are refused at the moment (read-only assembly, journal lost, …).
+    pub read_only_reason: Option<String>,
 }
 
 /// The used-region map, for status.
@@ -182,12 +189,15 @@ pub(crate) struct ArrayParts {
     /// md's internal write-intent bitmap, if the superblocks announce one.
     pub bitmap: Option<Arc<crate::bitmap::WriteIntentBitmap>>,
     pub used: Option<Arc<crate::used::UsedRegions>>,
+    /// The raid5-cache journal, recovered.
+    pub journal: Option<Arc<crate::journal::Journal>>,
     pub name: String,
     pub uuid: [u8; 16],
     pub geometry: Geometry,
     pub slots: Vec<Slot>,
     pub meta: Meta,
     pub config: ArrayConfig,
+    pub read_only_reason: Option<String>,
     pub was_dirty: bool,
 }
 
@@ -213,9 +223,10 @@ impl Array {
             .clone()
             .unwrap_or_else(|| Arc::new(SystemClock::default()));
         let was_dirty = p.was_dirty;
-        let policy: Box<dyn ConsistencyPolicy> = match p.bitmap {
-            Some(bitmap) => Box::new(BitmapPolicy { bitmap }),
-            None => Box::new(ResyncPolicy),
+        let policy: Box<dyn ConsistencyPolicy> = match (p.bitmap, p.journal) {
+            (Some(bitmap), _) => Box::new(BitmapPolicy { bitmap }),
+            (None, Some(journal)) => Box::new(JournalPolicy { journal }),
+            (None, None) => Box::new(ResyncPolicy),
         };
         let resync_from = if p.geometry.max_degraded() > 0 {
             policy.resync_from(p.meta.resync_offset)
@@ -232,6 +243,7 @@ impl Array {
             slots: p.slots,
             meta: Mutex::new(p.meta),
             config: p.config,
+            read_only_reason: p.read_only_reason,
             active: AtomicBool::new(false),
             writes_in_commit: AtomicUsize::new(0),
             last_write_ms: std::sync::atomic::AtomicU64::new(0),
@@ -334,10 +346,17 @@ impl Array {
         res
     }
 
-    /// Make every write that completed before this call durable on the members.
+    /// Make every write that completed before this call durable: on the members, or in the
+    /// journal, where every acknowledged write already is.
     pub fn flush(&self) -> Result<()> {
         self.stripes.hurry_all();
-        self.flush_members();
+        let logged = self
+            .policy
+            .journal()
+            .is_some_and(|j| j.failed().is_none());
+        if !logged {
+            self.flush_members();
+        }
         // A member that failed meanwhile was skipped: its failure must be on disk first.
         self.wait_failures_durable();
         if self.is_failed() {
@@ -433,7 +452,16 @@ impl Array {
         if self.config.read_only {
             return Err(EngineError::ReadOnly {
                 array: self.name.clone(),
-                reason: "assembled read-only".into(),
+                reason: self
+                    .read_only_reason
+                    .clone()
+                    .unwrap_or_else(|| "assembled read-only".into()),
+            });
+        }
+        if let Some(why) = self.policy.journal().and_then(|j| j.failed()) {
+            return Err(EngineError::ReadOnly {
+                array: self.name.clone(),
+                reason: why,
             });
         }
         if self.is_failed() {
@@ -569,6 +597,12 @@ impl Array {
         if self.config.read_only {
             return Ok(());
         }
+        if let Some(j) = self.policy.journal() {
+            // The log let the flush skip the members; a clean state needs them durable. Then
+            // the tail moves to the newest unit: the next assembly replays nothing else.
+            self.flush_members();
+            j.reclaim_now(self);
+        }
         if let Some(bm) = self.policy.bitmap() {
             // Everything written is durable: the bits of every quiet chunk may go now, as md
             // clears its bitmap at a clean stop (chunks still to resync keep theirs).
@@ -670,6 +704,24 @@ impl Array {
         self.failures_in_commit.fetch_sub(1, Ordering::SeqCst);
     }
 
+    /// The journal device failed: writes are refused from now on (the journal's own state
+    /// says so); record it faulty in every superblock, so that the next assembly knows the
+    /// log is gone.
+    pub(crate) fn journal_failed(&self, member: &Arc<Member>, why: &str) {
+        tracing::error!(array = %self.name, journal = %member.name(), "journal failed: {why}; the array is read-only now");
+        let mut meta = self.meta.lock();
+        meta.retire(member.dev_number, ROLE_FAULTY);
+        let failed = meta.commit();
+        drop(meta);
+        self.events.emit(
+            "journal_failed",
+            &self.name,
+            Some(member.name()),
+            format!("{why}; writes are refused, reads go on"),
+        );
+        self.fail_members_after_sb_error(failed);
+    }
+
     /// Fail a member by name (administrator's `fail`).
     pub fn fail_member(&self, name: &str) -> Result<()> {
         let role = self
@@ -717,6 +769,16 @@ impl Array {
                 {
                     MemberState::Spare
                 }
+                None if self
+                    .policy
+                    .journal()
+                    .is_some_and(|j| Arc::ptr_eq(j.member(), &m.member)) =>
+                {
+                    match self.policy.journal().and_then(|j| j.failed()) {
+                        Some(_) => MemberState::Faulty,
+                        None => MemberState::Journal,
+                    }
+                }
                 None => MemberState::Faulty,
             };
             members.push(MemberStatus {
@@ -743,7 +805,13 @@ impl Array {
             dirty: self.active.load(Ordering::SeqCst) || self.sync.unsynced.load(Ordering::Acquire),
             consistency_policy: self.policy.name(),
             failed: self.is_failed(),
-            read_only: self.config.read_only,
+            read_only: self.config.read_only
+                || self.policy.journal().is_some_and(|j| j.failed().is_some()),
+            read_only_reason: self.check_writable().err().map(|e| match e {
+                EngineError::ReadOnly { reason, .. } => reason,
+                e => e.to_string(),
+            }),
+            journal: self.policy.journal().map(|j| j.status()),
             sync,
             bitmap: self.policy.bitmap().map(|b| BitmapStatus {
                 chunk_bytes: b.chunk_bytes(),

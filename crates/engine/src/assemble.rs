@@ -30,6 +30,7 @@
 
 use crate::array::{Array, ArrayConfig, ArrayParts};
 use crate::bitmap::WriteIntentBitmap;
+use crate::journal::Journal;
 use crate::error::{EngineError, Result};
 use crate::member::{Member, Slot};
 use crate::meta::{read_superblock, MemberSb, Meta};
@@ -40,7 +41,7 @@ use layout::{Geometry, GeometrySpec, Level};
 use std::sync::Arc;
 
 /// How to assemble.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Default)]
 pub struct AssembleOptions {
     /// Name to run under; defaults to the superblock's name.
     pub name: Option<String>,
@@ -49,6 +50,12 @@ pub struct AssembleOptions {
     /// few are current (`mdadm --assemble --force`), and start a dirty, degraded RAID4/5/6
     /// (md's `start_dirty_degraded`). Never accepts another array's member.
     pub force: bool,
+    /// The array's journal is lost: run without one (`--consistency-policy resync`), with a
+    /// full resync, since what the log held is gone.
+    pub drop_journal: bool,
+    /// The array's journal is lost: make this device its new, empty journal (with a full
+    /// resync, since what the old log held is gone).
+    pub add_journal: Option<Arc<dyn Device>>,
 }
 
 type Found = (Arc<dyn Device>, Superblock);
@@ -66,6 +73,8 @@ enum LeftOut {
 struct Placement {
     by_role: Vec<Option<Found>>,
     spares: Vec<Found>,
+    /// The raid5-cache log device.
+    journal: Option<Found>,
     left_out: Vec<(Found, LeftOut)>,
     /// Members taken back by force: (role, events behind the freshest).
     forced: Vec<(usize, u64)>,
@@ -163,6 +172,7 @@ fn place(found: Vec<Found>, best: &Superblock) -> Result<Placement> {
     let mut p = Placement {
         by_role: (0..n).map(|_| None).collect(),
         spares: Vec::new(),
+        journal: None,
         left_out: Vec::new(),
         forced: Vec::new(),
     };
@@ -187,12 +197,13 @@ fn place(found: Vec<Found>, best: &Superblock) -> Result<Placement> {
                 tracing::warn!(member = %dev.name(), "member recorded as faulty; left out");
                 p.left_out.push(((dev, sb), LeftOut::Faulty));
             }
-            DevRole::Journal => {
-                return Err(EngineError::Unsupported(format!(
-                    "{}: journal devices are not supported yet",
-                    dev.name()
-                )))
+            DevRole::Journal if best.feature_map & format::feature::JOURNAL == 0 => {
+                return Err(EngineError::Assemble {
+                    member: dev.name().into(),
+                    reason: "a journal device, but the array has no journal".into(),
+                })
             }
+            DevRole::Journal => p.journal = Some((dev, sb)),
         }
     }
     Ok(p)
@@ -385,6 +396,10 @@ fn check_dirty_degraded(
     if best.resync_offset == MAX_SECTOR || !level.is_parity() {
         return Ok(());
     }
+    if p.journal.is_some() {
+        tracing::info!(array = %array_name, "dirty and degraded, but the journal replays what was in flight: starting");
+        return Ok(());
+    }
     let gaps: Vec<String> = p
         .by_role
         .iter()
@@ -541,10 +556,22 @@ fn build(
         bitmap: bitmap.clone(),
         used: used.clone(),
     };
+    let mut opts = opts;
+    let journal = open_journal(
+        &mut opts,
+        &best,
+        &geometry,
+        &slots,
+        p.journal,
+        &mut meta,
+        &name,
+    )?;
+    let table_changed = table_changed || journal.table_changed;
+    let resync_from = journal.resync_from.or(resync_from);
     if table_changed && !opts.config.read_only {
         commit_at_assembly(&mut meta, &name)?;
     }
-    Array::from_parts(ArrayParts {
+    let array = Array::from_parts(ArrayParts {
         name,
         uuid: best.set_uuid,
         geometry,
@@ -556,7 +583,166 @@ fn build(
         resync_from,
         bitmap,
         used,
-    })
+        journal: journal.journal,
+        read_only_reason: journal.read_only_reason,
+    })?;
+    if !journal.data_only.is_empty() {
+        // Data a write-back log held without parity: through the normal path (logged again
+        // in the new chain, parity computed) before the array is handed out.
+        for (offset, page) in &journal.data_only {
+            array.write(*offset, page, false)?;
+        }
+        array.flush()?;
+    }
+    Ok(array)
+}
+
+/// What assembly decided about the journal.
+#[derive(Default)]
+struct JournalSetup {
+    journal: Option<Arc<Journal>>,
+    data_only: crate::journal::DataOnly,
+    /// The role table changed (journal dropped or added).
+    table_changed: bool,
+    /// A resync the journal decision requires (the old log is lost).
+    resync_from: Option<u64>,
+    read_only_reason: Option<String>,
+}
+
+/// Recover the journal, or start read-only when it is missing (md's rule), unless told to
+/// drop it or to start a new one.
+fn open_journal(
+    opts: &mut AssembleOptions,
+    best: &Superblock,
+    geometry: &Geometry,
+    slots: &[Slot],
+    found: Option<Found>,
+    meta: &mut Meta,
+    name: &str,
+) -> Result<JournalSetup> {
+    let has = best.feature_map & format::feature::JOURNAL != 0;
+    let fail = |reason: String| EngineError::Assemble {
+        member: format!("array '{name}'"),
+        reason,
+    };
+    if !has {
+        if opts.drop_journal || opts.add_journal.is_some() {
+            return Err(fail("has no journal to drop or replace".into()));
+        }
+        return Ok(JournalSetup::default());
+    }
+    let mut setup = JournalSetup::default();
+    if opts.drop_journal {
+        if opts.add_journal.is_some() {
+            return Err(fail("drop the journal or add one, not both".into()));
+        }
+        for raw in meta.roles.iter_mut().filter(|r| **r == format::ROLE_JOURNAL) {
+            *raw = format::ROLE_FAULTY;
+        }
+        for m in &mut meta.members {
+            m.sb.feature_map &= !format::feature::JOURNAL;
+        }
+        meta.resync_offset = 0;
+        tracing::warn!(array = %name, "journal dropped: the array runs with the resync policy; a full resync makes parity agree with data again");
+        setup.table_changed = true;
+        setup.resync_from = Some(0);
+        return Ok(setup);
+    }
+    let (dev, mut sb) = match (found, opts.add_journal.take()) {
+        (Some((dev, _)), Some(_)) => {
+            return Err(fail(format!(
+                "already has its journal {}; nothing to replace",
+                dev.name()
+            )))
+        }
+        (Some(found), None) => found,
+        (None, Some(dev)) => {
+            let sb = new_journal_sb(best, meta, dev.as_ref(), name)?;
+            crate::journal::write_empty_log(dev.as_ref(), &sb)
+                .and_then(|()| crate::meta::write_superblock(&new_member(dev.clone(), &sb), &sb))
+                .map_err(|e| EngineError::Assemble {
+                    member: dev.name().into(),
+                    reason: format!("cannot write the new journal: {e}"),
+                })?;
+            meta.resync_offset = 0;
+            setup.table_changed = true;
+            setup.resync_from = Some(0);
+            tracing::warn!(array = %name, journal = %dev.name(), "new journal; a full resync repairs what the lost log held");
+            (dev, sb)
+        }
+        (None, None) => {
+            let slot = best
+                .dev_roles
+                .iter()
+                .position(|&r| r == format::ROLE_JOURNAL)
+                .map_or("recorded faulty".to_string(), |s| format!("slot {s}"));
+            let why = format!(
+                "its journal device ({slot}) is missing: stripes being written at a crash                  cannot be repaired without it, so writes are refused; `run --add-journal DEV`                  starts a new journal and `run --drop-journal` runs without one (both resync                  the whole array)"
+            );
+            tracing::warn!(array = %name, "starting read-only: {why}");
+            opts.config.read_only = true;
+            setup.read_only_reason = Some(why);
+            return Ok(setup);
+        }
+    };
+    let member = new_member(dev, &sb);
+    let (journal, data_only) = crate::journal::recover(
+        member.clone(),
+        &mut sb,
+        geometry,
+        slots,
+        opts.config.read_only,
+    )?;
+    let r = journal.status().replayed;
+    tracing::info!(array = %name, journal = %member.name(), units = r.units, torn = r.torn_units, pages = r.pages, data_only = r.data_only_pages, ms = r.millis, "journal recovered");
+    meta.members.push(MemberSb {
+        member,
+        sb,
+        writable: true,
+    });
+    setup.journal = Some(Arc::new(journal));
+    setup.data_only = data_only;
+    Ok(setup)
+}
+
+/// The superblock of a new journal device for an array whose journal was lost: the array's
+/// fields, the slot of the old journal (or a free one), an empty log.
+fn new_journal_sb(
+    best: &Superblock,
+    meta: &mut Meta,
+    dev: &dyn Device,
+    name: &str,
+) -> Result<Superblock> {
+    let used: Vec<u32> = meta.members.iter().map(|m| m.member.dev_number).collect();
+    let slot = meta
+        .roles
+        .iter()
+        .position(|&r| r == format::ROLE_JOURNAL)
+        .or_else(|| {
+            (0..meta.roles.len()).find(|&i| {
+                !used.contains(&(i as u32)) && meta.roles[i] >= format::ROLE_MAX
+            })
+        })
+        .ok_or_else(|| EngineError::Assemble {
+            member: format!("array '{name}'"),
+            reason: "no free slot in the role table for a journal".into(),
+        })?;
+    let sectors = dev.len_bytes() / 512;
+    if sectors < best.data_offset + crate::journal::MIN_LOG_SECTORS {
+        return Err(EngineError::Assemble {
+            member: dev.name().into(),
+            reason: format!("too small for a journal: {} bytes", dev.len_bytes()),
+        });
+    }
+    meta.roles[slot] = format::ROLE_JOURNAL;
+    let mut sb = best.clone();
+    sb.dev_number = slot as u32;
+    sb.device_uuid = *uuid::Uuid::new_v4().as_bytes();
+    sb.data_size = sectors - best.data_offset;
+    sb.recovery_offset = 0;
+    sb.feature_map &= !(format::feature::RECOVERY_OFFSET | format::feature::RECOVERY_BITMAP);
+    sb.dev_roles = meta.roles.clone();
+    Ok(sb)
 }
 
 /// The used-region map, if the members in sync carry one for this array: the union of their

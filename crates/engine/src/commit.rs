@@ -18,6 +18,7 @@
 use crate::array::Array;
 use crate::error::{EngineError, Result};
 use crate::io::{IoKind, IoOutcome, MemberIo};
+use crate::journal::StripeImage;
 use std::sync::atomic::Ordering;
 
 /// What a group of member writes is for.
@@ -92,6 +93,17 @@ impl Array {
     /// Member I/O errors are not errors here (the members are faulty now and redundancy covers
     /// them; callers check what reached which member); a full backing store is.
     pub(crate) fn commit_writes(&self, set: &WriteSet, ios: &mut [MemberIo<'_>]) -> Result<()> {
+        self.commit_stripe_writes(set, ios, None)
+    }
+
+    /// [`Array::commit_writes`] for a stripe write, with what it puts on the members (the
+    /// journal logs it).
+    pub(crate) fn commit_stripe_writes(
+        &self,
+        set: &WriteSet,
+        ios: &mut [MemberIo<'_>],
+        image: Option<&StripeImage<'_>>,
+    ) -> Result<()> {
         for io in ios.iter() {
             assert!(
                 matches!(io.kind, IoKind::Write(..) | IoKind::Discard(_)),
@@ -112,7 +124,15 @@ impl Array {
                 used.ensure_used(self, set.offset_bytes, set.len_bytes)?;
             }
         }
-        self.policy.before_writes(self, set)?;
+        let ticket = self.policy.before_writes(self, set, image)?;
+        if ticket.is_some() {
+            // Logged durably: the member writes need no FUA of their own.
+            for io in ios.iter_mut() {
+                if let IoKind::Write(_, fua) = &mut io.kind {
+                    *fua = false;
+                }
+            }
+        }
         self.run_io(ios);
         self.wait_failures_durable();
         let no_space = ios.iter().any(|io| io.outcome == IoOutcome::NoSpace);
@@ -120,7 +140,7 @@ impl Array {
             // Before `after_writes`: the bitmap must not let the range's bits clear first.
             self.policy.note_inconsistent(self, set);
         }
-        self.policy.after_writes(self, set);
+        self.policy.after_writes(self, set, ticket);
         if self.is_failed() {
             // The failures these writes met could not all be recorded, or redundancy is gone:
             // nothing may be acknowledged.

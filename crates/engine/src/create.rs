@@ -14,7 +14,9 @@ use crate::error::{EngineError, Result};
 use crate::member::Member;
 use crate::meta::{now_secs, read_superblock, write_superblock};
 use device::{AlignedBuf, Device};
-use format::{BitmapSuper, CreateParams, Superblock, ROLE_SPARE, SB_OFFSET_SECTORS};
+use format::{
+    BitmapSuper, CreateParams, Superblock, ROLE_JOURNAL, ROLE_SPARE, SB_OFFSET_SECTORS,
+};
 use layout::{Geometry, GeometrySpec, Level};
 use std::sync::Arc;
 
@@ -39,6 +41,9 @@ pub struct CreateSpec {
     /// whole array starts as unused regions: nothing to sync, nothing to rebuild until written.
     /// Without it every region starts used (trims free them later).
     pub discard: bool,
+    /// A raid5-cache journal device (RAID4/5/6 only): every stripe write is logged there
+    /// first, which closes the write hole.
+    pub journal: Option<Arc<dyn Device>>,
 }
 
 /// The write-intent bitmap of a new array.
@@ -71,6 +76,11 @@ pub fn create(spec: &CreateSpec) -> Result<Created> {
             spec.members.len()
         )));
     }
+    let mut all = all;
+    if let Some(j) = &spec.journal {
+        check_journal_spec(spec)?;
+        all.push(j);
+    }
     check_members(&all, spec.force)?;
     let chunk_sectors = match spec.level {
         Level::Raid1 | Level::Linear => 0,
@@ -84,8 +94,21 @@ pub fn create(spec: &CreateSpec) -> Result<Created> {
         .unwrap_or(0);
     let data_offset = format::default_data_offset(smallest, chunk_sectors.max(8));
     let mut data_sizes = Vec::new();
-    for d in &all {
+    for (i, d) in all.iter().enumerate() {
         let sectors = d.len_bytes() / 512;
+        let journal = spec.journal.is_some() && i == all.len() - 1;
+        if journal && sectors < data_offset + crate::journal::MIN_LOG_SECTORS {
+            return Err(EngineError::Create {
+                member: d.name().into(),
+                reason: format!(
+                    "too small for a journal: {} bytes, the log needs at least {} bytes after \
+                     the data offset of {} bytes",
+                    d.len_bytes(),
+                    crate::journal::MIN_LOG_SECTORS * 512,
+                    data_offset * 512
+                ),
+            });
+        }
         if sectors <= data_offset + 8 {
             return Err(EngineError::Create {
                 member: d.name().into(),
@@ -145,6 +168,8 @@ pub fn create(spec: &CreateSpec) -> Result<Created> {
         .map(|i| {
             if i < spec.members.len() {
                 i as u16
+            } else if spec.journal.is_some() && i == all.len() - 1 {
+                ROLE_JOURNAL
             } else {
                 ROLE_SPARE
             }
@@ -167,6 +192,7 @@ pub fn create(spec: &CreateSpec) -> Result<Created> {
         // Levels without redundancy have nothing to resync (a one-member RAID1 included).
         assume_clean: spec.assume_clean || geometry.max_degraded() == 0,
         internal_bitmap: bitmap.is_some(),
+        journal: spec.journal.is_some(),
         bm_space_device_sectors: Some(smallest),
     };
     // Every superblock is built (and validated by `format`) before the first is written.
@@ -185,13 +211,26 @@ pub fn create(spec: &CreateSpec) -> Result<Created> {
             })?,
         );
     }
-    let used_map = sbs.first().and_then(|sb| {
+    // The journal replays whatever was in flight: the used-region map (whose releases it does
+    // not log) is left out.
+    let used_map = sbs.first().filter(|_| spec.journal.is_none()).and_then(|sb| {
         let base = format::used_map_offset_sectors(sb) * 512;
         let room = (sb.data_offset * 512).checked_sub(base)?;
         crate::used::initial_map(&geometry, uuid, room, !spec.discard)
             .map(|(_, bytes)| (base, bytes))
     });
     for (dev, sb) in all.iter().zip(&sbs) {
+        if sb.role() == format::DevRole::Journal {
+            crate::journal::write_empty_log(dev.as_ref(), sb).map_err(|e| EngineError::Create {
+                member: dev.name().into(),
+                reason: format!("cannot start the journal: {e}"),
+            })?;
+            write_member(dev, sb, None).map_err(|e| EngineError::Create {
+                member: dev.name().into(),
+                reason: e.to_string(),
+            })?;
+            continue;
+        }
         if spec.discard {
             dev.discard_zeroes(sb.data_offset * 512, sb.data_size * 512)
                 .map_err(|e| EngineError::Create {
@@ -218,6 +257,29 @@ pub fn create(spec: &CreateSpec) -> Result<Created> {
         data_offset_sectors: data_offset,
         component_sectors: component,
     })
+}
+
+/// A journal needs a parity level with a chunk of whole pages, and replaces the bitmap.
+fn check_journal_spec(spec: &CreateSpec) -> Result<()> {
+    if !spec.level.is_parity() {
+        return Err(EngineError::InvalidArgument(format!(
+            "a journal closes the write hole of RAID4/5/6; {} has none",
+            spec.level.name()
+        )));
+    }
+    if spec.bitmap.is_some() {
+        return Err(EngineError::InvalidArgument(
+            "an array has either a journal or a write-intent bitmap, not both (md refuses both)"
+                .into(),
+        ));
+    }
+    if !spec.chunk_bytes.is_multiple_of(4096) {
+        return Err(EngineError::InvalidArgument(format!(
+            "chunk {} bytes: a journal logs whole 4 KiB pages, so the chunk must be a multiple of 4096",
+            spec.chunk_bytes
+        )));
+    }
+    Ok(())
 }
 
 /// Refuse members that already belong to an array (unless forced) or are listed twice.

@@ -17,6 +17,7 @@ use crate::array::Array;
 use crate::bitmap::WriteIntentBitmap;
 use crate::commit::{WriteKind, WriteSet};
 use crate::error::Result;
+use crate::journal::{Journal, StripeImage};
 use crate::meta::Meta;
 use format::MAX_SECTOR;
 use std::sync::Arc;
@@ -29,10 +30,16 @@ pub(crate) trait ConsistencyPolicy: Send + Sync {
     /// Clean stop, every write durable: set what the superblocks record. `resync_from` is the
     /// per-member byte offset a resync still has to start from (None: redundancy is in sync).
     fn on_clean(&self, meta: &mut Meta, resync_from: Option<u64>);
-    /// Before a group of member writes goes out.
-    fn before_writes(&self, array: &Array, set: &WriteSet) -> Result<()>;
+    /// Before a group of member writes goes out; `image` is what a stripe write (kind
+    /// `Stripe`) puts on the members. The ticket comes back to `after_writes`.
+    fn before_writes(
+        &self,
+        array: &Array,
+        set: &WriteSet,
+        image: Option<&StripeImage<'_>>,
+    ) -> Result<Ticket>;
     /// After a group of member writes completed (whatever their outcome).
-    fn after_writes(&self, array: &Array, set: &WriteSet);
+    fn after_writes(&self, array: &Array, set: &WriteSet, ticket: Ticket);
     /// Some writes of `set` did not land: its redundancy may disagree with its data.
     fn note_inconsistent(&self, array: &Array, set: &WriteSet);
     /// From the superblock of an array that was not stopped cleanly: where resync starts.
@@ -48,7 +55,14 @@ pub(crate) trait ConsistencyPolicy: Send + Sync {
     fn bitmap(&self) -> Option<&Arc<WriteIntentBitmap>> {
         None
     }
+    /// The write-ahead journal, if the policy keeps one.
+    fn journal(&self) -> Option<&Arc<Journal>> {
+        None
+    }
 }
+
+/// What `before_writes` hands to `after_writes`: the journal's io units of the writes.
+pub(crate) type Ticket = Option<std::ops::Range<u64>>;
 
 /// md's `active` resync checkpoint as the plain policy records it, shared by policies that
 /// keep md's superblock semantics.
@@ -82,11 +96,16 @@ impl ConsistencyPolicy for ResyncPolicy {
         mark_clean(meta, resync_from);
     }
 
-    fn before_writes(&self, _array: &Array, _set: &WriteSet) -> Result<()> {
-        Ok(())
+    fn before_writes(
+        &self,
+        _array: &Array,
+        _set: &WriteSet,
+        _image: Option<&StripeImage<'_>>,
+    ) -> Result<Ticket> {
+        Ok(None)
     }
 
-    fn after_writes(&self, _array: &Array, _set: &WriteSet) {}
+    fn after_writes(&self, _array: &Array, _set: &WriteSet, _ticket: Ticket) {}
 
     fn note_inconsistent(&self, array: &Array, set: &WriteSet) {
         array.request_resync_from(set.offset_bytes);
@@ -117,17 +136,23 @@ impl ConsistencyPolicy for BitmapPolicy {
         mark_clean(meta, resync_from);
     }
 
-    fn before_writes(&self, array: &Array, set: &WriteSet) -> Result<()> {
+    fn before_writes(
+        &self,
+        array: &Array,
+        set: &WriteSet,
+        _image: Option<&StripeImage<'_>>,
+    ) -> Result<Ticket> {
         // Rebuild writes only fill a member above its in-sync point; its recovery checkpoint
         // covers them.
         if set.kind == WriteKind::Rebuild {
-            return Ok(());
+            return Ok(None);
         }
         self.bitmap
-            .start_write(array, set.offset_bytes, set.len_bytes)
+            .start_write(array, set.offset_bytes, set.len_bytes)?;
+        Ok(None)
     }
 
-    fn after_writes(&self, _array: &Array, set: &WriteSet) {
+    fn after_writes(&self, _array: &Array, set: &WriteSet, _ticket: Ticket) {
         // A member that failed under these writes missed them; its bits stay anyway (the
         // daemon clears nothing while the array is degraded). Writes that left redundancy
         // inconsistent were marked by `note_inconsistent` before this.
@@ -155,5 +180,62 @@ impl ConsistencyPolicy for BitmapPolicy {
 
     fn bitmap(&self) -> Option<&Arc<WriteIntentBitmap>> {
         Some(&self.bitmap)
+    }
+}
+
+/// md's raid5-cache journal (write-through): every stripe write is logged, durably, before its
+/// member writes, so a crash leaves nothing for a resync to find; recovery replays the log
+/// at assembly (see `journal.rs`).
+///
+/// The superblock's `resync_offset` keeps only what a resync still owes (an initial sync not
+/// finished): going active does not move it to 0, because what a crash interrupts is in the
+/// log, not in need of a scan. (md's own superblock for a journal array says "active"; with
+/// the journal lost, `run --drop-journal` resyncs everything, as that state would.)
+pub(crate) struct JournalPolicy {
+    pub journal: Arc<Journal>,
+}
+
+impl ConsistencyPolicy for JournalPolicy {
+    fn name(&self) -> &'static str {
+        "journal"
+    }
+
+    fn on_active(&self, _meta: &mut Meta) {}
+
+    fn on_clean(&self, meta: &mut Meta, resync_from: Option<u64>) {
+        mark_clean(meta, resync_from);
+    }
+
+    fn before_writes(
+        &self,
+        array: &Array,
+        set: &WriteSet,
+        image: Option<&StripeImage<'_>>,
+    ) -> Result<Ticket> {
+        if set.kind != WriteKind::Stripe {
+            // Rebuild and repair writes reproduce what redundancy already says; a crash
+            // leaves them to the rebuild checkpoint or a later check.
+            return Ok(None);
+        }
+        let image = image.expect("stripe writes come with their image");
+        self.journal.log(array, image).map(Some)
+    }
+
+    fn after_writes(&self, _array: &Array, _set: &WriteSet, ticket: Ticket) {
+        if let Some(seqs) = ticket {
+            self.journal.written_home(seqs);
+        }
+    }
+
+    fn note_inconsistent(&self, array: &Array, set: &WriteSet) {
+        array.request_resync_from(set.offset_bytes);
+    }
+
+    fn resync_from(&self, sb_resync_offset_sectors: u64) -> Option<u64> {
+        sb_resync_from(sb_resync_offset_sectors)
+    }
+
+    fn journal(&self) -> Option<&Arc<Journal>> {
+        Some(&self.journal)
     }
 }

@@ -27,6 +27,7 @@ use crate::bufpool::PoolBuf;
 use crate::commit::WriteSet;
 use crate::error::{EngineError, Result};
 use crate::io::{IoOutcome, MemberIo};
+use crate::journal::StripeImage;
 use crate::stripe_cache::{covers_all, merge, BatchError, Completion, Piece};
 use layout::{Level, StripeRoles};
 use std::time::Instant;
@@ -262,7 +263,19 @@ impl Array {
 
     fn write_batch(&self, row: u64, batch: &[Piece]) -> Result<()> {
         let roles = self.geometry.stripe_roles(row);
-        for (a, b) in merge(batch.iter().map(|p| (p.offset, p.end())).collect()) {
+        let mut intervals = merge(batch.iter().map(|p| (p.offset, p.end())).collect());
+        if self.policy.journal().is_some() {
+            // The journal logs whole 4 KiB pages: widen each interval to them (the rest of a
+            // page is read and written back unchanged).
+            const PAGE: u64 = 4096;
+            intervals = merge(
+                intervals
+                    .into_iter()
+                    .map(|(a, b)| (a / PAGE * PAGE, b.div_ceil(PAGE) * PAGE))
+                    .collect(),
+            );
+        }
+        for (a, b) in intervals {
             self.write_interval(row, &roles, a, b, batch)?;
         }
         if self.is_failed() {
@@ -498,7 +511,14 @@ impl Array {
                 ios.push(self.write_io(qd, at, qb, c.fua));
             }
         }
-        self.commit_writes(&WriteSet::stripe(at, len), &mut ios)
+        let image = StripeImage {
+            row: c.row,
+            at,
+            data,
+            p,
+            q,
+        };
+        self.commit_stripe_writes(&WriteSet::stripe(at, len), &mut ios, Some(&image))
     }
 
     /// P (and Q) of a stripe's data chunks, given in data-index order.

@@ -102,8 +102,8 @@ pub(crate) struct SyncControl {
     stepped: Mutex<Option<Walk>>,
     /// The background thread, while it runs.
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
-    /// The write-intent bitmap's clean-up thread, while it runs.
-    bitmap_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// The consistency policy's thread (bitmap clean-up, journal reclaim), while it runs.
+    policy_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 impl SyncControl {
@@ -132,7 +132,7 @@ impl SyncControl {
             last_client_io_ms: std::sync::atomic::AtomicU64::new(0),
             stepped: Mutex::new(None),
             thread: Mutex::new(None),
-            bitmap_thread: Mutex::new(None),
+            policy_thread: Mutex::new(None),
         }
     }
 
@@ -283,7 +283,15 @@ impl Array {
                 .name(format!("bitmap-{}", self.name))
                 .spawn(move || me.bitmap_daemon())
                 .expect("spawn the bitmap daemon");
-            *self.sync.bitmap_thread.lock() = Some(handle);
+            *self.sync.policy_thread.lock() = Some(handle);
+        }
+        if self.policy.journal().is_some() {
+            let me = self.clone();
+            let handle = std::thread::Builder::new()
+                .name(format!("journal-{}", self.name))
+                .spawn(move || me.journal_daemon())
+                .expect("spawn the journal reclaim thread");
+            *self.sync.policy_thread.lock() = Some(handle);
         }
     }
 
@@ -297,7 +305,7 @@ impl Array {
         if let Some(h) = self.sync.thread.lock().take() {
             let _ = h.join();
         }
-        if let Some(h) = self.sync.bitmap_thread.lock().take() {
+        if let Some(h) = self.sync.policy_thread.lock().take() {
             let _ = h.join();
         }
         if let Some(walk) = self.sync.stepped.lock().take() {

@@ -43,6 +43,7 @@ fn create(level: Level, sims: &[Arc<SimDevice>]) {
             chunk_bytes: Some(BITMAP_CHUNK),
         }),
         discard: false,
+        journal: None,
     })
     .expect("create");
 }

@@ -137,6 +137,7 @@ impl Rig {
                 }),
                 // Half the cases start with every region unused (members discarded).
                 discard: rng.gen_bool(0.5),
+                journal: None,
             })
             .expect("create with a bitmap"),
         };

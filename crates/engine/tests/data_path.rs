@@ -176,6 +176,7 @@ fn probed_raid5(
         force: false,
         bitmap: None,
         discard: false,
+        journal: None,
     })
     .expect("create");
     let data_offset_bytes = engine::read_superblock(sims[0].as_ref())
@@ -422,6 +423,7 @@ fn create_refuses_members_already_in_an_array() {
         force: false,
         bitmap: None,
         discard: false,
+        journal: None,
     })
     .expect_err("refused")
     .to_string();

@@ -57,6 +57,7 @@ fn fresh() -> (Vec<Arc<SimDevice>>, Array) {
         force: false,
         bitmap: None,
         discard: true,
+        journal: None,
     })
     .expect("create");
     let a = boot(&s);

@@ -46,6 +46,8 @@ pub struct CreateParams {
     pub assume_clean: bool,
     /// Reserve and announce an internal write-intent bitmap at +8 sectors.
     pub internal_bitmap: bool,
+    /// The array has a raid5-cache journal device (feature bit on every member).
+    pub journal: bool,
     /// Device size (sectors) the metadata area (bitmap space, then bad-block log) is laid out
     /// for. `create` lays it out once per array, for the smallest active member (as it does
     /// the data offset), and uses that layout on every member, spares included, so members of
@@ -80,6 +82,9 @@ impl Superblock {
         let mut bitmap_offset = 0;
         if p.level == 0 {
             feature_map |= feature::RAID0_LAYOUT;
+        }
+        if p.journal {
+            feature_map |= feature::JOURNAL;
         }
         if p.internal_bitmap {
             feature_map |= feature::BITMAP_OFFSET;

@@ -306,6 +306,7 @@ fn create_builder() {
         roles: vec![0, 1, 2, 3],
         assume_clean: false,
         internal_bitmap: false,
+        journal: false,
         bm_space_device_sectors: None,
     };
     let sb = Superblock::new_for_create(&p).unwrap();
@@ -322,6 +323,7 @@ fn create_builder() {
         level: 0,
         layout: 1,
         internal_bitmap: true,
+        journal: false,
         ..p.clone()
     })
     .unwrap();

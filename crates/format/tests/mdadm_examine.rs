@@ -91,6 +91,7 @@ fn build(c: &Case, events: u64) -> Superblock {
         // No bitmap: mdadm drops BITMAP_OFFSET in memory (and then reports the checksum
         // as wrong) unless a valid bitmap superblock sits at +8 sectors.
         internal_bitmap: false,
+        journal: false,
         bm_space_device_sectors: None,
     })
     .unwrap();

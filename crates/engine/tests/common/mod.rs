@@ -209,6 +209,7 @@ pub fn create_clean(
         force: false,
         bitmap: None,
         discard: false,
+        journal: None,
     })
     .expect("create")
 }

@@ -1,0 +1,758 @@
+//! md's raid5-cache write-ahead journal, write-through mode (reference §6).
+//!
+//! A separate log device holds a ring of io units: a meta block (`format::MetaBlock`) and the
+//! pages it describes. Every stripe write of a RAID4/5/6 array is logged before any of its
+//! member writes goes out:
+//! 1. the interval's data pages and its parity pages (P, and Q on RAID6, computed by the
+//!    stripe code before the commit point) become io units, cut at 4 KiB columns so that each
+//!    column's data and parity sit in one unit;
+//! 2. the units are written to the ring at the head (without FUA: their checksums, not their
+//!    order, tell recovery what is whole);
+//! 3. group commit: the writer waits until a flush of the log device has covered its units
+//!    *and every unit before them* (md's strict order: a stripe goes to the members only when
+//!    all earlier io units are durable, so recovery's consistent prefix never skips a unit
+//!    whose stripe already reached the members);
+//! 4. the member writes run (no FUA needed: the log holds them), and the units are "home".
+//!
+//! Reclaim moves the tail (`journal_tail`, in the log device's superblock) past units that are
+//! home, only after a flush of every member has made them durable there; the tail always points
+//! at a real meta block (the oldest unit not home, or the newest unit when all are home), as
+//! md's does. Recovery at assembly replays the consistent chain from the tail, writes every
+//! logged stripe home, and starts a new chain with the sequence number advanced by 10000, so
+//! blocks of the old chain beyond its end can never continue the new one.
+//!
+//! A client's acknowledged write is in the log durably, so a client flush needs no member
+//! flush, and FUA needs none either. If the log device fails, new writes are refused (the array
+//! turns read-only) and the journal is recorded faulty in the superblocks; writes already logged
+//! complete; nothing unlogged reaches a member.
+
+use crate::array::Array;
+use crate::error::{EngineError, Result};
+use crate::member::{Member, Slot};
+use crate::meta::write_superblock;
+use device::{AlignedBuf, Device};
+use format::{journal_seed, MetaBlock, Payload, Superblock, JOURNAL_BLOCK, PAGE_SECTORS};
+use layout::Geometry;
+use parking_lot::{Condvar, Mutex};
+use std::collections::{BTreeMap, VecDeque};
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// The smallest log `create` accepts (the array's geometry may need more, see
+/// [`required_log_sectors`]).
+pub(crate) const MIN_LOG_SECTORS: u64 = 2048;
+/// md's jump of the sequence number when recovery starts a new chain.
+pub(crate) const RECOVERY_SEQ_JUMP: u64 = 10_000;
+const PAGE: usize = JOURNAL_BLOCK;
+const PAGE_SECTORS_U64: u64 = PAGE_SECTORS as u64;
+
+/// Sectors of the ring: the log device's data area, in whole pages.
+pub(crate) fn log_sectors(sb: &Superblock) -> u64 {
+    sb.data_size / PAGE_SECTORS_U64 * PAGE_SECTORS_U64
+}
+
+/// The ring must hold what writers in flight can log at once several times over: four
+/// times the largest interval (a whole chunk on every member) with its meta blocks.
+pub(crate) fn required_log_sectors(geometry: &Geometry) -> u64 {
+    let pages = geometry.chunk_sectors() / PAGE_SECTORS_U64 * geometry.raid_disks() as u64;
+    let metas = pages.div_ceil(100) + 1;
+    4 * (pages + metas) * PAGE_SECTORS_U64
+}
+
+/// Write the empty log of a new journal (what mdadm writes): one empty meta block at position
+/// 0 with a random sequence number; the superblock's `journal_tail` is 0.
+pub(crate) fn write_empty_log(dev: &dyn Device, sb: &Superblock) -> std::io::Result<()> {
+    let seq = u64::from(rand::random::<u32>());
+    let block = MetaBlock::empty(seq, 0).encode(journal_seed(&sb.set_uuid));
+    dev.write_at(&AlignedBuf::copy_from(&block), sb.data_offset * 512, true)
+}
+
+/// A column interval of a stripe as it will be written: what the journal logs.
+pub(crate) struct StripeImage<'a> {
+    pub row: u64,
+    /// Per-member byte offset of the interval (inside the row's chunk).
+    pub at: u64,
+    /// Dirty data chunks by data index, whether or not their member is present.
+    pub data: &'a [(usize, &'a [u8])],
+    pub p: &'a [u8],
+    pub q: Option<&'a [u8]>,
+}
+
+/// One io unit in the ring.
+#[derive(Clone, Copy, Debug)]
+struct Unit {
+    seq: u64,
+    start: u64,
+    sectors: u64,
+    /// Its write to the log completed.
+    logged: bool,
+    /// Its member writes completed.
+    home: bool,
+}
+
+struct LogState {
+    /// Units from the tail on, in sequence order (`units[i].seq == units[0].seq + i`).
+    units: VecDeque<Unit>,
+    /// Where the next unit goes.
+    head: u64,
+    next_seq: u64,
+    /// Every unit with a smaller sequence number is durable in the log.
+    durable_seq: u64,
+    flushing: bool,
+    failed: Option<String>,
+}
+
+impl LogState {
+    fn tail(&self) -> u64 {
+        self.units.front().map_or(self.head, |u| u.start)
+    }
+
+    fn used(&self, log: u64) -> u64 {
+        (self.head + log - self.tail()) % log
+    }
+
+    fn unit(&mut self, seq: u64) -> &mut Unit {
+        let first = self.units.front().expect("unit in the ring").seq;
+        &mut self.units[(seq - first) as usize]
+    }
+
+    /// Every unit below this sequence number has been written to the log.
+    fn logged_prefix(&self) -> u64 {
+        self.units
+            .iter()
+            .find(|u| !u.logged)
+            .map_or(self.next_seq, |u| u.seq)
+    }
+}
+
+/// What recovery found and did at assembly.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Replayed {
+    /// Io units of the consistent chain (the tail's own unit included).
+    pub units: u64,
+    /// Units whose meta block was whole but a page was not: skipped.
+    pub torn_units: u64,
+    /// Pages written home.
+    pub pages: u64,
+    /// Data pages logged without parity (write-back mode), written through the array.
+    pub data_only_pages: u64,
+    pub millis: u64,
+}
+
+/// The journal, for status.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JournalStatus {
+    pub device: String,
+    pub mode: &'static str,
+    pub log_bytes: u64,
+    /// Bytes between the tail and the head.
+    pub used_bytes: u64,
+    pub tail_sector: u64,
+    pub next_seq: u64,
+    /// Bytes of pages and meta blocks written to the log since assembly.
+    pub logged_bytes: u64,
+    pub flushes: u64,
+    pub reclaims: u64,
+    pub failed: Option<String>,
+    pub replayed: Replayed,
+}
+
+pub(crate) struct Journal {
+    member: Arc<Member>,
+    log: u64,
+    seed: u32,
+    st: Mutex<LogState>,
+    cv: Condvar,
+    /// One reclaim at a time.
+    reclaim: Mutex<()>,
+    logged_bytes: AtomicU64,
+    flushes: AtomicU64,
+    reclaims: AtomicU64,
+    replayed: Replayed,
+}
+
+/// Data pages recovery found without parity: written through the array once it runs.
+pub(crate) type DataOnly = Vec<(u64, AlignedBuf)>;
+
+impl Journal {
+    pub fn member(&self) -> &Arc<Member> {
+        &self.member
+    }
+
+    pub fn failed(&self) -> Option<String> {
+        self.st.lock().failed.clone()
+    }
+
+    /// Log a stripe interval and wait until it, and everything logged before it, is durable.
+    /// Returns the sequence numbers of its units, for [`Journal::written_home`].
+    pub fn log(&self, array: &Array, img: &StripeImage<'_>) -> Result<Range<u64>> {
+        let units = self.build_units(array, img);
+        let sizes: Vec<u64> = units.iter().map(|(m, _)| m.unit_sectors()).collect();
+        let (first_seq, start) = self.reserve(array, &sizes)?;
+        let seqs = first_seq..first_seq + units.len() as u64;
+        let total: u64 = sizes.iter().sum();
+        let mut buf = AlignedBuf::zeroed(total as usize * 512);
+        let mut at = 0usize;
+        let mut pos = start;
+        for ((mut meta, pages), seq) in units.into_iter().zip(seqs.clone()) {
+            meta.seq = seq;
+            meta.position = pos;
+            buf[at..at + PAGE].copy_from_slice(&meta.encode(self.seed));
+            at += PAGE;
+            for page in pages {
+                buf[at..at + PAGE].copy_from_slice(page);
+                at += PAGE;
+            }
+            pos = (pos + meta.unit_sectors()) % self.log;
+        }
+        let res = self.write_ring(start, &buf);
+        self.logged_bytes
+            .fetch_add(buf.len() as u64, Ordering::Relaxed);
+        {
+            let mut st = self.st.lock();
+            for seq in seqs.clone() {
+                st.unit(seq).logged = true;
+            }
+            self.cv.notify_all();
+        }
+        if let Err(e) = res {
+            self.fail(array, &format!("log write failed: {e}"));
+        }
+        self.wait_durable(array, seqs.end)?;
+        Ok(seqs)
+    }
+
+    /// The io units of an interval: meta blocks (sequence and position filled in later) with
+    /// their pages, one 4 KiB column's data and parity always in the same unit.
+    fn build_units<'a>(
+        &self,
+        array: &Array,
+        img: &StripeImage<'a>,
+    ) -> Vec<(MetaBlock, Vec<&'a [u8]>)> {
+        let g = &array.geometry;
+        let chunk = g.chunk_sectors() * 512;
+        let in_chunk = img.at % chunk;
+        let cols = img.p.len() / PAGE;
+        assert_eq!(img.p.len() % PAGE, 0, "journalled intervals are whole pages");
+        let mut units: Vec<(MetaBlock, Vec<&'a [u8]>)> = Vec::new();
+        for col in 0..cols {
+            let r = col * PAGE..(col + 1) * PAGE;
+            let mut payloads = Vec::with_capacity(img.data.len() + 1);
+            let mut pages = Vec::with_capacity(img.data.len() + 2);
+            for &(d, buf) in img.data {
+                let page = &buf[r.clone()];
+                let array_byte =
+                    (img.row * g.data_disks() as u64 + d as u64) * chunk + in_chunk + r.start as u64;
+                payloads.push(Payload::Data {
+                    location: array_byte / 512,
+                    checksums: vec![format::crc32c_raw(self.seed, page)],
+                });
+                pages.push(page);
+            }
+            let mut checksums = vec![format::crc32c_raw(self.seed, &img.p[r.clone()])];
+            pages.push(&img.p[r.clone()]);
+            if let Some(q) = img.q {
+                checksums.push(format::crc32c_raw(self.seed, &q[r.clone()]));
+                pages.push(&q[r.clone()]);
+            }
+            payloads.push(Payload::Parity {
+                location: (img.at + r.start as u64) / 512,
+                checksums,
+            });
+            let need: usize = payloads.iter().map(Payload::encoded_len).sum();
+            let fits = units.last().is_some_and(|(m, _)| m.has_room(need));
+            if !fits {
+                units.push((MetaBlock::empty(0, 0), Vec::new()));
+            }
+            let (m, p) = units.last_mut().expect("a unit");
+            assert!(m.has_room(need), "one column must fit a meta block");
+            m.payloads.extend(payloads);
+            p.extend(pages);
+        }
+        units
+    }
+
+    /// Take room for units of these sizes (sectors) at the head, reclaiming (or waiting for
+    /// writers in flight) when the ring is too full. Returns the first sequence number and the
+    /// start sector.
+    fn reserve(&self, array: &Array, sizes: &[u64]) -> Result<(u64, u64)> {
+        let sectors: u64 = sizes.iter().sum();
+        assert!(
+            sectors + PAGE_SECTORS_U64 < self.log,
+            "an interval of {sectors} sectors cannot fit a ring of {}",
+            self.log
+        );
+        loop {
+            {
+                let mut st = self.st.lock();
+                if let Some(why) = &st.failed {
+                    return Err(self.read_only(array, why));
+                }
+                // Strictly less: head never catches up with the tail's meta block.
+                if st.used(self.log) + sectors < self.log {
+                    let first = st.next_seq;
+                    let start = st.head;
+                    let mut pos = start;
+                    for &size in sizes {
+                        let seq = st.next_seq;
+                        st.units.push_back(Unit {
+                            seq,
+                            start: pos,
+                            sectors: size,
+                            logged: false,
+                            home: false,
+                        });
+                        st.next_seq += 1;
+                        pos = (pos + size) % self.log;
+                    }
+                    st.head = (start + sectors) % self.log;
+                    return Ok((first, start));
+                }
+            }
+            if !self.reclaim_now(array) {
+                // Nothing could be reclaimed: wait for a writer in flight to get its stripe
+                // home.
+                let mut st = self.st.lock();
+                if st.failed.is_none() {
+                    self.cv
+                        .wait_for(&mut st, std::time::Duration::from_millis(10));
+                }
+            }
+        }
+    }
+
+    /// Write `buf` at ring sector `start`, wrapping at the end of the ring.
+    fn write_ring(&self, start: u64, buf: &[u8]) -> std::io::Result<()> {
+        let base = self.member.data_offset_bytes;
+        let room = ((self.log - start) * 512) as usize;
+        if buf.len() <= room {
+            return self.member.dev.write_at(buf, base + start * 512, false);
+        }
+        self.member.dev.write_at(&buf[..room], base + start * 512, false)?;
+        self.member.dev.write_at(&buf[room..], base, false)
+    }
+
+    /// Group commit: wait until every unit below `upto` is durable, flushing the log device
+    /// when nobody else is.
+    fn wait_durable(&self, array: &Array, upto: u64) -> Result<()> {
+        let mut st = self.st.lock();
+        loop {
+            if let Some(why) = &st.failed {
+                return Err(self.read_only(array, why));
+            }
+            if st.durable_seq >= upto {
+                return Ok(());
+            }
+            let target = st.logged_prefix();
+            if !st.flushing && target >= upto {
+                st.flushing = true;
+                drop(st);
+                let res = self.member.dev.flush();
+                self.flushes.fetch_add(1, Ordering::Relaxed);
+                if let Err(e) = &res {
+                    self.fail(array, &format!("log flush failed: {e}"));
+                }
+                st = self.st.lock();
+                st.flushing = false;
+                if res.is_ok() {
+                    st.durable_seq = st.durable_seq.max(target);
+                }
+                self.cv.notify_all();
+                continue;
+            }
+            self.cv.wait(&mut st);
+        }
+    }
+
+    /// The member writes of these units completed.
+    pub fn written_home(&self, seqs: Range<u64>) {
+        let mut st = self.st.lock();
+        for seq in seqs {
+            st.unit(seq).home = true;
+        }
+        self.cv.notify_all();
+    }
+
+    /// Sectors a reclaim would free now (units home from the tail on, the newest kept).
+    fn reclaimable(&self) -> u64 {
+        let st = self.st.lock();
+        if st.failed.is_some() {
+            return 0;
+        }
+        let keep = st.units.len().saturating_sub(1);
+        st.units
+            .iter()
+            .take(keep)
+            .take_while(|u| u.home)
+            .map(|u| u.sectors)
+            .sum()
+    }
+
+    /// Move the tail past every unit that is home: flush the members (what those units wrote
+    /// is durable there first), then record the new tail in the log device's superblock.
+    /// Returns whether the tail moved.
+    pub fn reclaim_now(&self, array: &Array) -> bool {
+        let _one = self.reclaim.lock();
+        let (pop, new_tail) = {
+            let st = self.st.lock();
+            if st.failed.is_some() {
+                return false;
+            }
+            let home = st.units.iter().take_while(|u| u.home).count();
+            // The tail stays on a real meta block: the first unit not home, or the last one.
+            let pop = home.min(st.units.len().saturating_sub(1));
+            if pop == 0 {
+                return false;
+            }
+            (pop, st.units[pop].start)
+        };
+        array.flush_members();
+        if let Err(e) = self.record_tail(array, new_tail) {
+            self.fail(array, &format!("cannot record the journal tail: {e}"));
+            return false;
+        }
+        let mut st = self.st.lock();
+        for _ in 0..pop {
+            st.units.pop_front();
+        }
+        debug_assert_eq!(st.tail(), new_tail);
+        self.reclaims.fetch_add(1, Ordering::Relaxed);
+        self.cv.notify_all();
+        true
+    }
+
+    /// Write `journal_tail` into the log device's superblock, durably.
+    fn record_tail(&self, array: &Array, tail: u64) -> std::io::Result<()> {
+        let mut meta = array.meta.lock();
+        let Some(m) = meta
+            .members
+            .iter_mut()
+            .find(|m| Arc::ptr_eq(&m.member, &self.member))
+        else {
+            return Err(std::io::Error::other("journal device left the array"));
+        };
+        m.sb.recovery_offset = tail;
+        // The superblock write is FUA; the units it lets go are durable on the members already.
+        write_superblock(&m.member, &m.sb)
+    }
+
+    /// The log device failed: no new writes; record it in the superblocks.
+    fn fail(&self, array: &Array, why: &str) {
+        {
+            let mut st = self.st.lock();
+            if st.failed.is_some() {
+                return;
+            }
+            st.failed = Some(format!("journal {} failed: {why}", self.member.name()));
+            self.cv.notify_all();
+        }
+        array.journal_failed(&self.member, why);
+    }
+
+    fn read_only(&self, array: &Array, why: &str) -> EngineError {
+        EngineError::ReadOnly {
+            array: array.name.clone(),
+            reason: why.to_string(),
+        }
+    }
+
+    pub fn status(&self) -> JournalStatus {
+        let st = self.st.lock();
+        JournalStatus {
+            device: self.member.name().to_string(),
+            mode: "write-through",
+            log_bytes: self.log * 512,
+            used_bytes: st.used(self.log) * 512,
+            tail_sector: st.tail(),
+            next_seq: st.next_seq,
+            logged_bytes: self.logged_bytes.load(Ordering::Relaxed),
+            flushes: self.flushes.load(Ordering::Relaxed),
+            reclaims: self.reclaims.load(Ordering::Relaxed),
+            failed: st.failed.clone(),
+            replayed: self.replayed.clone(),
+        }
+    }
+}
+
+/// Recovery at assembly (reference §6.5): replay the consistent chain from `journal_tail`,
+/// write every logged stripe home, start a new chain. `sb` is the log device's superblock
+/// (its `recovery_offset` is `journal_tail`; updated here). With `read_only`, nothing is
+/// written: the chain is only measured.
+pub(crate) fn recover(
+    member: Arc<Member>,
+    sb: &mut Superblock,
+    geometry: &Geometry,
+    slots: &[Slot],
+    read_only: bool,
+) -> Result<(Journal, DataOnly)> {
+    let started = Instant::now();
+    let seed = journal_seed(&sb.set_uuid);
+    let log = log_sectors(sb);
+    let fail = |reason: String| EngineError::Assemble {
+        member: member.name().into(),
+        reason,
+    };
+    if log < required_log_sectors(geometry) {
+        return Err(fail(format!(
+            "journal of {} bytes is too small for this array (needs {})",
+            log * 512,
+            required_log_sectors(geometry) * 512
+        )));
+    }
+    let scan = Scan::run(&member, seed, log, sb.recovery_offset);
+    let mut replayed = Replayed {
+        units: scan.units.len() as u64,
+        torn_units: scan.torn,
+        ..Replayed::default()
+    };
+    let (next_start, next_seq) = match scan.units.last() {
+        Some(u) => (
+            (u.meta.position + u.meta.unit_sectors()) % log,
+            u.meta.seq + RECOVERY_SEQ_JUMP,
+        ),
+        None => {
+            tracing::warn!(journal = %member.name(), "no valid meta block at the journal tail: the log starts empty");
+            (0, u64::from(rand::random::<u32>()))
+        }
+    };
+    let mut data_only = Vec::new();
+    if !read_only {
+        let report = replay(&scan, geometry, slots).map_err(|e| fail(e.to_string()))?;
+        replayed.pages = report.0;
+        data_only = report.1;
+        replayed.data_only_pages = data_only.len() as u64;
+        let block = MetaBlock::empty(next_seq, next_start).encode(seed);
+        member
+            .dev
+            .write_at(
+                &AlignedBuf::copy_from(&block),
+                member.data_offset_bytes + next_start * 512,
+                true,
+            )
+            .map_err(|e| fail(format!("cannot start the new log: {e}")))?;
+        sb.recovery_offset = next_start;
+        write_superblock(&member, sb)
+            .map_err(|e| fail(format!("cannot record the journal tail: {e}")))?;
+    }
+    replayed.millis = started.elapsed().as_millis() as u64;
+    let units = VecDeque::from([Unit {
+        seq: next_seq,
+        start: next_start,
+        sectors: PAGE_SECTORS_U64,
+        logged: true,
+        home: true,
+    }]);
+    let st = LogState {
+        units,
+        head: (next_start + PAGE_SECTORS_U64) % log,
+        next_seq: next_seq + 1,
+        durable_seq: next_seq + 1,
+        flushing: false,
+        failed: None,
+    };
+    Ok((
+        Journal {
+            member,
+            log,
+            seed,
+            st: Mutex::new(st),
+            cv: Condvar::new(),
+            reclaim: Mutex::new(()),
+            logged_bytes: AtomicU64::new(0),
+            flushes: AtomicU64::new(0),
+            reclaims: AtomicU64::new(0),
+            replayed,
+        },
+        data_only,
+    ))
+}
+
+/// One io unit found whole in the log.
+struct FoundUnit {
+    meta: MetaBlock,
+    /// Its pages, in descriptor order; None when one failed its checksum (skipped).
+    pages: Option<Vec<AlignedBuf>>,
+}
+
+/// The consistent chain from the tail: consecutive sequence numbers, each meta block at the
+/// position it names.
+struct Scan {
+    units: Vec<FoundUnit>,
+    torn: u64,
+}
+
+impl Scan {
+    fn run(member: &Member, seed: u32, log: u64, tail: u64) -> Scan {
+        let mut scan = Scan {
+            units: Vec::new(),
+            torn: 0,
+        };
+        if tail >= log || tail % PAGE_SECTORS_U64 != 0 {
+            return scan;
+        }
+        let read = |pos: u64, buf: &mut [u8]| -> bool {
+            // Reads may wrap at the end of the ring.
+            let base = member.data_offset_bytes;
+            let room = ((log - pos) * 512) as usize;
+            if buf.len() <= room {
+                member.dev.read_at(buf, base + pos * 512).is_ok()
+            } else {
+                let (a, b) = buf.split_at_mut(room);
+                member.dev.read_at(a, base + pos * 512).is_ok()
+                    && member.dev.read_at(b, base).is_ok()
+            }
+        };
+        let mut pos = tail;
+        let mut expect: Option<u64> = None;
+        let mut scanned = 0u64;
+        loop {
+            let mut block = AlignedBuf::zeroed(PAGE);
+            if !read(pos, &mut block) {
+                break;
+            }
+            let Ok(meta) = MetaBlock::decode(&block, seed, pos) else {
+                break;
+            };
+            if expect.is_some_and(|s| s != meta.seq) {
+                break;
+            }
+            let sectors = meta.unit_sectors();
+            if scanned + sectors > log {
+                break;
+            }
+            let mut pages = Vec::with_capacity(meta.pages());
+            let mut whole = true;
+            let mut at = (pos + PAGE_SECTORS_U64) % log;
+            for payload in &meta.payloads {
+                let sums: &[u32] = match payload {
+                    Payload::Data { checksums, .. } | Payload::Parity { checksums, .. } => {
+                        checksums
+                    }
+                    Payload::Flush { .. } => &[],
+                };
+                for &sum in sums {
+                    let mut page = AlignedBuf::zeroed(PAGE);
+                    whole &= read(at, &mut page) && format::crc32c_raw(seed, &page) == sum;
+                    pages.push(page);
+                    at = (at + PAGE_SECTORS_U64) % log;
+                }
+            }
+            if !whole {
+                // md: a unit whose pages did not all reach the log is skipped, and the scan
+                // goes on (units may complete out of order).
+                scan.torn += 1;
+            }
+            expect = Some(meta.seq + 1);
+            scanned += sectors;
+            pos = (pos + sectors) % log;
+            scan.units.push(FoundUnit {
+                meta,
+                pages: whole.then_some(pages),
+            });
+        }
+        scan
+    }
+}
+
+/// A member write recovery makes: role, per-member byte offset, page.
+type HomeWrite<'a> = (usize, u64, &'a [u8]);
+
+/// Write the logged stripes home in log order; returns the pages written and the data pages
+/// that had no parity (array byte offset, page).
+fn replay(scan: &Scan, geometry: &Geometry, slots: &[Slot]) -> std::io::Result<(u64, DataOnly)> {
+    let chunk_sectors = geometry.chunk_sectors();
+    // Data pages waiting for their stripe's parity, by per-member sector of the column.
+    let mut pending: BTreeMap<u64, Vec<(u64, &[u8])>> = BTreeMap::new();
+    let mut writes: Vec<HomeWrite<'_>> = Vec::new();
+    for unit in &scan.units {
+        let Some(pages) = &unit.pages else { continue };
+        let mut next = pages.iter();
+        for payload in &unit.meta.payloads {
+            match payload {
+                Payload::Data {
+                    location,
+                    checksums,
+                } => {
+                    for i in 0..checksums.len() as u64 {
+                        let sector = location + i * PAGE_SECTORS_U64;
+                        let pos = geometry.locate(sector);
+                        let column = pos.stripe * chunk_sectors + pos.offset_sectors;
+                        let page = next.next().expect("page counted");
+                        pending.entry(column).or_default().push((sector, &page[..]));
+                    }
+                }
+                Payload::Parity {
+                    location,
+                    checksums,
+                } => {
+                    let row = location / chunk_sectors;
+                    let roles = geometry.stripe_roles(row);
+                    for (sector, page) in pending.remove(location).unwrap_or_default() {
+                        let pos = geometry.locate(sector);
+                        writes.push((roles.data_dev(pos.data_index), location * 512, page));
+                    }
+                    let p = next.next().expect("P page counted");
+                    writes.push((roles.p_dev(), location * 512, &p[..]));
+                    if checksums.len() > 1 {
+                        let q = next.next().expect("Q page counted");
+                        if let Some(qd) = roles.q_dev() {
+                            writes.push((qd, location * 512, &q[..]));
+                        }
+                    }
+                }
+                Payload::Flush { stripes } => {
+                    for s in stripes {
+                        pending.remove(s);
+                    }
+                }
+            }
+        }
+    }
+    let mut touched = vec![false; slots.len()];
+    for &(role, offset, page) in &writes {
+        if let Some(m) = slots[role].usable() {
+            m.dev.write_at(page, m.data_offset_bytes + offset, false)?;
+            touched[role] = true;
+        }
+    }
+    for (role, _) in touched.iter().enumerate().filter(|(_, t)| **t) {
+        if let Some(m) = slots[role].usable() {
+            m.dev.flush()?;
+        }
+    }
+    let data_only = pending
+        .into_values()
+        .flatten()
+        .map(|(sector, page)| (sector * 512, AlignedBuf::copy_from(page)))
+        .collect();
+    Ok((writes.len() as u64, data_only))
+}
+
+/// The reclaim thread reclaims when a quarter of the ring could be freed (md's threshold, so
+/// writers rarely wait for room), or when something has waited this long: recovery replays
+/// what is between the tail and the head, so an idle array keeps that short.
+const RECLAIM_AGE: std::time::Duration = std::time::Duration::from_secs(5);
+
+impl Array {
+    pub(crate) fn journal_daemon(&self) {
+        let Some(j) = self.policy.journal() else {
+            return;
+        };
+        let clock = self.sync.clock.clone();
+        let mut last = clock.now();
+        loop {
+            if self.sync.st.lock().stop {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            let free = j.reclaimable();
+            let due = clock.now().saturating_sub(last) >= RECLAIM_AGE;
+            if free * 4 > j.log || (free > 0 && due) {
+                j.reclaim_now(self);
+                last = clock.now();
+            }
+        }
+    }
+}
