@@ -32,6 +32,10 @@ pub struct RunArgs {
     pub speed_max: Option<u64>,
     /// Start what md would refuse to start (see `engine::AssembleOptions::force`).
     pub force: bool,
+    /// A new journal for an array whose journal is lost.
+    pub add_journal: Option<PathBuf>,
+    /// Run without the lost journal from now on.
+    pub drop_journal: bool,
 }
 
 impl RunArgs {
@@ -85,6 +89,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         .collect::<anyhow::Result<_>>()?;
     let mode = args.open_mode();
     let devs = open_members(&args.members, mode)?;
+    let add_journal = open_members(args.add_journal.as_slice(), mode)?.pop();
     let config = ArrayConfig {
         read_only: args.read_only,
         write_hold: args.write_hold,
@@ -96,6 +101,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
             name: args.name.clone(),
             config,
             force: args.force,
+            drop_journal: args.drop_journal,
+            add_journal,
         },
     )
     .map_err(|e| anyhow!("{e}"))?;

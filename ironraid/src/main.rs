@@ -78,6 +78,14 @@ enum Cmd {
         /// members are taken back, freshest first, like `mdadm --assemble --force`).
         #[arg(long)]
         force: bool,
+        /// The array's journal device is lost: make DEV its new, empty journal (the whole
+        /// array is resynced, since what the old log held is gone).
+        #[arg(long, value_name = "DEV", conflicts_with = "drop_journal")]
+        add_journal: Option<PathBuf>,
+        /// The array's journal device is lost: run without a journal from now on
+        /// (`--consistency-policy resync`; the whole array is resynced).
+        #[arg(long)]
+        drop_journal: bool,
         #[arg(required = true)]
         members: Vec<PathBuf>,
     },
@@ -150,15 +158,19 @@ struct CreateArgs {
     /// Array name stored in the superblocks (default: "ironraid").
     #[arg(long)]
     name: Option<String>,
-    /// resync, bitmap, journal or guided (journal and guided are not implemented yet).
+    /// resync, bitmap, journal (needs --journal) or guided (not implemented yet).
     #[arg(long, default_value = "resync", value_parser = ["resync", "bitmap", "journal", "guided"])]
     consistency_policy: String,
     /// Bytes each write-intent bit covers (with --consistency-policy bitmap; default: md's,
     /// at least 64M).
     #[arg(long)]
     bitmap_chunk: Option<String>,
-    #[arg(long)]
+    /// The log device of --consistency-policy journal (md's raid5-cache write journal).
+    #[arg(long, value_name = "DEV")]
     journal: Option<PathBuf>,
+    /// write-through (the default; write-back is not implemented yet).
+    #[arg(long, value_parser = ["write-through", "write-back"])]
+    journal_mode: Option<String>,
     #[arg(long)]
     integrity: Option<String>,
     /// Hot spare (repeatable).
@@ -234,8 +246,12 @@ fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
             speed_min,
             speed_max,
             force,
+            add_journal,
+            drop_journal,
             members,
         } => daemon::run(daemon::RunArgs {
+            add_journal,
+            drop_journal,
             name,
             nbd,
             members,
@@ -279,14 +295,20 @@ fn create(a: CreateArgs) -> anyhow::Result<String> {
     let level =
         layout::Level::parse(&a.level).ok_or_else(|| anyhow!("unknown level '{}'", a.level))?;
     let bitmap = bitmap_spec(&a, level)?;
-    if matches!(a.consistency_policy.as_str(), "journal" | "guided")
-        || a.journal.is_some()
-        || a.integrity.is_some()
-    {
-        bail!(
-            "--consistency-policy journal or guided, --journal and --integrity are not \
-             implemented yet"
-        );
+    if a.consistency_policy == "guided" || a.integrity.is_some() {
+        bail!("--consistency-policy guided and --integrity are not implemented yet");
+    }
+    match (a.consistency_policy.as_str(), &a.journal) {
+        ("journal", None) => usage_error("--consistency-policy journal needs --journal DEV"),
+        ("journal", Some(_)) => {}
+        (_, Some(_)) => usage_error("--journal needs --consistency-policy journal"),
+        (_, None) if a.journal_mode.is_some() => {
+            usage_error("--journal-mode needs --consistency-policy journal")
+        }
+        _ => {}
+    }
+    if a.journal_mode.as_deref() == Some("write-back") {
+        bail!("--journal-mode write-back is not implemented yet (write-through is)");
     }
     let layout = a
         .layout
@@ -300,7 +322,13 @@ fn create(a: CreateArgs) -> anyhow::Result<String> {
         .map(size::parse_size)
         .transpose()
         .map_err(|e| anyhow!("--size: {e}"))?;
-    let all_paths: Vec<PathBuf> = a.members.iter().chain(&a.spares).cloned().collect();
+    let all_paths: Vec<PathBuf> = a
+        .members
+        .iter()
+        .chain(&a.spares)
+        .chain(&a.journal)
+        .cloned()
+        .collect();
     if a.preallocate {
         space::preallocate(&all_paths)?;
     }
@@ -324,6 +352,7 @@ fn create(a: CreateArgs) -> anyhow::Result<String> {
         chunk_bytes,
         members: open(&a.members)?,
         spares: open(&a.spares)?,
+        journal: open(a.journal.as_slice())?.pop(),
         size_bytes,
         assume_clean: a.assume_clean,
         force: a.force,
@@ -482,6 +511,7 @@ fn demo(dir: Option<PathBuf>) -> anyhow::Result<()> {
             consistency_policy: "resync".into(),
             bitmap_chunk: None,
             journal: None,
+            journal_mode: None,
             integrity: None,
             spares: vec![],
             size: None,
@@ -516,5 +546,7 @@ fn demo(dir: Option<PathBuf>) -> anyhow::Result<()> {
         speed_min: None,
         speed_max: None,
         force: false,
+        add_journal: None,
+        drop_journal: false,
     })
 }

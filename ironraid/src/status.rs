@@ -205,6 +205,7 @@ impl Detail {
                         MemberState::Rebuilding => "rebuilding",
                         MemberState::Faulty => "faulty",
                         MemberState::Spare => "spare",
+                        MemberState::Journal => "journal",
                     }
                     .into(),
                 })

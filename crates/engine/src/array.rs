@@ -350,10 +350,7 @@ impl Array {
     /// journal, where every acknowledged write already is.
     pub fn flush(&self) -> Result<()> {
         self.stripes.hurry_all();
-        let logged = self
-            .policy
-            .journal()
-            .is_some_and(|j| j.failed().is_none());
+        let logged = self.policy.journal().is_some_and(|j| j.failed().is_none());
         if !logged {
             self.flush_members();
         }

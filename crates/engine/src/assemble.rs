@@ -30,8 +30,8 @@
 
 use crate::array::{Array, ArrayConfig, ArrayParts};
 use crate::bitmap::WriteIntentBitmap;
-use crate::journal::Journal;
 use crate::error::{EngineError, Result};
+use crate::journal::Journal;
 use crate::member::{Member, Slot};
 use crate::meta::{read_superblock, MemberSb, Meta};
 use crate::used::UsedRegions;
@@ -558,13 +558,7 @@ fn build(
     };
     let mut opts = opts;
     let journal = open_journal(
-        &mut opts,
-        &best,
-        &geometry,
-        &slots,
-        p.journal,
-        &mut meta,
-        &name,
+        &mut opts, &best, &geometry, &slots, p.journal, &mut meta, &name,
     )?;
     let table_changed = table_changed || journal.table_changed;
     let resync_from = journal.resync_from.or(resync_from);
@@ -636,7 +630,11 @@ fn open_journal(
         if opts.add_journal.is_some() {
             return Err(fail("drop the journal or add one, not both".into()));
         }
-        for raw in meta.roles.iter_mut().filter(|r| **r == format::ROLE_JOURNAL) {
+        for raw in meta
+            .roles
+            .iter_mut()
+            .filter(|r| **r == format::ROLE_JOURNAL)
+        {
             *raw = format::ROLE_FAULTY;
         }
         for m in &mut meta.members {
@@ -719,9 +717,8 @@ fn new_journal_sb(
         .iter()
         .position(|&r| r == format::ROLE_JOURNAL)
         .or_else(|| {
-            (0..meta.roles.len()).find(|&i| {
-                !used.contains(&(i as u32)) && meta.roles[i] >= format::ROLE_MAX
-            })
+            (0..meta.roles.len())
+                .find(|&i| !used.contains(&(i as u32)) && meta.roles[i] >= format::ROLE_MAX)
         })
         .ok_or_else(|| EngineError::Assemble {
             member: format!("array '{name}'"),

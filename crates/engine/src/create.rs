@@ -14,9 +14,7 @@ use crate::error::{EngineError, Result};
 use crate::member::Member;
 use crate::meta::{now_secs, read_superblock, write_superblock};
 use device::{AlignedBuf, Device};
-use format::{
-    BitmapSuper, CreateParams, Superblock, ROLE_JOURNAL, ROLE_SPARE, SB_OFFSET_SECTORS,
-};
+use format::{BitmapSuper, CreateParams, Superblock, ROLE_JOURNAL, ROLE_SPARE, SB_OFFSET_SECTORS};
 use layout::{Geometry, GeometrySpec, Level};
 use std::sync::Arc;
 
@@ -213,12 +211,15 @@ pub fn create(spec: &CreateSpec) -> Result<Created> {
     }
     // The journal replays whatever was in flight: the used-region map (whose releases it does
     // not log) is left out.
-    let used_map = sbs.first().filter(|_| spec.journal.is_none()).and_then(|sb| {
-        let base = format::used_map_offset_sectors(sb) * 512;
-        let room = (sb.data_offset * 512).checked_sub(base)?;
-        crate::used::initial_map(&geometry, uuid, room, !spec.discard)
-            .map(|(_, bytes)| (base, bytes))
-    });
+    let used_map = sbs
+        .first()
+        .filter(|_| spec.journal.is_none())
+        .and_then(|sb| {
+            let base = format::used_map_offset_sectors(sb) * 512;
+            let room = (sb.data_offset * 512).checked_sub(base)?;
+            crate::used::initial_map(&geometry, uuid, room, !spec.discard)
+                .map(|(_, bytes)| (base, bytes))
+        });
     for (dev, sb) in all.iter().zip(&sbs) {
         if sb.role() == format::DevRole::Journal {
             crate::journal::write_empty_log(dev.as_ref(), sb).map_err(|e| EngineError::Create {

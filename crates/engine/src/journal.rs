@@ -235,7 +235,11 @@ impl Journal {
         let chunk = g.chunk_sectors() * 512;
         let in_chunk = img.at % chunk;
         let cols = img.p.len() / PAGE;
-        assert_eq!(img.p.len() % PAGE, 0, "journalled intervals are whole pages");
+        assert_eq!(
+            img.p.len() % PAGE,
+            0,
+            "journalled intervals are whole pages"
+        );
         let mut units: Vec<(MetaBlock, Vec<&'a [u8]>)> = Vec::new();
         for col in 0..cols {
             let r = col * PAGE..(col + 1) * PAGE;
@@ -243,8 +247,9 @@ impl Journal {
             let mut pages = Vec::with_capacity(img.data.len() + 2);
             for &(d, buf) in img.data {
                 let page = &buf[r.clone()];
-                let array_byte =
-                    (img.row * g.data_disks() as u64 + d as u64) * chunk + in_chunk + r.start as u64;
+                let array_byte = (img.row * g.data_disks() as u64 + d as u64) * chunk
+                    + in_chunk
+                    + r.start as u64;
                 payloads.push(Payload::Data {
                     location: array_byte / 512,
                     checksums: vec![format::crc32c_raw(self.seed, page)],
@@ -330,7 +335,9 @@ impl Journal {
         if buf.len() <= room {
             return self.member.dev.write_at(buf, base + start * 512, false);
         }
-        self.member.dev.write_at(&buf[..room], base + start * 512, false)?;
+        self.member
+            .dev
+            .write_at(&buf[..room], base + start * 512, false)?;
         self.member.dev.write_at(&buf[room..], base, false)
     }
 
@@ -736,6 +743,14 @@ fn replay(scan: &Scan, geometry: &Geometry, slots: &[Slot]) -> std::io::Result<(
 const RECLAIM_AGE: std::time::Duration = std::time::Duration::from_secs(5);
 
 impl Array {
+    /// Reclaim what the journal holds that is home on the members (the reclaim thread does
+    /// this on its own; the deterministic simulation calls it instead).
+    pub fn journal_pass(&self) {
+        if let Some(j) = self.policy.journal() {
+            j.reclaim_now(self);
+        }
+    }
+
     pub(crate) fn journal_daemon(&self) {
         let Some(j) = self.policy.journal() else {
             return;

@@ -361,6 +361,17 @@ impl Array {
             .filter(|&dev| present(dev))
             .count();
         let data = || (0..dirty.len()).map(|d| (d, present(roles.data_dev(d))));
+        let parity_all = 1 + usize::from(roles.q_dev().is_some());
+        if self.policy.journal().is_some() && parity_present < parity_all {
+            // The journal logs every parity page and replays it onto whichever member holds
+            // the role by then (a rebuild may have passed this stripe): parity is computed
+            // in full even for a member that is missing now.
+            return if data().all(|(d, here)| here || full[d]) {
+                WritePlan::Rcw
+            } else {
+                WritePlan::Degraded
+            };
+        }
         let rmw_ok = data().all(|(d, here)| here || !dirty[d]);
         let rcw_ok = parity_present == 0 || data().all(|(d, here)| here || full[d]);
         let rmw_reads = dirty.iter().filter(|&&x| x).count() + parity_present;
@@ -387,9 +398,11 @@ impl Array {
             .collect();
         let len64 = len as u64;
         let present = |dev: usize| self.slot(dev).in_sync(at, len64);
-        let parity_present = std::iter::once(c.roles.p_dev())
-            .chain(c.roles.q_dev())
-            .any(present);
+        // With a journal, parity is always computed in full (see `plan_write`).
+        let parity_present = self.policy.journal().is_some()
+            || std::iter::once(c.roles.p_dev())
+                .chain(c.roles.q_dev())
+                .any(present);
         // Chunks not overwritten whole are read to compute parity, and a dirty one also to be
         // written back whole; with no parity left, only the dirty ones that are still there.
         let needs_read = |d: usize| {

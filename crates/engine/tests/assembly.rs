@@ -37,6 +37,7 @@ fn opts(force: bool) -> AssembleOptions {
         name: None,
         config: config(),
         force,
+        ..Default::default()
     }
 }
 

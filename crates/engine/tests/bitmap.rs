@@ -55,6 +55,7 @@ fn boot(sims: &[Arc<SimDevice>]) -> Array {
             name: None,
             config: config(),
             force: false,
+            ..Default::default()
         },
     )
     .expect("assemble")
@@ -259,6 +260,7 @@ fn concurrent_writes_to_new_chunks_share_bitmap_writes() {
                 ..ArrayConfig::default()
             },
             force: false,
+            ..Default::default()
         },
     )
     .expect("assemble");

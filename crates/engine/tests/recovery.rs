@@ -47,6 +47,7 @@ fn open(all: &[Arc<SimDevice>]) -> Arc<Array> {
                 name: None,
                 config: common::config(),
                 force: false,
+                ..Default::default()
             },
         )
         .expect("assemble"),

@@ -21,6 +21,7 @@ fn boot(sims: &[Arc<SimDevice>], clock: &Arc<ManualClock>) -> Array {
                 ..ArrayConfig::default()
             },
             force: false,
+            ..Default::default()
         },
     )
     .expect("assemble")

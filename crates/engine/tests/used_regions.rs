@@ -34,6 +34,7 @@ fn boot(sims: &[Arc<SimDevice>]) -> Array {
                 ..ArrayConfig::default()
             },
             force: false,
+            ..Default::default()
         },
     )
     .expect("assemble")

@@ -101,7 +101,12 @@ impl MetaBlock {
 
     /// Bytes used: header and descriptors.
     pub fn meta_size(&self) -> usize {
-        HEADER_BYTES + self.payloads.iter().map(Payload::encoded_len).sum::<usize>()
+        HEADER_BYTES
+            + self
+                .payloads
+                .iter()
+                .map(Payload::encoded_len)
+                .sum::<usize>()
     }
 
     /// Does one more payload of `len` descriptor bytes fit?

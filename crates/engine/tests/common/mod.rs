@@ -63,6 +63,7 @@ pub fn sim_array_with(
             name: None,
             config,
             force: false,
+            ..Default::default()
         },
     )
     .expect("assemble");
@@ -81,6 +82,7 @@ pub fn reassemble(sims: &[Arc<SimDevice>]) -> engine::Result<Array> {
             name: None,
             config: config(),
             force: false,
+            ..Default::default()
         },
     )
 }
