@@ -721,6 +721,11 @@ impl Array {
 
     /// Fail a member by name (administrator's `fail`).
     pub fn fail_member(&self, name: &str) -> Result<()> {
+        if let Some(j) = self.policy.journal().filter(|j| j.member().name() == name) {
+            // md lets the journal be failed too: the array goes read-only.
+            j.fail(self, "failed by administrator");
+            return Ok(());
+        }
         let role = self
             .slots
             .iter()

@@ -446,7 +446,7 @@ impl Journal {
     }
 
     /// The log device failed: no new writes; record it in the superblocks.
-    fn fail(&self, array: &Array, why: &str) {
+    pub fn fail(&self, array: &Array, why: &str) {
         {
             let mut st = self.st.lock();
             if st.failed.is_some() {
