@@ -717,10 +717,30 @@ fn replay(scan: &Scan, geometry: &Geometry, slots: &[Slot]) -> std::io::Result<(
             }
         }
     }
+    // Later units win over earlier ones at the same place; what is left is written in runs of
+    // consecutive pages per member.
+    let pages = writes.len() as u64;
+    let mut last: BTreeMap<(usize, u64), &[u8]> = BTreeMap::new();
+    for (role, offset, page) in writes {
+        last.insert((role, offset), page);
+    }
+    let mut runs: Vec<(usize, u64, Vec<u8>)> = Vec::new();
+    for ((role, offset), page) in last {
+        match runs.last_mut() {
+            Some((r, o, buf)) if *r == role && *o + buf.len() as u64 == offset => {
+                buf.extend_from_slice(page)
+            }
+            _ => runs.push((role, offset, page.to_vec())),
+        }
+    }
     let mut touched = vec![false; slots.len()];
-    for &(role, offset, page) in &writes {
+    for (role, offset, bytes) in runs {
         if let Some(m) = slots[role].usable() {
-            m.dev.write_at(page, m.data_offset_bytes + offset, false)?;
+            m.dev.write_at(
+                &AlignedBuf::copy_from(&bytes),
+                m.data_offset_bytes + offset,
+                false,
+            )?;
             touched[role] = true;
         }
     }
@@ -734,7 +754,7 @@ fn replay(scan: &Scan, geometry: &Geometry, slots: &[Slot]) -> std::io::Result<(
         .flatten()
         .map(|(sector, page)| (sector * 512, AlignedBuf::copy_from(page)))
         .collect();
-    Ok((writes.len() as u64, data_only))
+    Ok((pages, data_only))
 }
 
 /// The reclaim thread reclaims when a quarter of the ring could be freed (md's threshold, so

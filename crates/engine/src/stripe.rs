@@ -226,6 +226,10 @@ impl Array {
                 offset_bytes,
                 len_bytes: data.len() as u64,
             },
+            BatchError::ReadOnly(reason) => EngineError::ReadOnly {
+                array: self.name.clone(),
+                reason,
+            },
             BatchError::Failed(reason) => {
                 self.unrecoverable(offset_bytes, data.len() as u64, &reason)
             }
@@ -253,6 +257,7 @@ impl Array {
         drop(st);
         let res = self.write_batch(row, &batch).map_err(|e| match e {
             EngineError::NoSpace { .. } => BatchError::NoSpace,
+            EngineError::ReadOnly { reason, .. } => BatchError::ReadOnly(reason),
             e => BatchError::Failed(e.to_string()),
         });
         r.release();

@@ -45,6 +45,8 @@ pub(crate) enum BatchError {
     NoSpace,
     /// Redundancy could not cover the failures met (the reason).
     Failed(String),
+    /// Writes are refused now (the journal failed: the reason).
+    ReadOnly(String),
 }
 
 /// Completion of a whole client request: counts its pieces down, keeps the first error.
