@@ -596,7 +596,7 @@ impl Scan {
             units: Vec::new(),
             torn: 0,
         };
-        if tail >= log || tail % PAGE_SECTORS_U64 != 0 {
+        if tail >= log || !tail.is_multiple_of(PAGE_SECTORS_U64) {
             return scan;
         }
         let read = |pos: u64, buf: &mut [u8]| -> bool {

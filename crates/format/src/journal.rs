@@ -224,7 +224,7 @@ impl MetaBlock {
             let len = le32(at + 4) as usize;
             match kind {
                 PAYLOAD_DATA | PAYLOAD_PARITY => {
-                    if len == 0 || len % PAGE_SECTORS as usize != 0 {
+                    if len == 0 || !len.is_multiple_of(PAGE_SECTORS as usize) {
                         return bad(format!("payload of {len} sectors is not whole pages"));
                     }
                     let pages = len / PAGE_SECTORS as usize;
@@ -248,7 +248,7 @@ impl MetaBlock {
                     at = end;
                 }
                 PAYLOAD_FLUSH => {
-                    if len % 8 != 0 {
+                    if !len.is_multiple_of(8) {
                         return bad(format!("flush list of {len} bytes"));
                     }
                     let end = at + 8 + len;
