@@ -18,7 +18,10 @@
 //!
 //! Dirty and degraded (md's `start_dirty_degraded`): a RAID4/5/6 array that was not stopped
 //! cleanly (`resync_offset != MAX_SECTOR`) may hold stripes whose parity disagrees with their
-//! data (the write hole: the crash came between the data and the parity write). With every
+//! data (the write hole: the crash came between the data and the parity write). An array with a
+//! journal never records a crash there (the journal replays what was in flight), so for it
+//! `resync_offset` only says that a resync is still owed (an initial sync not finished): then
+//! the same refusal applies. With every
 //! member present a resync repairs them; with a role missing, that role's chunks are
 //! reconstructed from such a stripe and come back silently wrong. So such an array does not
 //! start unless forced. Mirrors have no parity to disagree and start as usual.
@@ -394,10 +397,6 @@ fn check_dirty_degraded(
     force: bool,
 ) -> Result<()> {
     if best.resync_offset == MAX_SECTOR || !level.is_parity() {
-        return Ok(());
-    }
-    if p.journal.is_some() {
-        tracing::info!(array = %array_name, "dirty and degraded, but the journal replays what was in flight: starting");
         return Ok(());
     }
     let gaps: Vec<String> = p
