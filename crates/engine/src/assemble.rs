@@ -585,7 +585,9 @@ fn build(
         for (offset, page) in &journal.data_only {
             array.write(*offset, page, false)?;
         }
-        array.flush()?;
+        if let Some(j) = array.policy.journal() {
+            j.data_only_done(&array);
+        }
     }
     Ok(array)
 }

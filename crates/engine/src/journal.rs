@@ -373,6 +373,16 @@ impl Journal {
         }
     }
 
+    /// The data recovery found without parity reached the members through the array: the old
+    /// chain may go.
+    pub fn data_only_done(&self, array: &Array) {
+        let first = self.st.lock().units.front().map(|u| u.seq);
+        if let Some(seq) = first {
+            self.written_home(seq..seq + 1);
+            self.reclaim_now(array);
+        }
+    }
+
     /// The member writes of these units completed.
     pub fn written_home(&self, seqs: Range<u64>) {
         let mut st = self.st.lock();
@@ -539,18 +549,33 @@ pub(crate) fn recover(
                 true,
             )
             .map_err(|e| fail(format!("cannot start the new log: {e}")))?;
-        sb.recovery_offset = next_start;
-        write_superblock(&member, sb)
-            .map_err(|e| fail(format!("cannot record the journal tail: {e}")))?;
+        if data_only.is_empty() {
+            sb.recovery_offset = next_start;
+            write_superblock(&member, sb)
+                .map_err(|e| fail(format!("cannot record the journal tail: {e}")))?;
+        }
     }
     replayed.millis = started.elapsed().as_millis() as u64;
-    let units = VecDeque::from([Unit {
+    let mut units = VecDeque::from([Unit {
         seq: next_seq,
         start: next_start,
         sectors: PAGE_SECTORS_U64,
         logged: true,
         home: true,
     }]);
+    if !data_only.is_empty() {
+        // Data without parity is written through the array once it runs (logged again in the
+        // new chain); until then the tail stays on the old chain, which stands as one unit
+        // before the new one, so a cut meanwhile replays it all again.
+        let old_tail = sb.recovery_offset;
+        units.push_front(Unit {
+            seq: next_seq - 1,
+            start: old_tail,
+            sectors: (next_start + log - old_tail) % log,
+            logged: true,
+            home: false,
+        });
+    }
     let st = LogState {
         units,
         head: (next_start + PAGE_SECTORS_U64) % log,
