@@ -43,6 +43,12 @@ pub enum Request {
         #[serde(default)]
         max: Option<u64>,
     },
+    /// Switch the journal to `write-through` or `write-back` (None: only report); answers
+    /// with the detail.
+    JournalMode {
+        #[serde(default)]
+        mode: Option<String>,
+    },
     /// Answer `{"ok":true}`, then one [`EventLine`] per event until the client goes away.
     Monitor,
 }

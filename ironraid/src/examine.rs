@@ -2,7 +2,7 @@
 
 use crate::size;
 use anyhow::{anyhow, bail, Context};
-use device::{FileDevice, OpenMode};
+use device::{Device, FileDevice, OpenMode};
 use format::{DevRole, Superblock};
 use layout::{Geometry, GeometrySpec, Level};
 use serde::Serialize;
@@ -31,6 +31,26 @@ struct Examined {
     /// Where the internal write-intent bitmap starts, relative to the superblock (null: none).
     bitmap_offset_sectors: Option<i32>,
     array_state: String,
+    /// On the journal device: `journal_tail`, the meta block recovery starts from, in sectors
+    /// from its data offset (the superblock's `recovery_offset` field; null elsewhere).
+    journal_tail_sectors: Option<u64>,
+    /// On the journal device: bytes of the log ring (its data area in whole 4 KiB pages).
+    journal_log_bytes: Option<u64>,
+    /// On the journal device: the block at the tail, as recovery will read it.
+    journal_tail_block: Option<TailBlock>,
+}
+
+/// The meta block at `journal_tail` (reference §6.2): where recovery starts.
+#[derive(Serialize)]
+struct TailBlock {
+    /// A meta block of this array (magic, version, checksum and position all right).
+    valid: bool,
+    /// Its sequence number (null: not valid).
+    seq: Option<u64>,
+    /// Pages of its io unit (null: not valid).
+    pages: Option<u64>,
+    /// Why it is not (null: valid). Recovery then starts an empty log.
+    problem: Option<String>,
 }
 
 fn array_size(sb: &Superblock) -> Option<u64> {
@@ -47,6 +67,42 @@ fn array_size(sb: &Superblock) -> Option<u64> {
     })
     .ok()?;
     Some(g.array_sectors() * 512)
+}
+
+/// Sectors of the ring on a journal device: its data area, in whole 4 KiB pages.
+fn journal_log_sectors(sb: &Superblock) -> u64 {
+    let page = u64::from(format::PAGE_SECTORS);
+    sb.data_size / page * page
+}
+
+/// Read and check the meta block at the journal tail of `d` (a journal device).
+fn tail_block(d: &FileDevice, sb: &Superblock) -> TailBlock {
+    let tail = sb.recovery_offset;
+    let invalid = |problem: String| TailBlock {
+        valid: false,
+        seq: None,
+        pages: None,
+        problem: Some(problem),
+    };
+    if tail >= journal_log_sectors(sb) {
+        return invalid(format!(
+            "journal_tail {tail} lies beyond the log ({} sectors)",
+            journal_log_sectors(sb)
+        ));
+    }
+    let mut buf = device::AlignedBuf::zeroed(format::JOURNAL_BLOCK);
+    if let Err(e) = d.read_at(&mut buf, (sb.data_offset + tail) * 512) {
+        return invalid(format!("cannot read it: {e}"));
+    }
+    match format::MetaBlock::decode(&buf, format::journal_seed(&sb.set_uuid), tail) {
+        Ok(m) => TailBlock {
+            valid: true,
+            seq: Some(m.seq),
+            pages: Some(m.pages() as u64),
+            problem: None,
+        },
+        Err(e) => invalid(e.to_string()),
+    }
 }
 
 fn describe(path: &str, sb: &Superblock) -> Examined {
@@ -86,6 +142,9 @@ fn describe(path: &str, sb: &Superblock) -> Examined {
         feature_map: sb.feature_map,
         bitmap_offset_sectors: has_bitmap(sb).then_some(sb.bitmap_offset),
         array_state: state.into_iter().collect(),
+        journal_tail_sectors: (device_role == "journal").then_some(sb.recovery_offset),
+        journal_log_bytes: (device_role == "journal").then(|| journal_log_sectors(sb) * 512),
+        journal_tail_block: None,
     }
 }
 
@@ -131,7 +190,15 @@ pub fn examine(members: &[PathBuf], json: bool) -> anyhow::Result<()> {
     examine_each(
         members,
         json,
-        |p| open_member(p).map(|(_, sb)| describe(&p.display().to_string(), &sb)),
+        |p| {
+            open_member(p).map(|(d, sb)| {
+                let mut e = describe(&p.display().to_string(), &sb);
+                if e.journal_tail_sectors.is_some() {
+                    e.journal_tail_block = Some(tail_block(&d, &sb));
+                }
+                e
+            })
+        },
         print_text,
     )
 }
@@ -246,6 +313,7 @@ fn print_bitmap_text(b: &ExaminedBitmap) {
 
 fn print_text(e: &Examined) {
     println!("{}:", e.path);
+    println!("    Feature Map : {:#x}", e.feature_map);
     println!("     Array UUID : {}", e.uuid);
     println!("           Name : {}", e.name);
     println!("     Raid Level : {}", e.level);
@@ -266,9 +334,28 @@ fn print_text(e: &Examined) {
     if e.chunk_bytes > 0 {
         println!("     Chunk Size : {}K", e.chunk_bytes / 1024);
     }
-    match e.role {
-        Some(r) => println!("    Device Role : Active device {r}"),
-        None => println!("    Device Role : {}", e.device_role),
+    match (e.role, e.device_role) {
+        (Some(r), _) => println!("    Device Role : Active device {r}"),
+        // mdadm's spelling.
+        (None, "journal") => println!("    Device Role : Journal"),
+        (None, other) => println!("    Device Role : {other}"),
+    }
+    if let (Some(tail), Some(log)) = (e.journal_tail_sectors, e.journal_log_bytes) {
+        println!(
+            "   Journal Tail : {tail} sectors (log of {})",
+            size::human(log)
+        );
+    }
+    if let Some(b) = &e.journal_tail_block {
+        match (b.seq, b.pages, &b.problem) {
+            (Some(seq), Some(pages), _) => {
+                println!("     Tail Block : seq {seq}, {pages} pages follow")
+            }
+            (_, _, problem) => println!(
+                "     Tail Block : not a meta block ({}); recovery starts an empty log",
+                problem.as_deref().unwrap_or("invalid")
+            ),
+        }
     }
     println!("    Array State : {}", e.array_state);
     println!();

@@ -138,6 +138,13 @@ enum Cmd {
         #[arg(long, value_parser = size_arg)]
         max: Option<u64>,
     },
+    /// Show or switch the journal's mode of a running array (md's journal_mode); the mode is
+    /// recorded on the journal device and kept across restarts.
+    JournalMode {
+        name: String,
+        #[arg(value_parser = ["write-through", "write-back"])]
+        mode: Option<String>,
+    },
     /// Stop a running array cleanly: drain, flush, mark clean, exit.
     Stop { name: String },
     /// Create a 4-member RAID5 over sparse files in DIR and serve it.
@@ -168,7 +175,8 @@ struct CreateArgs {
     /// The log device of --consistency-policy journal (md's raid5-cache write journal).
     #[arg(long, value_name = "DEV")]
     journal: Option<PathBuf>,
-    /// write-through (the default; write-back is not implemented yet).
+    /// write-through (the default) or write-back: acknowledge writes once their data is in the
+    /// log, write stripes home later (switchable at run time with `journal-mode`).
     #[arg(long, value_parser = ["write-through", "write-back"])]
     journal_mode: Option<String>,
     #[arg(long)]
@@ -274,6 +282,7 @@ fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
         Cmd::Action { name, action, wait } => action::action(&name, &action, wait),
         Cmd::Monitor { name, program } => monitor::monitor(&name, program.as_deref()),
         Cmd::Speed { name, min, max } => manage::speed(&name, min, max),
+        Cmd::JournalMode { name, mode } => manage::journal_mode(&name, mode.as_deref()),
         Cmd::Stop { name } => stop(&name),
         Cmd::Demo { dir } => demo(dir),
     }
@@ -306,9 +315,6 @@ fn create(a: CreateArgs) -> anyhow::Result<String> {
             usage_error("--journal-mode needs --consistency-policy journal")
         }
         _ => {}
-    }
-    if a.journal_mode.as_deref() == Some("write-back") {
-        bail!("--journal-mode write-back is not implemented yet (write-through is)");
     }
     let layout = a
         .layout
@@ -353,6 +359,7 @@ fn create(a: CreateArgs) -> anyhow::Result<String> {
         members: open(&a.members)?,
         spares: open(&a.spares)?,
         journal: open(a.journal.as_slice())?.pop(),
+        journal_write_back: a.journal_mode.as_deref() == Some("write-back"),
         size_bytes,
         assume_clean: a.assume_clean,
         force: a.force,

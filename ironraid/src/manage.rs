@@ -56,3 +56,22 @@ pub fn speed(name: &str, min: Option<u64>, max: Option<u64>) -> anyhow::Result<(
     );
     Ok(())
 }
+
+/// Switch the journal's mode (none given: only show it), then print it.
+pub fn journal_mode(name: &str, mode: Option<&str>) -> anyhow::Result<()> {
+    let resp = control::call(
+        name,
+        &Request::JournalMode {
+            mode: mode.map(str::to_string),
+        },
+    )?;
+    if !resp.ok {
+        anyhow::bail!("{}", resp.error.unwrap_or_default());
+    }
+    let d = resp
+        .detail
+        .ok_or_else(|| anyhow!("daemon sent no detail"))?;
+    let j = d.journal.ok_or_else(|| anyhow!("{name} has no journal"))?;
+    println!("{}: journal {} ({})", d.name, j.mode, j.device);
+    Ok(())
+}

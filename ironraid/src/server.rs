@@ -109,6 +109,22 @@ async fn handle(req: Request, ctx: &Ctx) -> Response {
             array.set_sync_speed(min, max);
             detail(ctx)
         }
+        Request::JournalMode { mode } => {
+            let res = match mode.as_deref() {
+                None => Ok(()),
+                Some("write-back") => array.set_journal_mode(true),
+                Some("write-through") => array.set_journal_mode(false),
+                Some(other) => {
+                    return Response::err(format!(
+                        "journal-mode: '{other}' is neither write-through nor write-back"
+                    ))
+                }
+            };
+            match res {
+                Ok(()) => detail(ctx),
+                Err(e) => Response::err(e.to_string()),
+            }
+        }
         Request::Monitor => Response::err("monitor is a streaming request"),
     }
 }

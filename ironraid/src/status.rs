@@ -33,6 +33,13 @@ pub struct Detail {
     /// Extension: the daemon's process id.
     #[serde(default)]
     pub pid: u32,
+    /// Extension: md's raid5-cache write journal (null: the array has none).
+    #[serde(default)]
+    pub journal: Option<JournalDetail>,
+    /// Extension: why writes are refused (null: they are accepted). Set whenever `state` is
+    /// "read-only" (and for a "failed" array).
+    #[serde(default)]
+    pub read_only_reason: Option<String>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -84,6 +91,114 @@ pub struct UsedDetail {
     /// `used × region_bytes`: bytes of each member's data area that may hold data (the last
     /// region may reach past the data area's end).
     pub used_bytes: u64,
+}
+
+/// The raid5-cache write journal (reference §6): the log device and what it holds.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct JournalDetail {
+    /// The log device's path.
+    pub device: String,
+    /// "write-through" (md's default) or "write-back".
+    pub mode: String,
+    /// Write-back: bytes of acknowledged data held in memory until their stripes are
+    /// written home.
+    #[serde(default)]
+    pub cache_bytes: u64,
+    /// Bytes of the ring (the log device's data area, whole 4 KiB pages).
+    pub log_bytes: u64,
+    /// Bytes between the tail and the head: what recovery would replay now.
+    pub used_bytes: u64,
+    /// `journal_tail`: the oldest meta block recovery starts from, sectors into the ring.
+    pub tail_sector: u64,
+    /// Sequence number the next io unit gets.
+    pub next_seq: u64,
+    /// Bytes of meta blocks and pages written to the log since assembly.
+    pub logged_bytes: u64,
+    /// Flushes of the log device since assembly.
+    pub flushes: u64,
+    /// Times the tail moved since assembly.
+    pub reclaims: u64,
+    /// Why the journal failed (null: it works). Writes are refused once it has.
+    pub failed: Option<String>,
+    /// What recovery replayed at assembly.
+    pub replayed: ReplayedDetail,
+}
+
+/// What journal recovery found and wrote home at assembly.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct ReplayedDetail {
+    /// Io units of the consistent chain from the tail (the tail's own unit included).
+    pub units: u64,
+    /// Units whose meta block was whole but a page was not: skipped.
+    pub torn_units: u64,
+    /// Pages written home.
+    pub pages: u64,
+    /// Data pages logged without parity (write-back mode): logged again and kept cached.
+    pub data_only_pages: u64,
+    pub millis: u64,
+}
+
+impl JournalDetail {
+    pub fn from_engine(j: &engine::JournalStatus) -> JournalDetail {
+        let r = &j.replayed;
+        JournalDetail {
+            device: j.device.clone(),
+            mode: j.mode.to_string(),
+            cache_bytes: j.cache_bytes,
+            log_bytes: j.log_bytes,
+            used_bytes: j.used_bytes,
+            tail_sector: j.tail_sector,
+            next_seq: j.next_seq,
+            logged_bytes: j.logged_bytes,
+            flushes: j.flushes,
+            reclaims: j.reclaims,
+            failed: j.failed.clone(),
+            replayed: ReplayedDetail {
+                units: r.units,
+                torn_units: r.torn_units,
+                pages: r.pages,
+                data_only_pages: r.data_only_pages,
+                millis: r.millis,
+            },
+        }
+    }
+
+    /// `journal: write-through, log 62.00 MiB, 1.25 MiB in use, replayed 9 units (1408
+    /// pages) in 287 ms`, torn units and a failure added when there are any.
+    pub fn mdstat_line(&self) -> String {
+        let r = &self.replayed;
+        let mut line = format!(
+            "      journal: {}, log {}, {} in use, replayed {} unit{} ({} page{}) in {} ms",
+            self.mode,
+            crate::size::human(self.log_bytes),
+            crate::size::human(self.used_bytes),
+            r.units,
+            plural(r.units),
+            r.pages,
+            plural(r.pages),
+            r.millis
+        );
+        if r.torn_units > 0 {
+            line.push_str(&format!(
+                ", {} torn unit{} skipped",
+                r.torn_units,
+                plural(r.torn_units)
+            ));
+        }
+        if let Some(why) = &self.failed {
+            line.push_str(&format!("\n      journal FAILED: {why}"));
+        }
+        line.push('\n');
+        line
+    }
+}
+
+fn plural(n: u64) -> &'static str {
+    if n == 1 {
+        ""
+    } else {
+        "s"
+    }
 }
 
 impl UsedDetail {
@@ -163,7 +278,7 @@ impl Detail {
         let rebuilding = s.members.iter().any(|m| m.state == MemberState::Rebuilding);
         let state = if s.failed {
             "failed"
-        } else if s.read_only {
+        } else if s.read_only || s.read_only_reason.is_some() {
             "read-only"
         } else if s.sync.action == engine::SyncAction::Recover || rebuilding {
             "recovering"
@@ -221,6 +336,8 @@ impl Detail {
             used_regions: s.used_regions.as_ref().map(UsedDetail::from_engine),
             nbd,
             pid: std::process::id(),
+            journal: s.journal.as_ref().map(JournalDetail::from_engine),
+            read_only_reason: s.read_only_reason.clone(),
         }
     }
 
@@ -248,6 +365,7 @@ impl Detail {
                 "faulty" => "(F)",
                 "spare" => "(S)",
                 "rebuilding" => "(R)",
+                "journal" => "(J)",
                 _ => "",
             };
             line1.push_str(&format!(
@@ -292,6 +410,16 @@ impl Detail {
         }
         if let Some(u) = &self.used_regions {
             out.push_str(&u.mdstat_line());
+        }
+        if let Some(j) = &self.journal {
+            out.push_str(&j.mdstat_line());
+        }
+        // A journal failure already said why; other reasons (assembled read-only, journal
+        // missing at assembly, redundancy exhausted) get their own line.
+        if let Some(why) = &self.read_only_reason {
+            if self.journal.as_ref().and_then(|j| j.failed.as_ref()) != Some(why) {
+                out.push_str(&format!("      writes refused: {why}\n"));
+            }
         }
         out
     }
@@ -415,7 +543,126 @@ mod tests {
             used_regions,
             nbd: vec![],
             pid: 1,
+            journal: None,
+            read_only_reason: None,
         }
+    }
+
+    /// Built here rather than through `from_engine`, so the engine's status may grow fields
+    /// without touching these tests.
+    fn journal(failed: Option<&str>) -> JournalDetail {
+        JournalDetail {
+            device: "/tmp/log.img".into(),
+            mode: "write-through".into(),
+            cache_bytes: 0,
+            log_bytes: 62 << 20,
+            used_bytes: 5 << 18,
+            tail_sector: 4096,
+            next_seq: 10_042,
+            logged_bytes: 9 << 20,
+            flushes: 17,
+            reclaims: 2,
+            failed: failed.map(str::to_string),
+            replayed: ReplayedDetail {
+                units: 9,
+                torn_units: 0,
+                pages: 1408,
+                data_only_pages: 0,
+                millis: 287,
+            },
+        }
+    }
+
+    #[test]
+    fn mdstat_journal_line_and_tag() {
+        let mut d = raid5_detail(None);
+        d.consistency_policy = "journal".into();
+        d.members.push(MemberDetail {
+            path: "/tmp/log.img".into(),
+            role: None,
+            state: "journal".into(),
+        });
+        d.journal = Some(journal(None));
+        let text = d.mdstat();
+        assert!(text.contains(" m3.img[3] log.img[-](J)\n"), "{text}");
+        assert!(
+            text.ends_with(
+                "      journal: write-through, log 62.00 MiB, 1.25 MiB in use, replayed 9 \
+                 units (1408 pages) in 287 ms\n"
+            ),
+            "{text}"
+        );
+        assert!(!text.contains("refused"), "{text}");
+    }
+
+    #[test]
+    fn mdstat_says_why_writes_are_refused_once() {
+        let why = "journal /tmp/log.img failed: failed by administrator";
+        let mut d = raid5_detail(None);
+        d.state = "read-only".into();
+        d.journal = Some(journal(Some(why)));
+        d.read_only_reason = Some(why.into());
+        let text = d.mdstat();
+        assert!(text.starts_with("vol : active (read-only) raid5"), "{text}");
+        assert_eq!(text.matches(why).count(), 1, "{text}");
+        assert!(
+            text.contains(&format!("      journal FAILED: {why}\n")),
+            "{text}"
+        );
+        // Read-only for another reason (the journal missing at assembly): its own line.
+        let mut d = raid5_detail(None);
+        d.state = "read-only".into();
+        d.read_only_reason = Some("its journal device (slot 4) is missing".into());
+        let text = d.mdstat();
+        assert!(
+            text.ends_with("      writes refused: its journal device (slot 4) is missing\n"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn json_journal_is_an_object_or_null() {
+        let mut d = raid5_detail(None);
+        let v = serde_json::to_value(&d).unwrap();
+        assert!(v["journal"].is_null(), "{v:#}");
+        assert!(v["read_only_reason"].is_null(), "{v:#}");
+        assert!(v.as_object().unwrap().contains_key("journal"), "{v:#}");
+        assert!(
+            v.as_object().unwrap().contains_key("read_only_reason"),
+            "{v:#}"
+        );
+        d.journal = Some(journal(Some("gone")));
+        d.read_only_reason = Some("gone".into());
+        let v = serde_json::to_value(&d).unwrap();
+        assert_eq!(
+            v["journal"],
+            serde_json::json!({
+                "device": "/tmp/log.img",
+                "mode": "write-through",
+                "log_bytes": 62u64 << 20,
+                "used_bytes": 5u64 << 18,
+                "tail_sector": 4096,
+                "next_seq": 10_042,
+                "logged_bytes": 9u64 << 20,
+                "flushes": 17,
+                "reclaims": 2,
+                "failed": "gone",
+                "replayed": {
+                    "units": 9,
+                    "torn_units": 0,
+                    "pages": 1408,
+                    "data_only_pages": 0,
+                    "millis": 287,
+                },
+            })
+        );
+        assert_eq!(v["read_only_reason"], "gone");
+        // A daemon from before the extension: both fields absent, the CLI reads None.
+        let mut old = v;
+        old.as_object_mut().unwrap().remove("journal");
+        old.as_object_mut().unwrap().remove("read_only_reason");
+        let back: Detail = serde_json::from_value(old).unwrap();
+        assert_eq!((back.journal, back.read_only_reason), (None, None));
     }
 
     #[test]

@@ -359,7 +359,7 @@ fn bad_bitmap_requests_are_refused_before_anything_is_written() {
         &["--bitmap-chunk 3000", "power of two"],
     );
     run(
-        &["--consistency-policy", "journal"],
+        &["--consistency-policy", "guided"],
         &["not implemented yet"],
     );
     let a = create(&env, &["--bitmap-chunk", "1M"]);

@@ -45,6 +45,7 @@ fn crash_and_resync(
         // Every region counts as used (as on a block device): the full scan reads it all.
         discard: false,
         journal: None,
+        journal_write_back: false,
     })
     .unwrap();
     // A clean stop first: create leaves every bit set (as mdadm does) until the daemon's

@@ -44,6 +44,7 @@ fn run(dir: &Path, level: Level, n: usize, mib: usize) -> (f64, f64) {
         bitmap: None,
         discard: false,
         journal: None,
+        journal_write_back: false,
     })
     .unwrap();
     let array = Arc::new(assemble(open(), AssembleOptions::default()).unwrap());

@@ -68,6 +68,7 @@ fn main() {
         bitmap: None,
         discard: false,
         journal: None,
+        journal_write_back: false,
     })
     .unwrap();
     let a = Arc::new(assemble(open(&paths[..4]), AssembleOptions::default()).unwrap());

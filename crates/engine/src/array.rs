@@ -590,6 +590,10 @@ impl Array {
             }
             std::thread::sleep(Duration::from_millis(1));
         }
+        if !self.config.read_only {
+            // Write-back data goes home before the array is recorded clean.
+            self.write_out_all()?;
+        }
         self.flush()?;
         if self.config.read_only {
             return Ok(());

@@ -579,14 +579,9 @@ fn build(
         journal: journal.journal,
         read_only_reason: journal.read_only_reason,
     })?;
-    if !journal.data_only.is_empty() {
-        // Data a write-back log held without parity: through the normal path (logged again
-        // in the new chain, parity computed) before the array is handed out.
-        for (offset, page) in &journal.data_only {
-            array.write(*offset, page, false)?;
-        }
-        if let Some(j) = array.policy.journal() {
-            j.data_only_done(&array);
+    if journal.write_back && !array.is_read_only() {
+        if let Err(e) = array.set_journal_mode(true) {
+            tracing::warn!(array = %array.name(), "journal starts in write-through instead of write-back: {e}");
         }
     }
     Ok(array)
@@ -596,7 +591,8 @@ fn build(
 #[derive(Default)]
 struct JournalSetup {
     journal: Option<Arc<Journal>>,
-    data_only: crate::journal::DataOnly,
+    /// The journal device asks for write-back mode.
+    write_back: bool,
     /// The role table changed (journal dropped or added).
     table_changed: bool,
     /// A resync the journal decision requires (the old log is lost).
@@ -627,9 +623,50 @@ fn open_journal(
         return Ok(JournalSetup::default());
     }
     let mut setup = JournalSetup::default();
-    if opts.drop_journal {
+    if opts.drop_journal && opts.add_journal.is_some() {
+        return Err(fail("drop the journal or add one, not both".into()));
+    }
+    let replacing = opts.drop_journal || opts.add_journal.is_some();
+    if let (true, Some((dev, _))) = (replacing, &found) {
         if opts.add_journal.is_some() {
-            return Err(fail("drop the journal or add one, not both".into()));
+            return Err(fail(format!(
+                "already has its journal {}; nothing to replace",
+                dev.name()
+            )));
+        }
+    }
+    if replacing && found.is_none() && slots.iter().any(|s| !s.is_complete()) && !opts.force {
+        // Without the log nobody knows whether stripes were being written at a crash (the
+        // superblocks of a journal array do not say), and with a role missing a resync cannot
+        // repair them.
+        return Err(fail(format!(
+            "refusing to {} the journal of a degraded array: if it crashed, stripes being \
+             written then may have parity that disagrees with their data (the RAID write hole), \
+             and with a member missing the chunks reconstructed from them may be silently \
+             wrong; give the journal device if it still exists, add the missing member back, or \
+             use --force",
+            if opts.drop_journal { "drop" } else { "replace" }
+        )));
+    }
+    if opts.drop_journal {
+        if let Some((dev, sb)) = found {
+            // The log is still there: what it holds goes home first.
+            let mut sb = sb;
+            let j = crate::journal::recover(
+                new_member(dev, &sb),
+                &mut sb,
+                geometry,
+                slots,
+                opts.config.read_only,
+            )?;
+            if j.cache_bytes() > 0 {
+                return Err(fail(
+                    "its journal holds write-back data that has no parity yet; run the array \
+                     with its journal and stop it cleanly (which writes that data home), then \
+                     drop the journal"
+                        .into(),
+                ));
+            }
         }
         for raw in meta
             .roles
@@ -676,7 +713,10 @@ fn open_journal(
                 .position(|&r| r == format::ROLE_JOURNAL)
                 .map_or("recorded faulty".to_string(), |s| format!("slot {s}"));
             let why = format!(
-                "its journal device ({slot}) is missing: stripes being written at a crash                  cannot be repaired without it, so writes are refused; `run --add-journal DEV`                  starts a new journal and `run --drop-journal` runs without one (both resync                  the whole array)"
+                "its journal device ({slot}) is missing: stripes being written at a crash \
+                 cannot be repaired without it, so writes are refused; `run --add-journal DEV` \
+                 starts a new journal and `run --drop-journal` runs without one (both resync \
+                 the whole array)"
             );
             tracing::warn!(array = %name, "starting read-only: {why}");
             opts.config.read_only = true;
@@ -685,7 +725,8 @@ fn open_journal(
         }
     };
     let member = new_member(dev, &sb);
-    let (journal, data_only) = crate::journal::recover(
+    let sb_devflags = sb.devflags;
+    let journal = crate::journal::recover(
         member.clone(),
         &mut sb,
         geometry,
@@ -699,8 +740,8 @@ fn open_journal(
         sb,
         writable: true,
     });
+    setup.write_back = sb_devflags & format::DEVFLAG_JOURNAL_WRITE_BACK != 0;
     setup.journal = Some(Arc::new(journal));
-    setup.data_only = data_only;
     Ok(setup)
 }
 

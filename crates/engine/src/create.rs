@@ -42,6 +42,8 @@ pub struct CreateSpec {
     /// A raid5-cache journal device (RAID4/5/6 only): every stripe write is logged there
     /// first, which closes the write hole.
     pub journal: Option<Arc<dyn Device>>,
+    /// Start the journal in write-back mode (recorded on the journal device).
+    pub journal_write_back: bool,
 }
 
 /// The write-intent bitmap of a new array.
@@ -222,6 +224,11 @@ pub fn create(spec: &CreateSpec) -> Result<Created> {
         });
     for (dev, sb) in all.iter().zip(&sbs) {
         if sb.role() == format::DevRole::Journal {
+            let mut sb = sb.clone();
+            if spec.journal_write_back {
+                sb.devflags |= format::DEVFLAG_JOURNAL_WRITE_BACK;
+            }
+            let sb = &sb;
             crate::journal::write_empty_log(dev.as_ref(), sb).map_err(|e| EngineError::Create {
                 member: dev.name().into(),
                 reason: format!("cannot start the journal: {e}"),

@@ -78,6 +78,9 @@ pub(crate) struct StripeImage<'a> {
     pub data: &'a [(usize, &'a [u8])],
     pub p: &'a [u8],
     pub q: Option<&'a [u8]>,
+    /// A write-out of write-back data: the data pages are in the log already, only parity is
+    /// logged (and it may use the space kept for write-outs).
+    pub parity_only: bool,
 }
 
 /// One io unit in the ring.
@@ -102,6 +105,8 @@ struct LogState {
     durable_seq: u64,
     flushing: bool,
     failed: Option<String>,
+    /// Sectors kept free for writing out what the write-back cache holds (its parity).
+    flush_reserve: u64,
 }
 
 impl LogState {
@@ -146,6 +151,8 @@ pub struct Replayed {
 pub struct JournalStatus {
     pub device: String,
     pub mode: &'static str,
+    /// Bytes of acknowledged data held in memory (write-back) until its row is written out.
+    pub cache_bytes: u64,
     pub log_bytes: u64,
     /// Bytes between the tail and the head.
     pub used_bytes: u64,
@@ -171,10 +178,98 @@ pub(crate) struct Journal {
     flushes: AtomicU64,
     reclaims: AtomicU64,
     replayed: Replayed,
+    write_back: std::sync::atomic::AtomicBool,
+    cache: Mutex<WbCache>,
+    /// Rows in the cache (read lock-free by the read path).
+    cached_rows: std::sync::atomic::AtomicUsize,
 }
 
-/// Data pages recovery found without parity: written through the array once it runs.
-pub(crate) type DataOnly = Vec<(u64, AlignedBuf)>;
+/// Write-back mode: data acknowledged once in the log, held here until its row is written out.
+#[derive(Default)]
+struct WbCache {
+    rows: BTreeMap<u64, CachedRow>,
+    bytes: usize,
+}
+
+/// One row's cached pages (by page offset in the chunk and data index), the write-back units
+/// that logged them (home once the row is written out), and the reserve its write-out needs.
+pub(crate) struct CachedRow {
+    pub pages: BTreeMap<(u64, usize), AlignedBuf>,
+    seqs: Vec<u64>,
+    need: u64,
+    since: Instant,
+}
+
+impl CachedRow {
+    /// Copy the cached bytes of data chunk `d` over `buf`, which holds its bytes from `off`
+    /// (in the chunk) on.
+    pub fn overlay(&self, d: usize, off: u64, buf: &mut [u8]) {
+        let end = off + buf.len() as u64;
+        for (&(p, pd), page) in self.pages.range((off / PAGE as u64 * PAGE as u64, 0)..) {
+            if p >= end {
+                break;
+            }
+            if pd != d {
+                continue;
+            }
+            let lo = p.max(off);
+            let hi = (p + PAGE as u64).min(end);
+            buf[(lo - off) as usize..(hi - off) as usize]
+                .copy_from_slice(&page[(lo - p) as usize..(hi - p) as usize]);
+        }
+    }
+
+    /// Distinct page offsets (columns) with cached data.
+    fn columns(&self) -> u64 {
+        let mut offs: Vec<u64> = self.pages.keys().map(|&(off, _)| off).collect();
+        offs.dedup();
+        offs.len() as u64
+    }
+
+    /// Runs of consecutive cached page offsets, as byte ranges of the chunk.
+    pub fn intervals(&self) -> Vec<(u64, u64)> {
+        crate::stripe_cache::merge(
+            self.pages
+                .keys()
+                .map(|&(off, _)| (off, off + PAGE as u64))
+                .collect(),
+        )
+    }
+
+    /// Is every page of every data chunk over `a..b` cached?
+    pub fn covers(&self, data_disks: usize, a: u64, b: u64) -> bool {
+        (0..data_disks).all(|d| {
+            (a..b)
+                .step_by(PAGE)
+                .all(|off| self.pages.contains_key(&(off, d)))
+        })
+    }
+
+    /// Data indices with a cached page in `a..b`.
+    pub fn dirty(&self, data_disks: usize, a: u64, b: u64) -> Vec<usize> {
+        (0..data_disks)
+            .filter(|&d| {
+                self.pages
+                    .range((a, 0)..(b, 0))
+                    .any(|(&(_, pd), _)| pd == d)
+            })
+            .collect()
+    }
+}
+
+/// How a reservation in the ring may be served.
+#[derive(Clone, Copy)]
+enum Space {
+    /// Leaves the write-out reserve free; waits for room.
+    Normal,
+    /// Write-back caching: grows the reserve by `grow`; never waits (None when no room).
+    Cache { grow: u64 },
+    /// A write-out's parity: may use the reserve, and gives back `release` of it.
+    WriteOut { release: u64 },
+}
+
+/// Data pages recovery found without parity (array byte offset, page).
+type DataOnly = Vec<(u64, AlignedBuf)>;
 
 impl Journal {
     pub fn member(&self) -> &Arc<Member> {
@@ -189,8 +284,31 @@ impl Journal {
     /// Returns the sequence numbers of its units, for [`Journal::written_home`].
     pub fn log(&self, array: &Array, img: &StripeImage<'_>) -> Result<Range<u64>> {
         let units = self.build_units(array, img);
+        let space = if img.parity_only {
+            Space::WriteOut {
+                release: write_out_need(img.p.len() as u64 / PAGE as u64, &array.geometry),
+            }
+        } else {
+            Space::Normal
+        };
+        let seqs = self
+            .write_units(array, units, space)?
+            .expect("normal and write-out reservations wait for room");
+        Ok(seqs)
+    }
+
+    /// Reserve sectors for the units, write them, wait until they are durable. None: a
+    /// `Space::Cache` reservation found no room.
+    fn write_units(
+        &self,
+        array: &Array,
+        units: Vec<(MetaBlock, Vec<&[u8]>)>,
+        space: Space,
+    ) -> Result<Option<Range<u64>>> {
         let sizes: Vec<u64> = units.iter().map(|(m, _)| m.unit_sectors()).collect();
-        let (first_seq, start) = self.reserve(array, &sizes)?;
+        let Some((first_seq, start)) = self.reserve(array, &sizes, space)? else {
+            return Ok(None);
+        };
         let seqs = first_seq..first_seq + units.len() as u64;
         let total: u64 = sizes.iter().sum();
         let mut buf = AlignedBuf::zeroed(total as usize * 512);
@@ -221,7 +339,7 @@ impl Journal {
             self.fail(array, &format!("log write failed: {e}"));
         }
         self.wait_durable(array, seqs.end)?;
-        Ok(seqs)
+        Ok(Some(seqs))
     }
 
     /// The io units of an interval: meta blocks (sequence and position filled in later) with
@@ -245,7 +363,7 @@ impl Journal {
             let r = col * PAGE..(col + 1) * PAGE;
             let mut payloads = Vec::with_capacity(img.data.len() + 1);
             let mut pages = Vec::with_capacity(img.data.len() + 2);
-            for &(d, buf) in img.data {
+            for &(d, buf) in img.data.iter().filter(|_| !img.parity_only) {
                 let page = &buf[r.clone()];
                 let array_byte = (img.row * g.data_disks() as u64 + d as u64) * chunk
                     + in_chunk
@@ -282,7 +400,7 @@ impl Journal {
     /// Take room for units of these sizes (sectors) at the head, reclaiming (or waiting for
     /// writers in flight) when the ring is too full. Returns the first sequence number and the
     /// start sector.
-    fn reserve(&self, array: &Array, sizes: &[u64]) -> Result<(u64, u64)> {
+    fn reserve(&self, array: &Array, sizes: &[u64], space: Space) -> Result<Option<(u64, u64)>> {
         let sectors: u64 = sizes.iter().sum();
         assert!(
             sectors + PAGE_SECTORS_U64 < self.log,
@@ -296,7 +414,19 @@ impl Journal {
                     return Err(self.read_only(array, why));
                 }
                 // Strictly less: head never catches up with the tail's meta block.
-                if st.used(self.log) + sectors < self.log {
+                let keep = match space {
+                    Space::Normal => st.flush_reserve,
+                    Space::Cache { grow } => st.flush_reserve + grow,
+                    Space::WriteOut { .. } => 0,
+                };
+                if st.used(self.log) + sectors + keep < self.log {
+                    match space {
+                        Space::Normal => {}
+                        Space::Cache { grow } => st.flush_reserve += grow,
+                        Space::WriteOut { release } => {
+                            st.flush_reserve = st.flush_reserve.saturating_sub(release)
+                        }
+                    }
                     let first = st.next_seq;
                     let start = st.head;
                     let mut pos = start;
@@ -313,10 +443,19 @@ impl Journal {
                         pos = (pos + size) % self.log;
                     }
                     st.head = (start + sectors) % self.log;
-                    return Ok((first, start));
+                    return Ok(Some((first, start)));
+                }
+                if matches!(space, Space::Cache { .. }) {
+                    return Ok(None);
                 }
             }
-            if !self.reclaim_now(array) {
+            let freed = self.reclaim_now(array)
+                || (matches!(space, Space::Normal) && array.write_out_oldest());
+            if !freed && array.is_failed() {
+                // Nothing can go home any more: what waits for room never gets it.
+                return Err(array.unrecoverable(0, 0, "too many members failed"));
+            }
+            if !freed {
                 // Nothing could be reclaimed: wait for a writer in flight to get its stripe
                 // home.
                 let mut st = self.st.lock();
@@ -330,15 +469,7 @@ impl Journal {
 
     /// Write `buf` at ring sector `start`, wrapping at the end of the ring.
     fn write_ring(&self, start: u64, buf: &[u8]) -> std::io::Result<()> {
-        let base = self.member.data_offset_bytes;
-        let room = ((self.log - start) * 512) as usize;
-        if buf.len() <= room {
-            return self.member.dev.write_at(buf, base + start * 512, false);
-        }
-        self.member
-            .dev
-            .write_at(&buf[..room], base + start * 512, false)?;
-        self.member.dev.write_at(&buf[room..], base, false)
+        write_ring_at(&self.member, self.log, start, buf)
     }
 
     /// Group commit: wait until every unit below `upto` is durable, flushing the log device
@@ -373,14 +504,140 @@ impl Journal {
         }
     }
 
-    /// The data recovery found without parity reached the members through the array: the old
-    /// chain may go.
-    pub fn data_only_done(&self, array: &Array) {
-        let first = self.st.lock().units.front().map(|u| u.seq);
-        if let Some(seq) = first {
-            self.written_home(seq..seq + 1);
-            self.reclaim_now(array);
+    pub fn write_back(&self) -> bool {
+        self.write_back.load(Ordering::Acquire)
+    }
+
+    pub fn set_write_back(&self, on: bool) {
+        self.write_back.store(on, Ordering::Release);
+    }
+
+    /// Does the write-back cache hold pages of this row? (Lock-free when it holds none.)
+    pub fn is_cached(&self, row: u64) -> bool {
+        self.cached_rows.load(Ordering::Acquire) > 0 && self.cache.lock().rows.contains_key(&row)
+    }
+
+    pub fn cache_bytes(&self) -> usize {
+        self.cache.lock().bytes
+    }
+
+    /// The cached page of data chunk `d` at `off` (a page offset in the chunk) of `row`.
+    pub fn cached_page(&self, row: u64, d: usize, off: u64) -> Option<AlignedBuf> {
+        let c = self.cache.lock();
+        c.rows
+            .get(&row)
+            .and_then(|r| r.pages.get(&(off, d)))
+            .map(|p| AlignedBuf::copy_from(p))
+    }
+
+    /// Copy the cached bytes of data chunk `d` of `row` over `buf`, which holds its bytes from
+    /// `off` (in the chunk) on.
+    pub fn overlay(&self, row: u64, d: usize, off: u64, buf: &mut [u8]) {
+        if let Some(r) = self.cache.lock().rows.get(&row) {
+            r.overlay(d, off, buf);
         }
+    }
+
+    /// Log whole data pages of `row` without parity (write-back) and keep them in the cache.
+    /// False: the ring has no room beyond what write-outs need (nothing was logged).
+    pub fn cache_pages(
+        &self,
+        array: &Array,
+        row: u64,
+        pages: Vec<(usize, u64, AlignedBuf)>,
+    ) -> Result<bool> {
+        let g = &array.geometry;
+        let grow = {
+            let c = self.cache.lock();
+            let known = |off: u64| {
+                c.rows
+                    .get(&row)
+                    .is_some_and(|r| r.pages.range((off, 0)..(off, usize::MAX)).next().is_some())
+            };
+            let mut offs: Vec<u64> = pages.iter().map(|p| p.1).filter(|&o| !known(o)).collect();
+            offs.sort_unstable();
+            offs.dedup();
+            write_out_need(offs.len() as u64, g)
+        };
+        let keyed: BTreeMap<(u64, usize), AlignedBuf> =
+            pages.into_iter().map(|(d, off, p)| ((off, d), p)).collect();
+        let units = data_units(g, self.seed, row, &keyed);
+        let Some(seqs) = self.write_units(array, units, Space::Cache { grow })? else {
+            return Ok(false);
+        };
+        let mut c = self.cache.lock();
+        let c = &mut *c;
+        let entry = c.rows.entry(row).or_insert_with(|| {
+            self.cached_rows.fetch_add(1, Ordering::AcqRel);
+            CachedRow {
+                pages: BTreeMap::new(),
+                seqs: Vec::new(),
+                need: 0,
+                since: Instant::now(),
+            }
+        });
+        entry.need += grow;
+        entry.seqs.extend(seqs);
+        for (key, page) in keyed {
+            c.bytes += PAGE;
+            if entry.pages.insert(key, page).is_some() {
+                c.bytes -= PAGE;
+            }
+        }
+        Ok(true)
+    }
+
+    /// Does the cache hold every page of every data chunk of `row`? (A full stripe: its
+    /// write-out reads nothing.)
+    pub fn row_full(&self, row: u64, data_disks: usize, chunk_bytes: u64) -> bool {
+        let c = self.cache.lock();
+        c.rows
+            .get(&row)
+            .is_some_and(|r| r.pages.len() as u64 == data_disks as u64 * chunk_bytes / PAGE as u64)
+    }
+
+    /// Take a row out of the cache for its write-out (its claim is held).
+    pub fn take_row(&self, row: u64) -> Option<CachedRow> {
+        let mut c = self.cache.lock();
+        let r = c.rows.remove(&row)?;
+        c.bytes -= r.pages.len() * PAGE;
+        self.cached_rows.fetch_sub(1, Ordering::AcqRel);
+        Some(r)
+    }
+
+    /// A write-out failed: the pages stay the newest data of their row.
+    pub fn restore_row(&self, row: u64, r: CachedRow) {
+        let mut c = self.cache.lock();
+        c.bytes += r.pages.len() * PAGE;
+        self.cached_rows.fetch_add(1, Ordering::AcqRel);
+        c.rows.insert(row, r);
+    }
+
+    /// The row's pages reached the members: the units that logged them may be reclaimed.
+    pub fn written_out(&self, r: &CachedRow) {
+        let mut st = self.st.lock();
+        for &seq in &r.seqs {
+            st.unit(seq).home = true;
+        }
+        self.cv.notify_all();
+    }
+
+    /// Cached rows, the one holding the oldest unit first, with how long each has waited.
+    pub fn cached_rows_by_age(&self) -> Vec<(u64, std::time::Duration)> {
+        let c = self.cache.lock();
+        let mut rows: Vec<(u64, u64, std::time::Duration)> = c
+            .rows
+            .iter()
+            .map(|(&row, r)| {
+                (
+                    r.seqs.iter().copied().min().unwrap_or(u64::MAX),
+                    row,
+                    r.since.elapsed(),
+                )
+            })
+            .collect();
+        rows.sort_unstable();
+        rows.into_iter().map(|(_, row, age)| (row, age)).collect()
     }
 
     /// The member writes of these units completed.
@@ -479,7 +736,12 @@ impl Journal {
         let st = self.st.lock();
         JournalStatus {
             device: self.member.name().to_string(),
-            mode: "write-through",
+            mode: if self.write_back() {
+                "write-back"
+            } else {
+                "write-through"
+            },
+            cache_bytes: self.cache_bytes() as u64,
             log_bytes: self.log * 512,
             used_bytes: st.used(self.log) * 512,
             tail_sector: st.tail(),
@@ -503,7 +765,7 @@ pub(crate) fn recover(
     geometry: &Geometry,
     slots: &[Slot],
     read_only: bool,
-) -> Result<(Journal, DataOnly)> {
+) -> Result<Journal> {
     let started = Instant::now();
     let seed = journal_seed(&sb.set_uuid);
     let log = log_sectors(sb);
@@ -534,71 +796,166 @@ pub(crate) fn recover(
             (0, u64::from(rand::random::<u32>()))
         }
     };
-    let mut data_only = Vec::new();
+    let mut cache = WbCache::default();
+    let mut units = VecDeque::new();
+    let mut head = next_start;
+    let mut flush_reserve = 0;
     if !read_only {
-        let report = replay(&scan, geometry, slots).map_err(|e| fail(e.to_string()))?;
-        replayed.pages = report.0;
-        data_only = report.1;
+        let (pages, data_only) = replay(&scan, geometry, slots).map_err(|e| fail(e.to_string()))?;
+        replayed.pages = pages;
         replayed.data_only_pages = data_only.len() as u64;
-        let block = MetaBlock::empty(next_seq, next_start).encode(seed);
+        // The new chain starts with the data that had no parity yet (write-back), logged again
+        // as it was and kept in the cache (md re-logs it the same way): only once that is
+        // durable may the tail leave the old chain. The write-back reserve kept room for it.
+        let mut rows: BTreeMap<u64, CachedRow> = BTreeMap::new();
+        for (byte, page) in data_only {
+            let pos = geometry.locate(byte / 512);
+            rows.entry(pos.stripe)
+                .or_insert_with(|| CachedRow {
+                    pages: BTreeMap::new(),
+                    seqs: Vec::new(),
+                    need: 0,
+                    since: Instant::now(),
+                })
+                .pages
+                .insert((pos.offset_sectors * 512, pos.data_index), page);
+        }
+        let mut seq = next_seq;
+        for (&row, r) in rows.iter_mut() {
+            for (meta, pages) in data_units(geometry, seed, row, &r.pages) {
+                let meta = MetaBlock {
+                    seq,
+                    position: head,
+                    ..meta
+                };
+                let mut buf = meta.encode(seed).to_vec();
+                for p in pages {
+                    buf.extend_from_slice(p);
+                }
+                write_ring_at(&member, log, head, &AlignedBuf::copy_from(&buf))
+                    .map_err(|e| fail(format!("cannot log write-back data again: {e}")))?;
+                units.push_back(Unit {
+                    seq,
+                    start: head,
+                    sectors: meta.unit_sectors(),
+                    logged: true,
+                    home: false,
+                });
+                r.seqs.push(seq);
+                head = (head + meta.unit_sectors()) % log;
+                seq += 1;
+            }
+            r.need = write_out_need(r.columns(), geometry);
+            flush_reserve += r.need;
+            cache.bytes += r.pages.len() * PAGE;
+        }
+        if units.is_empty() {
+            let block = MetaBlock::empty(next_seq, next_start).encode(seed);
+            write_ring_at(&member, log, next_start, &AlignedBuf::copy_from(&block))
+                .map_err(|e| fail(format!("cannot start the new log: {e}")))?;
+            units.push_back(Unit {
+                seq: next_seq,
+                start: next_start,
+                sectors: PAGE_SECTORS_U64,
+                logged: true,
+                home: true,
+            });
+            head = (next_start + PAGE_SECTORS_U64) % log;
+        }
         member
             .dev
-            .write_at(
-                &AlignedBuf::copy_from(&block),
-                member.data_offset_bytes + next_start * 512,
-                true,
-            )
+            .flush()
             .map_err(|e| fail(format!("cannot start the new log: {e}")))?;
-        if data_only.is_empty() {
-            sb.recovery_offset = next_start;
-            write_superblock(&member, sb)
-                .map_err(|e| fail(format!("cannot record the journal tail: {e}")))?;
-        }
+        sb.recovery_offset = next_start;
+        write_superblock(&member, sb)
+            .map_err(|e| fail(format!("cannot record the journal tail: {e}")))?;
+        cache.rows = rows;
+    } else {
+        units.push_back(Unit {
+            seq: next_seq,
+            start: next_start,
+            sectors: PAGE_SECTORS_U64,
+            logged: true,
+            home: true,
+        });
+        head = (next_start + PAGE_SECTORS_U64) % log;
     }
     replayed.millis = started.elapsed().as_millis() as u64;
-    let mut units = VecDeque::from([Unit {
-        seq: next_seq,
-        start: next_start,
-        sectors: PAGE_SECTORS_U64,
-        logged: true,
-        home: true,
-    }]);
-    if !data_only.is_empty() {
-        // Data without parity is written through the array once it runs (logged again in the
-        // new chain); until then the tail stays on the old chain, which stands as one unit
-        // before the new one, so a cut meanwhile replays it all again.
-        let old_tail = sb.recovery_offset;
-        units.push_front(Unit {
-            seq: next_seq - 1,
-            start: old_tail,
-            sectors: (next_start + log - old_tail) % log,
-            logged: true,
-            home: false,
-        });
-    }
+    let next = units.back().expect("a unit").seq + 1;
     let st = LogState {
         units,
-        head: (next_start + PAGE_SECTORS_U64) % log,
-        next_seq: next_seq + 1,
-        durable_seq: next_seq + 1,
+        head,
+        next_seq: next,
+        durable_seq: next,
         flushing: false,
         failed: None,
+        flush_reserve,
     };
-    Ok((
-        Journal {
-            member,
-            log,
-            seed,
-            st: Mutex::new(st),
-            cv: Condvar::new(),
-            reclaim: Mutex::new(()),
-            logged_bytes: AtomicU64::new(0),
-            flushes: AtomicU64::new(0),
-            reclaims: AtomicU64::new(0),
-            replayed,
-        },
-        data_only,
-    ))
+    let cached_rows = cache.rows.len();
+    Ok(Journal {
+        member,
+        log,
+        seed,
+        st: Mutex::new(st),
+        cv: Condvar::new(),
+        reclaim: Mutex::new(()),
+        logged_bytes: AtomicU64::new(0),
+        flushes: AtomicU64::new(0),
+        reclaims: AtomicU64::new(0),
+        replayed,
+        write_back: std::sync::atomic::AtomicBool::new(false),
+        cache: Mutex::new(cache),
+        cached_rows: std::sync::atomic::AtomicUsize::new(cached_rows),
+    })
+}
+
+/// Write `buf` at ring sector `start` of a log of `log` sectors, wrapping at its end.
+fn write_ring_at(member: &Member, log: u64, start: u64, buf: &[u8]) -> std::io::Result<()> {
+    let base = member.data_offset_bytes;
+    let room = ((log - start) * 512) as usize;
+    if buf.len() <= room {
+        return member.dev.write_at(buf, base + start * 512, false);
+    }
+    member
+        .dev
+        .write_at(&buf[..room], base + start * 512, false)?;
+    member.dev.write_at(&buf[room..], base, false)
+}
+
+/// Sectors writing out `columns` cached page columns may need in the ring: logging their data
+/// again at recovery (a page per data chunk) and their parity at write-out, each with
+/// (conservatively) a meta block per column.
+fn write_out_need(columns: u64, geometry: &Geometry) -> u64 {
+    let parity = geometry.max_degraded() as u64;
+    columns * (geometry.data_disks() as u64 + parity + 2) * PAGE_SECTORS_U64
+}
+
+/// Data-only io units (sequence and position filled in by the caller) for cached pages of
+/// one row: one DATA payload per page.
+fn data_units<'a>(
+    geometry: &Geometry,
+    seed: u32,
+    row: u64,
+    pages: &'a BTreeMap<(u64, usize), AlignedBuf>,
+) -> Vec<(MetaBlock, Vec<&'a [u8]>)> {
+    let chunk = geometry.chunk_sectors() * 512;
+    let mut units: Vec<(MetaBlock, Vec<&'a [u8]>)> = Vec::new();
+    for (&(off, d), page) in pages {
+        let payload = Payload::Data {
+            location: ((row * geometry.data_disks() as u64 + d as u64) * chunk + off) / 512,
+            checksums: vec![format::crc32c_raw(seed, page)],
+        };
+        if !units
+            .last()
+            .is_some_and(|(m, _)| m.has_room(payload.encoded_len()))
+        {
+            units.push((MetaBlock::empty(0, 0), Vec::new()));
+        }
+        let (m, p) = units.last_mut().expect("a unit");
+        m.payloads.push(payload);
+        p.push(&page[..]);
+    }
+    units
 }
 
 /// One io unit found whole in the log.
@@ -786,12 +1143,15 @@ fn replay(scan: &Scan, geometry: &Geometry, slots: &[Slot]) -> std::io::Result<(
 /// writers rarely wait for room), or when something has waited this long: recovery replays
 /// what is between the tail and the head, so an idle array keeps that short.
 const RECLAIM_AGE: std::time::Duration = std::time::Duration::from_secs(5);
+/// How long write-back data may wait in the cache for its row to fill.
+const WRITE_OUT_AGE: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl Array {
     /// Reclaim what the journal holds that is home on the members (the reclaim thread does
     /// this on its own; the deterministic simulation calls it instead).
     pub fn journal_pass(&self) {
         if let Some(j) = self.policy.journal() {
+            self.write_out_oldest();
             j.reclaim_now(self);
         }
     }
@@ -807,6 +1167,22 @@ impl Array {
                 return;
             }
             std::thread::sleep(std::time::Duration::from_millis(50));
+            // Write-back: rows go home when the cache fills, when their data has waited a
+            // while, and all of them once the array writes through (mode switched, degraded).
+            let degraded = self.slots.iter().any(|s| !s.is_complete());
+            for (written, (_, age)) in j.cached_rows_by_age().into_iter().enumerate() {
+                let pressed = j.cache_bytes() > self.config.stripe_cache_bytes / 8;
+                if written >= 64
+                    || !(pressed
+                        || !j.write_back()
+                        || degraded
+                        || age >= WRITE_OUT_AGE
+                        || j.failed().is_some())
+                    || !self.write_out_oldest()
+                {
+                    break;
+                }
+            }
             let free = j.reclaimable();
             let due = clock.now().saturating_sub(last) >= RECLAIM_AGE;
             if free * 4 > j.log || (free > 0 && due) {

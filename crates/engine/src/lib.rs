@@ -29,6 +29,7 @@ mod stripe;
 mod stripe_cache;
 mod sync;
 mod used;
+mod writeback;
 
 pub use array::{
     Array, ArrayConfig, ArrayStatus, BitmapStatus, MemberState, MemberStatus, UsedStatus,

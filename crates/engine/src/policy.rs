@@ -218,6 +218,11 @@ impl ConsistencyPolicy for JournalPolicy {
             return Ok(None);
         }
         let image = image.expect("stripe writes come with their image");
+        if image.parity_only && self.journal.failed().is_some() {
+            // The log is gone: cached write-back data still goes home from memory (md does
+            // the same); only new writes are refused.
+            return Ok(None);
+        }
         self.journal.log(array, image).map(Some)
     }
 

@@ -102,9 +102,11 @@ impl Array {
             let (mine, tail) = std::mem::take(&mut rest).split_at_mut(len);
             rest = tail;
             let dev = self.geometry.stripe_roles(row).data_dev(d);
-            if !self
-                .slot(dev)
-                .in_sync(row * self.chunk_bytes() + off, len as u64)
+            let cached = self.policy.journal().is_some_and(|j| j.is_cached(row));
+            if cached
+                || !self
+                    .slot(dev)
+                    .in_sync(row * self.chunk_bytes() + off, len as u64)
             {
                 slow.push((row, d, off, mine));
             } else {
@@ -148,6 +150,11 @@ impl Array {
                     self.read_row(&roles, row * self.chunk_bytes() + off, out.len())?
                 {
                     out.copy_from_slice(&bufs.data[d]);
+                    // Write-back: the newest bytes may still be in the journal's cache (the
+                    // claim keeps a write-out from moving them meanwhile).
+                    if let Some(j) = self.policy.journal() {
+                        j.overlay(row, d, off, out);
+                    }
                     return Ok(());
                 }
             }
@@ -267,6 +274,13 @@ impl Array {
     }
 
     fn write_batch(&self, row: u64, batch: &[Piece]) -> Result<()> {
+        if let Some(j) = self.policy.journal() {
+            if j.write_back() && self.cache_batch(row, batch)? {
+                return Ok(());
+            }
+            // Write-through from here: what the cache holds of this row goes first.
+            self.write_out_row(row)?;
+        }
         let roles = self.geometry.stripe_roles(row);
         let mut intervals = merge(batch.iter().map(|p| (p.offset, p.end())).collect());
         if self.policy.journal().is_some() {
@@ -535,6 +549,7 @@ impl Array {
             data,
             p,
             q,
+            parity_only: false,
         };
         self.commit_stripe_writes(&WriteSet::stripe(at, len), &mut ios, Some(&image))
     }

@@ -220,6 +220,16 @@ impl Row {
         st
     }
 
+    /// Claim the row only if nobody holds it.
+    pub fn try_claim(&self) -> bool {
+        let mut st = self.st.lock();
+        if st.busy {
+            return false;
+        }
+        st.busy = true;
+        true
+    }
+
     /// Release a claim.
     pub fn release(&self) {
         let mut st = self.st.lock();

@@ -44,6 +44,7 @@ fn create(level: Level, sims: &[Arc<SimDevice>]) {
         }),
         discard: false,
         journal: None,
+        journal_write_back: false,
     })
     .expect("create");
 }

@@ -177,6 +177,7 @@ fn probed_raid5(
         bitmap: None,
         discard: false,
         journal: None,
+        journal_write_back: false,
     })
     .expect("create");
     let data_offset_bytes = engine::read_superblock(sims[0].as_ref())
@@ -424,6 +425,7 @@ fn create_refuses_members_already_in_an_array() {
         bitmap: None,
         discard: false,
         journal: None,
+        journal_write_back: false,
     })
     .expect_err("refused")
     .to_string();

@@ -37,6 +37,7 @@ impl Rig {
             bitmap: None,
             discard: false,
             journal: Some(log.clone()),
+            journal_write_back: false,
         })
         .expect("create with a journal");
         Rig { members, log }
@@ -280,10 +281,10 @@ fn a_missing_log_device_is_replaced_by_a_new_journal() {
 }
 
 /// A log md's write-back mode could leave: a data page without parity after the chain's last
-/// unit. Assembly writes it through the array (parity computed), and only then lets the old
-/// chain go.
+/// unit. Assembly logs it again at the start of the new chain and keeps it cached (reads see
+/// it at once), and a stop writes it home with its parity.
 #[test]
-fn data_logged_without_parity_is_written_through_the_array() {
+fn data_logged_without_parity_is_kept_and_written_home() {
     let rig = Rig::new(Level::Raid5, 4, 4 << 20);
     let array = rig
         .boot(rig.all(), AssembleOptions::default())
@@ -324,18 +325,27 @@ fn data_logged_without_parity_is_written_through_the_array() {
     let again = rig
         .boot(rig.all(), AssembleOptions::default())
         .expect("reassemble");
-    let r = again.status().journal.expect("journal").replayed;
-    assert_eq!(r.data_only_pages, 1);
+    let j = again.status().journal.expect("journal");
+    assert_eq!(j.replayed.data_only_pages, 1);
+    assert_eq!(j.cache_bytes, 4096, "the page waits in the cache");
     assert!(
         read(&again, at_sector * 512, 4096) == page,
-        "data-only page not written"
+        "reads see the cached page"
     );
-    common_check_parity(&again);
-    again.close().expect("clean stop");
-    drop(again);
     let sb = engine::read_superblock(rig.log.as_ref()).expect("journal sb");
     assert!(
         sb.recovery_offset != tail.position,
-        "the old chain's tail must be let go once its data is home"
+        "once logged again, the old chain is let go"
     );
+    again.close().expect("clean stop");
+    drop(again);
+    let last = rig
+        .boot(rig.all(), AssembleOptions::default())
+        .expect("reassemble");
+    assert_eq!(last.status().journal.expect("journal").cache_bytes, 0);
+    assert!(
+        read(&last, at_sector * 512, 4096) == page,
+        "page not written home"
+    );
+    common_check_parity(&last);
 }

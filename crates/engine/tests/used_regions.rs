@@ -59,6 +59,7 @@ fn fresh() -> (Vec<Arc<SimDevice>>, Array) {
         bitmap: None,
         discard: true,
         journal: None,
+        journal_write_back: false,
     })
     .expect("create");
     let a = boot(&s);

@@ -119,6 +119,9 @@ pub const ROLE_MAX: u16 = 0xff00;
 pub const DEVFLAG_WRITE_MOSTLY: u8 = 1;
 /// `devflags` bit: fail-fast.
 pub const DEVFLAG_FAILFAST: u8 = 2;
+/// `devflags` bit on a journal device (ironraid's, md ignores it): the array starts its
+/// journal in write-back mode.
+pub const DEVFLAG_JOURNAL_WRITE_BACK: u8 = 0x80;
 
 /// `feature_map` bits (reference §1.3).
 pub mod feature {

@@ -108,6 +108,13 @@ impl Env {
 
     /// `ironraid run EXTRA... MEMBERS...` and wait for the sockets.
     pub fn run_with(&self, extra: &[&str], members: &[PathBuf]) -> Daemon {
+        self.try_run_with(extra, members)
+            .unwrap_or_else(|log| panic!("ironraid run exited early:\n{log}"))
+    }
+
+    /// `ironraid run EXTRA... MEMBERS...` and wait for the sockets; `Err` with the daemon's log
+    /// if it exits first (it refused to start).
+    pub fn try_run_with(&self, extra: &[&str], members: &[PathBuf]) -> Result<Daemon, String> {
         let log = self.dir.path().join(format!(
             "daemon-{}.log",
             Instant::now().elapsed().as_nanos()
@@ -127,7 +134,7 @@ impl Env {
         let ctl = self.rundir().join(format!("{}.ctl", self.name));
         while !self.socket().exists() || std::os::unix::net::UnixStream::connect(&ctl).is_err() {
             if let Ok(Some(st)) = d.child.try_wait() {
-                panic!("ironraid run exited early ({st}):\n{}", d.log_text());
+                return Err(format!("({st}) {}", d.log_text()));
             }
             assert!(
                 Instant::now() < deadline,
@@ -136,7 +143,7 @@ impl Env {
             );
             std::thread::sleep(Duration::from_millis(20));
         }
-        d
+        Ok(d)
     }
 
     /// A sparse file `name` of `bytes` in the test directory (a spare, a member to add).

@@ -212,6 +212,7 @@ pub fn create_clean(
         bitmap: None,
         discard: false,
         journal: None,
+        journal_write_back: false,
     })
     .expect("create")
 }

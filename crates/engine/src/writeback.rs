@@ -1,0 +1,255 @@
+//! The journal's write-back mode on the stripe path (reference §6.4).
+//!
+//! A stripe write in write-back mode logs its data pages (whole 4 KiB pages: a page the batch
+//! covers only partly is completed from the cache or the member first) without parity, waits
+//! until they are durable in the log, keeps them in the journal's cache and is acknowledged:
+//! no member write, no read-modify-write on the client's path. A row is written out (parity
+//! computed from the cached pages and the members, logged, then data and parity written home,
+//! and only then the units holding its data may be reclaimed) when it is full, when the cache or
+//! the ring runs short, when its data has waited a while, when the array stops or leaves
+//! write-back mode, and before any write-through write to it.
+//!
+//! Deadlock freedom under a full ring: the ring always keeps free what writing out every cached
+//! row needs (its parity); a write-back write that would eat into that writes its own row out
+//! and goes write-through instead, so a writer waiting for room never holds a row with cached
+//! data, and waiting writers write out unclaimed cached rows in the order their units block the
+//! tail.
+//!
+//! Reads of a row with cached data take the row's claim and lay the cached pages over what the
+//! members hold. Write-back needs every role present: a degraded array writes through.
+
+use crate::array::Array;
+use crate::commit::WriteSet;
+use crate::error::Result;
+use crate::io::MemberIo;
+use crate::journal::{CachedRow, StripeImage};
+use crate::stripe_cache::{merge, Piece};
+use device::AlignedBuf;
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+const PAGE: u64 = 4096;
+/// Tries before a write-out gives up on members that keep failing under it.
+const MAX_REPLANS: usize = 4;
+
+impl Array {
+    /// Write-back: log and cache the batch's pages. False: write it through instead (degraded,
+    /// cache full, no room in the ring, a member read failed).
+    pub(crate) fn cache_batch(&self, row: u64, batch: &[Piece]) -> Result<bool> {
+        let Some(j) = self.policy.journal() else {
+            return Ok(false);
+        };
+        if self.slots.iter().any(|s| !s.is_complete())
+            || j.cache_bytes() + batch.iter().map(|p| p.data.len()).sum::<usize>()
+                > self.config.stripe_cache_bytes / 2
+        {
+            return Ok(false);
+        }
+        let chunk = self.geometry.chunk_sectors() * 512;
+        let roles = self.geometry.stripe_roles(row);
+        let mut keys = BTreeSet::new();
+        for p in batch {
+            let mut off = p.offset / PAGE * PAGE;
+            while off < p.end() {
+                keys.insert((off, p.data_index));
+                off += PAGE;
+            }
+        }
+        let mut pages = Vec::with_capacity(keys.len());
+        for (off, d) in keys {
+            let covered = merge(
+                batch
+                    .iter()
+                    .filter(|p| p.data_index == d && p.offset < off + PAGE && p.end() > off)
+                    .map(|p| (p.offset.max(off), p.end().min(off + PAGE)))
+                    .collect(),
+            ) == [(off, off + PAGE)];
+            let mut page = match j.cached_page(row, d, off) {
+                Some(p) => p,
+                None if covered => AlignedBuf::zeroed(PAGE as usize),
+                None => {
+                    let mut p = AlignedBuf::zeroed(PAGE as usize);
+                    let mut io = [self.read_io(roles.data_dev(d), row * chunk + off, &mut p)];
+                    if !self.run_io(&mut io) {
+                        return Ok(false);
+                    }
+                    p
+                }
+            };
+            for p in batch.iter().filter(|p| p.data_index == d) {
+                let lo = p.offset.max(off);
+                let hi = p.end().min(off + PAGE);
+                if lo < hi {
+                    page[(lo - off) as usize..(hi - off) as usize].copy_from_slice(
+                        &p.data[(lo - p.offset) as usize..(hi - p.offset) as usize],
+                    );
+                }
+            }
+            pages.push((d, off, page));
+        }
+        if !j.cache_pages(self, row, pages)? {
+            return Ok(false);
+        }
+        if j.row_full(row, self.geometry.data_disks(), chunk) {
+            // A full stripe: its write-out reads nothing.
+            self.write_out_row(row)?;
+        }
+        Ok(true)
+    }
+
+    /// Write out what the cache holds of `row` (its claim is held by the caller).
+    pub(crate) fn write_out_row(&self, row: u64) -> Result<()> {
+        let Some(j) = self.policy.journal() else {
+            return Ok(());
+        };
+        let Some(cached) = j.take_row(row) else {
+            return Ok(());
+        };
+        match self.write_out(row, &cached) {
+            Ok(()) => {
+                j.written_out(&cached);
+                Ok(())
+            }
+            Err(e) => {
+                j.restore_row(row, cached);
+                Err(e)
+            }
+        }
+    }
+
+    fn write_out(&self, row: u64, cached: &CachedRow) -> Result<()> {
+        let m = self.geometry.data_disks();
+        let chunk = self.geometry.chunk_sectors() * 512;
+        let roles = self.geometry.stripe_roles(row);
+        for (a, b) in cached.intervals() {
+            let len = (b - a) as usize;
+            let at = row * chunk + a;
+            let mut data: Vec<crate::bufpool::PoolBuf> = if cached.covers(m, a, b) {
+                (0..m).map(|_| self.bufs.get(len)).collect()
+            } else {
+                let mut got = None;
+                for _ in 0..MAX_REPLANS {
+                    if let Some(bufs) = self.read_row(&roles, at, len)? {
+                        got = Some(bufs.data);
+                        break;
+                    }
+                }
+                got.ok_or_else(|| {
+                    self.unrecoverable(at, len as u64, "members kept failing during a write-out")
+                })?
+            };
+            for (d, buf) in data.iter_mut().enumerate() {
+                cached.overlay(d, a, buf);
+            }
+            let refs: Vec<&[u8]> = data.iter().map(|b| &b[..]).collect();
+            let (p, q) = self.compute_parity(&roles, &refs);
+            let dirty: Vec<(usize, &[u8])> = cached
+                .dirty(m, a, b)
+                .into_iter()
+                .map(|d| (d, refs[d]))
+                .collect();
+            let n = len as u64;
+            let mut ios: Vec<MemberIo<'_>> = dirty
+                .iter()
+                .filter(|(d, _)| self.slot(roles.data_dev(*d)).in_sync(at, n))
+                .map(|&(d, buf)| self.write_io(roles.data_dev(d), at, buf, false))
+                .collect();
+            if self.slot(roles.p_dev()).in_sync(at, n) {
+                ios.push(self.write_io(roles.p_dev(), at, &p, false));
+            }
+            if let (Some(qd), Some(qb)) = (roles.q_dev(), q.as_deref()) {
+                if self.slot(qd).in_sync(at, n) {
+                    ios.push(self.write_io(qd, at, qb, false));
+                }
+            }
+            let image = StripeImage {
+                row,
+                at,
+                data: &dirty,
+                p: &p,
+                q: q.as_deref(),
+                parity_only: true,
+            };
+            self.commit_stripe_writes(&WriteSet::stripe(at, n), &mut ios, Some(&image))?;
+        }
+        Ok(())
+    }
+
+    /// Write out the cached row whose units block the log's tail longest, if nobody holds it.
+    /// Returns whether one was written out.
+    pub(crate) fn write_out_oldest(&self) -> bool {
+        let Some(j) = self.policy.journal() else {
+            return false;
+        };
+        for (row, _) in j.cached_rows_by_age() {
+            let r = self.stripes.get(row);
+            let claimed = r.try_claim();
+            let res = claimed.then(|| self.write_out_row(row));
+            if claimed {
+                r.release();
+            }
+            self.stripes.put(row);
+            if let Some(res) = res {
+                return res.is_ok();
+            }
+        }
+        false
+    }
+
+    /// Write out every cached row (a stop, or leaving write-back mode).
+    pub(crate) fn write_out_all(&self) -> Result<()> {
+        let Some(j) = self.policy.journal() else {
+            return Ok(());
+        };
+        for (row, _) in j.cached_rows_by_age() {
+            let r = self.stripes.get(row);
+            drop(r.claim(r.st.lock()));
+            let res = self.write_out_row(row);
+            r.release();
+            self.stripes.put(row);
+            res?;
+        }
+        Ok(())
+    }
+
+    /// Switch the journal between write-through and write-back (md's `journal_mode`).
+    /// Leaving write-back writes out everything cached first.
+    pub fn set_journal_mode(&self, write_back: bool) -> Result<()> {
+        let Some(j) = self.policy.journal() else {
+            return Err(crate::EngineError::InvalidArgument(format!(
+                "{} has no journal",
+                self.name
+            )));
+        };
+        if write_back && self.slots.iter().any(|s| !s.is_complete()) {
+            return Err(crate::EngineError::InvalidArgument(format!(
+                "{} is degraded: write-back needs every member (md refuses it too)",
+                self.name
+            )));
+        }
+        j.set_write_back(write_back);
+        if !write_back {
+            self.write_out_all()?;
+        }
+        if !self.config.read_only {
+            // Recorded on the journal device, so the next start is in the same mode.
+            let mut meta = self.meta.lock();
+            if let Some(m) = meta
+                .members
+                .iter_mut()
+                .find(|m| Arc::ptr_eq(&m.member, j.member()))
+            {
+                let flag = format::DEVFLAG_JOURNAL_WRITE_BACK;
+                let old = m.sb.devflags;
+                m.sb.devflags = if write_back { old | flag } else { old & !flag };
+                if m.sb.devflags != old {
+                    if let Err(e) = crate::meta::write_superblock(&m.member, &m.sb) {
+                        drop(meta);
+                        j.fail(self, &format!("cannot record the journal mode: {e}"));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
