@@ -526,6 +526,75 @@ fn kill9_under_fio_then_degraded_restart_without_force() {
 // The log device failing.
 // ---------------------------------------------------------------------------------------------
 
+/// Write-back mode end to end: acknowledged data waits in the log and the cache; kill -9 under
+/// fio, a member lost with the crash; the restart (degraded, so write-through) keeps every
+/// acknowledged write, a fresh member rebuilds, and `journal-mode` switches back to write-back,
+/// which the journal device keeps across a restart.
+#[test]
+fn write_back_kill9_under_fio_then_degraded_restart() {
+    if !require_tools(&["fio"]) {
+        return;
+    }
+    let env = Env::new("jwb", 4, 96 << 20);
+    let log = env.file("log.img", LOG);
+    env.create(
+        "5",
+        &[
+            "--chunk",
+            "64K",
+            "--consistency-policy",
+            "journal",
+            "--journal",
+            log.to_str().unwrap(),
+            "--journal-mode",
+            "write-back",
+        ],
+    );
+    let (issued, acknowledged) = crash_under_fio(&env, &log, 24 << 20);
+    std::fs::rename(&env.members[1], env.dir.path().join("m1.gone")).unwrap();
+    let mut survivors: Vec<PathBuf> = env.members.iter().filter(|m| m.exists()).cloned().collect();
+    survivors.push(log.clone());
+    let d = env.run(&survivors);
+    let det = env.detail();
+    assert_eq!(det["state"], "degraded", "{det:#}\n{}", d.log_text());
+    assert_eq!(
+        det["journal"]["mode"], "write-through",
+        "degraded arrays write through"
+    );
+    let v = fio_verify(&env, issued, &acknowledged);
+    assert!(
+        v.acknowledged_bad.is_empty(),
+        "acknowledged writes read back wrong:\n{}",
+        v.text
+    );
+    let fresh = env.file("m4.img", 96 << 20);
+    env.ok(&["add", &env.name, fresh.to_str().unwrap()]);
+    env.wait_detail("rebuild onto the fresh member", 120, |det| {
+        member_state(det, &fresh) == "in_sync" && det["sync"]["action"] == "idle"
+    });
+    assert_eq!(env.action_wait("check"), 0);
+    env.ok(&["journal-mode", &env.name, "write-back"]);
+    assert_eq!(env.detail()["journal"]["mode"], "write-back");
+    qemu_io_ok(&env.uri(), "write -P 0x5a 200M 12k");
+    env.stop(d);
+    let mut members = survivors;
+    members.push(fresh);
+    let d = env.run(&members);
+    assert_eq!(
+        env.detail()["journal"]["mode"],
+        "write-back",
+        "the mode is kept"
+    );
+    qemu_io_ok(&env.uri(), "read -P 0x5a 200M 12k");
+    let v = fio_verify(&env, issued, &acknowledged);
+    assert!(
+        v.acknowledged_bad.is_empty(),
+        "after the rebuild:\n{}",
+        v.text
+    );
+    env.stop(d);
+}
+
 /// The state of a running array whose journal has failed: writes refused, reads served, the
 /// journal faulty, and why.
 fn assert_journal_failed(env: &Env, log: &Path, data_cmd: &str) {
