@@ -311,7 +311,9 @@ impl Journal {
         };
         let seqs = first_seq..first_seq + units.len() as u64;
         let total: u64 = sizes.iter().sum();
-        let mut buf = AlignedBuf::zeroed(total as usize * 512);
+        // Every byte is written below (meta blocks are whole 4 KiB blocks): a pool buffer, not
+        // a zeroed allocation per log write.
+        let mut buf = array.bufs.get(total as usize * 512);
         let mut at = 0usize;
         let mut pos = start;
         for ((mut meta, pages), seq) in units.into_iter().zip(seqs.clone()) {
