@@ -639,6 +639,7 @@ mod tests {
             serde_json::json!({
                 "device": "/tmp/log.img",
                 "mode": "write-through",
+                "cache_bytes": 0,
                 "log_bytes": 62u64 << 20,
                 "used_bytes": 5u64 << 18,
                 "tail_sector": 4096,
