@@ -18,6 +18,11 @@ const LOG: u64 = 32 << 20;
 
 /// A 4-member RAID5 (64 KiB chunks) with a journal on `log.img` of `log_bytes`.
 fn journal_env(name: &str, member_bytes: u64, log_bytes: u64) -> (Env, PathBuf) {
+    journal_env_in(name, member_bytes, log_bytes, "write-through")
+}
+
+/// [`journal_env`] with the journal in `mode`.
+fn journal_env_in(name: &str, member_bytes: u64, log_bytes: u64, mode: &str) -> (Env, PathBuf) {
     let env = Env::new(name, 4, member_bytes);
     let log = env.file("log.img", log_bytes);
     env.create(
@@ -29,6 +34,8 @@ fn journal_env(name: &str, member_bytes: u64, log_bytes: u64) -> (Env, PathBuf) 
             "journal",
             "--journal",
             log.to_str().unwrap(),
+            "--journal-mode",
+            mode,
         ],
     );
     (env, log)
@@ -535,21 +542,7 @@ fn write_back_kill9_under_fio_then_degraded_restart() {
     if !require_tools(&["fio"]) {
         return;
     }
-    let env = Env::new("jwb", 4, 96 << 20);
-    let log = env.file("log.img", LOG);
-    env.create(
-        "5",
-        &[
-            "--chunk",
-            "64K",
-            "--consistency-policy",
-            "journal",
-            "--journal",
-            log.to_str().unwrap(),
-            "--journal-mode",
-            "write-back",
-        ],
-    );
+    let (env, log) = journal_env_in("jwb", 96 << 20, LOG, "write-back");
     let (issued, acknowledged) = crash_under_fio(&env, &log, 24 << 20);
     std::fs::rename(&env.members[1], env.dir.path().join("m1.gone")).unwrap();
     let mut survivors: Vec<PathBuf> = env.members.iter().filter(|m| m.exists()).cloned().collect();

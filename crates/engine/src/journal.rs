@@ -855,14 +855,6 @@ pub(crate) fn recover(
             let block = MetaBlock::empty(next_seq, next_start).encode(seed);
             write_ring_at(&member, log, next_start, &AlignedBuf::copy_from(&block))
                 .map_err(|e| fail(format!("cannot start the new log: {e}")))?;
-            units.push_back(Unit {
-                seq: next_seq,
-                start: next_start,
-                sectors: PAGE_SECTORS_U64,
-                logged: true,
-                home: true,
-            });
-            head = (next_start + PAGE_SECTORS_U64) % log;
         }
         member
             .dev
@@ -872,7 +864,9 @@ pub(crate) fn recover(
         write_superblock(&member, sb)
             .map_err(|e| fail(format!("cannot record the journal tail: {e}")))?;
         cache.rows = rows;
-    } else {
+    }
+    if units.is_empty() {
+        // The new chain's first block: the empty meta block (written above unless read-only).
         units.push_back(Unit {
             seq: next_seq,
             start: next_start,
