@@ -391,15 +391,20 @@ impl Array {
         };
         let clock = self.sync.clock.clone();
         let mut last = clock.now();
-        loop {
-            if self.sync.st.lock().stop {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(100));
+        self.until_stopped(Duration::from_millis(100), || {
             if clock.now().saturating_sub(last) >= bm.daemon_sleep {
                 bm.daemon_pass(self, false);
                 last = clock.now();
             }
+        });
+    }
+
+    /// Run `tick` every `period` until the array stops its background work (the policy
+    /// threads: bitmap clean-up, journal write-out and reclaim).
+    pub(crate) fn until_stopped(&self, period: Duration, mut tick: impl FnMut()) {
+        while !self.sync.st.lock().stop {
+            std::thread::sleep(period);
+            tick();
         }
     }
 }

@@ -1158,11 +1158,7 @@ impl Array {
         };
         let clock = self.sync.clock.clone();
         let mut last = clock.now();
-        loop {
-            if self.sync.st.lock().stop {
-                return;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(50));
+        self.until_stopped(std::time::Duration::from_millis(50), || {
             // Write-back: rows go home when the cache fills, when their data has waited a
             // while, and all of them once the array writes through (mode switched, degraded).
             let degraded = self.slots.iter().any(|s| !s.is_complete());
@@ -1185,6 +1181,6 @@ impl Array {
                 j.reclaim_now(self);
                 last = clock.now();
             }
-        }
+        });
     }
 }
