@@ -48,6 +48,8 @@ pub struct CreateParams {
     pub internal_bitmap: bool,
     /// The array has a raid5-cache journal device (feature bit on every member).
     pub journal: bool,
+    /// Per-block CRC32C records in an integrity zone past `size` ([`crate::FEATURE_INTEGRITY`]).
+    pub integrity: bool,
     /// Device size (sectors) the metadata area (bitmap space, then bad-block log) is laid out
     /// for. `create` lays it out once per array, for the smallest active member (as it does
     /// the data offset), and uses that layout on every member, spares included, so members of
@@ -85,6 +87,9 @@ impl Superblock {
         }
         if p.journal {
             feature_map |= feature::JOURNAL;
+        }
+        if p.integrity {
+            feature_map |= crate::FEATURE_INTEGRITY;
         }
         if p.internal_bitmap {
             feature_map |= feature::BITMAP_OFFSET;

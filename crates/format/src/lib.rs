@@ -68,6 +68,7 @@
 
 mod bitmap;
 mod create;
+mod integrity;
 mod journal;
 mod used_map;
 mod util;
@@ -78,6 +79,10 @@ pub use bitmap::{
     BITMAP_OFFSET_SECTORS, BITMAP_PAGE_BYTES, BITMAP_VERSION, DEFAULT_DAEMON_SLEEP,
 };
 pub use create::CreateParams;
+pub use integrity::{
+    record_of, record_seed, table_copies, TableBlock, Zone, FEATURE_INTEGRITY, RECORDS_PER_TABLE,
+    RECORD_BLOCK, TABLE_MAGIC,
+};
 pub use journal::{
     crc32c_raw, journal_seed, MetaBlock, Payload, JOURNAL_BLOCK, JOURNAL_MAGIC, JOURNAL_VERSION,
     PAGE_SECTORS, PAYLOAD_DATA, PAYLOAD_FLUSH, PAYLOAD_PARITY,
@@ -185,6 +190,8 @@ pub enum FormatError {
     Bitmap(String),
     #[error("md journal record: {0}")]
     Journal(String),
+    #[error("integrity table: {0}")]
+    Integrity(String),
     #[error("used-region map: {0}")]
     UsedMap(String),
     #[error("md superblock buffer truncated")]
@@ -484,7 +491,7 @@ impl Superblock {
         if self.super_offset != SB_OFFSET_SECTORS {
             return Err(FormatError::BadSuperOffset(self.super_offset));
         }
-        let unknown = self.feature_map & !feature::KNOWN;
+        let unknown = self.feature_map & !(feature::KNOWN | FEATURE_INTEGRITY);
         if unknown != 0 {
             return Err(FormatError::UnknownFeatures(unknown));
         }

@@ -307,6 +307,7 @@ fn create_builder() {
         assume_clean: false,
         internal_bitmap: false,
         journal: false,
+        integrity: false,
         bm_space_device_sectors: None,
     };
     let sb = Superblock::new_for_create(&p).unwrap();
@@ -324,6 +325,7 @@ fn create_builder() {
         layout: 1,
         internal_bitmap: true,
         journal: false,
+        integrity: false,
         ..p.clone()
     })
     .unwrap();

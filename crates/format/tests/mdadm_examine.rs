@@ -92,6 +92,7 @@ fn build(c: &Case, events: u64) -> Superblock {
         // as wrong) unless a valid bitmap superblock sits at +8 sectors.
         internal_bitmap: false,
         journal: false,
+        integrity: false,
         bm_space_device_sectors: None,
     })
     .unwrap();
