@@ -36,6 +36,9 @@ pub struct Detail {
     /// Extension: md's raid5-cache write journal (null: the array has none).
     #[serde(default)]
     pub journal: Option<JournalDetail>,
+    /// Extension: the integrity records and what they found (null: the array keeps none).
+    #[serde(default)]
+    pub integrity_detail: Option<IntegrityDetail>,
     /// Extension: why writes are refused (null: they are accepted). Set whenever `state` is
     /// "read-only" (and for a "failed" array).
     #[serde(default)]
@@ -91,6 +94,72 @@ pub struct UsedDetail {
     /// `used × region_bytes`: bytes of each member's data area that may hold data (the last
     /// region may reach past the data area's end).
     pub used_bytes: u64,
+}
+
+/// Per-block CRC32C records kept on other members, and what verification found since
+/// assembly (table findings include those of the load at assembly).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct IntegrityDetail {
+    /// "crc32c".
+    pub checksum: String,
+    /// Copies of each table (each on another member).
+    pub copies: usize,
+    /// Bytes of tables on each member.
+    pub table_bytes: u64,
+    /// Epoch of the newest table write-out.
+    pub epoch: u64,
+    pub data_mismatches: u64,
+    pub p_mismatches: u64,
+    pub q_mismatches: u64,
+    /// Blocks rebuilt from redundancy, rewritten and read back right.
+    pub repaired: u64,
+    pub rewrite_failures: u64,
+    /// Stale records fixed (the block agreed with its row).
+    pub records_fixed: u64,
+    /// Blocks redundancy could not vouch for: reads of them failed with EIO.
+    pub unrecoverable: u64,
+    /// Blocks a resync after an unclean stop settled as found (unflushed writes).
+    pub resolved_after_crash: u64,
+    pub table_copies_bad: u64,
+    pub table_copies_stale: u64,
+    pub tables_rebuilt: u64,
+}
+
+impl IntegrityDetail {
+    fn from_engine(s: &engine::IntegrityStatus) -> IntegrityDetail {
+        let c = &s.counts;
+        IntegrityDetail {
+            checksum: s.checksum.into(),
+            copies: s.copies,
+            table_bytes: s.table_bytes,
+            epoch: s.epoch,
+            data_mismatches: c.data_mismatches,
+            p_mismatches: c.p_mismatches,
+            q_mismatches: c.q_mismatches,
+            repaired: c.repaired,
+            rewrite_failures: c.rewrite_failures,
+            records_fixed: c.records_fixed,
+            unrecoverable: c.unrecoverable,
+            resolved_after_crash: c.resolved_after_crash,
+            table_copies_bad: c.table_copies_bad,
+            table_copies_stale: c.table_copies_stale,
+            tables_rebuilt: c.tables_rebuilt,
+        }
+    }
+
+    fn mdstat_line(&self) -> String {
+        format!(
+            "      integrity: {} x{}, mismatches data {} parity {}, repaired {}, unrecoverable {}, \
+             bad table copies {}\n",
+            self.checksum,
+            self.copies,
+            self.data_mismatches,
+            self.p_mismatches + self.q_mismatches,
+            self.repaired,
+            self.unrecoverable,
+            self.table_copies_bad + self.table_copies_stale
+        )
+    }
 }
 
 /// The raid5-cache write journal (reference §6): the log device and what it holds.
@@ -308,7 +377,7 @@ impl Detail {
                 "none"
             }
             .into(),
-            integrity: None,
+            integrity: s.integrity.as_ref().map(|i| i.checksum.to_string()),
             members: s
                 .members
                 .iter()
@@ -337,6 +406,7 @@ impl Detail {
             nbd,
             pid: std::process::id(),
             journal: s.journal.as_ref().map(JournalDetail::from_engine),
+            integrity_detail: s.integrity.as_ref().map(IntegrityDetail::from_engine),
             read_only_reason: s.read_only_reason.clone(),
         }
     }
@@ -413,6 +483,9 @@ impl Detail {
         }
         if let Some(j) = &self.journal {
             out.push_str(&j.mdstat_line());
+        }
+        if let Some(i) = &self.integrity_detail {
+            out.push_str(&i.mdstat_line());
         }
         // A journal failure already said why; other reasons (assembled read-only, journal
         // missing at assembly, redundancy exhausted) get their own line.
@@ -544,6 +617,7 @@ mod tests {
             nbd: vec![],
             pid: 1,
             journal: None,
+            integrity_detail: None,
             read_only_reason: None,
         }
     }

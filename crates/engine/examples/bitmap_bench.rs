@@ -46,6 +46,7 @@ fn crash_and_resync(
         discard: false,
         journal: None,
         journal_write_back: false,
+        integrity: false,
     })
     .unwrap();
     // A clean stop first: create leaves every bit set (as mdadm does) until the daemon's

@@ -45,6 +45,7 @@ fn run(dir: &Path, level: Level, n: usize, mib: usize) -> (f64, f64) {
         discard: false,
         journal: None,
         journal_write_back: false,
+        integrity: false,
     })
     .unwrap();
     let array = Arc::new(assemble(open(), AssembleOptions::default()).unwrap());

@@ -69,6 +69,7 @@ fn main() {
         discard: false,
         journal: None,
         journal_write_back: false,
+        integrity: false,
     })
     .unwrap();
     let a = Arc::new(assemble(open(&paths[..4]), AssembleOptions::default()).unwrap());

@@ -106,6 +106,8 @@ pub struct Array {
     pub(crate) policy: Box<dyn ConsistencyPolicy>,
     /// Which regions may hold data (None: every region counts as used).
     pub(crate) used: Option<Arc<crate::used::UsedRegions>>,
+    /// Per-block records kept apart from the data (parity levels created with integrity).
+    pub(crate) integrity: Option<Arc<crate::integrity::Integrity>>,
     pub(crate) stripes: StripeCache,
     pub(crate) regions: RegionLocks,
     pub(crate) inflight_writes: AtomicUsize,
@@ -157,6 +159,7 @@ pub struct ArrayStatus {
     pub bitmap: Option<BitmapStatus>,
     pub used_regions: Option<UsedStatus>,
     pub journal: Option<crate::journal::JournalStatus>,
+    pub integrity: Option<crate::integrity::IntegrityStatus>,
     /// Why writes are refused at the moment (read-only assembly, journal lost, …).
     pub read_only_reason: Option<String>,
 }
@@ -191,6 +194,7 @@ pub(crate) struct ArrayParts {
     pub used: Option<Arc<crate::used::UsedRegions>>,
     /// The raid5-cache journal, recovered.
     pub journal: Option<Arc<crate::journal::Journal>>,
+    pub integrity: Option<Arc<crate::integrity::Integrity>>,
     pub name: String,
     pub uuid: [u8; 16],
     pub geometry: Geometry,
@@ -254,6 +258,7 @@ impl Array {
             io: IoPath::new(executor),
             policy,
             used: p.used,
+            integrity: p.integrity,
             stripes,
             regions: RegionLocks::new(),
             inflight_writes: AtomicUsize::new(0),
@@ -320,10 +325,15 @@ impl Array {
         self.sync.note_client_io();
         self.as_client_write(|| {
             if self.geometry.level().is_parity() {
-                self.parity_write(offset_bytes, data, fua)
+                self.parity_write(offset_bytes, data, fua)?;
             } else {
-                self.mirror_write(offset_bytes, data, fua)
+                self.mirror_write(offset_bytes, data, fua)?;
             }
+            // FUA makes the data durable; its records must be as well.
+            if fua && self.integrity.is_some() {
+                self.flush_members();
+            }
+            Ok(())
         })
     }
 
@@ -362,8 +372,14 @@ impl Array {
         Ok(())
     }
 
-    /// Flush every member in a role; a member whose flush fails is failed.
+    /// Flush every member in a role; a member whose flush fails is failed. Changed integrity
+    /// tables go out first, so that their records are durable with the data they describe.
     pub(crate) fn flush_members(&self) {
+        if let Some(integ) = &self.integrity {
+            for (role, m, e) in integ.write_tables(&self.slots) {
+                self.fail_role(role, Some(&m), &format!("integrity table write failed: {e}"));
+            }
+        }
         self.io.for_each(self.slots.len(), |role| {
             if let Some(m) = self.slots[role].usable() {
                 if let Err(e) = m.dev.flush() {
@@ -818,6 +834,7 @@ impl Array {
                 e => e.to_string(),
             }),
             journal: self.policy.journal().map(|j| j.status()),
+            integrity: self.integrity.as_ref().map(|i| i.status()),
             sync,
             bitmap: self.policy.bitmap().map(|b| BitmapStatus {
                 chunk_bytes: b.chunk_bytes(),

@@ -555,6 +555,7 @@ fn build(
         bitmap: bitmap.clone(),
         used: used.clone(),
     };
+    let integrity = load_integrity(&best, &geometry, &slots)?;
     let mut opts = opts;
     let journal = open_journal(
         &mut opts, &best, &geometry, &slots, p.journal, &mut meta, &name,
@@ -577,6 +578,7 @@ fn build(
         bitmap,
         used,
         journal: journal.journal,
+        integrity,
         read_only_reason: journal.read_only_reason,
     })?;
     if journal.write_back && !array.is_read_only() {
@@ -585,6 +587,40 @@ fn build(
         }
     }
     Ok(array)
+}
+
+/// The integrity records of an array created with them, loaded from the members' zones.
+fn load_integrity(
+    best: &Superblock,
+    geometry: &Geometry,
+    slots: &[Slot],
+) -> Result<Option<Arc<crate::integrity::Integrity>>> {
+    if best.feature_map & format::FEATURE_INTEGRITY == 0 {
+        return Ok(None);
+    }
+    let Some(copies) = format::table_copies(best.level, geometry.raid_disks()) else {
+        return Err(EngineError::Unsupported(format!(
+            "integrity records on level {} with {} members",
+            best.level,
+            geometry.raid_disks()
+        )));
+    };
+    if best.feature_map & format::feature::JOURNAL != 0 {
+        return Err(EngineError::Unsupported(
+            "integrity records together with a journal".into(),
+        ));
+    }
+    let zone = format::Zone::new(geometry.raid_disks(), copies, best.size);
+    if zone.end_sectors() > best.data_size {
+        return Err(EngineError::Unsupported(format!(
+            "integrity zone ends at sector {} of the data area, past its {} sectors",
+            zone.end_sectors(),
+            best.data_size
+        )));
+    }
+    let integrity = crate::integrity::Integrity::new(best.set_uuid, zone);
+    integrity.load(slots);
+    Ok(Some(Arc::new(integrity)))
 }
 
 /// What assembly decided about the journal.

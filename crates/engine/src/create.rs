@@ -44,6 +44,9 @@ pub struct CreateSpec {
     pub journal: Option<Arc<dyn Device>>,
     /// Start the journal in write-back mode (recorded on the journal device).
     pub journal_write_back: bool,
+    /// Keep a CRC32C record of every 4 KiB member block on other members (RAID4/5/6). The
+    /// members' data areas are discarded, so the array starts all zeroes with known records.
+    pub integrity: bool,
 }
 
 /// The write-intent bitmap of a new array.
@@ -77,6 +80,9 @@ pub fn create(spec: &CreateSpec) -> Result<Created> {
         )));
     }
     let mut all = all;
+    if spec.integrity {
+        check_integrity_spec(spec)?;
+    }
     if let Some(j) = &spec.journal {
         check_journal_spec(spec)?;
         all.push(j);
@@ -135,6 +141,20 @@ pub fn create(spec: &CreateSpec) -> Result<Created> {
         }
         component = limit;
     }
+    let copies = format::table_copies(spec.level.md_level(), spec.members.len());
+    let zone = match copies.filter(|_| spec.integrity) {
+        Some(copies) => {
+            let fit = format::Zone::fit(spec.members.len(), copies, min_data, chunk_sectors)
+                .ok_or_else(|| {
+                    EngineError::InvalidArgument(
+                        "members too small for one chunk and the integrity zone".into(),
+                    )
+                })?;
+            component = component.min(fit);
+            Some(format::Zone::new(spec.members.len(), copies, component))
+        }
+        None => None,
+    };
     let layout_value = spec
         .layout
         .unwrap_or_else(|| layout::default_layout(spec.level));
@@ -190,9 +210,11 @@ pub fn create(spec: &CreateSpec) -> Result<Created> {
         device_uuid: [0; 16],
         roles,
         // Levels without redundancy have nothing to resync (a one-member RAID1 included).
-        assume_clean: spec.assume_clean || geometry.max_degraded() == 0,
+        // An integrity array starts discarded: all zeroes, parity included.
+        assume_clean: spec.assume_clean || geometry.max_degraded() == 0 || spec.integrity,
         internal_bitmap: bitmap.is_some(),
         journal: spec.journal.is_some(),
+        integrity: spec.integrity,
         bm_space_device_sectors: Some(smallest),
     };
     // Every superblock is built (and validated by `format`) before the first is written.
@@ -239,7 +261,7 @@ pub fn create(spec: &CreateSpec) -> Result<Created> {
             })?;
             continue;
         }
-        if spec.discard {
+        if spec.discard || spec.integrity {
             dev.discard_zeroes(sb.data_offset * 512, sb.data_size * 512)
                 .map_err(|e| EngineError::Create {
                     member: dev.name().into(),
@@ -253,6 +275,14 @@ pub fn create(spec: &CreateSpec) -> Result<Created> {
                     member: dev.name().into(),
                     reason: e.to_string(),
                 })?;
+        }
+        if let Some(zone) = &zone {
+            crate::integrity::write_initial_tables(dev.as_ref(), sb, zone, uuid).map_err(|e| {
+                EngineError::Create {
+                    member: dev.name().into(),
+                    reason: format!("cannot write the integrity tables: {e}"),
+                }
+            })?;
         }
         write_member(dev, sb, bitmap.as_ref()).map_err(|e| EngineError::Create {
             member: dev.name().into(),
@@ -284,6 +314,30 @@ fn check_journal_spec(spec: &CreateSpec) -> Result<()> {
     if !spec.chunk_bytes.is_multiple_of(4096) {
         return Err(EngineError::InvalidArgument(format!(
             "chunk {} bytes: a journal logs whole 4 KiB pages, so the chunk must be a multiple of 4096",
+            spec.chunk_bytes
+        )));
+    }
+    Ok(())
+}
+
+/// Integrity records cover RAID4/5/6 with a member more than the table copies, in whole pages.
+fn check_integrity_spec(spec: &CreateSpec) -> Result<()> {
+    if format::table_copies(spec.level.md_level(), spec.members.len()).is_none() {
+        return Err(EngineError::InvalidArgument(format!(
+            "integrity records are kept for RAID4/5 with at least 3 members and RAID6 with at \
+             least 4; not for {} with {} (mirrors and RAID0/linear are not supported yet)",
+            spec.level.name(),
+            spec.members.len()
+        )));
+    }
+    if spec.journal.is_some() {
+        return Err(EngineError::InvalidArgument(
+            "integrity records together with a journal are not supported yet".into(),
+        ));
+    }
+    if !spec.chunk_bytes.is_multiple_of(4096) {
+        return Err(EngineError::InvalidArgument(format!(
+            "chunk {} bytes: records cover whole 4 KiB blocks, so the chunk must be a multiple of 4096",
             spec.chunk_bytes
         )));
     }

@@ -98,20 +98,38 @@ impl<'a> MemberIo<'a> {
             return None;
         }
         let at = member.data_offset_bytes + self.offset_bytes;
+        // Integrity: a write's records are accepted beside the old ones while it is in flight
+        // and replace them once it has ended (see `integrity`).
+        let integrity = array.integrity.as_deref();
+        let records = integrity.and_then(|i| match &self.kind {
+            IoKind::Read(_) => None,
+            IoKind::Write(buf, _) => Some(i.begin_write(self.role, self.offset_bytes, buf)),
+            IoKind::Discard(len) => Some(i.begin_zero(self.role, self.offset_bytes, *len)),
+        });
         let res = match &mut self.kind {
             IoKind::Read(buf) => member.dev.read_at(buf, at),
             IoKind::Write(buf, fua) => member.dev.write_at(buf, at, *fua),
             IoKind::Discard(len) => member.dev.discard_zeroes(at, *len),
         };
+        if let (Some(i), Some(records)) = (integrity, records) {
+            i.end_write(self.role, self.offset_bytes, &records);
+        }
         match res {
             Ok(()) => {
-                self.outcome = match (&self.kind, &array.config.read_verifier) {
-                    (IoKind::Read(buf), Some(v))
-                        if !v.verify(member.name(), self.role, self.offset_bytes, buf) =>
-                    {
-                        IoOutcome::Corrupt
+                let verified = match (&self.kind, &array.config.read_verifier) {
+                    (IoKind::Read(buf), Some(v)) => {
+                        v.verify(member.name(), self.role, self.offset_bytes, buf)
                     }
-                    _ => IoOutcome::Ok,
+                    _ => true,
+                };
+                let recorded = match (&self.kind, integrity) {
+                    (IoKind::Read(buf), Some(i)) => i.verify(self.role, self.offset_bytes, buf),
+                    _ => true,
+                };
+                self.outcome = if verified && recorded {
+                    IoOutcome::Ok
+                } else {
+                    IoOutcome::Corrupt
                 };
                 None
             }

@@ -115,6 +115,10 @@ impl Array {
             meta.readd(dev_number, role as u16);
             slot.install(member.clone(), 0);
             slot.set_bitmap_guided(true);
+            // The tables the new member holds are written at the next flush.
+            if let Some(integ) = &self.integrity {
+                integ.held_by_new_member(role);
+            }
         }
         let failed = meta.commit();
         drop(meta);

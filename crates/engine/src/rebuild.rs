@@ -43,6 +43,10 @@ impl Array {
             meta.retire(old.dev_number, format::ROLE_FAULTY);
         }
         self.slots[role].install(spare.clone(), 0);
+        // The tables the new member holds are written at the next flush.
+        if let Some(integ) = &self.integrity {
+            integ.held_by_new_member(role);
+        }
         let failed = meta.commit();
         drop(meta);
         self.fail_members_after_sb_error(failed);
@@ -166,11 +170,16 @@ impl Array {
 
     /// Read every usable member over stripes `r0..r1` (one I/O per member) and reconstruct
     /// each stripe's missing chunks. `Ok(None)`: a member failed meanwhile; try again.
-    pub(crate) fn read_window(&self, r0: u64, r1: u64) -> Result<Option<Vec<PoolBuf>>, Stop> {
+    pub(crate) fn read_window(
+        &self,
+        r0: u64,
+        r1: u64,
+        heal: crate::heal::Heal,
+    ) -> Result<Option<Vec<PoolBuf>>, Stop> {
         let chunk = (self.geometry.chunk_sectors() * 512) as usize;
         let (at, len) = (r0 * chunk as u64, (r1 - r0) as usize * chunk);
         let found = self
-            .read_present(at, len)
+            .read_present(at, len, heal)
             .map_err(|e| Stop::Failed(e.to_string()))?;
         let Some((mut bufs, missing)) = found else {
             return Ok(None);
@@ -183,6 +192,8 @@ impl Array {
                 .collect();
             self.reconstruct(&roles, slices, &missing);
         }
+        self.verify_rebuilt(at, &bufs, &missing)
+            .map_err(|e| Stop::Failed(e.to_string()))?;
         Ok(Some(bufs))
     }
 
@@ -190,7 +201,7 @@ impl Array {
     pub(crate) fn rebuild_window(&self, role: usize, r0: u64, r1: u64) -> Result<(), Stop> {
         let chunk = self.geometry.chunk_sectors() * 512;
         for _ in 0..4 {
-            let Some(bufs) = self.read_window(r0, r1)? else {
+            let Some(bufs) = self.read_window(r0, r1, crate::heal::Heal::Repair)? else {
                 continue;
             };
             return self.write_rebuilt(role, r0 * chunk, &bufs[role]);

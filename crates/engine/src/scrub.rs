@@ -4,6 +4,7 @@
 
 use crate::array::Array;
 use crate::commit::WriteSet;
+use crate::heal::Heal;
 use crate::sync::{Stop, SyncAction};
 
 impl Array {
@@ -21,7 +22,12 @@ impl Array {
                 .min(self.geometry.stripes())
                 .min(end.div_ceil(chunk));
             let guard = self.lock_stripes(row, last);
-            let res = self.scrub_window(row, last, fix);
+            let heal = match action {
+                SyncAction::Check => Heal::Count,
+                SyncAction::Resync => Heal::Settle,
+                _ => Heal::Repair,
+            };
+            let res = self.scrub_window(row, last, fix, heal);
             drop(guard);
             bad = res?;
             next = last * chunk;
@@ -37,10 +43,17 @@ impl Array {
     }
 
     /// Compare the parity of stripes `r0..r1` with their data; rewrite it where it differs if
-    /// `fix`. Returns mismatched sectors, counted per 4 KiB page as md does.
-    pub(crate) fn scrub_window(&self, r0: u64, r1: u64, fix: bool) -> Result<u64, Stop> {
+    /// `fix`. Returns mismatched sectors, counted per 4 KiB page as md does. With integrity
+    /// records every block is verified first, and what fails is handled as `heal` says.
+    pub(crate) fn scrub_window(
+        &self,
+        r0: u64,
+        r1: u64,
+        fix: bool,
+        heal: Heal,
+    ) -> Result<u64, Stop> {
         let chunk = (self.geometry.chunk_sectors() * 512) as usize;
-        let Some(bufs) = self.read_window(r0, r1)? else {
+        let Some(bufs) = self.read_window(r0, r1, heal)? else {
             return Err(Stop::Interrupted);
         };
         let mut bad = 0u64;

@@ -26,11 +26,15 @@ use crate::array::Array;
 use crate::bufpool::PoolBuf;
 use crate::commit::WriteSet;
 use crate::error::{EngineError, Result};
+use crate::heal::Heal;
 use crate::io::{IoOutcome, MemberIo};
 use crate::journal::StripeImage;
 use crate::stripe_cache::{covers_all, merge, BatchError, Completion, Piece};
 use layout::{Level, StripeRoles};
 use std::time::Instant;
+
+/// Journal pages and integrity records cover this many bytes.
+const PAGE: u64 = 4096;
 
 /// How often one interval may be planned again after member failures before giving up.
 const MAX_REPLANS: usize = 4;
@@ -103,7 +107,11 @@ impl Array {
             rest = tail;
             let dev = self.geometry.stripe_roles(row).data_dev(d);
             let cached = self.policy.journal().is_some_and(|j| j.is_cached(row));
+            // Records verify whole pages: a part of one is read through the row.
+            let partial = self.integrity.is_some()
+                && (off % PAGE != 0 || len as u64 % PAGE != 0);
             if cached
+                || partial
                 || !self
                     .slot(dev)
                     .in_sync(row * self.chunk_bytes() + off, len as u64)
@@ -143,13 +151,19 @@ impl Array {
         let r = self.stripes.get(row);
         let st = r.claim(r.st.lock());
         drop(st);
+        // Records cover whole pages: read those around the range.
+        let (a, b) = match self.integrity {
+            Some(_) => (off / PAGE * PAGE, (off + out.len() as u64).div_ceil(PAGE) * PAGE),
+            None => (off, off + out.len() as u64),
+        };
         let res = (|| {
             let roles = self.geometry.stripe_roles(row);
             for _ in 0..MAX_REPLANS {
                 if let Some(bufs) =
-                    self.read_row(&roles, row * self.chunk_bytes() + off, out.len())?
+                    self.read_row(&roles, row * self.chunk_bytes() + a, (b - a) as usize)?
                 {
-                    out.copy_from_slice(&bufs.data[d]);
+                    let skip = (off - a) as usize;
+                    out.copy_from_slice(&bufs.data[d][skip..skip + out.len()]);
                     // Write-back: the newest bytes may still be in the journal's cache (the
                     // claim keeps a write-out from moving them meanwhile).
                     if let Some(j) = self.policy.journal() {
@@ -283,10 +297,9 @@ impl Array {
         }
         let roles = self.geometry.stripe_roles(row);
         let mut intervals = merge(batch.iter().map(|p| (p.offset, p.end())).collect());
-        if self.policy.journal().is_some() {
-            // The journal logs whole 4 KiB pages: widen each interval to them (the rest of a
-            // page is read and written back unchanged).
-            const PAGE: u64 = 4096;
+        if self.policy.journal().is_some() || self.integrity.is_some() {
+            // The journal logs, and records cover, whole 4 KiB pages: widen each interval to
+            // them (the rest of a page is read and written back unchanged).
             intervals = merge(
                 intervals
                     .into_iter()
@@ -530,6 +543,16 @@ impl Array {
         q: Option<&[u8]>,
     ) -> Result<()> {
         let len = p.len() as u64;
+        if let Some(integ) = &self.integrity {
+            // A data chunk a missing member does not get still changes what the role should
+            // hold: reconstruction of it is verified against this record.
+            for &(d, buf) in data {
+                let dev = c.roles.data_dev(d);
+                if !self.slot(dev).in_sync(at, len) {
+                    integ.set_block(dev, at, buf);
+                }
+            }
+        }
         let mut ios: Vec<MemberIo<'_>> = data
             .iter()
             .filter(|(d, _)| self.slot(c.roles.data_dev(*d)).in_sync(at, len))
@@ -583,7 +606,7 @@ impl Array {
         at: u64,
         len: usize,
     ) -> Result<Option<RowBufs>> {
-        let Some((mut dev_bufs, missing)) = self.read_present(at, len)? else {
+        let Some((mut dev_bufs, missing)) = self.read_present(at, len, Heal::Repair)? else {
             return Ok(None);
         };
         self.reconstruct(
@@ -591,6 +614,7 @@ impl Array {
             dev_bufs.iter_mut().map(|b| &mut b[..]).collect(),
             &missing,
         );
+        self.verify_rebuilt(at, &dev_bufs, &missing)?;
         let mut slots: Vec<Option<PoolBuf>> = dev_bufs.into_iter().map(Some).collect();
         let data = (0..self.geometry.data_disks())
             .map(|d| slots[roles.data_dev(d)].take().expect("data chunk"))
@@ -603,10 +627,14 @@ impl Array {
     /// Read every member that is in sync over `len` bytes at `at` (one I/O each). Returns the
     /// buffers (those of missing members left unfilled) and the missing members; `Ok(None)` if
     /// a member failed meanwhile (it is faulty now: plan again).
+    /// With integrity records, members that read back corrupt are healed page by page
+    /// ([`Array::heal`], as `heal` says); without, a corrupt member counts as missing over the
+    /// whole range.
     pub(crate) fn read_present(
         &self,
         at: u64,
         len: usize,
+        heal: Heal,
     ) -> Result<Option<(Vec<PoolBuf>, Vec<usize>)>> {
         let n = self.geometry.raid_disks();
         let mut missing: Vec<usize> = (0..n)
@@ -628,17 +656,23 @@ impl Array {
             .collect();
         self.run_io(&mut ios);
         let mut replan = false;
+        let mut corrupt = Vec::new();
         for io in &ios {
             match io.outcome {
                 IoOutcome::Ok => {}
-                // Read fine but wrong: rebuilt from the others like a missing chunk.
-                IoOutcome::Corrupt => missing.push(io.role),
+                IoOutcome::Corrupt => corrupt.push(io.role),
                 _ => replan = true,
             }
         }
         drop(ios);
         if replan {
             return Ok(None);
+        }
+        if self.integrity.is_some() && !corrupt.is_empty() {
+            self.heal(at, &mut bufs, &missing, &corrupt, heal)?;
+        } else {
+            // Read fine but wrong: rebuilt from the others like a missing chunk.
+            missing.extend(corrupt);
         }
         if missing.len() > self.geometry.max_degraded() {
             return Err(self.unrecoverable(

@@ -45,6 +45,7 @@ fn create(level: Level, sims: &[Arc<SimDevice>]) {
         discard: false,
         journal: None,
         journal_write_back: false,
+        integrity: false,
     })
     .expect("create");
 }

@@ -178,6 +178,7 @@ fn probed_raid5(
         discard: false,
         journal: None,
         journal_write_back: false,
+        integrity: false,
     })
     .expect("create");
     let data_offset_bytes = engine::read_superblock(sims[0].as_ref())
@@ -426,6 +427,7 @@ fn create_refuses_members_already_in_an_array() {
         discard: false,
         journal: None,
         journal_write_back: false,
+        integrity: false,
     })
     .expect_err("refused")
     .to_string();

@@ -38,6 +38,7 @@ impl Rig {
             discard: false,
             journal: Some(log.clone()),
             journal_write_back: false,
+            integrity: false,
         })
         .expect("create with a journal");
         Rig { members, log }

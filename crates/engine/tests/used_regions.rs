@@ -60,6 +60,7 @@ fn fresh() -> (Vec<Arc<SimDevice>>, Array) {
         discard: true,
         journal: None,
         journal_write_back: false,
+        integrity: false,
     })
     .expect("create");
     let a = boot(&s);

@@ -213,6 +213,7 @@ pub fn create_clean(
         discard: false,
         journal: None,
         journal_write_back: false,
+        integrity: false,
     })
     .expect("create")
 }

@@ -1,0 +1,194 @@
+//! Rows that failed their records: decide block by block what redundancy can vouch for, rebuild
+//! it, rewrite it and read it back (design study §5.4–5.5).
+//!
+//! A member read that does not match its records ends `Corrupt` (see `io`). Callers reading a
+//! whole row (`read_present`: degraded reads, RMW fallbacks, rebuild, scrub) hand the row here
+//! with the members that read corrupt. Per 4 KiB page:
+//! * the blocks that mismatch, with the members missing anyway, are treated as erasures; within
+//!   the level's redundancy they are rebuilt from the blocks that matched (never from an
+//!   unverified one: no parity pollution);
+//! * a rebuilt block that matches its record is written back and read again;
+//! * a rebuilt block equal to what the member returned means the row agrees and the record was
+//!   the stale party: the record is fixed;
+//! * anything else is beyond redundancy: the request fails, no data is returned. Only a resync
+//!   after an unclean stop ([`Heal::Settle`]) settles such a page as found instead, as md's
+//!   resync does: its writes were unflushed, and old or new contents are both allowed.
+//!
+//! `action check` ([`Heal::Count`]) counts and rebuilds in memory only; `repair`, resync and
+//! every client path write the rebuilt blocks back.
+
+use crate::array::Array;
+use crate::bufpool::PoolBuf;
+use crate::commit::WriteSet;
+use crate::error::Result;
+use crate::integrity::BlockKind;
+use layout::{ChunkRole, StripeRoles};
+
+const PAGE: usize = format::RECORD_BLOCK;
+
+/// What to do with blocks that fail their records.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Heal {
+    /// Rebuild them and write them back (client I/O, rebuild, `repair`).
+    Repair,
+    /// Rebuild them in memory and count them; write nothing (`check`).
+    Count,
+    /// As `Repair`, and settle what redundancy cannot vouch for as found (the resync after an
+    /// unclean stop).
+    Settle,
+}
+
+fn kind_of(roles: &StripeRoles, dev: usize) -> BlockKind {
+    match roles.role_of(dev) {
+        ChunkRole::Data(_) => BlockKind::Data,
+        ChunkRole::P => BlockKind::P,
+        ChunkRole::Q => BlockKind::Q,
+    }
+}
+
+impl Array {
+    /// Repair, in `bufs` and on the members, the pages of `corrupt` members that fail their
+    /// records; `bufs[dev]` holds member `dev`'s bytes at `at`, `missing` members hold nothing.
+    pub(crate) fn heal(
+        &self,
+        at: u64,
+        bufs: &mut [PoolBuf],
+        missing: &[usize],
+        corrupt: &[usize],
+        mode: Heal,
+    ) -> Result<()> {
+        let integ = self.integrity.as_ref().expect("heal needs integrity records");
+        let chunk = self.geometry.chunk_sectors() * 512;
+        let pages = bufs[corrupt[0]].len() / PAGE;
+        let mut rewrites: Vec<(usize, u64, usize)> = Vec::new();
+        for pg in 0..pages {
+            let off = at + (pg * PAGE) as u64;
+            let r = pg * PAGE..(pg + 1) * PAGE;
+            let bad: Vec<usize> = corrupt
+                .iter()
+                .copied()
+                .filter(|&dev| !integ.block_ok(dev, off, &bufs[dev][r.clone()]))
+                .collect();
+            if bad.is_empty() {
+                continue;
+            }
+            let roles = self.geometry.stripe_roles(off / chunk);
+            for &dev in &bad {
+                integ.count_mismatch(kind_of(&roles, dev));
+            }
+            let found: Vec<Vec<u8>> = bad.iter().map(|&dev| bufs[dev][r.clone()].to_vec()).collect();
+            let mut erased: Vec<usize> = missing.iter().chain(&bad).copied().collect();
+            erased.sort_unstable();
+            if erased.len() <= self.geometry.max_degraded() {
+                self.reconstruct(
+                    &roles,
+                    bufs.iter_mut().map(|b| &mut b[r.clone()]).collect(),
+                    &erased,
+                );
+                let mut settled = Vec::new();
+                for (i, &dev) in bad.iter().enumerate() {
+                    let page = &bufs[dev][r.clone()];
+                    if integ.block_ok(dev, off, page) {
+                        settled.push((dev, true));
+                    } else if page == &found[i][..] {
+                        settled.push((dev, false));
+                    } else {
+                        break;
+                    }
+                }
+                if settled.len() == bad.len() {
+                    if mode == Heal::Count {
+                        continue;
+                    }
+                    for (dev, rewrite) in settled {
+                        if rewrite {
+                            rewrites.push((dev, off, pg));
+                        } else {
+                            tracing::warn!(array = %self.name, role = dev, offset = off,
+                                "integrity record was stale (the row agrees with the block): fixed");
+                            integ.set_block(dev, off, &found[bad.iter().position(|&b| b == dev).expect("bad")]);
+                            integ.count_record_fixed();
+                        }
+                    }
+                    continue;
+                }
+            }
+            if mode != Heal::Settle {
+                integ.count_unrecoverable();
+                tracing::error!(array = %self.name, offset = off, roles = ?bad,
+                    "blocks fail their records beyond what redundancy can rebuild");
+                return Err(self.unrecoverable(
+                    off,
+                    PAGE as u64,
+                    "blocks fail their integrity records beyond the level's redundancy",
+                ));
+            }
+            // After an unclean stop, unflushed writes may have left the row as found: keep it
+            // (the resync recomputes parity from the data) and take its records.
+            for (i, &dev) in bad.iter().enumerate() {
+                bufs[dev][r.clone()].copy_from_slice(&found[i]);
+                integ.set_block(dev, off, &found[i]);
+                integ.count_resolved();
+            }
+        }
+        for (dev, off, pg) in rewrites {
+            self.rewrite_block(dev, off, &bufs[dev][pg * PAGE..(pg + 1) * PAGE])?;
+        }
+        Ok(())
+    }
+
+    /// Write a rebuilt block back to `dev` and read it again; a member that keeps returning
+    /// wrong data after rewrites is failed.
+    fn rewrite_block(&self, dev: usize, off: u64, page: &[u8]) -> Result<()> {
+        let integ = self.integrity.as_ref().expect("integrity");
+        let mut io = [self.write_io(dev, off, page, false)];
+        self.commit_writes(&WriteSet::repair(off, PAGE as u64), &mut io)?;
+        if !io[0].ok() {
+            return Ok(());
+        }
+        let mut back = self.bufs.get(PAGE);
+        let mut io = [self.read_io(dev, off, &mut back)];
+        self.run_io(&mut io);
+        if io[0].ok() {
+            integ.count_repaired();
+            tracing::info!(array = %self.name, role = dev, offset = off, "block rebuilt from redundancy and rewritten");
+            return Ok(());
+        }
+        drop(io);
+        tracing::warn!(array = %self.name, role = dev, offset = off, "rewritten block reads back wrong");
+        if integ.strike(dev) {
+            let member = self.slot(dev).usable();
+            self.fail_role(
+                dev,
+                member.as_ref(),
+                "rewritten blocks keep reading back wrong (integrity)",
+            );
+        }
+        Ok(())
+    }
+
+    /// The data blocks of `missing` members, just reconstructed in `bufs`, match their records
+    /// (a degraded read is verified end to end). Parity of a missing member is not checked: a
+    /// degraded array does not keep it current.
+    pub(crate) fn verify_rebuilt(&self, at: u64, bufs: &[PoolBuf], missing: &[usize]) -> Result<()> {
+        let Some(integ) = &self.integrity else {
+            return Ok(());
+        };
+        let chunk = self.geometry.chunk_sectors() * 512;
+        for &dev in missing {
+            for (pg, page) in bufs[dev].chunks(PAGE).enumerate() {
+                let off = at + (pg * PAGE) as u64;
+                let roles = self.geometry.stripe_roles(off / chunk);
+                if kind_of(&roles, dev) == BlockKind::Data && !integ.block_ok(dev, off, page) {
+                    integ.count_unrecoverable();
+                    return Err(self.unrecoverable(
+                        off,
+                        PAGE as u64,
+                        "a reconstructed block fails its integrity record",
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}

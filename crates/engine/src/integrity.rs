@@ -1,0 +1,552 @@
+//! Per-block CRC32C records kept apart from the data (`format::Zone`, design study layout b2).
+//!
+//! Every 4 KiB block of every role (data, P and Q alike) has a record: the raid5-cache page
+//! checksum of what was last written there. The records of role X live in tables on X+1 and
+//! X+2 (RAID6 also X+3), never on X, so a write X lost or sent elsewhere contradicts a record
+//! that another device kept.
+//!
+//! In memory the records are one flat array per role, loaded at assembly from the newest valid
+//! copy of each table block. They change in two places only:
+//! * a member write ([`Integrity::begin_write`] before it goes out, [`Integrity::end_write`]
+//!   after), whatever the write is for (client data, parity, rebuild, repair, resync);
+//!   while it is in flight a read of the block may return the old or the new contents, and
+//!   both verify;
+//! * a write a missing member did not get ([`Integrity::set_block`]): its record follows what
+//!   the role should hold, so that reconstruction of it can be verified.
+//!
+//! Tables go to disk at every member flush ([`Integrity::write_tables`], called by
+//! `Array::flush_members` before the flush): the records of everything a flush makes durable
+//! are durable with it (design rule P6). Each write-out stamps a new epoch; at load the newer
+//! valid copy wins and the other is rewritten.
+
+use crate::member::{Member, Slot};
+use device::AlignedBuf;
+use format::{TableBlock, Zone, RECORDS_PER_TABLE, RECORD_BLOCK};
+use parking_lot::Mutex;
+use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+
+const BLOCK: u64 = RECORD_BLOCK as u64;
+const PENDING_SHARDS: usize = 64;
+
+/// What integrity found and did, for status, events and tests.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct IntegrityCounts {
+    /// Data blocks that did not match their record.
+    pub data_mismatches: u64,
+    /// Parity (P) blocks that did not match their record.
+    pub p_mismatches: u64,
+    /// RAID6 Q blocks that did not match their record.
+    pub q_mismatches: u64,
+    /// Blocks rebuilt from redundancy and rewritten.
+    pub repaired: u64,
+    /// Rewritten blocks that still read back wrong.
+    pub rewrite_failures: u64,
+    /// Records found stale (the block agreed with the rest of its row): the record was fixed.
+    pub records_fixed: u64,
+    /// Blocks redundancy could not vouch for: the request failed (EIO), no data returned.
+    pub unrecoverable: u64,
+    /// Blocks a resync after an unclean stop settled as found (unflushed writes).
+    pub resolved_after_crash: u64,
+    /// Table block copies that were unreadable, corrupt or in the wrong place.
+    pub table_copies_bad: u64,
+    /// Table block copies older than their twin (a lost table write).
+    pub table_copies_stale: u64,
+    /// Table blocks with no valid copy, rebuilt from the member's contents.
+    pub tables_rebuilt: u64,
+}
+
+/// Integrity state, for status.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IntegrityStatus {
+    pub checksum: &'static str,
+    pub copies: usize,
+    /// Bytes of table per member (all copies it holds).
+    pub table_bytes: u64,
+    pub epoch: u64,
+    pub counts: IntegrityCounts,
+}
+
+#[derive(Default)]
+struct Counters {
+    data: AtomicU64,
+    p: AtomicU64,
+    q: AtomicU64,
+    repaired: AtomicU64,
+    rewrite_failures: AtomicU64,
+    records_fixed: AtomicU64,
+    unrecoverable: AtomicU64,
+    resolved: AtomicU64,
+    bad: AtomicU64,
+    stale: AtomicU64,
+    rebuilt: AtomicU64,
+}
+
+/// Which kind of block a mismatch hit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum BlockKind {
+    Data,
+    P,
+    Q,
+}
+
+pub(crate) struct Integrity {
+    uuid: [u8; 16],
+    seed: u32,
+    zone: Zone,
+    /// `records[role][block]`.
+    records: Vec<Vec<AtomicU32>>,
+    /// Records of writes in flight, by (role, block): a read may see either contents.
+    pending: Vec<Mutex<HashMap<(usize, u64), Vec<u32>>>>,
+    /// Table blocks (subject, index) changed since they were last written.
+    dirty: Mutex<BTreeSet<(usize, u64)>>,
+    /// One table write-out at a time, so epochs reach each copy in order.
+    writing: Mutex<()>,
+    epoch: AtomicU64,
+    counts: Counters,
+    /// Re-reads that failed after a rewrite, per role (repeated ones fail the member).
+    strikes: Vec<AtomicU32>,
+    zero_record: u32,
+}
+
+/// A rewrite of the same role that reads back wrong this many times fails the member.
+pub(crate) const STRIKES_TO_FAIL: u32 = 3;
+
+impl Integrity {
+    pub fn new(uuid: [u8; 16], zone: Zone) -> Integrity {
+        let seed = format::record_seed(&uuid);
+        let zero_record = format::record_of(seed, &[0u8; RECORD_BLOCK]);
+        Integrity {
+            uuid,
+            seed,
+            zone,
+            records: (0..zone.raid_disks)
+                .map(|_| (0..zone.blocks).map(|_| AtomicU32::new(zero_record)).collect())
+                .collect(),
+            pending: (0..PENDING_SHARDS).map(|_| Mutex::default()).collect(),
+            dirty: Mutex::default(),
+            writing: Mutex::new(()),
+            epoch: AtomicU64::new(0),
+            counts: Counters::default(),
+            strikes: (0..zone.raid_disks).map(|_| AtomicU32::new(0)).collect(),
+            zero_record,
+        }
+    }
+
+    pub fn record_of(&self, block: &[u8]) -> u32 {
+        format::record_of(self.seed, block)
+    }
+
+    fn block_index(&self, offset_bytes: u64) -> u64 {
+        assert_eq!(
+            offset_bytes % BLOCK,
+            0,
+            "integrity works on whole 4 KiB blocks (offset {offset_bytes})"
+        );
+        offset_bytes / BLOCK
+    }
+
+    fn shard(&self, role: usize, block: u64) -> &Mutex<HashMap<(usize, u64), Vec<u32>>> {
+        &self.pending[(block as usize ^ role.wrapping_mul(0x9e37)) % PENDING_SHARDS]
+    }
+
+    /// Does the 4 KiB `block` read from `role` at `offset_bytes` match what was written there
+    /// (or what a write in flight is writing)? Blocks past md's `size` have no record.
+    pub fn block_ok(&self, role: usize, offset_bytes: u64, block: &[u8]) -> bool {
+        let b = self.block_index(offset_bytes);
+        if b >= self.zone.blocks {
+            return true;
+        }
+        let crc = self.record_of(block);
+        if crc == self.records[role][b as usize].load(Ordering::Acquire) {
+            return true;
+        }
+        self.shard(role, b)
+            .lock()
+            .get(&(role, b))
+            .is_some_and(|p| p.contains(&crc))
+    }
+
+    /// Every block of `buf` (read from `role` at `offset_bytes`) matches its record.
+    pub fn verify(&self, role: usize, offset_bytes: u64, buf: &[u8]) -> bool {
+        assert_eq!(buf.len() as u64 % BLOCK, 0, "reads are whole 4 KiB blocks");
+        buf.chunks(RECORD_BLOCK)
+            .enumerate()
+            .all(|(i, blk)| self.block_ok(role, offset_bytes + i as u64 * BLOCK, blk))
+    }
+
+    /// A member write of `buf` at `offset_bytes` is about to go out: its records, which reads
+    /// accept from now on beside the old ones.
+    pub fn begin_write(&self, role: usize, offset_bytes: u64, buf: &[u8]) -> Vec<u32> {
+        assert_eq!(buf.len() as u64 % BLOCK, 0, "writes are whole 4 KiB blocks");
+        let first = self.block_index(offset_bytes);
+        let crcs: Vec<u32> = buf.chunks(RECORD_BLOCK).map(|b| self.record_of(b)).collect();
+        for (i, &c) in crcs.iter().enumerate() {
+            let b = first + i as u64;
+            if b < self.zone.blocks {
+                self.shard(role, b)
+                    .lock()
+                    .entry((role, b))
+                    .or_default()
+                    .push(c);
+            }
+        }
+        crcs
+    }
+
+    /// Records of a discard of `len` bytes: zero blocks.
+    pub fn begin_zero(&self, role: usize, offset_bytes: u64, len: u64) -> Vec<u32> {
+        assert_eq!(len % BLOCK, 0, "discards are whole 4 KiB blocks");
+        let crcs = vec![self.zero_record; (len / BLOCK) as usize];
+        let first = self.block_index(offset_bytes);
+        for (i, &c) in crcs.iter().enumerate() {
+            let b = first + i as u64;
+            if b < self.zone.blocks {
+                self.shard(role, b)
+                    .lock()
+                    .entry((role, b))
+                    .or_default()
+                    .push(c);
+            }
+        }
+        crcs
+    }
+
+    /// The write begun with these records ended (in any way: a failed member is rebuilt to
+    /// what it was given).
+    pub fn end_write(&self, role: usize, offset_bytes: u64, crcs: &[u32]) {
+        let first = self.block_index(offset_bytes);
+        for (i, &c) in crcs.iter().enumerate() {
+            let b = first + i as u64;
+            if b >= self.zone.blocks {
+                continue;
+            }
+            self.records[role][b as usize].store(c, Ordering::Release);
+            let mut shard = self.shard(role, b).lock();
+            if let Some(p) = shard.get_mut(&(role, b)) {
+                if let Some(at) = p.iter().position(|&x| x == c) {
+                    p.swap_remove(at);
+                }
+                if p.is_empty() {
+                    shard.remove(&(role, b));
+                }
+            }
+        }
+        self.mark_dirty(role, first, crcs.len() as u64);
+    }
+
+    /// `role` should hold `buf` at `offset_bytes` (it missed the write, or its record was the
+    /// stale party).
+    pub fn set_block(&self, role: usize, offset_bytes: u64, buf: &[u8]) {
+        let first = self.block_index(offset_bytes);
+        let mut n = 0;
+        for (i, blk) in buf.chunks(RECORD_BLOCK).enumerate() {
+            let b = first + i as u64;
+            if b < self.zone.blocks {
+                self.records[role][b as usize].store(self.record_of(blk), Ordering::Release);
+                n += 1;
+            }
+        }
+        self.mark_dirty(role, first, n);
+    }
+
+    fn mark_dirty(&self, role: usize, first: u64, blocks: u64) {
+        if blocks == 0 || first >= self.zone.blocks {
+            return;
+        }
+        let per = RECORDS_PER_TABLE as u64;
+        let last = (first + blocks - 1).min(self.zone.blocks - 1);
+        let mut d = self.dirty.lock();
+        for t in first / per..=last / per {
+            d.insert((role, t));
+        }
+    }
+
+    /// A new member fills `holder`: every table copy it holds is written at the next flush.
+    pub fn held_by_new_member(&self, holder: usize) {
+        let mut d = self.dirty.lock();
+        for c in 0..self.zone.copies {
+            let s = self.zone.subject(holder, c);
+            for t in 0..self.zone.tables {
+                d.insert((s, t));
+            }
+        }
+    }
+
+    fn table_of(&self, subject: usize, index: u64, copy: usize, epoch: u64) -> TableBlock {
+        let per = RECORDS_PER_TABLE as u64;
+        let recs = &self.records[subject];
+        TableBlock {
+            copy: copy as u8,
+            subject: subject as u32,
+            holder: self.zone.holder(subject, copy) as u32,
+            index,
+            epoch,
+            uuid: self.uuid,
+            records: (0..per)
+                .map(|i| {
+                    recs.get((index * per + i) as usize)
+                        .map_or(self.zero_record, |r| r.load(Ordering::Acquire))
+                })
+                .collect(),
+        }
+    }
+
+    /// Write every changed table block to each copy's holder that is usable. Returns the
+    /// holders whose write failed (to be failed by the caller), with the error.
+    pub fn write_tables(&self, slots: &[Slot]) -> Vec<(usize, Arc<Member>, std::io::Error)> {
+        let _one = self.writing.lock();
+        let dirty = std::mem::take(&mut *self.dirty.lock());
+        if dirty.is_empty() {
+            return Vec::new();
+        }
+        let epoch = self.epoch.fetch_add(1, Ordering::AcqRel) + 1;
+        let mut failed: Vec<(usize, Arc<Member>, std::io::Error)> = Vec::new();
+        // Per holder and copy, runs of consecutive table blocks go out as one write.
+        let mut runs: Vec<(usize, usize, u64, Vec<u8>)> = Vec::new();
+        for &(subject, index) in &dirty {
+            for copy in 0..self.zone.copies {
+                let holder = self.zone.holder(subject, copy);
+                let bytes = self.table_of(subject, index, copy, epoch).encode();
+                match runs.last_mut() {
+                    Some((h, c, first, buf))
+                        if *h == holder
+                            && *c == copy
+                            && *first + (buf.len() / RECORD_BLOCK) as u64 == index =>
+                    {
+                        buf.extend_from_slice(&bytes)
+                    }
+                    _ => runs.push((holder, copy, index, bytes)),
+                }
+            }
+        }
+        runs.sort_by_key(|r| (r.0, r.1, r.2));
+        for (holder, copy, first, bytes) in runs {
+            let Some(m) = slots[holder].usable() else {
+                continue;
+            };
+            if failed.iter().any(|f| f.0 == holder) {
+                continue;
+            }
+            let at = m.data_offset_bytes + self.zone.table_sector(copy, first) * 512;
+            if let Err(e) = m.dev.write_at(&AlignedBuf::copy_from(&bytes), at, false) {
+                failed.push((holder, m, e));
+            }
+        }
+        failed
+    }
+
+    /// Load every table from the members (roles in `slots` order), newest valid copy first.
+    /// Stale or bad copies are left dirty (rewritten at the first flush). A table with no valid
+    /// copy is rebuilt from its subject's blocks as they are, when the subject is there.
+    pub fn load(&self, slots: &[Slot]) {
+        let per = RECORDS_PER_TABLE as u64;
+        let mut max_epoch = 0u64;
+        for subject in 0..self.zone.raid_disks {
+            // copies[c] = the holder's table area for this subject, if readable.
+            let areas: Vec<Option<Vec<u8>>> = (0..self.zone.copies)
+                .map(|c| {
+                    let holder = self.zone.holder(subject, c);
+                    let m = slots[holder].usable()?;
+                    if !slots[holder].is_complete() {
+                        return None;
+                    }
+                    let mut buf =
+                        AlignedBuf::zeroed((self.zone.tables * BLOCK) as usize);
+                    let at = m.data_offset_bytes + self.zone.table_sector(c, 0) * 512;
+                    m.dev.read_at(&mut buf, at).ok()?;
+                    Some(buf.to_vec())
+                })
+                .collect();
+            for index in 0..self.zone.tables {
+                let range = (index * BLOCK) as usize..((index + 1) * BLOCK) as usize;
+                let copies: Vec<Option<Result<TableBlock, format::FormatError>>> = areas
+                    .iter()
+                    .enumerate()
+                    .map(|(c, area)| {
+                        let holder = self.zone.holder(subject, c) as u32;
+                        area.as_ref().map(|a| {
+                            TableBlock::decode(
+                                &a[range.clone()],
+                                &self.uuid,
+                                c as u8,
+                                subject as u32,
+                                holder,
+                                index,
+                            )
+                        })
+                    })
+                    .collect();
+                let best = copies
+                    .iter()
+                    .flatten()
+                    .filter_map(|r| r.as_ref().ok())
+                    .max_by_key(|t| t.epoch)
+                    .cloned();
+                let mut rewrite = false;
+                for (c, copy) in copies.iter().enumerate() {
+                    match copy {
+                        None => {}
+                        Some(Err(e)) => {
+                            rewrite = true;
+                            self.counts.bad.fetch_add(1, Ordering::Relaxed);
+                            tracing::warn!(subject, index, copy = c, "integrity table: {e}");
+                        }
+                        Some(Ok(t)) if best.as_ref().is_some_and(|b| b.epoch != t.epoch) => {
+                            rewrite = true;
+                            self.counts.stale.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Some(Ok(_)) => {}
+                    }
+                }
+                if rewrite {
+                    self.dirty.lock().insert((subject, index));
+                }
+                match best {
+                    Some(t) => {
+                        max_epoch = max_epoch.max(t.epoch);
+                        for (i, r) in t.records.iter().enumerate() {
+                            let b = index * per + i as u64;
+                            if b < self.zone.blocks {
+                                self.records[subject][b as usize].store(*r, Ordering::Relaxed);
+                            }
+                        }
+                    }
+                    None => {
+                        self.rebuild_table(slots, subject, index);
+                        self.dirty.lock().insert((subject, index));
+                    }
+                }
+            }
+        }
+        self.epoch.store(max_epoch, Ordering::Release);
+    }
+
+    /// No copy of a table block is valid: take its records from the subject's blocks as they
+    /// are (a later check compares them with the rest of their rows).
+    fn rebuild_table(&self, slots: &[Slot], subject: usize, index: u64) {
+        self.counts.rebuilt.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(
+            subject,
+            index,
+            "integrity table has no valid copy: records rebuilt from the member"
+        );
+        let per = RECORDS_PER_TABLE as u64;
+        let first = index * per;
+        let n = per.min(self.zone.blocks - first);
+        let Some(m) = slots[subject].usable() else {
+            return;
+        };
+        let mut buf = AlignedBuf::zeroed((n * BLOCK) as usize);
+        if m.dev
+            .read_at(&mut buf, m.data_offset_bytes + first * BLOCK)
+            .is_err()
+        {
+            return;
+        }
+        for (i, blk) in buf.chunks(RECORD_BLOCK).enumerate() {
+            self.records[subject][first as usize + i].store(self.record_of(blk), Ordering::Relaxed);
+        }
+    }
+
+    pub fn count_mismatch(&self, kind: BlockKind) {
+        let c = match kind {
+            BlockKind::Data => &self.counts.data,
+            BlockKind::P => &self.counts.p,
+            BlockKind::Q => &self.counts.q,
+        };
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn count_repaired(&self) {
+        self.counts.repaired.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn count_record_fixed(&self) {
+        self.counts.records_fixed.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn count_unrecoverable(&self) {
+        self.counts.unrecoverable.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn count_resolved(&self) {
+        self.counts.resolved.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A rewritten block of `role` read back wrong; true when that has happened often enough
+    /// to fail the member.
+    pub fn strike(&self, role: usize) -> bool {
+        self.counts.rewrite_failures.fetch_add(1, Ordering::Relaxed);
+        self.strikes[role].fetch_add(1, Ordering::AcqRel) + 1 >= STRIKES_TO_FAIL
+    }
+
+    pub fn counts(&self) -> IntegrityCounts {
+        let c = &self.counts;
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        IntegrityCounts {
+            data_mismatches: g(&c.data),
+            p_mismatches: g(&c.p),
+            q_mismatches: g(&c.q),
+            repaired: g(&c.repaired),
+            rewrite_failures: g(&c.rewrite_failures),
+            records_fixed: g(&c.records_fixed),
+            unrecoverable: g(&c.unrecoverable),
+            resolved_after_crash: g(&c.resolved),
+            table_copies_bad: g(&c.bad),
+            table_copies_stale: g(&c.stale),
+            tables_rebuilt: g(&c.rebuilt),
+        }
+    }
+
+    pub fn status(&self) -> IntegrityStatus {
+        IntegrityStatus {
+            checksum: "crc32c",
+            copies: self.zone.copies,
+            table_bytes: self.zone.len_sectors() * 512,
+            epoch: self.epoch.load(Ordering::Acquire),
+            counts: self.counts(),
+        }
+    }
+}
+
+/// Write every table a new member `sb` holds: all records are the zero block's (the data area
+/// was just discarded), epoch 1.
+pub(crate) fn write_initial_tables(
+    dev: &dyn device::Device,
+    sb: &format::Superblock,
+    zone: &Zone,
+    uuid: [u8; 16],
+) -> std::io::Result<()> {
+    let format::DevRole::Active(holder) = sb.role() else {
+        return Ok(());
+    };
+    let holder = holder as usize;
+    let zero = format::record_of(format::record_seed(&uuid), &[0u8; RECORD_BLOCK]);
+    const RUN: u64 = 256;
+    for copy in 0..zone.copies {
+        let subject = zone.subject(holder, copy);
+        let mut index = 0;
+        while index < zone.tables {
+            let n = RUN.min(zone.tables - index);
+            let mut buf = Vec::with_capacity((n * BLOCK) as usize);
+            for i in index..index + n {
+                let t = TableBlock {
+                    copy: copy as u8,
+                    subject: subject as u32,
+                    holder: holder as u32,
+                    index: i,
+                    epoch: 1,
+                    uuid,
+                    records: vec![zero; RECORDS_PER_TABLE],
+                };
+                buf.extend_from_slice(&t.encode());
+            }
+            let at = (sb.data_offset + zone.table_sector(copy, index)) * 512;
+            dev.write_at(&AlignedBuf::copy_from(&buf), at, false)?;
+            index += n;
+        }
+    }
+    dev.flush()
+}
