@@ -377,7 +377,11 @@ impl Array {
     pub(crate) fn flush_members(&self) {
         if let Some(integ) = &self.integrity {
             for (role, m, e) in integ.write_tables(&self.slots) {
-                self.fail_role(role, Some(&m), &format!("integrity table write failed: {e}"));
+                self.fail_role(
+                    role,
+                    Some(&m),
+                    &format!("integrity table write failed: {e}"),
+                );
             }
         }
         self.io.for_each(self.slots.len(), |role| {

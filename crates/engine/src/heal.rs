@@ -57,7 +57,10 @@ impl Array {
         corrupt: &[usize],
         mode: Heal,
     ) -> Result<()> {
-        let integ = self.integrity.as_ref().expect("heal needs integrity records");
+        let integ = self
+            .integrity
+            .as_ref()
+            .expect("heal needs integrity records");
         let chunk = self.geometry.chunk_sectors() * 512;
         let pages = bufs[corrupt[0]].len() / PAGE;
         let mut rewrites: Vec<(usize, u64, usize)> = Vec::new();
@@ -76,7 +79,10 @@ impl Array {
             for &dev in &bad {
                 integ.count_mismatch(kind_of(&roles, dev));
             }
-            let found: Vec<Vec<u8>> = bad.iter().map(|&dev| bufs[dev][r.clone()].to_vec()).collect();
+            let found: Vec<Vec<u8>> = bad
+                .iter()
+                .map(|&dev| bufs[dev][r.clone()].to_vec())
+                .collect();
             let mut erased: Vec<usize> = missing.iter().chain(&bad).copied().collect();
             erased.sort_unstable();
             if erased.len() <= self.geometry.max_degraded() {
@@ -106,7 +112,11 @@ impl Array {
                         } else {
                             tracing::warn!(array = %self.name, role = dev, offset = off,
                                 "integrity record was stale (the row agrees with the block): fixed");
-                            integ.set_block(dev, off, &found[bad.iter().position(|&b| b == dev).expect("bad")]);
+                            integ.set_block(
+                                dev,
+                                off,
+                                &found[bad.iter().position(|&b| b == dev).expect("bad")],
+                            );
                             integ.count_record_fixed();
                         }
                     }
@@ -170,7 +180,12 @@ impl Array {
     /// The data blocks of `missing` members, just reconstructed in `bufs`, match their records
     /// (a degraded read is verified end to end). Parity of a missing member is not checked: a
     /// degraded array does not keep it current.
-    pub(crate) fn verify_rebuilt(&self, at: u64, bufs: &[PoolBuf], missing: &[usize]) -> Result<()> {
+    pub(crate) fn verify_rebuilt(
+        &self,
+        at: u64,
+        bufs: &[PoolBuf],
+        missing: &[usize],
+    ) -> Result<()> {
         let Some(integ) = &self.integrity else {
             return Ok(());
         };

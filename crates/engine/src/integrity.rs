@@ -28,6 +28,9 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 const BLOCK: u64 = RECORD_BLOCK as u64;
+
+/// Records of writes in flight, by (role, block).
+type Pending = HashMap<(usize, u64), Vec<u32>>;
 const PENDING_SHARDS: usize = 64;
 
 /// What integrity found and did, for status, events and tests.
@@ -98,7 +101,7 @@ pub(crate) struct Integrity {
     /// `records[role][block]`.
     records: Vec<Vec<AtomicU32>>,
     /// Records of writes in flight, by (role, block): a read may see either contents.
-    pending: Vec<Mutex<HashMap<(usize, u64), Vec<u32>>>>,
+    pending: Vec<Mutex<Pending>>,
     /// Table blocks (subject, index) changed since they were last written.
     dirty: Mutex<BTreeSet<(usize, u64)>>,
     /// One table write-out at a time, so epochs reach each copy in order.
@@ -122,7 +125,11 @@ impl Integrity {
             seed,
             zone,
             records: (0..zone.raid_disks)
-                .map(|_| (0..zone.blocks).map(|_| AtomicU32::new(zero_record)).collect())
+                .map(|_| {
+                    (0..zone.blocks)
+                        .map(|_| AtomicU32::new(zero_record))
+                        .collect()
+                })
                 .collect(),
             pending: (0..PENDING_SHARDS).map(|_| Mutex::default()).collect(),
             dirty: Mutex::default(),
@@ -147,7 +154,7 @@ impl Integrity {
         offset_bytes / BLOCK
     }
 
-    fn shard(&self, role: usize, block: u64) -> &Mutex<HashMap<(usize, u64), Vec<u32>>> {
+    fn shard(&self, role: usize, block: u64) -> &Mutex<Pending> {
         &self.pending[(block as usize ^ role.wrapping_mul(0x9e37)) % PENDING_SHARDS]
     }
 
@@ -181,7 +188,10 @@ impl Integrity {
     pub fn begin_write(&self, role: usize, offset_bytes: u64, buf: &[u8]) -> Vec<u32> {
         assert_eq!(buf.len() as u64 % BLOCK, 0, "writes are whole 4 KiB blocks");
         let first = self.block_index(offset_bytes);
-        let crcs: Vec<u32> = buf.chunks(RECORD_BLOCK).map(|b| self.record_of(b)).collect();
+        let crcs: Vec<u32> = buf
+            .chunks(RECORD_BLOCK)
+            .map(|b| self.record_of(b))
+            .collect();
         for (i, &c) in crcs.iter().enumerate() {
             let b = first + i as u64;
             if b < self.zone.blocks {
@@ -352,8 +362,7 @@ impl Integrity {
                     if !slots[holder].is_complete() {
                         return None;
                     }
-                    let mut buf =
-                        AlignedBuf::zeroed((self.zone.tables * BLOCK) as usize);
+                    let mut buf = AlignedBuf::zeroed((self.zone.tables * BLOCK) as usize);
                     let at = m.data_offset_bytes + self.zone.table_sector(c, 0) * 512;
                     m.dev.read_at(&mut buf, at).ok()?;
                     Some(buf.to_vec())

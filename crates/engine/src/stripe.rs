@@ -109,7 +109,7 @@ impl Array {
             let cached = self.policy.journal().is_some_and(|j| j.is_cached(row));
             // Records verify whole pages: a part of one is read through the row.
             let partial = self.integrity.is_some()
-                && (off % PAGE != 0 || len as u64 % PAGE != 0);
+                && (!off.is_multiple_of(PAGE) || !(len as u64).is_multiple_of(PAGE));
             if cached
                 || partial
                 || !self
@@ -153,7 +153,10 @@ impl Array {
         drop(st);
         // Records cover whole pages: read those around the range.
         let (a, b) = match self.integrity {
-            Some(_) => (off / PAGE * PAGE, (off + out.len() as u64).div_ceil(PAGE) * PAGE),
+            Some(_) => (
+                off / PAGE * PAGE,
+                (off + out.len() as u64).div_ceil(PAGE) * PAGE,
+            ),
             None => (off, off + out.len() as u64),
         };
         let res = (|| {
@@ -577,6 +580,21 @@ impl Array {
         self.commit_stripe_writes(&WriteSet::stripe(at, len), &mut ios, Some(&image))
     }
 
+    /// How client I/O treats blocks that fail their records: until the resync an unclean stop
+    /// owes has run, unflushed writes may have left rows that no single fault explains, which
+    /// are then settled as found (as the resync itself would) rather than failed.
+    fn client_heal(&self) -> Heal {
+        if self
+            .sync
+            .unsynced
+            .load(std::sync::atomic::Ordering::Acquire)
+        {
+            Heal::Settle
+        } else {
+            Heal::Repair
+        }
+    }
+
     /// P (and Q) of a stripe's data chunks, given in data-index order.
     pub(crate) fn compute_parity(
         &self,
@@ -606,7 +624,7 @@ impl Array {
         at: u64,
         len: usize,
     ) -> Result<Option<RowBufs>> {
-        let Some((mut dev_bufs, missing)) = self.read_present(at, len, Heal::Repair)? else {
+        let Some((mut dev_bufs, missing)) = self.read_present(at, len, self.client_heal())? else {
             return Ok(None);
         };
         self.reconstruct(

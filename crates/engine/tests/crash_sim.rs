@@ -154,6 +154,7 @@ impl Rig {
                 discard: rng.gen_bool(0.5),
                 journal: None,
                 journal_write_back: false,
+                integrity: false,
             })
             .expect("create with a bitmap"),
             Policy::Journal | Policy::JournalWriteBack => {
@@ -175,6 +176,7 @@ impl Rig {
                     discard: false,
                     journal: Some(log.clone()),
                     journal_write_back: policy == Policy::JournalWriteBack,
+                    integrity: false,
                 })
                 .expect("create with a journal");
                 sims.push(log);

@@ -1,7 +1,7 @@
 //! ironraid's integrity zone: CRC32C records of every 4 KiB member block, kept on *other*
 //! members (design study `integrity-design.md`, layout b2).
 //!
-//! md's data area is untouched. Past md's `size` on every member (rounded up to 1 MiB inside
+//! md's data area is untouched. Past md's `size` on every member (rounded up to a page inside
 //! `data_size`, which md ignores beyond `size` for parity levels) lies the zone: for each copy
 //! `c` in `0..copies`, the table of subject role `(holder - 1 - c) mod raid_disks`, i.e. the
 //! records about member X live on X+1 and X+2 (RAID6 also X+3). A table is
@@ -43,8 +43,8 @@ pub const TABLE_HEADER_BYTES: usize = 64;
 pub const RECORDS_PER_TABLE: usize = (RECORD_BLOCK - TABLE_HEADER_BYTES) / 4;
 /// `feature_map` bit of an array with an integrity zone: unknown to md, which then refuses it.
 pub const FEATURE_INTEGRITY: u32 = 0x8000_0000;
-/// The zone starts on this boundary (sectors) past md's `size`.
-const ZONE_ALIGN_SECTORS: u64 = 2048;
+/// The zone starts on this boundary (sectors, one page) past md's `size`.
+const ZONE_ALIGN_SECTORS: u64 = 8;
 
 /// Where the tables of one array sit on its members.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -236,8 +236,13 @@ impl TableBlock {
                 .collect(),
         };
         // The seed binds the place, so these only differ under a checksum collision.
-        if (block.copy, block.subject, block.holder, block.index, &block.uuid)
-            != (copy, subject, holder, index, uuid)
+        if (
+            block.copy,
+            block.subject,
+            block.holder,
+            block.index,
+            &block.uuid,
+        ) != (copy, subject, holder, index, uuid)
         {
             return bad("table block identity does not match its place".into());
         }
