@@ -375,13 +375,18 @@ impl Array {
     /// Flush every member in a role; a member whose flush fails is failed. Changed integrity
     /// tables go out first, so that their records are durable with the data they describe.
     pub(crate) fn flush_members(&self) {
-        if let Some(integ) = &self.integrity {
-            for (role, m, e) in integ.write_tables(&self.slots) {
-                self.fail_role(
-                    role,
-                    Some(&m),
-                    &format!("integrity table write failed: {e}"),
-                );
+        if let Some(integ) = self.integrity.as_ref().filter(|i| i.has_dirty_tables()) {
+            // Table writes are member writes: the superblocks say "active" first, so that a
+            // cut tearing them is followed by a resync.
+            let _counted = crate::commit::InCommit::enter(self);
+            if self.mark_active().is_ok() {
+                for (role, m, e) in integ.write_tables(&self.slots) {
+                    self.fail_role(
+                        role,
+                        Some(&m),
+                        &format!("integrity table write failed: {e}"),
+                    );
+                }
             }
         }
         self.io.for_each(self.slots.len(), |role| {
@@ -562,6 +567,18 @@ impl Array {
             || self.failures_in_commit.load(Ordering::SeqCst) > 0
         {
             self.active.store(true, Ordering::SeqCst);
+            return;
+        }
+        if self
+            .integrity
+            .as_ref()
+            .is_some_and(|i| i.has_dirty_tables())
+        {
+            // Records of the last writes are not on disk yet: write them (the array stays
+            // active; a later pass records clean).
+            self.active.store(true, Ordering::SeqCst);
+            drop(meta);
+            self.flush_members();
             return;
         }
         // Every member flushed before any superblock says clean: the commit's own flush is per

@@ -163,10 +163,10 @@ impl Array {
 
 /// Counts a group of member writes in `writes_in_commit` while it passes the commit point (safe
 /// mode waits for none), and notes when the last one ended.
-struct InCommit<'a>(&'a Array);
+pub(crate) struct InCommit<'a>(&'a Array);
 
 impl<'a> InCommit<'a> {
-    fn enter(array: &'a Array) -> InCommit<'a> {
+    pub(crate) fn enter(array: &'a Array) -> InCommit<'a> {
         array.writes_in_commit.fetch_add(1, Ordering::SeqCst);
         InCommit(array)
     }

@@ -179,12 +179,14 @@ impl Array {
 
     /// The data blocks of `missing` members, just reconstructed in `bufs`, match their records
     /// (a degraded read is verified end to end). Parity of a missing member is not checked: a
-    /// degraded array does not keep it current.
+    /// degraded array does not keep it current. [`Heal::Settle`] takes a mismatch as the
+    /// outcome of writes an unclean stop interrupted, and records it.
     pub(crate) fn verify_rebuilt(
         &self,
         at: u64,
         bufs: &[PoolBuf],
         missing: &[usize],
+        mode: Heal,
     ) -> Result<()> {
         let Some(integ) = &self.integrity else {
             return Ok(());
@@ -195,6 +197,11 @@ impl Array {
                 let off = at + (pg * PAGE) as u64;
                 let roles = self.geometry.stripe_roles(off / chunk);
                 if kind_of(&roles, dev) == BlockKind::Data && !integ.block_ok(dev, off, page) {
+                    if mode == Heal::Settle {
+                        integ.set_block(dev, off, page);
+                        integ.count_resolved();
+                        continue;
+                    }
                     integ.count_unrecoverable();
                     return Err(self.unrecoverable(
                         off,

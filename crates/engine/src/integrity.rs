@@ -284,6 +284,10 @@ impl Integrity {
         }
     }
 
+    pub fn has_dirty_tables(&self) -> bool {
+        !self.dirty.lock().is_empty()
+    }
+
     fn table_of(&self, subject: usize, index: u64, copy: usize, epoch: u64) -> TableBlock {
         let per = RECORDS_PER_TABLE as u64;
         let recs = &self.records[subject];

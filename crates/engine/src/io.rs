@@ -89,31 +89,36 @@ impl<'a> MemberIo<'a> {
     }
 
     fn run(&mut self, array: &Array) -> Option<io::Error> {
-        let Some(member) = self.member.as_ref() else {
-            self.outcome = IoOutcome::Stale;
-            return None;
-        };
-        if !array.slot(self.role).holds(member) {
-            self.outcome = IoOutcome::Stale;
-            return None;
-        }
-        let at = member.data_offset_bytes + self.offset_bytes;
         // Integrity: a write's records are accepted beside the old ones while it is in flight
-        // and replace them once it has ended (see `integrity`).
+        // and replace them once it has ended (see `integrity`). A write that is not run because
+        // its member left the role still sets them: the role gets these bytes from the caller's
+        // next plan or from the rebuild.
         let integrity = array.integrity.as_deref();
         let records = integrity.and_then(|i| match &self.kind {
             IoKind::Read(_) => None,
             IoKind::Write(buf, _) => Some(i.begin_write(self.role, self.offset_bytes, buf)),
             IoKind::Discard(len) => Some(i.begin_zero(self.role, self.offset_bytes, *len)),
         });
+        let end = |role: usize, offset: u64| {
+            if let (Some(i), Some(records)) = (integrity, records.as_ref()) {
+                i.end_write(role, offset, records);
+            }
+        };
+        let member = match self.member.as_ref() {
+            Some(m) if array.slot(self.role).holds(m) => m,
+            _ => {
+                end(self.role, self.offset_bytes);
+                self.outcome = IoOutcome::Stale;
+                return None;
+            }
+        };
+        let at = member.data_offset_bytes + self.offset_bytes;
         let res = match &mut self.kind {
             IoKind::Read(buf) => member.dev.read_at(buf, at),
             IoKind::Write(buf, fua) => member.dev.write_at(buf, at, *fua),
             IoKind::Discard(len) => member.dev.discard_zeroes(at, *len),
         };
-        if let (Some(i), Some(records)) = (integrity, records) {
-            i.end_write(self.role, self.offset_bytes, &records);
-        }
+        end(self.role, self.offset_bytes);
         match res {
             Ok(()) => {
                 let verified = match (&self.kind, &array.config.read_verifier) {

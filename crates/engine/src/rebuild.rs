@@ -192,7 +192,7 @@ impl Array {
                 .collect();
             self.reconstruct(&roles, slices, &missing);
         }
-        self.verify_rebuilt(at, &bufs, &missing)
+        self.verify_rebuilt(at, &bufs, &missing, heal)
             .map_err(|e| Stop::Failed(e.to_string()))?;
         Ok(Some(bufs))
     }

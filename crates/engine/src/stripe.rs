@@ -624,7 +624,8 @@ impl Array {
         at: u64,
         len: usize,
     ) -> Result<Option<RowBufs>> {
-        let Some((mut dev_bufs, missing)) = self.read_present(at, len, self.client_heal())? else {
+        let heal = self.client_heal();
+        let Some((mut dev_bufs, missing)) = self.read_present(at, len, heal)? else {
             return Ok(None);
         };
         self.reconstruct(
@@ -632,7 +633,7 @@ impl Array {
             dev_bufs.iter_mut().map(|b| &mut b[..]).collect(),
             &missing,
         );
-        self.verify_rebuilt(at, &dev_bufs, &missing)?;
+        self.verify_rebuilt(at, &dev_bufs, &missing, heal)?;
         let mut slots: Vec<Option<PoolBuf>> = dev_bufs.into_iter().map(Some).collect();
         let data = (0..self.geometry.data_disks())
             .map(|d| slots[roles.data_dev(d)].take().expect("data chunk"))

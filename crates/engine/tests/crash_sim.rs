@@ -76,11 +76,19 @@ enum Policy {
     /// The same journal in write-back mode (switched on at every start): acknowledged data
     /// waits in the log and the cache until its row is written out.
     JournalWriteBack,
+    /// Resync, with integrity records (RAID4/5/6).
+    ResyncIntegrity,
+    /// Bitmap, with integrity records (RAID4/5/6).
+    BitmapIntegrity,
 }
 
 impl Policy {
     fn journal(self) -> bool {
         matches!(self, Policy::Journal | Policy::JournalWriteBack)
+    }
+
+    fn integrity(self) -> bool {
+        matches!(self, Policy::ResyncIntegrity | Policy::BitmapIntegrity)
     }
 }
 
@@ -137,7 +145,24 @@ impl Rig {
             Policy::Resync => {
                 common::create_clean("crash", level, layout, chunk as u64, devs(&sims), vec![])
             }
-            Policy::Bitmap => engine::create(&engine::CreateSpec {
+            Policy::ResyncIntegrity => engine::create(&engine::CreateSpec {
+                name: "crash".into(),
+                level,
+                layout,
+                chunk_bytes: chunk as u64,
+                members: devs(&sims),
+                spares: vec![],
+                size_bytes: None,
+                assume_clean: true,
+                force: false,
+                bitmap: None,
+                discard: true,
+                journal: None,
+                journal_write_back: false,
+                integrity: true,
+            })
+            .expect("create with integrity"),
+            Policy::Bitmap | Policy::BitmapIntegrity => engine::create(&engine::CreateSpec {
                 name: "crash".into(),
                 level,
                 layout,
@@ -150,11 +175,12 @@ impl Rig {
                 bitmap: Some(engine::BitmapSpec {
                     chunk_bytes: Some(4096 << rng.gen_range(0..4)),
                 }),
-                // Half the cases start with every region unused (members discarded).
-                discard: rng.gen_bool(0.5),
+                // Half the cases start with every region unused (members discarded); integrity
+                // always does.
+                discard: rng.gen_bool(0.5) || policy.integrity(),
                 journal: None,
                 journal_write_back: false,
-                integrity: false,
+                integrity: policy.integrity(),
             })
             .expect("create with a bitmap"),
             Policy::Journal | Policy::JournalWriteBack => {
@@ -544,7 +570,14 @@ fn recover(
         }
         Err(e) => panic!("assembly after the cut failed: {e}"),
     };
+    eprintln!(
+        "DBG before read, was_dirty={} dirty={} integ={:?}",
+        array.was_dirty_at_assembly(),
+        array.status().dirty,
+        array.status().integrity
+    );
     let before = read_all(&array);
+    eprintln!("DBG before read ok");
     if rig.policy.journal() {
         // The write hole is closed at assembly, before any resync: replaying the log left
         // every stripe's parity in agreement with its data. (Forcing is needed only when an
@@ -570,9 +603,34 @@ fn recover(
     assert!(before == after, "resync or rebuild changed the data");
     if partial_sync.is_none() {
         check_redundancy(rig, &array, &after);
+        if rig.policy.integrity() && array.status().missing_roles.is_empty() {
+            check_records(rig, &array);
+        }
     }
     model.settle(after);
     array
+}
+
+/// After recovery every block matches its record: a check finds nothing (no false corruption
+/// on data that was never damaged), and nothing was ever refused.
+fn check_records(rig: &Rig, array: &Array) {
+    let counts = |a: &Array| a.status().integrity.expect("integrity").counts;
+    let before = counts(array);
+    array.request_action("check").expect("check");
+    rig.settle_sync(array);
+    let after = counts(array);
+    let found = |c: &engine::IntegrityCounts| c.data_mismatches + c.p_mismatches + c.q_mismatches;
+    assert_eq!(
+        found(&after),
+        found(&before),
+        "a check after recovery found blocks that fail their records: {after:?}"
+    );
+    assert_eq!(after.unrecoverable, 0, "{after:?}");
+    assert_eq!(
+        array.status().sync.mismatch_sectors,
+        0,
+        "parity mismatches after recovery"
+    );
 }
 
 /// Leave out any one member (two for RAID6) of a cleanly stopped array: every byte reads back.
@@ -1010,5 +1068,55 @@ fn crash_raid6_journal_write_back_with_failures_and_rebuilds() {
         Level::Raid6,
         Mode::Failures,
         Policy::JournalWriteBack,
+    );
+}
+
+#[test]
+fn crash_raid4_integrity() {
+    run_level_with(
+        "crash_raid4_integrity",
+        Level::Raid4,
+        Mode::Healthy,
+        Policy::ResyncIntegrity,
+    );
+}
+
+#[test]
+fn crash_raid5_integrity_with_failures_and_rebuilds() {
+    run_level_with(
+        "crash_raid5_integrity_with_failures_and_rebuilds",
+        Level::Raid5,
+        Mode::Failures,
+        Policy::ResyncIntegrity,
+    );
+}
+
+#[test]
+fn crash_raid6_integrity_with_failures_and_rebuilds() {
+    run_level_with(
+        "crash_raid6_integrity_with_failures_and_rebuilds",
+        Level::Raid6,
+        Mode::Failures,
+        Policy::ResyncIntegrity,
+    );
+}
+
+#[test]
+fn crash_raid5_bitmap_integrity() {
+    run_level_with(
+        "crash_raid5_bitmap_integrity",
+        Level::Raid5,
+        Mode::Healthy,
+        Policy::BitmapIntegrity,
+    );
+}
+
+#[test]
+fn crash_raid6_bitmap_integrity_with_failures_and_rebuilds() {
+    run_level_with(
+        "crash_raid6_bitmap_integrity_with_failures_and_rebuilds",
+        Level::Raid6,
+        Mode::Failures,
+        Policy::BitmapIntegrity,
     );
 }
