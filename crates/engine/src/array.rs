@@ -375,6 +375,19 @@ impl Array {
     /// Flush every member in a role; a member whose flush fails is failed. Changed integrity
     /// tables go out first, so that their records are durable with the data they describe.
     pub(crate) fn flush_members(&self) {
+        self.write_integrity_tables();
+        self.io.for_each(self.slots.len(), |role| {
+            if let Some(m) = self.slots[role].usable() {
+                if let Err(e) = m.dev.flush() {
+                    self.fail_role(role, Some(&m), &format!("flush failed: {e}"));
+                }
+            }
+        });
+    }
+
+    /// Write the integrity tables changed since the last write-out (not flushed: the caller's
+    /// flush, or the superblock commit's, makes them durable).
+    pub(crate) fn write_integrity_tables(&self) {
         if let Some(integ) = self.integrity.as_ref().filter(|i| i.has_dirty_tables()) {
             // Table writes are member writes: the superblocks say "active" first, so that a
             // cut tearing them is followed by a resync.
@@ -389,13 +402,6 @@ impl Array {
                 }
             }
         }
-        self.io.for_each(self.slots.len(), |role| {
-            if let Some(m) = self.slots[role].usable() {
-                if let Err(e) = m.dev.flush() {
-                    self.fail_role(role, Some(&m), &format!("flush failed: {e}"));
-                }
-            }
-        });
     }
 
     /// The members filling roles, not faulty (rebuilding ones included): where replicated

@@ -364,6 +364,11 @@ impl Integrity {
                     let holder = self.zone.holder(subject, c);
                     let m = slots[holder].usable()?;
                     if !slots[holder].is_complete() {
+                        // A member still being rebuilt holds nothing yet: write its copies.
+                        let mut d = self.dirty.lock();
+                        for t in 0..self.zone.tables {
+                            d.insert((subject, t));
+                        }
                         return None;
                     }
                     let mut buf = AlignedBuf::zeroed((self.zone.tables * BLOCK) as usize);

@@ -131,6 +131,8 @@ impl Array {
     /// The rebuild of `role` reached the end: record it in sync. The superblock commit flushes
     /// every member first, so "in sync" is durable only after the rebuilt data is.
     pub(crate) fn finish_recovery(&self, role: usize) {
+        // The records of what the rebuild wrote are durable before the member counts as whole.
+        self.write_integrity_tables();
         let mut meta = self.meta.lock();
         self.slots[role].advance(FULLY_IN_SYNC);
         if let Some(m) = self.slots[role].member() {
@@ -156,6 +158,7 @@ impl Array {
         if slot.is_faulty() || slot.is_complete() {
             return;
         }
+        self.write_integrity_tables();
         let mut meta = self.meta.lock();
         meta.set_recovery(m.dev_number, Some(slot.in_sync_bytes() / 512));
         let failed = meta.commit();
@@ -201,7 +204,7 @@ impl Array {
     pub(crate) fn rebuild_window(&self, role: usize, r0: u64, r1: u64) -> Result<(), Stop> {
         let chunk = self.geometry.chunk_sectors() * 512;
         for _ in 0..4 {
-            let Some(bufs) = self.read_window(r0, r1, crate::heal::Heal::Repair)? else {
+            let Some(bufs) = self.read_window(r0, r1, self.heal_mode())? else {
                 continue;
             };
             return self.write_rebuilt(role, r0 * chunk, &bufs[role]);

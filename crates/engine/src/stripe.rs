@@ -583,7 +583,7 @@ impl Array {
     /// How client I/O treats blocks that fail their records: until the resync an unclean stop
     /// owes has run, unflushed writes may have left rows that no single fault explains, which
     /// are then settled as found (as the resync itself would) rather than failed.
-    fn client_heal(&self) -> Heal {
+    pub(crate) fn heal_mode(&self) -> Heal {
         if self
             .sync
             .unsynced
@@ -624,7 +624,7 @@ impl Array {
         at: u64,
         len: usize,
     ) -> Result<Option<RowBufs>> {
-        let heal = self.client_heal();
+        let heal = self.heal_mode();
         let Some((mut dev_bufs, missing)) = self.read_present(at, len, heal)? else {
             return Ok(None);
         };

@@ -338,7 +338,11 @@ impl Rig {
                 return;
             }
         }
-        panic!("background work did not finish in {MAX_SYNC_STEPS} windows");
+        let st = array.status();
+        panic!(
+            "background work did not finish in {MAX_SYNC_STEPS} windows: {:?} {:?} {:?}",
+            st.sync, st.members, st.integrity
+        );
     }
 }
 
@@ -571,13 +575,11 @@ fn recover(
         Err(e) => panic!("assembly after the cut failed: {e}"),
     };
     eprintln!(
-        "DBG before read, was_dirty={} dirty={} integ={:?}",
         array.was_dirty_at_assembly(),
         array.status().dirty,
         array.status().integrity
     );
     let before = read_all(&array);
-    eprintln!("DBG before read ok");
     if rig.policy.journal() {
         // The write hole is closed at assembly, before any resync: replaying the log left
         // every stripe's parity in agreement with its data. (Forcing is needed only when an
