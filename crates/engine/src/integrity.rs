@@ -307,8 +307,9 @@ impl Integrity {
         }
     }
 
-    /// Write every changed table block to each copy's holder that is usable. Returns the
-    /// holders whose write failed (to be failed by the caller), with the error.
+    /// Write every changed table block to each copy's holder that is usable, copy by copy.
+    /// The last copy is not flushed here (the caller flushes). Returns the holders whose write
+    /// or flush failed (to be failed by the caller), with the error.
     pub fn write_tables(&self, slots: &[Slot]) -> Vec<(usize, Arc<Member>, std::io::Error)> {
         let _one = self.writing.lock();
         let dirty = std::mem::take(&mut *self.dirty.lock());
@@ -335,8 +336,23 @@ impl Integrity {
                 }
             }
         }
-        runs.sort_by_key(|r| (r.0, r.1, r.2));
+        // One copy after the other, each made durable before the next is written: a cut can
+        // tear the copies of one write-out, never all of them.
+        runs.sort_by_key(|r| (r.1, r.0, r.2));
+        let mut written: Vec<Arc<Member>> = Vec::new();
+        let mut current_copy = 0;
         for (holder, copy, first, bytes) in runs {
+            if copy != current_copy {
+                for m in written.drain(..) {
+                    if let Err(e) = m.dev.flush() {
+                        let role = (0..slots.len()).find(|&r| slots[r].holds(&m));
+                        if let Some(role) = role {
+                            failed.push((role, m, e));
+                        }
+                    }
+                }
+                current_copy = copy;
+            }
             let Some(m) = slots[holder].usable() else {
                 continue;
             };
@@ -344,8 +360,13 @@ impl Integrity {
                 continue;
             }
             let at = m.data_offset_bytes + self.zone.table_sector(copy, first) * 512;
-            if let Err(e) = m.dev.write_at(&AlignedBuf::copy_from(&bytes), at, false) {
-                failed.push((holder, m, e));
+            match m.dev.write_at(&AlignedBuf::copy_from(&bytes), at, false) {
+                Ok(()) => {
+                    if !written.iter().any(|w| Arc::ptr_eq(w, &m)) {
+                        written.push(m);
+                    }
+                }
+                Err(e) => failed.push((holder, m, e)),
             }
         }
         failed

@@ -574,11 +574,6 @@ fn recover(
         }
         Err(e) => panic!("assembly after the cut failed: {e}"),
     };
-    eprintln!(
-        array.was_dirty_at_assembly(),
-        array.status().dirty,
-        array.status().integrity
-    );
     let before = read_all(&array);
     if rig.policy.journal() {
         // The write hole is closed at assembly, before any resync: replaying the log left
@@ -589,7 +584,11 @@ fn recover(
     if forced && !rig.policy.journal() {
         model.settle(before.clone());
     } else if let Err(e) = model.check(&before) {
-        panic!("after the cut, before resync: {e}");
+        panic!(
+            "after the cut, before resync: {e} {:?} dirty {}",
+            array.status().integrity,
+            array.was_dirty_at_assembly()
+        );
     }
     rig.resync_pending = partial_sync.is_some();
     match partial_sync {
