@@ -38,6 +38,12 @@ struct Examined {
     journal_log_bytes: Option<u64>,
     /// On the journal device: the block at the tail, as recovery will read it.
     journal_tail_block: Option<TailBlock>,
+    /// The integrity records' checksum ("crc32c"; null: the array keeps none).
+    integrity: Option<&'static str>,
+    /// Where this member's integrity zone starts, sectors from the data offset (null: none).
+    integrity_zone_sectors: Option<u64>,
+    /// How many table copies of each member's records there are.
+    integrity_copies: Option<usize>,
 }
 
 /// The meta block at `journal_tail` (reference §6.2): where recovery starts.
@@ -113,6 +119,10 @@ fn describe(path: &str, sb: &Superblock) -> Examined {
         DevRole::Journal => (None, "journal"),
     };
     let level = Level::from_md(sb.level);
+    let zone = (sb.feature_map & format::FEATURE_INTEGRITY != 0)
+        .then(|| format::table_copies(sb.level, sb.raid_disks as usize))
+        .flatten()
+        .map(|copies| format::Zone::new(sb.raid_disks as usize, copies, sb.size));
     let mut state = vec!['.'; sb.raid_disks as usize];
     for raw in &sb.dev_roles {
         if let Some(c) = state.get_mut(*raw as usize) {
@@ -145,6 +155,9 @@ fn describe(path: &str, sb: &Superblock) -> Examined {
         journal_tail_sectors: (device_role == "journal").then_some(sb.recovery_offset),
         journal_log_bytes: (device_role == "journal").then(|| journal_log_sectors(sb) * 512),
         journal_tail_block: None,
+        integrity: zone.map(|_| "crc32c"),
+        integrity_zone_sectors: zone.map(|z| z.start_sectors),
+        integrity_copies: zone.map(|z| z.copies),
     }
 }
 
@@ -339,6 +352,9 @@ fn print_text(e: &Examined) {
         // mdadm's spelling.
         (None, "journal") => println!("    Device Role : Journal"),
         (None, other) => println!("    Device Role : {other}"),
+    }
+    if let (Some(zone), Some(copies)) = (e.integrity_zone_sectors, e.integrity_copies) {
+        println!("      Integrity : crc32c records, {copies} copies, zone at {zone} sectors");
     }
     if let (Some(tail), Some(log)) = (e.journal_tail_sectors, e.journal_log_bytes) {
         println!(

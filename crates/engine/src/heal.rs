@@ -64,6 +64,7 @@ impl Array {
         let chunk = self.geometry.chunk_sectors() * 512;
         let pages = bufs[corrupt[0]].len() / PAGE;
         let mut rewrites: Vec<(usize, u64, usize)> = Vec::new();
+        let mut resolved = false;
         for pg in 0..pages {
             let off = at + (pg * PAGE) as u64;
             let r = pg * PAGE..(pg + 1) * PAGE;
@@ -118,6 +119,7 @@ impl Array {
                                 &found[bad.iter().position(|&b| b == dev).expect("bad")],
                             );
                             integ.count_record_fixed();
+                            resolved = true;
                         }
                     }
                     continue;
@@ -135,14 +137,21 @@ impl Array {
             }
             // After an unclean stop, unflushed writes may have left the row as found: keep it
             // (the resync recomputes parity from the data) and take its records.
+            resolved = true;
             for (i, &dev) in bad.iter().enumerate() {
                 bufs[dev][r.clone()].copy_from_slice(&found[i]);
                 integ.set_block(dev, off, &found[i]);
                 integ.count_resolved();
             }
         }
+        let settled = mode == Heal::Settle && (!rewrites.is_empty() || resolved);
         for (dev, off, pg) in rewrites {
             self.rewrite_block(dev, off, &bufs[dev][pg * PAGE..(pg + 1) * PAGE])?;
+        }
+        if settled {
+            // What an unclean stop left undecided is decided now, for good: a cut before this
+            // is durable could bring back the other outcome after the client saw this one.
+            self.flush_members();
         }
         Ok(())
     }
@@ -192,6 +201,7 @@ impl Array {
             return Ok(());
         };
         let chunk = self.geometry.chunk_sectors() * 512;
+        let mut settled = false;
         for &dev in missing {
             for (pg, page) in bufs[dev].chunks(PAGE).enumerate() {
                 let off = at + (pg * PAGE) as u64;
@@ -200,6 +210,7 @@ impl Array {
                     if mode == Heal::Settle {
                         integ.set_block(dev, off, page);
                         integ.count_resolved();
+                        settled = true;
                         continue;
                     }
                     integ.count_unrecoverable();
@@ -210,6 +221,10 @@ impl Array {
                     ));
                 }
             }
+        }
+        if settled {
+            // Decided for good, as in `heal`.
+            self.flush_members();
         }
         Ok(())
     }
