@@ -1,0 +1,262 @@
+//! Integrity records end to end (`create --integrity crc32c`): what `create` writes is what
+//! `mdadm --examine` decodes (with md's refusal bit), and bytes flipped, zeroed or copied over
+//! other blocks inside the member files, behind a running array's back, never reach a real
+//! client: reads come back right, `check` counts every damaged block, `repair` rewrites them,
+//! and a second check finds nothing.
+
+mod common;
+
+use common::{mdadm_field, random_file, require_tools, sh, Env};
+use serde_json::Value;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+const MIB: u64 = 1 << 20;
+const MEMBER: u64 = 64 * MIB;
+const CHUNK: u64 = 64 << 10;
+const PAGE: u64 = 4096;
+
+fn integrity(env: &Env) -> Value {
+    env.detail()["integrity_detail"].clone()
+}
+
+fn found(i: &Value) -> u64 {
+    ["data_mismatches", "p_mismatches", "q_mismatches"]
+        .iter()
+        .map(|k| i[k].as_u64().unwrap())
+        .sum()
+}
+
+/// Overwrite bytes of a member file behind the daemon's back, durably.
+fn scribble(path: &Path, offset: u64, bytes: &[u8]) {
+    let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    f.write_all_at(bytes, offset).unwrap();
+    f.sync_all().unwrap();
+}
+
+fn read_member(path: &Path, offset: u64, len: usize) -> Vec<u8> {
+    let f = std::fs::File::open(path).unwrap();
+    let mut b = vec![0u8; len];
+    f.read_exact_at(&mut b, offset).unwrap();
+    b
+}
+
+#[test]
+fn create_examines_as_mdadm_does_and_refuses_what_it_cannot_protect() {
+    let env = Env::new("icreate", 4, MEMBER);
+    env.create("5", &["--chunk", "64K", "--integrity", "crc32c"]);
+    for m in &env.members {
+        let e = env.examine(m);
+        assert_eq!(e["feature_map"], 0x8000_0000u32, "{e:#}");
+        assert_eq!(e["integrity"], "crc32c", "{e:#}");
+        assert_eq!(e["integrity_copies"], 2, "{e:#}");
+        let zone = e["integrity_zone_sectors"].as_u64().unwrap();
+        let size = e["component_sectors"].as_u64().unwrap();
+        let data = e["data_size_sectors"].as_u64().unwrap();
+        assert!(zone >= size && zone < data, "{e:#}");
+        // Space: the zone is well under 1% of the member.
+        assert!((data - size) * 100 < data, "{e:#}");
+    }
+    if require_tools(&["mdadm"]) {
+        let text = sh("mdadm", &["--examine", env.members[0].to_str().unwrap()]);
+        // mdadm decodes everything, geometry included; the kernel refuses the unknown bit.
+        assert_eq!(mdadm_field(&text, "Feature Map"), "0x80000000", "{text}");
+        assert_eq!(mdadm_field(&text, "Raid Level"), "raid5", "{text}");
+        assert!(
+            mdadm_field(&text, "Checksum").ends_with("correct"),
+            "{text}"
+        );
+    }
+    // Levels it cannot protect yet, and a journal beside it: refused, nothing written.
+    for (level, extra) in [
+        ("1", vec![]),
+        ("10", vec![]),
+        ("0", vec![]),
+        ("5", vec!["--consistency-policy", "journal", "--journal"]),
+    ] {
+        let env = Env::new("irefuse", 4, MEMBER);
+        let log = env.file("log.img", 16 * MIB);
+        let mut args = vec!["create", "--level", level, "--integrity", "crc32c"];
+        args.extend(extra.iter().copied());
+        if args.last() == Some(&"--journal") {
+            args.push(log.to_str().unwrap());
+        }
+        let members = env.member_args();
+        args.extend(members.iter().map(|s| s.as_str()));
+        let out = env.ironraid(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "level {level}: {err}");
+        assert!(err.contains("integrity"), "level {level}: {err}");
+        for m in &env.members {
+            assert!(
+                read_member(m, 4096, 4096).iter().all(|&b| b == 0),
+                "level {level}: a superblock was written"
+            );
+        }
+    }
+}
+
+/// One damaged block: which member, where in its data area, and how.
+struct Damage {
+    member: usize,
+    offset: u64,
+    how: &'static str,
+}
+
+fn corruption_caught_and_repaired(level: &str, n: usize) {
+    if !require_tools(&["nbdcopy"]) {
+        return;
+    }
+    corrupt_behind_the_back(level, n, true);
+}
+
+/// Write 8 MiB through NBD, damage one block per member behind the daemon's back; with
+/// `records`, go on checking that nothing wrong reaches the client.
+fn corrupt_behind_the_back(level: &str, n: usize, records: bool) -> bool {
+    let env = Env::new(&format!("icorrupt{level}"), n, MEMBER);
+    let mut opts = vec!["--chunk", "64K"];
+    if records {
+        opts.extend(["--integrity", "crc32c"]);
+    }
+    env.create(level, &opts);
+    let d = env.run_all();
+    let uri = env.uri();
+    let src = env.dir.path().join("src.bin");
+    random_file(&src, (8 * MIB) as usize, 11);
+    sh("nbdcopy", &[src.to_str().unwrap(), &uri]);
+    let base = env.examine(&env.members[0])["data_offset_sectors"]
+        .as_u64()
+        .unwrap()
+        * 512;
+    // One damaged block per row (rows are 64 KiB of each member), on every member.
+    let mut damage = Vec::new();
+    for m in 0..n {
+        let row = 2 + 3 * m as u64;
+        let page = (m as u64 * 5) % (CHUNK / PAGE);
+        damage.push(Damage {
+            member: m,
+            offset: row * CHUNK + page * PAGE,
+            how: ["flip", "zero", "copy"][m % 3],
+        });
+    }
+    for dmg in &damage {
+        let path = &env.members[dmg.member];
+        let at = base + dmg.offset;
+        match dmg.how {
+            "flip" => {
+                let mut b = read_member(path, at + 100, 8);
+                for x in &mut b {
+                    *x ^= 0x5a;
+                }
+                scribble(path, at + 100, &b);
+            }
+            "zero" => scribble(path, at, &vec![0u8; PAGE as usize]),
+            _ => {
+                // Another block of the same member, from a row far away, lands here.
+                let other = read_member(path, base + 40 * CHUNK + 3 * PAGE, PAGE as usize);
+                scribble(path, at, &other);
+            }
+        }
+    }
+
+    let out = env.dir.path().join("out.bin");
+    if !records {
+        sh("nbdcopy", &[&uri, out.to_str().unwrap()]);
+        let got = std::fs::read(&out).unwrap();
+        env.stop(d);
+        return got[..(8 * MIB) as usize] != std::fs::read(&src).unwrap()[..];
+    }
+    let back = || {
+        let _ = std::fs::remove_file(&out);
+        sh("nbdcopy", &[&uri, out.to_str().unwrap()]);
+        let got = std::fs::read(&out).unwrap();
+        let want = std::fs::read(&src).unwrap();
+        assert!(
+            got[..want.len()] == want[..],
+            "{level}: data read back differs"
+        );
+        assert!(
+            got[want.len()..].iter().all(|&b| b == 0),
+            "{level}: tail not zero"
+        );
+    };
+    back();
+    let read_found = integrity(&env);
+    assert_eq!(read_found["unrecoverable"], 0, "{read_found:#}");
+    assert_eq!(
+        read_found["repaired"], read_found["data_mismatches"],
+        "{level}: every damaged data block read was rebuilt and rewritten: {read_found:#}"
+    );
+    assert_eq!(
+        env.action_wait("check"),
+        0,
+        "parity agrees once blocks are verified"
+    );
+    let checked = integrity(&env);
+    assert_eq!(
+        found(&checked),
+        damage.len() as u64,
+        "{level}: check counted every damaged block once: {checked:#}"
+    );
+    env.action_wait("repair");
+    let repaired = integrity(&env);
+    assert_eq!(
+        repaired["repaired"].as_u64().unwrap(),
+        damage.len() as u64,
+        "{level}: {repaired:#}"
+    );
+    env.action_wait("check");
+    let again = integrity(&env);
+    assert_eq!(
+        found(&again),
+        found(&repaired),
+        "{level}: second check: {again:#}"
+    );
+    back();
+    // A table block copy, garbage while the array is stopped: the tables are read at start.
+    env.stop(d);
+    let zone = env.examine(&env.members[1])["integrity_zone_sectors"]
+        .as_u64()
+        .unwrap()
+        * 512;
+    scribble(&env.members[1], base + zone, &[0xa5u8; PAGE as usize]);
+    let d = env.run_all();
+    let loaded = integrity(&env);
+    assert_eq!(loaded["table_copies_bad"], 1, "{level}: {loaded:#}");
+    back();
+    // The members hold the right blocks again, on disk.
+    assert_eq!(found(&integrity(&env)), 0, "{level}: damage left on disk");
+    env.stop(d);
+    // The bad table copy was rewritten at the first flush.
+    let d = env.run_all();
+    assert_eq!(integrity(&env)["table_copies_bad"], 0);
+    // And any member may go: every byte still reads back right, verified.
+    env.stop(d);
+    let d = env.run(&env.members[1..]);
+    back();
+    env.stop(d);
+    let text = env.ok(&["examine", env.members[0].to_str().unwrap()]);
+    assert!(text.contains("Integrity : crc32c"), "{text}");
+    true
+}
+
+#[test]
+fn canary_without_records_the_damage_reaches_the_client() {
+    if !require_tools(&["nbdcopy"]) {
+        return;
+    }
+    assert!(
+        corrupt_behind_the_back("5", 4, false),
+        "the injected damage did not change what a plain RAID5 returns: the test injects nothing"
+    );
+}
+
+#[test]
+fn raid5_corruption_behind_the_arrays_back_is_caught_and_repaired() {
+    corruption_caught_and_repaired("5", 4);
+}
+
+#[test]
+fn raid6_corruption_behind_the_arrays_back_is_caught_and_repaired() {
+    corruption_caught_and_repaired("6", 5);
+}
