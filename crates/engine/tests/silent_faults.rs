@@ -1,8 +1,7 @@
-//! Silent faults today: a lost write, a misdirected write and bit rot on a member reach clients
-//! as good data, because md's format has no way to tell. This test pins that gap with the
-//! simulated device's own fault injection, so the integrity issue starts from a failing
-//! expectation: once checksums land, each of these reads must return the written data or fail,
-//! and the assertions below must be turned around.
+//! Silent faults from the simulated device's own injection (a lost write, a misdirected write,
+//! bit rot on a member): without integrity records they reach clients as good data, because
+//! md's format has no way to tell; with records (`CreateSpec::integrity`) every read returns
+//! what was written.
 
 mod common;
 
@@ -12,12 +11,32 @@ use layout::Level;
 use std::sync::Arc;
 
 fn wrong_data_after(fault: Faults) -> bool {
+    wrong_data_with(fault, false)
+}
+
+fn wrong_data_with(fault: Faults, integrity: bool) -> bool {
     let sims: Vec<Arc<SimDevice>> = (0..4)
         .map(|i| Arc::new(SimDevice::new(format!("m{i}"), 4 << 20, 77 + i)))
         .collect();
     let devs =
         || -> Vec<Arc<dyn Device>> { sims.iter().map(|s| s.clone() as Arc<dyn Device>).collect() };
-    common::create_clean("silent", Level::Raid5, None, 64 << 10, devs(), vec![]);
+    engine::create(&engine::CreateSpec {
+        name: "silent".into(),
+        level: Level::Raid5,
+        layout: None,
+        chunk_bytes: 64 << 10,
+        members: devs(),
+        spares: vec![],
+        size_bytes: None,
+        assume_clean: true,
+        force: false,
+        bitmap: None,
+        discard: false,
+        journal: None,
+        journal_write_back: false,
+        integrity,
+    })
+    .expect("create");
     let array = assemble(devs(), AssembleOptions::default()).expect("assemble");
     let old = vec![0x11u8; 3 * (64 << 10)];
     array.write(0, &old, false).expect("first write");
@@ -35,8 +54,32 @@ fn wrong_data_after(fault: Faults) -> bool {
     back != new
 }
 
+fn faults() -> [Faults; 3] {
+    [
+        Faults {
+            lost_write: 1.0,
+            ..Faults::default()
+        },
+        Faults {
+            misdirected_write: 1.0,
+            ..Faults::default()
+        },
+        Faults {
+            bit_rot: 1.0,
+            ..Faults::default()
+        },
+    ]
+}
+
 #[test]
-fn lost_misdirected_and_rotten_writes_reach_clients_undetected_today() {
+fn with_integrity_records_every_read_returns_what_was_written() {
+    for fault in faults() {
+        assert!(!wrong_data_with(fault, true), "{fault:?}");
+    }
+}
+
+#[test]
+fn lost_misdirected_and_rotten_writes_reach_clients_undetected_without_records() {
     let lost = Faults {
         lost_write: 1.0,
         ..Faults::default()
