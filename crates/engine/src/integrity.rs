@@ -462,6 +462,66 @@ impl Integrity {
         self.epoch.store(max_epoch, Ordering::Release);
     }
 
+    /// Read every table copy the usable, complete holders keep and compare it with the records
+    /// (a scrub's pass over the tables; the caller wrote out and flushed the changed tables
+    /// first). A copy that does not decode, or holds other records, is counted; with `fix` it
+    /// is rewritten at the next write-out. Tables changed meanwhile are skipped. Returns the
+    /// copies found wrong.
+    pub fn verify_tables(&self, slots: &[Slot], fix: bool) -> u64 {
+        let per = RECORDS_PER_TABLE as u64;
+        let mut wrong = 0;
+        for subject in 0..self.zone.raid_disks {
+            for copy in 0..self.zone.copies {
+                let holder = self.zone.holder(subject, copy);
+                let Some(m) = slots[holder]
+                    .usable()
+                    .filter(|_| slots[holder].is_complete())
+                else {
+                    continue;
+                };
+                let mut area = AlignedBuf::zeroed((self.zone.tables * BLOCK) as usize);
+                let at = m.data_offset_bytes + self.zone.table_sector(copy, 0) * 512;
+                let readable = m.dev.read_at(&mut area, at).is_ok();
+                for index in 0..self.zone.tables {
+                    let raw = &area[(index * BLOCK) as usize..((index + 1) * BLOCK) as usize];
+                    let ok = readable
+                        && TableBlock::decode(
+                            raw,
+                            &self.uuid,
+                            copy as u8,
+                            subject as u32,
+                            holder as u32,
+                            index,
+                        )
+                        .is_ok_and(|t| {
+                            t.records.iter().enumerate().all(|(i, r)| {
+                                let b = index * per + i as u64;
+                                b >= self.zone.blocks
+                                    || *r
+                                        == self.records[subject][b as usize].load(Ordering::Acquire)
+                            })
+                        });
+                    if ok || self.dirty.lock().contains(&(subject, index)) {
+                        continue;
+                    }
+                    wrong += 1;
+                    self.counts.bad.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(
+                        subject,
+                        index,
+                        copy,
+                        holder,
+                        "integrity table copy is wrong"
+                    );
+                    if fix {
+                        self.dirty.lock().insert((subject, index));
+                    }
+                }
+            }
+        }
+        wrong
+    }
+
     /// No copy of a table block is valid: take its records from the subject's blocks as they
     /// are (a later check compares them with the rest of their rows).
     fn rebuild_table(&self, slots: &[Slot], subject: usize, index: u64) {

@@ -631,6 +631,20 @@ impl Array {
                 Err(_) => self.checkpoint_recovery(role),
             }
         }
+        if let Some(integ) = self
+            .integrity
+            .as_ref()
+            .filter(|_| res.is_ok() && matches!(action, SyncAction::Check | SyncAction::Repair))
+        {
+            // Scrub the tables too: every copy on disk against the records (the changed ones
+            // written out first); `repair` rewrites the wrong ones.
+            self.flush_members();
+            if integ.verify_tables(&self.slots, action == SyncAction::Repair) > 0
+                && action == SyncAction::Repair
+            {
+                self.flush_members();
+            }
+        }
         if res.is_ok() && matches!(action, SyncAction::Resync | SyncAction::Repair) {
             // What the resync or repair rewrote is durable before redundancy counts as good
             // again (md writes its superblock with a preflush at the end of a sync): the copy

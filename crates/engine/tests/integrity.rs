@@ -472,7 +472,7 @@ fn double_faults_raid6_repaired() {
 
 /// A table block copy gone bad (garbage, rot, or an older version: a lost table write) is found
 /// at assembly, the other copy is used, and the bad one is rewritten.
-fn table_fault(seed: u64, level: Level) {
+fn table_fault(seed: u64, level: Level, scrub: bool) {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut rig = Rig::new(seed, level, true);
     let zone = rig.zone();
@@ -482,6 +482,7 @@ fn table_fault(seed: u64, level: Level) {
     let index = rng.gen_range(0..zone.tables);
     let off = zone.table_sector(copy, index) * 512;
     let which = rng.gen_range(0..3);
+    let mut injected = true;
     if which == 2 {
         // Lost table write: the holder keeps the old table block while the data changes.
         let old = rig.block(holder, off);
@@ -492,6 +493,8 @@ fn table_fault(seed: u64, level: Level) {
         let d = rng.gen_range(0..rig.geometry().data_disks());
         rig.rewrite_row_page(row, d, pg, &mut rng);
         rig.array.flush().expect("flush");
+        // The rewrite may not touch this subject: then the old block is the current one.
+        injected = rig.block(holder, off) != old;
         rig.put(holder, off, &old);
     } else if which == 1 {
         let bit = rng.gen_range(0..PAGE * 8);
@@ -504,6 +507,29 @@ fn table_fault(seed: u64, level: Level) {
     let ctx = format!(
         "seed {seed} {level:?} table fault {which} subject {subject} copy {copy} index {index}"
     );
+    if scrub && injected {
+        // A running array finds it with `check` and rewrites it with `repair`.
+        let found = |rig: &Rig| rig.counts().table_copies_bad;
+        rig.run_action("check");
+        assert!(
+            found(&rig) >= 1,
+            "{ctx}: check missed the table copy: {:?}",
+            rig.counts()
+        );
+        rig.run_action("repair");
+        let after_repair = found(&rig);
+        rig.run_action("check");
+        assert_eq!(
+            found(&rig),
+            after_repair,
+            "{ctx}: repair left the table copy wrong"
+        );
+        let got = rig
+            .read_all()
+            .unwrap_or_else(|e| panic!("{ctx}: read failed: {e}"));
+        assert!(got == rig.model, "{ctx}: wrong data");
+        return;
+    }
     // Only assembly reads the tables; a clean stop rewrites nothing that is not dirty.
     rig.array.close().expect("stop");
     let loaded = |rig: &Rig| {
@@ -520,7 +546,7 @@ fn table_fault(seed: u64, level: Level) {
     let c = rig.counts();
     let differs = c.table_copies_bad + c.table_copies_stale;
     assert!(
-        differs >= 1 || which == 2,
+        differs >= 1 || !injected,
         "{ctx}: the bad copy went unnoticed: {c:?}"
     );
     let got = rig
@@ -542,12 +568,24 @@ fn table_fault(seed: u64, level: Level) {
 
 #[test]
 fn table_faults_raid5() {
-    for_each_case("table_faults_raid5", |s| table_fault(s, Level::Raid5));
+    for_each_case("table_faults_raid5", |s| {
+        table_fault(s, Level::Raid5, false)
+    });
 }
 
 #[test]
 fn table_faults_raid6() {
-    for_each_case("table_faults_raid6", |s| table_fault(s, Level::Raid6));
+    for_each_case("table_faults_raid6", |s| {
+        table_fault(s, Level::Raid6, false)
+    });
+}
+
+#[test]
+fn table_faults_found_and_fixed_by_scrub() {
+    for_each_case("table_faults_found_and_fixed_by_scrub", |s| {
+        let level = [Level::Raid4, Level::Raid5, Level::Raid6][s as usize % 3];
+        table_fault(s, level, true)
+    });
 }
 
 /// Canary: without records the same data faults reach the client as good data.
