@@ -131,7 +131,8 @@ fn corrupt_behind_the_back(level: &str, n: usize, records: bool) -> bool {
     // One damaged block per row (rows are 64 KiB of each member), on every member.
     let mut damage = Vec::new();
     for m in 0..n {
-        let row = 2 + 3 * m as u64;
+        // Odd members get a row whose parity (left-symmetric RAID5 n4) they hold.
+        let row = 2 + 3 * m as u64 + (m as u64 % 2);
         let page = (m as u64 * 5) % (CHUNK / PAGE);
         damage.push(Damage {
             member: m,
@@ -207,6 +208,14 @@ fn corrupt_behind_the_back(level: &str, n: usize, records: bool) -> bool {
     );
     env.action_wait("check");
     let again = integrity(&env);
+    let mdstat = env.ok(&["status"]);
+    assert!(
+        mdstat.contains(&format!(
+            "integrity: crc32c x{}",
+            if level == "6" { 3 } else { 2 }
+        )),
+        "{mdstat}"
+    );
     assert_eq!(
         found(&again),
         found(&repaired),
@@ -214,7 +223,17 @@ fn corrupt_behind_the_back(level: &str, n: usize, records: bool) -> bool {
     );
     back();
     // A table block copy, garbage while the array is stopped: the tables are read at start.
-    env.stop(d);
+    let log = env.stop(d);
+    assert!(
+        log.contains("integrity_repaired"),
+        "{level}: no repair event:\n{log}"
+    );
+    // Blocks only check reads (parity) are reported by check as well.
+    assert_eq!(
+        log.contains("integrity_mismatch"),
+        found(&checked) > found(&read_found),
+        "{level}: {log}"
+    );
     let zone = env.examine(&env.members[1])["integrity_zone_sectors"]
         .as_u64()
         .unwrap()

@@ -65,6 +65,7 @@ impl Array {
         let pages = bufs[corrupt[0]].len() / PAGE;
         let mut rewrites: Vec<(usize, u64, usize)> = Vec::new();
         let mut resolved = false;
+        let (mut failing, mut fixed, mut settled_blocks) = (0usize, 0usize, 0usize);
         for pg in 0..pages {
             let off = at + (pg * PAGE) as u64;
             let r = pg * PAGE..(pg + 1) * PAGE;
@@ -77,6 +78,7 @@ impl Array {
                 continue;
             }
             let roles = self.geometry.stripe_roles(off / chunk);
+            failing += bad.len();
             for &dev in &bad {
                 integ.count_mismatch(kind_of(&roles, dev));
             }
@@ -120,6 +122,7 @@ impl Array {
                             );
                             integ.count_record_fixed();
                             resolved = true;
+                            fixed += 1;
                         }
                     }
                     continue;
@@ -129,6 +132,15 @@ impl Array {
                 integ.count_unrecoverable();
                 tracing::error!(array = %self.name, offset = off, roles = ?bad,
                     "blocks fail their records beyond what redundancy can rebuild");
+                self.events.emit(
+                    "integrity_unrecoverable",
+                    &self.name,
+                    None,
+                    format!(
+                        "roles {bad:?} at member byte {off} fail their records beyond the \
+                         level's redundancy: reads there fail"
+                    ),
+                );
                 return Err(self.unrecoverable(
                     off,
                     PAGE as u64,
@@ -138,11 +150,34 @@ impl Array {
             // After an unclean stop, unflushed writes may have left the row as found: keep it
             // (the resync recomputes parity from the data) and take its records.
             resolved = true;
+            settled_blocks += bad.len();
             for (i, &dev) in bad.iter().enumerate() {
                 bufs[dev][r.clone()].copy_from_slice(&found[i]);
                 integ.set_block(dev, off, &found[i]);
                 integ.count_resolved();
             }
+        }
+        if failing > 0 {
+            let kind = if mode == Heal::Count {
+                "integrity_mismatch"
+            } else {
+                "integrity_repaired"
+            };
+            let what = if mode == Heal::Count {
+                "rebuilt in memory (check)".to_string()
+            } else {
+                format!(
+                    "{} rewritten, {fixed} stale records fixed, {settled_blocks} settled as found \
+                     after an unclean stop",
+                    rewrites.len()
+                )
+            };
+            self.events.emit(
+                kind,
+                &self.name,
+                None,
+                format!("{failing} blocks near member byte {at} failed their records: {what}"),
+            );
         }
         let settled = mode == Heal::Settle && (!rewrites.is_empty() || resolved);
         for (dev, off, pg) in rewrites {
