@@ -610,3 +610,43 @@ fn canary_without_integrity_faults_reach_the_client() {
         "only {wrong} of {cases} faults reached the client without records: the injection is broken"
     );
 }
+
+/// A member that silently drops every write (a dying drive that still answers): each block the
+/// array rewrites there reads back wrong, and after a few such rewrites the member is failed;
+/// every read still returns the written data.
+#[test]
+fn a_member_that_keeps_losing_rewrites_is_failed() {
+    let seed = 77;
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut rig = Rig::new(seed, Level::Raid5, true);
+    let victim = 1;
+    rig.sims[victim].set_faults(device::Faults {
+        lost_write: 1.0,
+        ..device::Faults::default()
+    });
+    // Damage blocks of the victim in several rows; reads rebuild them, rewrites vanish.
+    let rows = rig.geometry().stripes();
+    for i in 0..6u64 {
+        let row = (i * 7) % rows;
+        let pg = 0;
+        let off = row * rig.chunk + pg;
+        let mut g = vec![0u8; PAGE as usize];
+        rng.fill(&mut g[..]);
+        rig.put(victim, off, &g);
+    }
+    let got = rig.read_all().expect("reads are served from redundancy");
+    assert!(got == rig.model, "wrong data");
+    let st = rig.array.status();
+    let c = st.integrity.expect("integrity").counts;
+    assert!(
+        c.rewrite_failures >= 3,
+        "rewrites that read back wrong were not noticed: {c:?}"
+    );
+    assert_eq!(
+        st.missing_roles,
+        vec![victim],
+        "the member that keeps losing rewrites is still in the array: {c:?}"
+    );
+    // Degraded now, and still right.
+    assert!(rig.read_all().expect("degraded read") == rig.model);
+}
