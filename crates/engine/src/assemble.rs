@@ -543,8 +543,7 @@ fn build(
         });
     }
     let was_dirty = best.resync_offset != MAX_SECTOR;
-    let resync_from =
-        (was_dirty && geometry.max_degraded() > 0).then_some(best.resync_offset * 512);
+    let resync_from = (was_dirty && geometry.max_degraded() > 0).then(|| best.resync_offset * 512);
     let bitmap = load_bitmap(&best, &geometry, &slots, resync_from)?;
     let used = load_used(&best, &geometry, &slots);
     let mut meta = Meta {

@@ -64,6 +64,9 @@ pub(crate) struct MemberIo<'a> {
     pub kind: IoKind<'a>,
     member: Option<Arc<Member>>,
     pub outcome: IoOutcome,
+    /// Integrity records of a write's blocks, when the caller knows them already (parity of a
+    /// full stripe, by CRC linearity); None: computed from the bytes.
+    pub records: Option<Vec<u32>>,
 }
 
 impl<'a> MemberIo<'a> {
@@ -81,6 +84,7 @@ impl<'a> MemberIo<'a> {
             kind,
             member,
             outcome: IoOutcome::Pending,
+            records: None,
         }
     }
 
@@ -96,7 +100,9 @@ impl<'a> MemberIo<'a> {
         let integrity = array.integrity.as_deref();
         let records = integrity.and_then(|i| match &self.kind {
             IoKind::Read(_) => None,
-            IoKind::Write(buf, _) => Some(i.begin_write(self.role, self.offset_bytes, buf)),
+            IoKind::Write(buf, _) => {
+                Some(i.begin_write(self.role, self.offset_bytes, buf, self.records.take()))
+            }
             IoKind::Discard(len) => Some(i.begin_zero(self.role, self.offset_bytes, *len)),
         });
         let end = |role: usize, offset: u64| {

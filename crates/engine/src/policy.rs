@@ -77,7 +77,7 @@ fn mark_clean(meta: &mut Meta, resync_from: Option<u64>) {
 }
 
 fn sb_resync_from(sb_resync_offset_sectors: u64) -> Option<u64> {
-    (sb_resync_offset_sectors != MAX_SECTOR).then_some(sb_resync_offset_sectors * 512)
+    (sb_resync_offset_sectors != MAX_SECTOR).then(|| sb_resync_offset_sectors * 512)
 }
 
 /// md without bitmap or journal: a crash means a full resync.

@@ -556,13 +556,29 @@ impl Array {
                 }
             }
         }
+        // A full stripe's records: its data's, and P's by CRC linearity (no pass over P).
+        let records: Option<Vec<Vec<u32>>> = self
+            .integrity
+            .as_ref()
+            .filter(|_| data.len() == self.geometry.data_disks())
+            .map(|integ| data.iter().map(|(_, buf)| integ.records_of(buf)).collect());
         let mut ios: Vec<MemberIo<'_>> = data
             .iter()
-            .filter(|(d, _)| self.slot(c.roles.data_dev(*d)).in_sync(at, len))
-            .map(|&(d, buf)| self.write_io(c.roles.data_dev(d), at, buf, c.fua))
+            .enumerate()
+            .filter(|(_, (d, _))| self.slot(c.roles.data_dev(*d)).in_sync(at, len))
+            .map(|(i, &(d, buf))| {
+                let mut io = self.write_io(c.roles.data_dev(d), at, buf, c.fua);
+                io.records = records.as_ref().map(|r| r[i].clone());
+                io
+            })
             .collect();
         if self.slot(c.roles.p_dev()).in_sync(at, len) {
-            ios.push(self.write_io(c.roles.p_dev(), at, p, c.fua));
+            let mut io = self.write_io(c.roles.p_dev(), at, p, c.fua);
+            io.records = records
+                .as_ref()
+                .zip(self.integrity.as_ref())
+                .map(|(r, integ)| integ.records_of_xor(r));
+            ios.push(io);
         }
         if let (Some(qd), Some(qb)) = (c.roles.q_dev(), q) {
             if self.slot(qd).in_sync(at, len) {
