@@ -222,7 +222,7 @@ impl Integrity {
     /// The records of the XOR of blocks with records `each` (CRC-32C is affine over XOR: the
     /// zero block's record enters once for an even count), so that parity needs no CRC pass.
     pub fn records_of_xor(&self, each: &[Vec<u32>]) -> Vec<u32> {
-        let fold = if each.len() % 2 == 0 {
+        let fold = if each.len().is_multiple_of(2) {
             self.zero_record
         } else {
             0
