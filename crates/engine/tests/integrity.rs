@@ -618,7 +618,7 @@ fn canary_without_integrity_faults_reach_the_client() {
 fn a_member_that_keeps_losing_rewrites_is_failed() {
     let seed = 77;
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let mut rig = Rig::new(seed, Level::Raid5, true);
+    let rig = Rig::new(seed, Level::Raid5, true);
     let victim = 1;
     rig.sims[victim].set_faults(device::Faults {
         lost_write: 1.0,
