@@ -123,6 +123,9 @@ pub struct IntegrityDetail {
     pub table_copies_bad: u64,
     pub table_copies_stale: u64,
     pub tables_rebuilt: u64,
+    /// Table block copies (4 KiB) written since assembly: the records' write traffic.
+    #[serde(default)]
+    pub table_blocks_written: u64,
 }
 
 impl IntegrityDetail {
@@ -144,6 +147,7 @@ impl IntegrityDetail {
             table_copies_bad: c.table_copies_bad,
             table_copies_stale: c.table_copies_stale,
             tables_rebuilt: c.tables_rebuilt,
+            table_blocks_written: c.table_blocks_written,
         }
     }
 
