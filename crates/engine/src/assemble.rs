@@ -556,9 +556,12 @@ fn build(
     };
     let integrity = load_integrity(&best, &geometry, &slots)?;
     let mut opts = opts;
-    let journal = open_journal(
-        &mut opts, &best, &geometry, &slots, p.journal, &mut meta, &name,
-    )?;
+    let disks = Disks {
+        geometry: &geometry,
+        slots: &slots,
+        integrity: integrity.as_deref(),
+    };
+    let journal = open_journal(&mut opts, &best, disks, p.journal, &mut meta, &name)?;
     let table_changed = table_changed || journal.table_changed;
     let resync_from = journal.resync_from.or(resync_from);
     if table_changed && !opts.config.read_only {
@@ -604,11 +607,6 @@ fn load_integrity(
             geometry.raid_disks()
         )));
     };
-    if best.feature_map & format::feature::JOURNAL != 0 {
-        return Err(EngineError::Unsupported(
-            "integrity records together with a journal".into(),
-        ));
-    }
     let zone = format::Zone::new(geometry.raid_disks(), copies, best.size);
     if zone.end_sectors() > best.data_size {
         return Err(EngineError::Unsupported(format!(
@@ -620,6 +618,14 @@ fn load_integrity(
     let integrity = crate::integrity::Integrity::new(best.set_uuid, zone);
     integrity.load(slots);
     Ok(Some(Arc::new(integrity)))
+}
+
+/// The array's members as assembly has placed them, with the records of an integrity array.
+#[derive(Clone, Copy)]
+struct Disks<'a> {
+    geometry: &'a Geometry,
+    slots: &'a [Slot],
+    integrity: Option<&'a crate::integrity::Integrity>,
 }
 
 /// What assembly decided about the journal.
@@ -640,12 +646,16 @@ struct JournalSetup {
 fn open_journal(
     opts: &mut AssembleOptions,
     best: &Superblock,
-    geometry: &Geometry,
-    slots: &[Slot],
+    disks: Disks<'_>,
     found: Option<Found>,
     meta: &mut Meta,
     name: &str,
 ) -> Result<JournalSetup> {
+    let Disks {
+        geometry,
+        slots,
+        integrity,
+    } = disks;
     let has = best.feature_map & format::feature::JOURNAL != 0;
     let fail = |reason: String| EngineError::Assemble {
         member: format!("array '{name}'"),
@@ -693,6 +703,7 @@ fn open_journal(
                 geometry,
                 slots,
                 opts.config.read_only,
+                integrity,
             )?;
             if j.cache_bytes() > 0 {
                 return Err(fail(
@@ -767,6 +778,7 @@ fn open_journal(
         geometry,
         slots,
         opts.config.read_only,
+        integrity,
     )?;
     let r = journal.status().replayed;
     tracing::info!(array = %name, journal = %member.name(), units = r.units, torn = r.torn_units, pages = r.pages, data_only = r.data_only_pages, ms = r.millis, "journal recovered");

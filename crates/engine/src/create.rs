@@ -330,11 +330,6 @@ fn check_integrity_spec(spec: &CreateSpec) -> Result<()> {
             spec.members.len()
         )));
     }
-    if spec.journal.is_some() {
-        return Err(EngineError::InvalidArgument(
-            "integrity records together with a journal are not supported yet".into(),
-        ));
-    }
     if !spec.chunk_bytes.is_multiple_of(4096) {
         return Err(EngineError::InvalidArgument(format!(
             "chunk {} bytes: records cover whole 4 KiB blocks, so the chunk must be a multiple of 4096",

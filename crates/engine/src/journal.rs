@@ -767,6 +767,7 @@ pub(crate) fn recover(
     geometry: &Geometry,
     slots: &[Slot],
     read_only: bool,
+    integrity: Option<&crate::integrity::Integrity>,
 ) -> Result<Journal> {
     let started = Instant::now();
     let seed = journal_seed(&sb.set_uuid);
@@ -803,7 +804,8 @@ pub(crate) fn recover(
     let mut head = next_start;
     let mut flush_reserve = 0;
     if !read_only {
-        let (pages, data_only) = replay(&scan, geometry, slots).map_err(|e| fail(e.to_string()))?;
+        let (pages, data_only) =
+            replay(&scan, geometry, slots, integrity).map_err(|e| fail(e.to_string()))?;
         replayed.pages = pages;
         replayed.data_only_pages = data_only.len() as u64;
         // The new chain starts with the data that had no parity yet (write-back), logged again
@@ -1046,7 +1048,14 @@ type HomeWrite<'a> = (usize, u64, &'a [u8]);
 
 /// Write the logged stripes home in log order; returns the pages written and the data pages
 /// that had no parity (array byte offset, page).
-fn replay(scan: &Scan, geometry: &Geometry, slots: &[Slot]) -> std::io::Result<(u64, DataOnly)> {
+/// Pages written home also set their integrity records (a missing member's included: the
+/// rebuild gives it these bytes).
+fn replay(
+    scan: &Scan,
+    geometry: &Geometry,
+    slots: &[Slot],
+    integrity: Option<&crate::integrity::Integrity>,
+) -> std::io::Result<(u64, DataOnly)> {
     let chunk_sectors = geometry.chunk_sectors();
     // Data pages waiting for their stripe's parity, by per-member sector of the column.
     let mut pending: BTreeMap<u64, Vec<(u64, &[u8])>> = BTreeMap::new();
@@ -1113,6 +1122,9 @@ fn replay(scan: &Scan, geometry: &Geometry, slots: &[Slot]) -> std::io::Result<(
     }
     let mut touched = vec![false; slots.len()];
     for (role, offset, bytes) in runs {
+        if let Some(i) = integrity {
+            i.set_block(role, offset, &bytes);
+        }
         if let Some(m) = slots[role].usable() {
             m.dev.write_at(
                 &AlignedBuf::copy_from(&bytes),
@@ -1121,6 +1133,17 @@ fn replay(scan: &Scan, geometry: &Geometry, slots: &[Slot]) -> std::io::Result<(
             )?;
             touched[role] = true;
         }
+    }
+    if let Some(i) = integrity {
+        // The records of what was written home are durable before the tail leaves the log
+        // that holds it.
+        if let Some((_, m, e)) = i.write_tables(slots).into_iter().next() {
+            return Err(std::io::Error::other(format!(
+                "{}: integrity table write failed: {e}",
+                m.name()
+            )));
+        }
+        touched.iter_mut().for_each(|t| *t = true);
     }
     for (role, _) in touched.iter().enumerate().filter(|(_, t)| **t) {
         if let Some(m) = slots[role].usable() {

@@ -80,15 +80,38 @@ enum Policy {
     ResyncIntegrity,
     /// Bitmap, with integrity records (RAID4/5/6).
     BitmapIntegrity,
+    /// The journal (write-through), with integrity records.
+    JournalIntegrity,
+    /// The journal in write-back mode, with integrity records.
+    JournalWriteBackIntegrity,
 }
 
 impl Policy {
     fn journal(self) -> bool {
-        matches!(self, Policy::Journal | Policy::JournalWriteBack)
+        matches!(
+            self,
+            Policy::Journal
+                | Policy::JournalWriteBack
+                | Policy::JournalIntegrity
+                | Policy::JournalWriteBackIntegrity
+        )
+    }
+
+    fn write_back(self) -> bool {
+        matches!(
+            self,
+            Policy::JournalWriteBack | Policy::JournalWriteBackIntegrity
+        )
     }
 
     fn integrity(self) -> bool {
-        matches!(self, Policy::ResyncIntegrity | Policy::BitmapIntegrity)
+        matches!(
+            self,
+            Policy::ResyncIntegrity
+                | Policy::BitmapIntegrity
+                | Policy::JournalIntegrity
+                | Policy::JournalWriteBackIntegrity
+        )
     }
 }
 
@@ -183,7 +206,10 @@ impl Rig {
                 integrity: policy.integrity(),
             })
             .expect("create with a bitmap"),
-            Policy::Journal | Policy::JournalWriteBack => {
+            Policy::Journal
+            | Policy::JournalWriteBack
+            | Policy::JournalIntegrity
+            | Policy::JournalWriteBackIntegrity => {
                 let log = Arc::new(
                     SimDevice::new("journal", JOURNAL_BYTES, seed ^ 0x10_6000)
                         .on_rail(rail.clone()),
@@ -201,8 +227,8 @@ impl Rig {
                     bitmap: None,
                     discard: false,
                     journal: Some(log.clone()),
-                    journal_write_back: policy == Policy::JournalWriteBack,
-                    integrity: false,
+                    journal_write_back: policy.write_back(),
+                    integrity: policy.integrity(),
                 })
                 .expect("create with a journal");
                 sims.push(log);
@@ -274,7 +300,7 @@ impl Rig {
                 ..Default::default()
             },
         )?;
-        if self.policy == Policy::JournalWriteBack {
+        if self.policy.write_back() {
             // Refused while degraded (the array writes through then).
             let _ = array.set_journal_mode(true);
         }
@@ -355,7 +381,7 @@ fn read_all(a: &Array) -> Vec<u8> {
 /// Redundancy agrees with data, and the engine's view of the data is where the oracle says.
 /// (Write-back data is written home first: until then it lives in the journal's cache.)
 fn check_redundancy(rig: &Rig, array: &Array, data: &[u8]) {
-    if rig.policy == Policy::JournalWriteBack {
+    if rig.policy.write_back() {
         array.set_journal_mode(false).expect("write everything out");
         // Refused while degraded: the array writes through until it is whole again.
         let _ = array.set_journal_mode(true);
@@ -1119,5 +1145,25 @@ fn crash_raid6_bitmap_integrity_with_failures_and_rebuilds() {
         Level::Raid6,
         Mode::Failures,
         Policy::BitmapIntegrity,
+    );
+}
+
+#[test]
+fn crash_raid5_journal_integrity_with_failures_and_rebuilds() {
+    run_level_with(
+        "crash_raid5_journal_integrity_with_failures_and_rebuilds",
+        Level::Raid5,
+        Mode::Failures,
+        Policy::JournalIntegrity,
+    );
+}
+
+#[test]
+fn crash_raid6_journal_write_back_integrity() {
+    run_level_with(
+        "crash_raid6_journal_write_back_integrity",
+        Level::Raid6,
+        Mode::Healthy,
+        Policy::JournalWriteBackIntegrity,
     );
 }
