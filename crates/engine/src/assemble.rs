@@ -141,6 +141,17 @@ fn read_members(devs: Vec<Arc<dyn Device>>) -> Result<Vec<Found>> {
             .position(|(_, o)| o.dev_number == sb.dev_number)
         {
             None => found.push((dev, sb)),
+            // Two spares that each took a free slot number, one of them never recorded by the
+            // array (a cut between the spare's superblock and the members' commit): neither holds
+            // data, so the first is kept and the other left out.
+            Some(i)
+                if found[i].1.events == sb.events
+                    && found[i].1.device_uuid != sb.device_uuid
+                    && found[i].1.role() == DevRole::Spare
+                    && sb.role() == DevRole::Spare =>
+            {
+                tracing::warn!(member = %dev.name(), dev_number = sb.dev_number, kept = %found[i].0.name(), "a second spare claims this device number; left out");
+            }
             Some(i) if found[i].1.events == sb.events => {
                 return Err(EngineError::Assemble {
                     member: dev.name().into(),

@@ -375,3 +375,41 @@ fn a_reused_slot_belongs_to_its_fresher_holder() {
         .to_string();
     assert!(err.contains("appears twice"), "{err}");
 }
+
+/// Two spares claiming one device number with the same event count (a spare whose addition a
+/// cut left unrecorded, then another spare given the same free number): neither holds data, so
+/// one is kept and the other left out, instead of refusing the array. A copy of a spare (same
+/// device UUID) is still refused.
+#[test]
+fn two_spares_claiming_one_device_number_keep_the_first() {
+    let s = sims("sp-", 4, 21);
+    let spare = sims("sp-spare", 2, 22);
+    make(Level::Raid5, &s, &spare[..1]);
+    let data = pattern(6, MIB as usize);
+    {
+        let mut with_spare = s.clone();
+        with_spare.push(spare[0].clone());
+        let a = assemble(devs(&with_spare), opts(false)).unwrap();
+        write_flush(&a, &data);
+        a.close().unwrap();
+    }
+    // A second spare with the first one's superblock but its own device UUID.
+    let first = sb(&spare[0]);
+    let mut other = first.clone();
+    other.device_uuid[0] ^= 0xff;
+    spare[1].scribble(format::SB_OFFSET_SECTORS * 512, &other.encode());
+    let mut all = s.clone();
+    all.extend(spare.iter().cloned());
+    let a = assemble(devs(&all), opts(false)).expect("two claiming spares are not fatal");
+    assert_eq!(member_state(&a, "sp-spare0"), (None, MemberState::Spare));
+    assert!(left_out(&a, "sp-spare1"));
+    assert!(read_back(&a, data.len()) == data);
+    drop(a);
+    // An exact copy of the spare is still refused.
+    spare[1].scribble(format::SB_OFFSET_SECTORS * 512, &first.encode());
+    let err = assemble(devs(&all), opts(false))
+        .err()
+        .expect("a copy is refused")
+        .to_string();
+    assert!(err.contains("appears twice"), "{err}");
+}
