@@ -202,6 +202,12 @@ impl Integrity {
             crcs == self.records_of(buf),
             "records given for a write do not match its bytes"
         );
+        self.accept_pending(role, first, &crcs);
+        crcs
+    }
+
+    /// Reads of blocks `first..` of `role` accept these records too until the write ends.
+    fn accept_pending(&self, role: usize, first: u64, crcs: &[u32]) {
         for (i, &c) in crcs.iter().enumerate() {
             let b = first + i as u64;
             if b < self.zone.blocks {
@@ -212,7 +218,6 @@ impl Integrity {
                     .push(c);
             }
         }
-        crcs
     }
 
     /// Per-block records of `buf`.
@@ -240,16 +245,7 @@ impl Integrity {
         assert_eq!(len % BLOCK, 0, "discards are whole 4 KiB blocks");
         let crcs = vec![self.zero_record; (len / BLOCK) as usize];
         let first = self.block_index(offset_bytes);
-        for (i, &c) in crcs.iter().enumerate() {
-            let b = first + i as u64;
-            if b < self.zone.blocks {
-                self.shard(role, b)
-                    .lock()
-                    .entry((role, b))
-                    .or_default()
-                    .push(c);
-            }
-        }
+        self.accept_pending(role, first, &crcs);
         crcs
     }
 

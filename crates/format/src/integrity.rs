@@ -331,10 +331,12 @@ mod tests {
                 let z = Zone::new(6, copies, size);
                 assert!(z.end_sectors() <= data, "data {data} copies {copies}");
                 // Little is lost beyond the zone itself: alignment and one chunk.
-                assert!(data - size <= z.len_sectors() + 2048 + 128 + 8 * copies as u64);
+                assert!(data - size <= z.len_sectors() + 8 + 128 + 8 * copies as u64);
             }
         }
-        assert_eq!(Zone::fit(4, 2, 2000, 128), None);
+        // One chunk and a table page per copy: not in 130 sectors, in 160.
+        assert_eq!(Zone::fit(4, 2, 130, 128), None);
+        assert_eq!(Zone::fit(4, 2, 160, 128), Some(128));
     }
 
     #[test]
