@@ -329,8 +329,9 @@ impl Array {
             } else {
                 self.mirror_write(offset_bytes, data, fua)?;
             }
-            // FUA makes the data durable; its records must be as well.
-            if fua && self.integrity.is_some() {
+            // FUA makes the data durable; its records must be as well (a journal's log holds
+            // them already).
+            if fua && self.integrity.is_some() && self.policy.journal().is_none() {
                 self.flush_members();
             }
             Ok(())

@@ -97,6 +97,10 @@ impl Policy {
         )
     }
 
+    fn bitmap(self) -> bool {
+        matches!(self, Policy::Bitmap | Policy::BitmapIntegrity)
+    }
+
     fn write_back(self) -> bool {
         matches!(
             self,
@@ -168,52 +172,19 @@ impl Rig {
             Policy::Resync => {
                 common::create_clean("crash", level, layout, chunk as u64, devs(&sims), vec![])
             }
-            Policy::ResyncIntegrity => engine::create(&engine::CreateSpec {
-                name: "crash".into(),
-                level,
-                layout,
-                chunk_bytes: chunk as u64,
-                members: devs(&sims),
-                spares: vec![],
-                size_bytes: None,
-                assume_clean: true,
-                force: false,
-                bitmap: None,
-                discard: true,
-                journal: None,
-                journal_write_back: false,
-                integrity: true,
-            })
-            .expect("create with integrity"),
-            Policy::Bitmap | Policy::BitmapIntegrity => engine::create(&engine::CreateSpec {
-                name: "crash".into(),
-                level,
-                layout,
-                chunk_bytes: chunk as u64,
-                members: devs(&sims),
-                spares: vec![],
-                size_bytes: None,
-                assume_clean: true,
-                force: false,
-                bitmap: Some(engine::BitmapSpec {
+            _ => {
+                let log = policy.journal().then(|| {
+                    Arc::new(
+                        SimDevice::new("journal", JOURNAL_BYTES, seed ^ 0x10_6000)
+                            .on_rail(rail.clone()),
+                    )
+                });
+                let bitmap = policy.bitmap().then(|| engine::BitmapSpec {
                     chunk_bytes: Some(4096 << rng.gen_range(0..4)),
-                }),
-                // Half the cases start with every region unused (members discarded); integrity
-                // always does.
-                discard: rng.gen_bool(0.5) || policy.integrity(),
-                journal: None,
-                journal_write_back: false,
-                integrity: policy.integrity(),
-            })
-            .expect("create with a bitmap"),
-            Policy::Journal
-            | Policy::JournalWriteBack
-            | Policy::JournalIntegrity
-            | Policy::JournalWriteBackIntegrity => {
-                let log = Arc::new(
-                    SimDevice::new("journal", JOURNAL_BYTES, seed ^ 0x10_6000)
-                        .on_rail(rail.clone()),
-                );
+                });
+                // Half the bitmap cases start with every region unused (members discarded);
+                // integrity always does.
+                let discard = (bitmap.is_some() && rng.gen_bool(0.5)) || policy.integrity();
                 let created = engine::create(&engine::CreateSpec {
                     name: "crash".into(),
                     level,
@@ -224,14 +195,14 @@ impl Rig {
                     size_bytes: None,
                     assume_clean: true,
                     force: false,
-                    bitmap: None,
-                    discard: false,
-                    journal: Some(log.clone()),
+                    bitmap,
+                    discard,
+                    journal: log.clone().map(|l| l as Arc<dyn Device>),
                     journal_write_back: policy.write_back(),
                     integrity: policy.integrity(),
                 })
-                .expect("create with a journal");
-                sims.push(log);
+                .expect("create");
+                sims.extend(log);
                 created
             }
         };
