@@ -546,16 +546,18 @@ impl Array {
         q: Option<&[u8]>,
     ) -> Result<()> {
         let len = p.len() as u64;
-        if let Some(integ) = &self.integrity {
-            // A data chunk a missing member does not get still changes what the role should
-            // hold: reconstruction of it is verified against this record.
-            for &(d, buf) in data {
-                let dev = c.roles.data_dev(d);
-                if !self.slot(dev).in_sync(at, len) {
-                    integ.set_block(dev, at, buf);
-                }
-            }
-        }
+        // A data chunk a missing member does not get still changes what the role should hold:
+        // reconstruction of it is verified against its record. Like a member write's, the new
+        // record is accepted beside the old one while the row is written and replaces it only
+        // once the parity holding it is out: a table written meanwhile (a flush, a journal
+        // reclaim) must not make durable a record whose data may never land.
+        let unheld: Vec<(usize, Vec<u32>)> = self.integrity.as_ref().map_or(Vec::new(), |integ| {
+            data.iter()
+                .map(|&(d, buf)| (c.roles.data_dev(d), buf))
+                .filter(|&(dev, _)| !self.slot(dev).in_sync(at, len))
+                .map(|(dev, buf)| (dev, integ.begin_write(dev, at, buf, None)))
+                .collect()
+        });
         // A full stripe's records: its data's, and P's by CRC linearity (no pass over P).
         let records: Option<Vec<Vec<u32>>> = self
             .integrity
@@ -593,7 +595,15 @@ impl Array {
             q,
             parity_only: false,
         };
-        self.commit_stripe_writes(&WriteSet::stripe(at, len), &mut ios, Some(&image))
+        let res = self.commit_stripe_writes(&WriteSet::stripe(at, len), &mut ios, Some(&image));
+        // A row that failed may have reached some members: the missing role's block then
+        // verifies as either contents, as a write in flight does.
+        if let (Ok(()), Some(integ)) = (&res, &self.integrity) {
+            for (dev, records) in unheld {
+                integ.end_write(dev, at, &records);
+            }
+        }
+        res
     }
 
     /// How client I/O treats blocks that fail their records: until the resync an unclean stop

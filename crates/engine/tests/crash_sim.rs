@@ -345,7 +345,13 @@ impl Rig {
 
 fn read_all(a: &Array) -> Vec<u8> {
     let mut buf = vec![0u8; a.size_bytes() as usize];
-    a.read(0, &mut buf).expect("read the whole array");
+    if let Err(e) = a.read(0, &mut buf) {
+        let st = a.status();
+        panic!(
+            "read the whole array: {e}\n{:?}\n{:?}\n{:?}\nlevel {:?}",
+            st.members, st.sync, st.integrity, st.missing_roles
+        );
+    }
     buf
 }
 
@@ -683,6 +689,10 @@ fn maybe_flaky(rig: &mut Rig, array: &Array, rng: &mut ChaCha8Rng, mode: Mode) {
 }
 
 fn crash_case_with(seed: u64, level: Level, mode: Mode, policy: Policy, wipe_bitmap: bool) {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_env("IRONRAID_LOG"))
+        .with_test_writer()
+        .try_init();
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut rig = Rig::with_policy(seed, level, policy, &mut rng);
     rig.wipe_bitmap = wipe_bitmap;
