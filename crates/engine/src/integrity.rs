@@ -62,6 +62,26 @@ pub struct IntegrityCounts {
     pub table_blocks_written: u64,
 }
 
+impl IntegrityCounts {
+    /// What moved since `earlier` (counters only grow).
+    pub fn since(&self, earlier: &IntegrityCounts) -> IntegrityCounts {
+        IntegrityCounts {
+            data_mismatches: self.data_mismatches - earlier.data_mismatches,
+            p_mismatches: self.p_mismatches - earlier.p_mismatches,
+            q_mismatches: self.q_mismatches - earlier.q_mismatches,
+            repaired: self.repaired - earlier.repaired,
+            rewrite_failures: self.rewrite_failures - earlier.rewrite_failures,
+            records_fixed: self.records_fixed - earlier.records_fixed,
+            unrecoverable: self.unrecoverable - earlier.unrecoverable,
+            resolved_after_crash: self.resolved_after_crash - earlier.resolved_after_crash,
+            table_copies_bad: self.table_copies_bad - earlier.table_copies_bad,
+            table_copies_stale: self.table_copies_stale - earlier.table_copies_stale,
+            tables_rebuilt: self.tables_rebuilt - earlier.tables_rebuilt,
+            table_blocks_written: self.table_blocks_written - earlier.table_blocks_written,
+        }
+    }
+}
+
 /// Integrity state, for status.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct IntegrityStatus {

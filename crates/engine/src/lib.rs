@@ -31,6 +31,7 @@ mod stripe;
 mod stripe_cache;
 mod sync;
 mod used;
+mod verify;
 mod writeback;
 
 pub use array::{
@@ -47,3 +48,4 @@ pub use io::ReadVerifier;
 pub use journal::{JournalStatus, Replayed};
 pub use meta::read_superblock;
 pub use sync::{SyncAction, SyncStatus, DEFAULT_SPEED_MAX, DEFAULT_SPEED_MIN};
+pub use verify::VerifyReport;

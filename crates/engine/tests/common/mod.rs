@@ -143,6 +143,13 @@ pub fn all_geometries() -> Vec<(Level, Option<u32>, usize)> {
 /// Check, straight from the member images, that every stripe's parity matches its data (parity
 /// levels) or that every copy agrees (mirrors).
 pub fn check_redundancy(sa: &SimArray) {
+    if let Some(e) = redundancy_error(sa) {
+        panic!("{e}");
+    }
+}
+
+/// The first place where redundancy disagrees with the data, read from the member images.
+pub fn redundancy_error(sa: &SimArray) -> Option<String> {
     let images: Vec<Vec<u8>> = sa.sims.iter().map(|s| s.contents()).collect();
     let offsets: Vec<usize> = sa
         .sims
@@ -164,9 +171,11 @@ pub fn check_redundancy(sa: &SimArray) {
                 let mut p = vec![0u8; chunk];
                 let mut q = vec![0u8; chunk];
                 parity::pq_gen(&by_slot, &mut p, &mut q);
-                assert!(p == at(roles.p_dev()), "stripe {s}: P does not match data");
-                if let Some(qd) = roles.q_dev() {
-                    assert!(q == at(qd), "stripe {s}: Q does not match data");
+                if p != at(roles.p_dev()) {
+                    return Some(format!("stripe {s}: P does not match data"));
+                }
+                if roles.q_dev().is_some_and(|qd| q != at(qd)) {
+                    return Some(format!("stripe {s}: Q does not match data"));
                 }
             }
         }
@@ -181,13 +190,16 @@ pub fn check_redundancy(sa: &SimArray) {
                 for copy in c.iter() {
                     let b = &images[copy.dev][offsets[copy.dev] + copy.dev_sector as usize * 512..]
                         [..len];
-                    assert!(a == b, "array sector {sector}: copies differ");
+                    if a != b {
+                        return Some(format!("array sector {sector}: copies differ"));
+                    }
                 }
                 sector += len as u64 / 512;
             }
         }
         Level::Linear | Level::Raid0 => {}
     }
+    None
 }
 
 /// `create` an array named `name` over `members` (and `spares`), known clean from the start.
