@@ -5,6 +5,7 @@
 
 use crate::rundir;
 use crate::status::Detail;
+use crate::verify::VerifyResult;
 use anyhow::{bail, Context};
 use serde::{Deserialize, Serialize};
 use std::io::{BufRead, BufReader, Write};
@@ -49,6 +50,10 @@ pub enum Request {
         #[serde(default)]
         mode: Option<String>,
     },
+    /// Verify reads over array byte ranges `[offset, length]`; answers with the result.
+    Verify {
+        ranges: Vec<[u64; 2]>,
+    },
     /// Answer `{"ok":true}`, then one [`EventLine`] per event until the client goes away.
     Monitor,
 }
@@ -83,6 +88,8 @@ pub struct Response {
     pub error: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub detail: Option<Detail>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verify: Option<VerifyResult>,
 }
 
 impl Response {
@@ -97,7 +104,7 @@ impl Response {
         Response {
             ok: false,
             error: Some(msg.into()),
-            detail: None,
+            ..Response::default()
         }
     }
 }
@@ -105,6 +112,12 @@ impl Response {
 /// Send one request to the daemon running array `name`.
 pub fn call(name: &str, req: &Request) -> anyhow::Result<Response> {
     let (resp, _) = send(name, req, Some(Duration::from_secs(60)))?;
+    Ok(resp)
+}
+
+/// As [`call`], for requests whose work takes as long as it takes (verify reads).
+pub fn call_unhurried(name: &str, req: &Request) -> anyhow::Result<Response> {
+    let (resp, _) = send(name, req, None)?;
     Ok(resp)
 }
 

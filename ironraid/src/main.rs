@@ -13,6 +13,7 @@ mod server;
 mod size;
 mod space;
 mod status;
+mod verify;
 
 use anyhow::{anyhow, bail, Context};
 use clap::{ArgAction, Parser, Subcommand};
@@ -120,6 +121,22 @@ enum Cmd {
         /// Wait until the action has finished, showing progress on stderr.
         #[arg(long)]
         wait: bool,
+    },
+    /// Verify reads: read the whole stripes under a byte range of a running array, compare
+    /// redundancy with the data, rewrite it from the data where it disagrees, report.
+    Verify {
+        name: String,
+        /// Array byte offset (K, M, G suffixes; a multiple of 512).
+        #[arg(value_parser = size_arg, requires = "length")]
+        offset: Option<u64>,
+        /// Bytes from OFFSET (a multiple of 512).
+        #[arg(value_parser = size_arg)]
+        length: Option<u64>,
+        /// More ranges, one 'OFFSET LENGTH' per line ('-': standard input).
+        #[arg(long, value_name = "FILE", required_unless_present = "offset")]
+        ranges: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
     },
     /// Print a running array's events as JSON lines until it stops.
     Monitor {
@@ -283,6 +300,13 @@ fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
             force,
         } => manage::add(&name, &member, force),
         Cmd::Action { name, action, wait } => action::action(&name, &action, wait),
+        Cmd::Verify {
+            name,
+            offset,
+            length,
+            ranges,
+            json,
+        } => verify::verify(&name, offset.zip(length), ranges.as_deref(), json),
         Cmd::Monitor { name, program } => monitor::monitor(&name, program.as_deref()),
         Cmd::Speed { name, min, max } => manage::speed(&name, min, max),
         Cmd::JournalMode { name, mode } => manage::journal_mode(&name, mode.as_deref()),

@@ -4,6 +4,7 @@
 use crate::control::{EventLine, Request, Response, MAX_REQUEST_BYTES};
 use crate::daemon::open_members;
 use crate::status::Detail;
+use crate::verify::VerifyResult;
 use device::OpenMode;
 use engine::{Array, Event};
 use std::path::PathBuf;
@@ -69,8 +70,8 @@ where
 fn detail(ctx: &Ctx) -> Response {
     Response {
         ok: true,
-        error: None,
         detail: Some(Detail::from_status(&ctx.array.status(), ctx.addrs.clone())),
+        ..Response::default()
     }
 }
 
@@ -122,6 +123,18 @@ async fn handle(req: Request, ctx: &Ctx) -> Response {
             };
             match res {
                 Ok(()) => detail(ctx),
+                Err(e) => Response::err(e.to_string()),
+            }
+        }
+        Request::Verify { ranges } => {
+            let ranges: Vec<(u64, u64)> = ranges.iter().map(|r| (r[0], r[1])).collect();
+            match tokio::task::spawn_blocking(move || array.verify(&ranges)).await {
+                Ok(Ok(r)) => Response {
+                    ok: true,
+                    verify: Some(VerifyResult::from_engine(&r)),
+                    ..Response::default()
+                },
+                Ok(Err(e)) => Response::err(e.to_string()),
                 Err(e) => Response::err(e.to_string()),
             }
         }
