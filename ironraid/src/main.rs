@@ -399,6 +399,7 @@ fn create(a: CreateArgs) -> anyhow::Result<String> {
             && all_paths
                 .iter()
                 .all(|p| std::fs::metadata(p).is_ok_and(|m| m.file_type().is_file())),
+        guided: false,
     };
     let created = engine::create(&spec).map_err(|e| anyhow!("{e}"))?;
     if !a.preallocate {

@@ -47,6 +47,7 @@ fn crash_and_resync(
         journal: None,
         journal_write_back: false,
         integrity: false,
+        guided: false,
     })
     .unwrap();
     // A clean stop first: create leaves every bit set (as mdadm does) until the daemon's

@@ -46,6 +46,7 @@ fn run(dir: &Path, level: Level, n: usize, mib: usize) -> (f64, f64) {
         journal: None,
         journal_write_back: false,
         integrity: false,
+        guided: false,
     })
     .unwrap();
     let array = Arc::new(assemble(open(), AssembleOptions::default()).unwrap());

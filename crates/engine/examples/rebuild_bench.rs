@@ -70,6 +70,7 @@ fn main() {
         journal: None,
         journal_write_back: false,
         integrity: false,
+        guided: false,
     })
     .unwrap();
     let a = Arc::new(assemble(open(&paths[..4]), AssembleOptions::default()).unwrap());

@@ -62,6 +62,9 @@ pub struct ArrayConfig {
     pub sync_window_bytes: u64,
     /// Checks every member read before use (integrity); None: reads are taken as good.
     pub read_verifier: Option<Arc<dyn crate::io::ReadVerifier>>,
+    /// A `guided` array that stopped uncleanly waits this long for a guide before it falls
+    /// back to the bitmap resync.
+    pub guide_timeout: Duration,
 }
 
 impl Default for ArrayConfig {
@@ -79,6 +82,7 @@ impl Default for ArrayConfig {
             clock: None,
             sync_window_bytes: 2 << 20,
             read_verifier: None,
+            guide_timeout: crate::guided::DEFAULT_GUIDE_TIMEOUT,
         }
     }
 }
@@ -108,6 +112,8 @@ pub struct Array {
     pub(crate) used: Option<Arc<crate::used::UsedRegions>>,
     /// Per-block records kept apart from the data (parity levels created with integrity).
     pub(crate) integrity: Option<Arc<crate::integrity::Integrity>>,
+    /// Guided resync state (arrays with the `guided` policy).
+    pub(crate) guidance: Option<crate::guided::Guidance>,
     pub(crate) stripes: StripeCache,
     pub(crate) regions: RegionLocks,
     pub(crate) inflight_writes: AtomicUsize,
@@ -160,6 +166,8 @@ pub struct ArrayStatus {
     pub used_regions: Option<UsedStatus>,
     pub journal: Option<crate::journal::JournalStatus>,
     pub integrity: Option<crate::integrity::IntegrityStatus>,
+    /// Guided resync (arrays with the `guided` policy).
+    pub guidance: Option<crate::guided::GuidanceStatus>,
     /// Why writes are refused at the moment (read-only assembly, journal lost, …).
     pub read_only_reason: Option<String>,
 }
@@ -203,6 +211,10 @@ pub(crate) struct ArrayParts {
     pub config: ArrayConfig,
     pub read_only_reason: Option<String>,
     pub was_dirty: bool,
+    /// The `guided` consistency policy (with `bitmap`).
+    pub guided: bool,
+    /// Guidance fell back before the last stop: the resync runs without waiting for a guide.
+    pub resync_owed: bool,
 }
 
 impl Array {
@@ -227,8 +239,21 @@ impl Array {
             .clone()
             .unwrap_or_else(|| Arc::new(SystemClock::default()));
         let was_dirty = p.was_dirty;
+        let guidance = match (&p.bitmap, p.guided) {
+            (Some(bitmap), true) => Some(crate::guided::Guidance::new(
+                p.resync_from.is_some(),
+                p.resync_owed,
+                clock.now(),
+                p.config.guide_timeout,
+                bitmap.needed_bytes(),
+            )),
+            _ => None,
+        };
         let policy: Box<dyn ConsistencyPolicy> = match (p.bitmap, p.journal) {
-            (Some(bitmap), _) => Box::new(BitmapPolicy { bitmap }),
+            (Some(bitmap), _) => Box::new(BitmapPolicy {
+                bitmap,
+                guided: p.guided,
+            }),
             (None, Some(journal)) => Box::new(JournalPolicy { journal }),
             (None, None) => Box::new(ResyncPolicy),
         };
@@ -259,6 +284,7 @@ impl Array {
             policy,
             used: p.used,
             integrity: p.integrity,
+            guidance,
             stripes,
             regions: RegionLocks::new(),
             inflight_writes: AtomicUsize::new(0),
@@ -312,6 +338,7 @@ impl Array {
     pub fn read(&self, offset_bytes: u64, buf: &mut [u8]) -> Result<()> {
         self.check_range(offset_bytes, buf.len() as u64)?;
         self.sync.note_client_io();
+        self.verify_before_use(offset_bytes, buf.len() as u64, false)?;
         if self.geometry.level().is_parity() {
             self.parity_read(offset_bytes, buf)
         } else {
@@ -324,6 +351,7 @@ impl Array {
         self.check_range(offset_bytes, data.len() as u64)?;
         self.sync.note_client_io();
         self.as_client_write(|| {
+            self.verify_before_use(offset_bytes, data.len() as u64, true)?;
             if self.geometry.level().is_parity() {
                 self.parity_write(offset_bytes, data, fua)?;
             } else {
@@ -863,6 +891,7 @@ impl Array {
             }),
             journal: self.policy.journal().map(|j| j.status()),
             integrity: self.integrity.as_ref().map(|i| i.status()),
+            guidance: self.guidance_status(),
             sync,
             bitmap: self.policy.bitmap().map(|b| BitmapStatus {
                 chunk_bytes: b.chunk_bytes(),

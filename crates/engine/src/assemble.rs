@@ -578,7 +578,14 @@ fn build(
     if table_changed && !opts.config.read_only {
         commit_at_assembly(&mut meta, &name)?;
     }
+    // The guided flag needs the bitmap it falls back to; without a readable map the array
+    // runs as a bitmap array (always safe).
+    let flag = |f: u32| used.as_ref().is_some_and(|u| u.has_flag(f));
+    let guided = bitmap.is_some() && flag(format::USED_MAP_FLAG_GUIDED);
+    let resync_owed = flag(format::USED_MAP_FLAG_RESYNC_OWED);
     let array = Array::from_parts(ArrayParts {
+        guided,
+        resync_owed,
         name,
         uuid: best.set_uuid,
         geometry,

@@ -284,6 +284,16 @@ impl WriteIntentBitmap {
             .count() as u64
     }
 
+    /// Bytes (sync coordinates) of the chunks that need resync.
+    pub(crate) fn needed_bytes(&self) -> u64 {
+        let needed = self
+            .counters
+            .iter()
+            .filter(|c| c.load(Ordering::Acquire) & NEEDED != 0)
+            .count() as u64;
+        (needed * self.chunk_bytes).min(self.sync_bytes)
+    }
+
     /// Chunks counted in the bitmap.
     pub(crate) fn chunks(&self) -> u64 {
         self.chunks

@@ -47,6 +47,10 @@ pub struct CreateSpec {
     /// Keep a CRC32C record of every 4 KiB member block on other members (RAID4/5/6). The
     /// members' data areas are discarded, so the array starts all zeroes with known records.
     pub integrity: bool,
+    /// The `guided` consistency policy: after an unclean stop, wait for a guide (verify reads
+    /// from the layer above) before the bitmap resync. Needs `bitmap`, RAID1/4/5/6 and a
+    /// power-of-two chunk (the flag lives in the used-region map).
+    pub guided: bool,
 }
 
 /// The write-intent bitmap of a new array.
@@ -82,6 +86,9 @@ pub fn create(spec: &CreateSpec) -> Result<Created> {
     let mut all = all;
     if spec.integrity {
         check_integrity_spec(spec)?;
+    }
+    if spec.guided {
+        check_guided_spec(spec)?;
     }
     if let Some(j) = &spec.journal {
         check_journal_spec(spec)?;
@@ -241,9 +248,19 @@ pub fn create(spec: &CreateSpec) -> Result<Created> {
         .and_then(|sb| {
             let base = format::used_map_offset_sectors(sb) * 512;
             let room = (sb.data_offset * 512).checked_sub(base)?;
-            crate::used::initial_map(&geometry, uuid, room, !spec.discard)
+            let flags = if spec.guided {
+                format::USED_MAP_FLAG_GUIDED
+            } else {
+                0
+            };
+            crate::used::initial_map(&geometry, uuid, room, !spec.discard, flags)
                 .map(|(_, bytes)| (base, bytes))
         });
+    if spec.guided && used_map.is_none() {
+        return Err(EngineError::InvalidArgument(
+            "no room for the used-region map, which records the guided policy".into(),
+        ));
+    }
     for (dev, sb) in all.iter().zip(&sbs) {
         if sb.role() == format::DevRole::Journal {
             let mut sb = sb.clone();
@@ -337,6 +354,29 @@ fn check_integrity_spec(spec: &CreateSpec) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+fn check_guided_spec(spec: &CreateSpec) -> Result<()> {
+    let why = if spec.bitmap.is_none() {
+        Some("it keeps the write-intent bitmap as its fallback: give one".to_string())
+    } else if spec.journal.is_some() {
+        Some("a journal closes the write hole by itself: choose one of the two".into())
+    } else if !matches!(
+        spec.level,
+        Level::Raid1 | Level::Raid4 | Level::Raid5 | Level::Raid6
+    ) {
+        Some(format!("not for {} (RAID1/4/5/6 only)", spec.level.name()))
+    } else if spec.level != Level::Raid1 && !spec.chunk_bytes.is_power_of_two() {
+        Some("the chunk must be a power of two".into())
+    } else {
+        None
+    };
+    match why {
+        Some(why) => Err(EngineError::InvalidArgument(format!(
+            "consistency policy guided: {why}"
+        ))),
+        None => Ok(()),
+    }
 }
 
 /// Refuse members that already belong to an array (unless forced) or are listed twice.

@@ -121,11 +121,18 @@ impl ConsistencyPolicy for ResyncPolicy {
 /// only chunks whose bits are set (see `bitmap.rs`).
 pub(crate) struct BitmapPolicy {
     pub bitmap: Arc<WriteIntentBitmap>,
+    /// The `guided` policy: the same bitmap, and after an unclean stop the resync waits for a
+    /// guide first (see `guided.rs`).
+    pub guided: bool,
 }
 
 impl ConsistencyPolicy for BitmapPolicy {
     fn name(&self) -> &'static str {
-        "bitmap"
+        if self.guided {
+            "guided"
+        } else {
+            "bitmap"
+        }
     }
 
     fn on_active(&self, meta: &mut Meta) {

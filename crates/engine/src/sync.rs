@@ -367,6 +367,7 @@ impl Array {
     /// Redundancy from `offset_bytes` (per member; array bytes for mirrors) on may disagree
     /// with the data: resync from there (or from wherever an earlier request said).
     pub(crate) fn request_resync_from(&self, offset_bytes: u64) {
+        self.guidance_taint();
         let mut st = self.sync.st.lock();
         self.sync.unsynced.store(true, Ordering::Release);
         if st.running == SyncAction::Resync {
@@ -517,6 +518,11 @@ impl Array {
     }
 
     fn announce(&self, walk: &Walk) {
+        if walk.action == SyncAction::Resync {
+            // A guided array that fell back (the guide timeout) records it before the resync
+            // writes anything.
+            self.persist_fallback();
+        }
         self.events.emit(
             started_event(walk.action),
             &self.name,
@@ -596,7 +602,8 @@ impl Array {
         if self.parity_degraded() {
             return None;
         }
-        if let Some(from) = st.resync_from {
+        // A guided array waits for its guide (until the guide timeout) before resyncing.
+        if let Some(from) = st.resync_from.filter(|_| !self.guidance_holds_resync()) {
             match st.retry_resync_at {
                 Some(at) if self.sync.clock.now() < at => {}
                 _ => {
@@ -653,6 +660,7 @@ impl Array {
             let _ = self.flush();
         }
         let mismatches;
+        let mut resynced = false;
         {
             let mut st = self.sync.st.lock();
             st.running = SyncAction::Idle;
@@ -670,11 +678,15 @@ impl Array {
                 };
                 if st.resync_from.is_none() {
                     self.sync.unsynced.store(false, Ordering::Release);
+                    resynced = true;
                 }
                 if let Err(Stop::Failed(_)) = &res {
                     st.retry_resync_at = Some(self.sync.clock.now() + RESYNC_RETRY);
                 }
             }
+        }
+        if resynced {
+            self.guidance_resync_finished();
         }
         self.sync.cv.notify_all();
         match res {

@@ -51,12 +51,14 @@ pub(crate) fn supported(g: &Geometry) -> bool {
 }
 
 /// The map a new array starts with: `used` says whether every region counts as used (members
-/// not known to be zero) or none does. Returns the header and the bytes to write.
+/// not known to be zero) or none does; `flags` go into the header. Returns the header and the
+/// bytes to write.
 pub(crate) fn initial_map(
     g: &Geometry,
     uuid: [u8; 16],
     room_bytes: u64,
     used: bool,
+    flags: u32,
 ) -> Option<(UsedMapHeader, Vec<u8>)> {
     if !supported(g) {
         return None;
@@ -69,6 +71,7 @@ pub(crate) fn initial_map(
         events: 0,
         region_bytes,
         regions: sync_bytes.div_ceil(region_bytes),
+        flags,
     };
     let mut bytes = vec![if used { 0xff } else { 0 }; header.bytes_on_disk() as usize];
     bytes[..USED_MAP_HEADER_BYTES].copy_from_slice(&header.encode());
@@ -196,6 +199,33 @@ impl UsedRegions {
         // region as used, which is always safe.
         self.copy
             .commit_bits(array, USED_MAP_HEADER_BYTES, rs, false);
+    }
+
+    /// Whether the header has `flag` (`format::USED_MAP_FLAG_*`).
+    pub(crate) fn has_flag(&self, flag: u32) -> bool {
+        self.header.lock().flags & flag != 0
+    }
+
+    /// Set or clear header flag `flag`, durably (FUA) on every member in a role.
+    pub(crate) fn set_flag(&self, array: &Array, flag: u32, on: bool) {
+        if array.is_read_only() || self.has_flag(flag) == on {
+            return;
+        }
+        let failed = {
+            let mut w = self.copy.writer();
+            let head = {
+                let mut h = self.header.lock();
+                if on {
+                    h.flags |= flag;
+                } else {
+                    h.flags &= !flag;
+                }
+                h.encode()
+            };
+            self.copy.edit(|pages| pages.put(0, &head));
+            self.copy.write_out(&array.role_members(), &mut w)
+        };
+        array.fail_metadata_writers(failed);
     }
 
     /// The superblocks are about to record `events`: the map's header records them first.

@@ -46,6 +46,7 @@ fn create(level: Level, sims: &[Arc<SimDevice>]) {
         journal: None,
         journal_write_back: false,
         integrity: false,
+        guided: false,
     })
     .expect("create");
 }

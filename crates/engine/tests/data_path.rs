@@ -179,6 +179,7 @@ fn probed_raid5(
         journal: None,
         journal_write_back: false,
         integrity: false,
+        guided: false,
     })
     .expect("create");
     let data_offset_bytes = engine::read_superblock(sims[0].as_ref())
@@ -428,6 +429,7 @@ fn create_refuses_members_already_in_an_array() {
         journal: None,
         journal_write_back: false,
         integrity: false,
+        guided: false,
     })
     .expect_err("refused")
     .to_string();

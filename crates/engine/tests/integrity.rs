@@ -105,6 +105,7 @@ impl Rig {
             journal: None,
             journal_write_back: false,
             integrity,
+            guided: false,
         })
         .expect("create");
         let array = assemble(

@@ -39,6 +39,7 @@ impl Rig {
             journal: Some(log.clone()),
             journal_write_back: false,
             integrity: false,
+            guided: false,
         })
         .expect("create with a journal");
         Rig { members, log }

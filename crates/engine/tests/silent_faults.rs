@@ -35,6 +35,7 @@ fn wrong_data_with(fault: Faults, integrity: bool) -> bool {
         journal: None,
         journal_write_back: false,
         integrity,
+        guided: false,
     })
     .expect("create");
     let array = assemble(devs(), AssembleOptions::default()).expect("assemble");

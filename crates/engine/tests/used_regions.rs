@@ -61,6 +61,7 @@ fn fresh() -> (Vec<Arc<SimDevice>>, Array) {
         journal: None,
         journal_write_back: false,
         integrity: false,
+        guided: false,
     })
     .expect("create");
     let a = boot(&s);

@@ -261,6 +261,7 @@ fn with_integrity_a_verify_checks_the_records_too() {
         journal: None,
         journal_write_back: false,
         integrity: true,
+        guided: false,
     })
     .expect("create");
     let array = engine::assemble(common::devs(&sims), engine::AssembleOptions::default())

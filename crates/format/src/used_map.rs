@@ -9,7 +9,7 @@
 //! |---|---|---|
 //! | 0 | 8 | magic `"IRUSEDMP"` |
 //! | 8 | 4 | version (1) |
-//! | 12 | 4 | zero |
+//! | 12 | 4 | flags: bit 0 = the `guided` consistency policy; bit 1 = a fallback resync is owed (see below) |
 //! | 16 | 16 | array UUID (md's set_uuid) |
 //! | 32 | 8 | events: the array's events when the map was last written |
 //! | 40 | 8 | region_bytes: bytes of md's sync coordinates one bit covers (power of two) |
@@ -17,6 +17,13 @@
 //! | 56 | 4 | CRC32C of bytes 0..56 |
 //! | 60 | 4036 | zero |
 //! | 4096 | ⌈regions/8⌉ | one bit per region (bit `j % 8` of byte `j / 8`): 1 = may hold data |
+//!
+//! The guided flag says that after an unclean stop the array waits for a guide (verify reads
+//! from the layer above) before its bitmap resync; md ignores it (it resyncs what its bitmap
+//! says, which is always safe). The resync-owed flag is set, durably, when guidance falls back
+//! to the bitmap resync and cleared when that resync has finished: after a restart in
+//! between, no guide may end what the fallback started (the layer above may have changed its
+//! journal meanwhile). Unknown flags are refused.
 //!
 //! A clear bit promises that the region is zero on every member in sync (data and parity), so
 //! it reads as zeroes and is consistent without being read. The map is written before the
@@ -31,6 +38,11 @@ pub const USED_MAP_VERSION: u32 = 1;
 pub const USED_MAP_HEADER_BYTES: usize = 4096;
 /// Smallest region: the unit trims must cover whole to free space.
 pub const MIN_REGION_BYTES: u64 = 1 << 20;
+/// Header flag: the array uses the `guided` consistency policy.
+pub const USED_MAP_FLAG_GUIDED: u32 = 1;
+/// Header flag: guidance fell back; the bitmap resync must run before redundancy is good.
+pub const USED_MAP_FLAG_RESYNC_OWED: u32 = 2;
+const KNOWN_FLAGS: u32 = USED_MAP_FLAG_GUIDED | USED_MAP_FLAG_RESYNC_OWED;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct UsedMapHeader {
@@ -38,6 +50,8 @@ pub struct UsedMapHeader {
     pub events: u64,
     pub region_bytes: u64,
     pub regions: u64,
+    /// `USED_MAP_FLAG_*` bits.
+    pub flags: u32,
 }
 
 impl UsedMapHeader {
@@ -45,6 +59,7 @@ impl UsedMapHeader {
         let mut b = [0u8; USED_MAP_HEADER_BYTES];
         b[0..8].copy_from_slice(USED_MAP_MAGIC);
         b[8..12].copy_from_slice(&USED_MAP_VERSION.to_le_bytes());
+        b[12..16].copy_from_slice(&self.flags.to_le_bytes());
         b[16..32].copy_from_slice(&self.uuid);
         b[32..40].copy_from_slice(&self.events.to_le_bytes());
         b[40..48].copy_from_slice(&self.region_bytes.to_le_bytes());
@@ -85,7 +100,14 @@ impl UsedMapHeader {
             events: u64_at(32),
             region_bytes: u64_at(40),
             regions: u64_at(48),
+            flags: u32_at(12),
         };
+        if h.flags & !KNOWN_FLAGS != 0 {
+            return Err(FormatError::UsedMap(format!(
+                "unknown flags {:#x}",
+                h.flags & !KNOWN_FLAGS
+            )));
+        }
         if h.region_bytes < 4096 || !h.region_bytes.is_power_of_two() {
             return Err(FormatError::UsedMap(format!(
                 "region size {} is not a power of two of at least 4096",
@@ -139,12 +161,16 @@ mod tests {
             events: 9,
             region_bytes: 1 << 20,
             regions: 1000,
+            flags: USED_MAP_FLAG_GUIDED,
         };
         let mut b = h.encode();
         assert_eq!(UsedMapHeader::decode(&b).unwrap(), h);
         b[33] ^= 1;
         assert!(UsedMapHeader::decode(&b).is_err());
         assert!(UsedMapHeader::decode(&[0u8; 4096]).is_err());
+        let unknown = UsedMapHeader { flags: 4, ..h };
+        let e = UsedMapHeader::decode(&unknown.encode()).unwrap_err();
+        assert!(e.to_string().contains("unknown flags"), "{e}");
     }
 
     #[test]

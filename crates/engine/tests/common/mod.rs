@@ -226,6 +226,7 @@ pub fn create_clean(
         journal: None,
         journal_write_back: false,
         integrity: false,
+        guided: false,
     })
     .expect("create")
 }

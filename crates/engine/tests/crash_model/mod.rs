@@ -74,6 +74,23 @@ impl CrashModel {
         Ok(())
     }
 
+    /// Array byte ranges (sorted, merged) of sectors written since they were last durable:
+    /// where writes may have been in flight at a cut (what a perfect guide names).
+    pub fn in_flight_ranges(&self) -> Vec<(u64, u64)> {
+        let mut out: Vec<(u64, u64)> = Vec::new();
+        for (s, c) in self.candidates.iter().enumerate() {
+            if c.is_empty() {
+                continue;
+            }
+            let at = s as u64 * 512;
+            match out.last_mut() {
+                Some((off, len)) if *off + *len == at => *len += 512,
+                _ => out.push((at, 512)),
+            }
+        }
+        out
+    }
+
     /// After recovery the image is the new durable truth.
     pub fn settle(&mut self, image: Vec<u8>) {
         self.current.clone_from(&image);

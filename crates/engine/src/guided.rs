@@ -1,0 +1,378 @@
+//! Guided resync (Denehy, Arpaci-Dusseau & Arpaci-Dusseau, FAST '05): after an unclean stop a
+//! `guided` array does not start its resync. The layer above knows which blocks were being
+//! written (a journaling file system's log says so) and names them; the array verifies those
+//! stripes ([`Array::verify`]) and then counts redundancy as good everywhere.
+//!
+//! Until guidance ends, redundancy is not known to be good where the write-intent bitmap has
+//! bits left from the crash, so every client read there is preceded by a verify of the
+//! stripes it touches (each stripe once): nothing inconsistent is ever served.
+//!
+//! Guidance ends in one of two ways:
+//! * a guide reports done ([`Array::end_guidance`]): its ranges are verified, the bitmap's
+//!   crash bits are dropped, the array is in sync;
+//! * no guide in time (`ArrayConfig::guide_timeout`), a guide that refuses
+//!   ([`Array::fall_back`]), or a client write before any guide ran: the bitmap-guided resync
+//!   runs, as for the `bitmap` policy. A write ends guidance because the layer above may be
+//!   replaying its journal: once its log is cleared it no longer says what was in flight, so
+//!   guides run before the array is served (`run --guide`). The fallback is recorded on the
+//!   members (the used-region map's resync-owed flag) until its resync finishes, so a restart
+//!   in between does not wait for a guide again.
+//!
+//! The array keeps the write-intent bitmap all along (md's kernel driver sees a bitmap array
+//! and resyncs what it says; the guided flag lives in ironraid's used-region map header).
+
+use crate::array::Array;
+use crate::error::{EngineError, Result};
+use crate::verify::VerifyReport;
+use parking_lot::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// How long a guided array waits for a guide after an unclean stop by default.
+pub const DEFAULT_GUIDE_TIMEOUT: Duration = Duration::from_secs(120);
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum State {
+    /// Stopped cleanly last time: nothing to guide.
+    InSync,
+    Awaiting,
+    Guided {
+        guide: String,
+    },
+    FellBack {
+        reason: String,
+    },
+}
+
+/// Guidance of an array with the `guided` policy, for status.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GuidanceStatus {
+    /// "in_sync" (no unclean stop to guide), "awaiting", "guided" or "fallback".
+    pub state: &'static str,
+    /// The guide that ended guidance ("ext4", "ranges").
+    pub guide: Option<String>,
+    /// Why the array fell back to the bitmap resync.
+    pub reason: Option<String>,
+    /// Window of vulnerability: how long redundancy has not been known to be good since
+    /// assembly (until guidance or the fallback resync ended; still growing while open).
+    pub window_ms: u64,
+    /// Over how many bytes (md sync coordinates: bytes of each member) redundancy was not known
+    /// to be good at assembly: the chunks the crash left set in the bitmap.
+    pub window_bytes: u64,
+    /// Bytes verified since assembly: the guide's ranges and the client reads verified first.
+    pub verified_bytes: u64,
+    /// Milliseconds left before the array falls back, while awaiting.
+    pub fallback_in_ms: Option<u64>,
+}
+
+pub(crate) struct Guidance {
+    state: Mutex<State>,
+    /// Sync-coordinate ranges verified since assembly (sorted, merged).
+    verified: Mutex<Vec<(u64, u64)>>,
+    started: Duration,
+    deadline: Duration,
+    ended: Mutex<Option<Duration>>,
+    window_bytes: u64,
+    verified_bytes: AtomicU64,
+    /// Writes failed while awaiting (a full backing store): their redundancy may disagree
+    /// where no guide knows; guidance then falls back.
+    tainted: std::sync::atomic::AtomicBool,
+}
+
+impl Guidance {
+    /// `unsynced`: the array was not stopped cleanly (or a resync is still owed); `owed`: a
+    /// fallback began before the last stop; `window_bytes`: what the bitmap says may be
+    /// inconsistent.
+    pub fn new(
+        unsynced: bool,
+        owed: bool,
+        now: Duration,
+        timeout: Duration,
+        window_bytes: u64,
+    ) -> Guidance {
+        let state = match (unsynced, owed) {
+            (false, _) => State::InSync,
+            (true, false) => State::Awaiting,
+            (true, true) => State::FellBack {
+                reason: "guidance had fallen back before the last stop; its resync goes on".into(),
+            },
+        };
+        Guidance {
+            state: Mutex::new(state),
+            verified: Mutex::new(Vec::new()),
+            started: now,
+            deadline: now + timeout,
+            ended: Mutex::new((!unsynced).then_some(now)),
+            window_bytes: if unsynced { window_bytes } else { 0 },
+            verified_bytes: AtomicU64::new(0),
+            tainted: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    pub fn awaiting(&self) -> bool {
+        *self.state.lock() == State::Awaiting
+    }
+
+    fn covered(&self, from: u64, to: u64) -> bool {
+        self.verified
+            .lock()
+            .iter()
+            .any(|&(a, b)| a <= from && to <= b)
+    }
+
+    fn note_verified(&self, from: u64, to: u64) {
+        let mut v = self.verified.lock();
+        v.push((from, to));
+        v.sort_unstable();
+        let mut merged: Vec<(u64, u64)> = Vec::with_capacity(v.len());
+        for &(a, b) in v.iter() {
+            match merged.last_mut() {
+                Some(last) if a <= last.1 => last.1 = last.1.max(b),
+                _ => merged.push((a, b)),
+            }
+        }
+        *v = merged;
+    }
+
+    pub fn status(&self, now: Duration) -> GuidanceStatus {
+        let state = self.state.lock().clone();
+        let ended = *self.ended.lock();
+        let (name, guide, reason) = match state {
+            State::InSync => ("in_sync", None, None),
+            State::Awaiting => ("awaiting", None, None),
+            State::Guided { guide } => ("guided", Some(guide), None),
+            State::FellBack { reason } => ("fallback", None, Some(reason)),
+        };
+        GuidanceStatus {
+            state: name,
+            guide,
+            reason,
+            window_ms: ended
+                .unwrap_or(now)
+                .saturating_sub(self.started)
+                .as_millis() as u64,
+            window_bytes: self.window_bytes,
+            verified_bytes: self.verified_bytes.load(Ordering::Relaxed),
+            fallback_in_ms: (name == "awaiting")
+                .then(|| self.deadline.saturating_sub(now).as_millis() as u64),
+        }
+    }
+}
+
+impl Array {
+    fn guidance_now(&self) -> Duration {
+        self.sync.clock.now()
+    }
+
+    /// Before client I/O over array bytes `offset..offset+len` while guidance is awaited: a
+    /// read first verifies the stripes it touches that the crash may have left inconsistent
+    /// (once each); a write ends guidance (see the module comment).
+    pub(crate) fn verify_before_use(&self, offset: u64, len: u64, write: bool) -> Result<()> {
+        let Some(g) = self.guidance.as_ref().filter(|g| g.awaiting()) else {
+            return Ok(());
+        };
+        if write {
+            self.fall_back_with(
+                g,
+                "a client wrote before any guide ran (the layer above may have replayed and \
+                 cleared its journal)"
+                    .into(),
+            );
+            // Durable before the write goes out: after a crash now, no guide may read the
+            // journal this write may be changing.
+            self.persist_fallback();
+            self.sync.wake();
+            return Ok(());
+        }
+        if self.slots.iter().any(|s| !s.is_complete()) {
+            // Nothing left to compare (md's degraded, dirty array: the write hole).
+            return Ok(());
+        }
+        let (from, to) = self.sync_span(offset, len);
+        if self.policy.next_to_resync(from, to).is_empty() || g.covered(from, to) {
+            return Ok(());
+        }
+        let report = self.verify(&[(offset, len)])?;
+        g.note_verified(from, to);
+        g.verified_bytes
+            .fetch_add(report.bytes_verified, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Sync coordinates (bytes of each member; array bytes for mirrors) of the stripes under
+    /// array bytes `offset..offset+len`.
+    fn sync_span(&self, offset: u64, len: u64) -> (u64, u64) {
+        let g = &self.geometry;
+        if g.level().is_parity() {
+            let chunk = g.chunk_sectors() * 512;
+            let row = chunk * g.data_disks() as u64;
+            (offset / row * chunk, (offset + len).div_ceil(row) * chunk)
+        } else {
+            (offset / 4096 * 4096, (offset + len).div_ceil(4096) * 4096)
+        }
+    }
+
+    /// Whether the resync after an unclean stop must wait for a guide now. Past the deadline
+    /// the array falls back (called by the background worker under the sync lock).
+    pub(crate) fn guidance_holds_resync(&self) -> bool {
+        let Some(g) = &self.guidance else {
+            return false;
+        };
+        if !g.awaiting() {
+            return false;
+        }
+        if self.guidance_now() < g.deadline {
+            return true;
+        }
+        self.fall_back_with(g, "no guide reported within the guide timeout".into());
+        false
+    }
+
+    /// A guide names the array byte ranges that may have had writes in flight at the crash:
+    /// verify them, then count redundancy as good everywhere else too. Only while awaiting.
+    pub fn end_guidance(&self, guide: &str, ranges: &[(u64, u64)]) -> Result<VerifyReport> {
+        let g = self.guidance_awaited()?;
+        if g.tainted.load(Ordering::Acquire) {
+            let why = "writes failed while awaiting guidance: no guide knows where";
+            self.fall_back_with(g, why.into());
+            self.sync.wake();
+            return Err(EngineError::InvalidArgument(format!(
+                "{}: {why}",
+                self.name
+            )));
+        }
+        let report = self.verify(ranges)?;
+        g.verified_bytes
+            .fetch_add(report.bytes_verified, Ordering::Relaxed);
+        // What the verify rewrote is durable before redundancy counts as good (as at the end
+        // of a resync).
+        self.flush()?;
+        {
+            let mut st = self.sync.st.lock();
+            let mut state = g.state.lock();
+            if *state != State::Awaiting || g.tainted.load(Ordering::Acquire) {
+                return Err(EngineError::InvalidArgument(format!(
+                    "{}: guidance ended meanwhile",
+                    self.name
+                )));
+            }
+            *state = State::Guided {
+                guide: guide.to_string(),
+            };
+            *g.ended.lock() = Some(self.guidance_now());
+            let total = self.sync_total(crate::sync::SyncAction::Resync);
+            self.policy.resynced(0, total);
+            st.resync_from = None;
+            self.sync.unsynced.store(false, Ordering::Release);
+        }
+        self.sync.wake();
+        self.events.emit(
+            "guidance_finished",
+            &self.name,
+            None,
+            format!(
+                "guide {guide}: {} ranges, {} bytes of stripes verified, {} sectors repaired; \
+                 redundancy is in sync",
+                report.ranges, report.bytes_verified, report.mismatch_sectors
+            ),
+        );
+        Ok(report)
+    }
+
+    /// No guidance after all (a guide refused, or an administrator said so): run the bitmap
+    /// resync now.
+    pub fn fall_back(&self, reason: &str) -> Result<()> {
+        let g = self.guidance_awaited()?;
+        self.fall_back_with(g, reason.to_string());
+        self.persist_fallback();
+        self.sync.wake();
+        Ok(())
+    }
+
+    /// Record on the members that the fallback resync is owed (no metadata or sync lock may
+    /// be held: a failed write fails the member). Also called when a resync starts.
+    pub(crate) fn persist_fallback(&self) {
+        let fell_back = self
+            .guidance
+            .as_ref()
+            .is_some_and(|g| matches!(*g.state.lock(), State::FellBack { .. }));
+        if let (true, Some(u)) = (fell_back, &self.used) {
+            u.set_flag(self, format::USED_MAP_FLAG_RESYNC_OWED, true);
+        }
+    }
+
+    /// Under the sync lock: no I/O here (see `persist_fallback`).
+    fn fall_back_with(&self, g: &Guidance, reason: String) {
+        {
+            let mut state = g.state.lock();
+            if *state != State::Awaiting {
+                return;
+            }
+            *state = State::FellBack {
+                reason: reason.clone(),
+            };
+        }
+        tracing::warn!(array = %self.name, "guided resync falls back to the bitmap: {reason}");
+        self.events.emit(
+            "guidance_fallback",
+            &self.name,
+            None,
+            format!("no guidance ({reason}): the bitmap-guided resync runs"),
+        );
+    }
+
+    fn guidance_awaited(&self) -> Result<&Guidance> {
+        let g = self.guidance.as_ref().ok_or_else(|| {
+            EngineError::InvalidArgument(format!(
+                "{} does not use the guided consistency policy",
+                self.name
+            ))
+        })?;
+        match &*g.state.lock() {
+            State::Awaiting => Ok(g),
+            State::InSync => Err(EngineError::InvalidArgument(format!(
+                "{} was stopped cleanly: there is nothing to guide",
+                self.name
+            ))),
+            State::Guided { guide } => Err(EngineError::InvalidArgument(format!(
+                "{}: guidance already ended (guide {guide})",
+                self.name
+            ))),
+            State::FellBack { reason } => Err(EngineError::InvalidArgument(format!(
+                "{}: guidance already ended: fell back to the bitmap resync ({reason})",
+                self.name
+            ))),
+        }
+    }
+
+    /// Redundancy somewhere may disagree with the data for a reason no guide knows of.
+    pub(crate) fn guidance_taint(&self) {
+        if let Some(g) = self.guidance.as_ref().filter(|g| g.awaiting()) {
+            g.tainted.store(true, Ordering::Release);
+        }
+    }
+
+    /// The resync after an unclean stop finished: the window of vulnerability closes (no
+    /// metadata or sync lock held).
+    pub(crate) fn guidance_resync_finished(&self) {
+        let Some(g) = &self.guidance else {
+            return;
+        };
+        {
+            let mut ended = g.ended.lock();
+            if ended.is_none() && !g.awaiting() {
+                *ended = Some(self.guidance_now());
+            }
+        }
+        if let Some(u) = &self.used {
+            u.set_flag(self, format::USED_MAP_FLAG_RESYNC_OWED, false);
+        }
+    }
+
+    /// Guidance, for status (None: not a guided array).
+    pub(crate) fn guidance_status(&self) -> Option<GuidanceStatus> {
+        self.guidance
+            .as_ref()
+            .map(|g| g.status(self.guidance_now()))
+    }
+}
