@@ -3,6 +3,7 @@
 //! The daemon serves it; `status`, `detail`, `stop`, `fail` … are clients. Requests are small
 //! and bounded (`MAX_REQUEST_BYTES`); a malformed request gets an error response, never a crash.
 
+use crate::guide::GuideResult;
 use crate::rundir;
 use crate::status::Detail;
 use crate::verify::VerifyResult;
@@ -54,6 +55,15 @@ pub enum Request {
     Verify {
         ranges: Vec<[u64; 2]>,
     },
+    /// Run a guide on a `guided` array awaiting one: `ext4`, `ranges` or `fallback`.
+    Guide {
+        kind: String,
+        #[serde(default)]
+        ranges: Vec<[u64; 2]>,
+        /// Take the administrator's word that ext4 runs with data=journal.
+        #[serde(default)]
+        assume_data_journal: bool,
+    },
     /// Answer `{"ok":true}`, then one [`EventLine`] per event until the client goes away.
     Monitor,
 }
@@ -90,6 +100,8 @@ pub struct Response {
     pub detail: Option<Detail>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub verify: Option<VerifyResult>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guide: Option<GuideResult>,
 }
 
 impl Response {

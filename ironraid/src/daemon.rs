@@ -36,6 +36,10 @@ pub struct RunArgs {
     pub add_journal: Option<PathBuf>,
     /// Run without the lost journal from now on.
     pub drop_journal: bool,
+    /// The guide to run at start when a `guided` array awaits one.
+    pub guide: Option<String>,
+    pub assume_data_journal: bool,
+    pub guide_timeout: Duration,
 }
 
 impl RunArgs {
@@ -93,6 +97,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     let config = ArrayConfig {
         read_only: args.read_only,
         write_hold: args.write_hold,
+        guide_timeout: args.guide_timeout,
         ..ArrayConfig::default()
     };
     let array = engine::assemble(
@@ -116,6 +121,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     if array.was_dirty_at_assembly() {
         tracing::warn!(array = %name, "array was not stopped cleanly (superblocks say active); its redundancy may be inconsistent where writes were in flight");
     }
+    guide_at_start(&array, &args);
     let g = array.geometry();
     tracing::info!(
         array = %name,
@@ -150,6 +156,30 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     closed?;
     tracing::info!(array = %name, "stopped cleanly");
     Ok(())
+}
+
+/// A `guided` array awaiting a guide, with `--guide`: run it before anything is served (the
+/// file system above replays its journal at mount, after which the journal no longer says
+/// what was in flight). A refusal falls back to the bitmap resync; serving goes on.
+fn guide_at_start(array: &Array, args: &RunArgs) {
+    let awaiting = array
+        .status()
+        .guidance
+        .is_some_and(|g| g.state == "awaiting");
+    match (&args.guide, awaiting) {
+        (Some(kind), true) => {
+            if let Err(e) = crate::guide::run(array, kind, &[], args.assume_data_journal) {
+                tracing::warn!(array = %array.name(), "guide {kind}: {e:#}");
+            }
+        }
+        (None, true) => tracing::warn!(
+            array = %array.name(),
+            timeout_s = args.guide_timeout.as_secs(),
+            "guided array awaits a guide (`ironraid guide NAME ext4|ranges|fallback`) before it \
+             resyncs; reads verify their stripes first meanwhile"
+        ),
+        _ => {}
+    }
 }
 
 fn runtime() -> std::io::Result<tokio::runtime::Runtime> {

@@ -6,6 +6,7 @@ mod backend;
 mod control;
 mod daemon;
 mod examine;
+mod guide;
 mod manage;
 mod monitor;
 mod rundir;
@@ -87,6 +88,17 @@ enum Cmd {
         /// (`--consistency-policy resync`; the whole array is resynced).
         #[arg(long)]
         drop_journal: bool,
+        /// A `guided` array that stopped uncleanly: run this guide at start, before NBD is
+        /// served (ext4: the file system's journal on the array says what was in flight).
+        #[arg(long, value_parser = ["ext4"])]
+        guide: Option<String>,
+        /// ext4 guide: take your word that the file system runs with data=journal.
+        #[arg(long, requires = "guide")]
+        assume_data_journal: bool,
+        /// Seconds a `guided` array waits for a guide after an unclean stop before it falls
+        /// back to the bitmap resync.
+        #[arg(long, default_value_t = 120)]
+        guide_timeout: u64,
         #[arg(required = true)]
         members: Vec<PathBuf>,
     },
@@ -138,6 +150,23 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Guide a `guided` array that stopped uncleanly: `ext4` reads the ext4 journal on the
+    /// array and verifies what it says was in flight; `ranges` verifies the ranges given;
+    /// `fallback` gives up guidance (the bitmap resync runs). Ends the wait for a guide.
+    Guide {
+        name: String,
+        #[arg(value_parser = ["ext4", "ranges", "fallback"])]
+        kind: String,
+        /// The ranges of `ranges`, one 'OFFSET LENGTH' per line ('-': standard input).
+        #[arg(long, value_name = "FILE", required_if_eq("kind", "ranges"))]
+        ranges: Option<PathBuf>,
+        /// ext4: take your word that the file system runs with data=journal even if its
+        /// superblock does not declare it (guidance is only sound in that mode).
+        #[arg(long)]
+        assume_data_journal: bool,
+        #[arg(long)]
+        json: bool,
+    },
     /// Print a running array's events as JSON lines until it stops.
     Monitor {
         name: String,
@@ -182,11 +211,12 @@ struct CreateArgs {
     /// Array name stored in the superblocks (default: "ironraid").
     #[arg(long)]
     name: Option<String>,
-    /// resync, bitmap, journal (needs --journal) or guided (not implemented yet).
+    /// resync, bitmap, journal (needs --journal) or guided (the bitmap, and after an unclean
+    /// stop the resync waits for a guide such as `guide NAME ext4`; RAID1/4/5/6).
     #[arg(long, default_value = "resync", value_parser = ["resync", "bitmap", "journal", "guided"])]
     consistency_policy: String,
-    /// Bytes each write-intent bit covers (with --consistency-policy bitmap; default: md's,
-    /// at least 64M).
+    /// Bytes each write-intent bit covers (with --consistency-policy bitmap or guided; default:
+    /// md's, at least 64M).
     #[arg(long)]
     bitmap_chunk: Option<String>,
     /// The log device of --consistency-policy journal (md's raid5-cache write journal).
@@ -276,8 +306,14 @@ fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
             force,
             add_journal,
             drop_journal,
+            guide,
+            assume_data_journal,
+            guide_timeout,
             members,
         } => daemon::run(daemon::RunArgs {
+            guide,
+            assume_data_journal,
+            guide_timeout: Duration::from_secs(guide_timeout),
             add_journal,
             drop_journal,
             name,
@@ -307,6 +343,13 @@ fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
             ranges,
             json,
         } => verify::verify(&name, offset.zip(length), ranges.as_deref(), json),
+        Cmd::Guide {
+            name,
+            kind,
+            ranges,
+            assume_data_journal,
+            json,
+        } => guide::guide(&name, &kind, ranges.as_deref(), assume_data_journal, json),
         Cmd::Monitor { name, program } => monitor::monitor(&name, program.as_deref()),
         Cmd::Speed { name, min, max } => manage::speed(&name, min, max),
         Cmd::JournalMode { name, mode } => manage::journal_mode(&name, mode.as_deref()),
@@ -331,9 +374,6 @@ fn create(a: CreateArgs) -> anyhow::Result<String> {
     let level =
         layout::Level::parse(&a.level).ok_or_else(|| anyhow!("unknown level '{}'", a.level))?;
     let bitmap = bitmap_spec(&a, level)?;
-    if a.consistency_policy == "guided" {
-        bail!("--consistency-policy guided is not implemented yet");
-    }
     match (a.consistency_policy.as_str(), &a.journal) {
         ("journal", None) => usage_error("--consistency-policy journal needs --journal DEV"),
         ("journal", Some(_)) => {}
@@ -399,7 +439,7 @@ fn create(a: CreateArgs) -> anyhow::Result<String> {
             && all_paths
                 .iter()
                 .all(|p| std::fs::metadata(p).is_ok_and(|m| m.file_type().is_file())),
-        guided: false,
+        guided: a.consistency_policy == "guided",
     };
     let created = engine::create(&spec).map_err(|e| anyhow!("{e}"))?;
     if !a.preallocate {
@@ -419,15 +459,16 @@ fn create(a: CreateArgs) -> anyhow::Result<String> {
 /// The write-intent bitmap `create` was asked for. Checked before anything touches a member
 /// (`--preallocate` included); whether the chunk fits the reserved space is the engine's call.
 fn bitmap_spec(a: &CreateArgs, level: layout::Level) -> anyhow::Result<Option<engine::BitmapSpec>> {
-    if a.consistency_policy != "bitmap" {
+    if !matches!(a.consistency_policy.as_str(), "bitmap" | "guided") {
         if a.bitmap_chunk.is_some() {
-            usage_error("--bitmap-chunk needs --consistency-policy bitmap");
+            usage_error("--bitmap-chunk needs --consistency-policy bitmap or guided");
         }
         return Ok(None);
     }
     if matches!(level, layout::Level::Raid0 | layout::Level::Linear) {
         bail!(
-            "--consistency-policy bitmap: {} has no redundancy, so there is nothing to resync",
+            "--consistency-policy {}: {} has no redundancy, so there is nothing to resync",
+            a.consistency_policy,
             level.name()
         );
     }
@@ -584,5 +625,8 @@ fn demo(dir: Option<PathBuf>) -> anyhow::Result<()> {
         force: false,
         add_journal: None,
         drop_journal: false,
+        guide: None,
+        assume_data_journal: false,
+        guide_timeout: engine::DEFAULT_GUIDE_TIMEOUT,
     })
 }

@@ -138,6 +138,26 @@ async fn handle(req: Request, ctx: &Ctx) -> Response {
                 Err(e) => Response::err(e.to_string()),
             }
         }
+        Request::Guide {
+            kind,
+            ranges,
+            assume_data_journal,
+        } => {
+            let ranges: Vec<(u64, u64)> = ranges.iter().map(|r| (r[0], r[1])).collect();
+            let res = tokio::task::spawn_blocking(move || {
+                crate::guide::run(&array, &kind, &ranges, assume_data_journal)
+            })
+            .await;
+            match res {
+                Ok(Ok(g)) => Response {
+                    ok: true,
+                    guide: Some(g),
+                    ..Response::default()
+                },
+                Ok(Err(e)) => Response::err(format!("{e:#}")),
+                Err(e) => Response::err(e.to_string()),
+            }
+        }
         Request::Monitor => Response::err("monitor is a streaming request"),
     }
 }

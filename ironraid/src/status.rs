@@ -43,6 +43,65 @@ pub struct Detail {
     /// "read-only" (and for a "failed" array).
     #[serde(default)]
     pub read_only_reason: Option<String>,
+    /// Extension: guided resync (null: the array's policy is not `guided`).
+    #[serde(default)]
+    pub guidance: Option<GuidanceDetail>,
+}
+
+/// Guided resync: whether the array waits for a guide after an unclean stop, how that ended,
+/// and the window of vulnerability (how long, over how many bytes, redundancy was not known
+/// to be good).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct GuidanceDetail {
+    /// "in_sync" (stopped cleanly: nothing to guide), "awaiting", "guided" or "fallback".
+    pub state: String,
+    pub guide: Option<String>,
+    /// Why it fell back to the bitmap resync.
+    pub reason: Option<String>,
+    pub window_ms: u64,
+    /// Bytes of each member the crash left marked in the bitmap (md sync coordinates).
+    pub window_bytes: u64,
+    /// Bytes of stripes verified since assembly (the guide's and client reads').
+    pub verified_bytes: u64,
+    /// While awaiting: milliseconds before the array falls back.
+    pub fallback_in_ms: Option<u64>,
+}
+
+impl GuidanceDetail {
+    fn from_engine(g: &engine::GuidanceStatus) -> GuidanceDetail {
+        GuidanceDetail {
+            state: g.state.into(),
+            guide: g.guide.clone(),
+            reason: g.reason.clone(),
+            window_ms: g.window_ms,
+            window_bytes: g.window_bytes,
+            verified_bytes: g.verified_bytes,
+            fallback_in_ms: g.fallback_in_ms,
+        }
+    }
+
+    fn mdstat_line(&self) -> String {
+        let what = match self.state.as_str() {
+            "awaiting" => format!(
+                "awaiting a guide (fallback to the bitmap resync in {}s), {} to verify",
+                self.fallback_in_ms.unwrap_or(0).div_ceil(1000),
+                crate::size::human(self.window_bytes)
+            ),
+            "guided" => format!(
+                "guided by {}: {} verified, window {} ms",
+                self.guide.as_deref().unwrap_or("?"),
+                crate::size::human(self.verified_bytes),
+                self.window_ms
+            ),
+            "fallback" => format!(
+                "fell back to the bitmap resync ({}), window {} ms",
+                self.reason.as_deref().unwrap_or("?"),
+                self.window_ms
+            ),
+            _ => return String::new(),
+        };
+        format!("      guidance: {what}\n")
+    }
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -412,6 +471,7 @@ impl Detail {
             journal: s.journal.as_ref().map(JournalDetail::from_engine),
             integrity_detail: s.integrity.as_ref().map(IntegrityDetail::from_engine),
             read_only_reason: s.read_only_reason.clone(),
+            guidance: s.guidance.as_ref().map(GuidanceDetail::from_engine),
         }
     }
 
@@ -490,6 +550,9 @@ impl Detail {
         }
         if let Some(i) = &self.integrity_detail {
             out.push_str(&i.mdstat_line());
+        }
+        if let Some(g) = &self.guidance {
+            out.push_str(&g.mdstat_line());
         }
         // A journal failure already said why; other reasons (assembled read-only, journal
         // missing at assembly, redundancy exhausted) get their own line.
@@ -622,6 +685,7 @@ mod tests {
             pid: 1,
             journal: None,
             integrity_detail: None,
+            guidance: None,
             read_only_reason: None,
         }
     }

@@ -321,6 +321,11 @@ impl Array {
         );
     }
 
+    /// Ok while the array waits for a guide; otherwise why not.
+    pub fn awaiting_guidance(&self) -> Result<()> {
+        self.guidance_awaited().map(|_| ())
+    }
+
     fn guidance_awaited(&self) -> Result<&Guidance> {
         let g = self.guidance.as_ref().ok_or_else(|| {
             EngineError::InvalidArgument(format!(
