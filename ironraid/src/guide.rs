@@ -75,8 +75,44 @@ pub fn run(
 
 fn ext4(array: &Array, assume_data_journal: bool) -> anyhow::Result<GuideResult> {
     array.awaiting_guidance().map_err(|e| anyhow!("{e}"))?;
-    let _ = assume_data_journal;
-    bail!("ext4 guide: pending")
+    let mut read = |off: u64, buf: &mut [u8]| array.read(off, buf).map_err(|e| e.to_string());
+    let opts = format::ext4_guide::GuideOptions {
+        require_data_journal: !assume_data_journal,
+    };
+    let set = match format::ext4_guide::ext4_verify_set(&mut read, array.size_bytes(), &opts) {
+        Ok(set) => set,
+        Err(refusal) => {
+            let why = format!("the ext4 guide refused: {refusal}");
+            array.fall_back(&why).map_err(|e| anyhow!("{e}"))?;
+            bail!("{why}; the bitmap resync runs instead");
+        }
+    };
+    let summary = Ext4Summary {
+        block_size: set.block_size,
+        journal_bytes: set.journal_bytes,
+        transactions: set.transactions,
+        home_blocks: set.home_blocks,
+        window_blocks: set.window_blocks,
+        set_bytes: set.total_bytes(),
+        ranges: set.ranges.len(),
+    };
+    let r = array
+        .end_guidance("ext4", &set.ranges)
+        .map_err(|e| anyhow!("{e}"))?;
+    tracing::info!(
+        array = %array.name(),
+        transactions = summary.transactions,
+        home_blocks = summary.home_blocks,
+        set_bytes = summary.set_bytes,
+        verified_bytes = r.bytes_verified,
+        mismatch_sectors = r.mismatch_sectors,
+        "ext4 journal guided the resync"
+    );
+    Ok(GuideResult {
+        guide: "ext4".into(),
+        verify: Some(VerifyResult::from_engine(&r)),
+        ext4: Some(summary),
+    })
 }
 
 /// `ironraid guide NAME KIND`: ask the daemon to run a guide, print what it did.

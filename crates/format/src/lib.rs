@@ -68,6 +68,7 @@
 
 mod bitmap;
 mod create;
+pub mod ext4_guide;
 mod integrity;
 mod journal;
 mod used_map;
