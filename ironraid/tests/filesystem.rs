@@ -231,7 +231,11 @@ fn ext4_data_journal_crash_is_guided_by_its_journal() {
     );
 
     let check_files = |what: &str| {
-        let fuse = Fuse::start(&env.uri(), &fuse_dir);
+        // A fresh mount point: the one of the killed daemon may linger.
+        let fuse = Fuse::start(
+            &env.uri(),
+            &env.dir.path().join(format!("fuse-{}", what.len())),
+        );
         let lo = Loop::attach(&fuse.mnt.join("nbd"), false).expect("loop");
         sh(
             "mount",

@@ -11,7 +11,6 @@
 //! `s_first`). ext4 is little-endian, jbd2 big-endian.
 
 use crate::journal::crc32c_raw;
-use std::collections::BTreeSet;
 
 /// Why the journal cannot guide the resync (the gate).
 #[derive(Debug, thiserror::Error, PartialEq, Eq, Clone)]
@@ -224,45 +223,49 @@ pub fn ext4_verify_set(
         bs,
         blocks: blocks.min(device_bytes / bs),
     };
-    let groups = blocks.saturating_sub(first_data).div_ceil(bpg);
-    if groups == 0 || groups > (1 << 24) {
-        return Err(corrupt(format!("{groups} block groups")));
+    let groups = fs.blocks.saturating_sub(first_data).div_ceil(bpg);
+    if groups == 0 {
+        return Err(corrupt("no block groups"));
     }
-    let mut set: BTreeSet<u64> = BTreeSet::new();
+    // Fs block ranges (first, count) of the set.
+    let mut set: Vec<(u64, u64)> = Vec::new();
     // Block 0 holds bytes 0..bs; with 1 KiB blocks the superblock is block 1.
-    set.insert(0);
-    set.insert(first_data);
+    set.push((0, first_data + 1));
     if incompat & INCOMPAT_MMP != 0 {
         let mmp = u64::from(le32(&sb, 0x168)) | u64::from(le32(&sb, 0x16C)) << 32;
-        set.insert(mmp);
+        set.push((mmp, 1));
     }
 
     // Group descriptors: the journal inode's group, and lazy-init inode tables.
     let descs_per_block = bs / desc_size;
     let gdt = first_data + 1;
-    let desc = |fs: &mut Fs, g: u64| -> Result<(u64, u16), GuideRefusal> {
-        let blk = fs.block(gdt + g / descs_per_block)?;
+    let parse = |blk: &[u8], g: u64| -> (u64, u16) {
         let o = ((g % descs_per_block) * desc_size) as usize;
-        let mut table = u64::from(le32(&blk, o + 0x08));
+        let mut table = u64::from(le32(blk, o + 0x08));
         if desc_size >= 64 {
-            table |= u64::from(le32(&blk, o + 0x28)) << 32;
+            table |= u64::from(le32(blk, o + 0x28)) << 32;
         }
-        Ok((table, le16(&blk, o + 0x12)))
+        (table, le16(blk, o + 0x12))
     };
     if ro & (RO_GDT_CSUM | RO_METADATA_CSUM) != 0 {
         let table_blocks = (ipg * inode_size).div_ceil(bs);
-        for g in 0..groups {
-            let (table, flags) = desc(&mut fs, g)?;
-            if flags & BG_INODE_ZEROED == 0 {
-                // ext4lazyinit zeroes these tables in place, outside the journal.
-                for b in table..table + table_blocks {
-                    set.insert(b);
+        if table_blocks > bpg {
+            return Err(corrupt("inode tables larger than their groups"));
+        }
+        for first_g in (0..groups).step_by(descs_per_block as usize) {
+            let blk = fs.block(gdt + first_g / descs_per_block)?;
+            for g in first_g..(first_g + descs_per_block).min(groups) {
+                let (table, flags) = parse(&blk, g);
+                if flags & BG_INODE_ZEROED == 0 {
+                    // ext4lazyinit zeroes these tables in place, outside the journal.
+                    set.push((table, table_blocks));
                 }
             }
         }
     }
     let ino = u64::from(journal_inum);
-    let (table, _) = desc(&mut fs, (ino - 1) / ipg)?;
+    let g = (ino - 1) / ipg;
+    let (table, _) = parse(&fs.block(gdt + g / descs_per_block)?, g);
     let at = table * bs + ((ino - 1) % ipg) * inode_size;
     let blk = fs.block(at / bs)?;
     let inode = &blk[(at % bs) as usize..(at % bs + inode_size.min(bs - at % bs)) as usize];
@@ -278,22 +281,25 @@ pub fn ext4_verify_set(
             .ok_or_else(|| corrupt(format!("journal block {n} is not mapped")))
     };
     let jsb = fs.block(jmap(0)?)?;
-    set.insert(jmap(0)?);
-    let scan = scan_log(&mut fs, &jsb, &jmap, size / bs)?;
-    let mut home: BTreeSet<u64> = BTreeSet::new();
-    for &b in &scan.home {
-        home.insert(b);
-    }
+    set.push((jmap(0)?, 1));
+    let inode_blocks = (size / bs).min(fs.blocks);
+    let scan = scan_log(&mut fs, &jsb, &jmap, inode_blocks)?;
+    let mut home = scan.home.clone();
+    home.sort_unstable();
+    home.dedup();
     for &b in &home {
         if b >= fs.blocks {
             return Err(corrupt(format!("a tag names block {b}, past the end")));
         }
-        set.insert(b);
+        set.push((b, 1));
     }
     for &n in &scan.window {
-        set.insert(jmap(n)?);
+        set.push((jmap(n)?, 1));
     }
-    let ranges = merge_blocks(&set, bs);
+    if set.iter().any(|&(b, n)| b.saturating_add(n) > fs.blocks) {
+        return Err(corrupt("a block of the set lies past the end"));
+    }
+    let ranges = merge_blocks(set, bs);
     Ok(VerifySet {
         ranges,
         block_size: bs as u32,
@@ -309,12 +315,16 @@ pub fn ext4_verify_set(
     })
 }
 
-fn merge_blocks(set: &BTreeSet<u64>, bs: u64) -> Vec<(u64, u64)> {
+/// Block ranges to sorted, merged byte ranges.
+fn merge_blocks(mut set: Vec<(u64, u64)>, bs: u64) -> Vec<(u64, u64)> {
+    set.retain(|r| r.1 > 0);
+    set.sort_unstable();
     let mut out: Vec<(u64, u64)> = Vec::new();
-    for &b in set {
+    for (b, n) in set {
+        let (at, end) = (b * bs, (b + n) * bs);
         match out.last_mut() {
-            Some((off, len)) if *off + *len == b * bs => *len += bs,
-            _ => out.push((b * bs, bs)),
+            Some((off, len)) if at <= *off + *len => *len = (*off + *len).max(end) - *off,
+            _ => out.push((at, end - at)),
         }
     }
     out
@@ -618,14 +628,16 @@ fn commit_ok(b: &[u8], seed: u32) -> bool {
     crc32c_raw(seed, &copy) == stored
 }
 
-#[cfg(test)]
-mod tests {
+/// A tiny synthetic ext4 with a jbd2 log, for tests and fuzzing (not a real file system: only
+/// what the guide reads).
+#[doc(hidden)]
+pub mod synthetic {
     use super::*;
 
     /// A 1 MiB image with 1 KiB blocks: ext4 superblock, one group descriptor, journal inode
     /// 8 mapped by one extent at fs block 200 for 64 blocks, and a jbd2 v2 log without checksums
     /// built by `log`.
-    fn image(log: &dyn Fn(&mut Vec<u8>, u64)) -> Vec<u8> {
+    pub fn image(log: &dyn Fn(&mut Vec<u8>, u64)) -> Vec<u8> {
         let bs = 1024usize;
         let mut img = vec![0u8; 1 << 20];
         let sb = &mut img[1024..2048];
@@ -656,14 +668,14 @@ mod tests {
         img
     }
 
-    fn header(img: &mut [u8], at: usize, kind: u32, tid: u32) {
+    pub fn header(img: &mut [u8], at: usize, kind: u32, tid: u32) {
         img[at..at + 4].copy_from_slice(&JBD2_MAGIC.to_be_bytes());
         img[at + 4..at + 8].copy_from_slice(&kind.to_be_bytes());
         img[at + 8..at + 12].copy_from_slice(&tid.to_be_bytes());
     }
 
     /// Journal superblock: v2, 64 blocks, first 1, sequence 5, start `start`.
-    fn jsb(img: &mut [u8], j: usize, start: u32) {
+    pub fn jsb(img: &mut [u8], j: usize, start: u32) {
         header(img, j, 4, 0);
         img[j + 0x0C..j + 0x10].copy_from_slice(&1024u32.to_be_bytes());
         img[j + 0x10..j + 0x14].copy_from_slice(&64u32.to_be_bytes());
@@ -675,7 +687,7 @@ mod tests {
 
     /// A transaction at log block `at`: descriptor naming `homes` (8-byte tags), data blocks,
     /// commit. Returns the block after it (no wrap handling: tests place it).
-    fn transaction(img: &mut [u8], j: usize, at: usize, tid: u32, homes: &[u32]) -> usize {
+    pub fn transaction(img: &mut [u8], j: usize, at: usize, tid: u32, homes: &[u32]) -> usize {
         let d = j + at * 1024;
         header(img, d, 1, tid);
         for (i, h) in homes.iter().enumerate() {
@@ -691,6 +703,12 @@ mod tests {
         header(img, j + c * 1024, 2, tid);
         c + 1
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::synthetic::{header, image, jsb, transaction};
+    use super::*;
 
     fn run(img: &[u8]) -> Result<VerifySet, GuideRefusal> {
         let mut read = |off: u64, buf: &mut [u8]| {
