@@ -75,10 +75,12 @@ pub fn run(
 
 fn ext4(array: &Array, assume_data_journal: bool) -> anyhow::Result<GuideResult> {
     array.awaiting_guidance().map_err(|e| anyhow!("{e}"))?;
-    let mut read = |off: u64, buf: &mut [u8]| array.read(off, buf).map_err(|e| e.to_string());
+    let mut read =
+        |off: u64, buf: &mut [u8]| array.read_as_guide(off, buf).map_err(|e| e.to_string());
     let opts = format::ext4_guide::GuideOptions {
         require_data_journal: !assume_data_journal,
     };
+    let t0 = std::time::Instant::now();
     let set = match format::ext4_guide::ext4_verify_set(&mut read, array.size_bytes(), &opts) {
         Ok(set) => set,
         Err(refusal) => {
@@ -96,10 +98,13 @@ fn ext4(array: &Array, assume_data_journal: bool) -> anyhow::Result<GuideResult>
         set_bytes: set.total_bytes(),
         ranges: set.ranges.len(),
     };
+    let scan_ms = t0.elapsed().as_millis() as u64;
     let r = array
         .end_guidance("ext4", &set.ranges)
         .map_err(|e| anyhow!("{e}"))?;
     tracing::info!(
+        scan_ms,
+        verify_ms = t0.elapsed().as_millis() as u64 - scan_ms,
         array = %array.name(),
         transactions = summary.transactions,
         home_blocks = summary.home_blocks,
