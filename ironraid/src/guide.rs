@@ -8,7 +8,7 @@
 use crate::control::{self, Request};
 use crate::size;
 use crate::verify::VerifyResult;
-use anyhow::{anyhow, bail, Context};
+use anyhow::{anyhow, bail};
 use engine::Array;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
@@ -129,15 +129,7 @@ pub fn guide(
     json: bool,
 ) -> anyhow::Result<()> {
     let ranges = match ranges_file {
-        Some(f) => {
-            let text = if f == Path::new("-") {
-                std::io::read_to_string(std::io::stdin()).context("reading ranges from stdin")?
-            } else {
-                std::fs::read_to_string(f)
-                    .with_context(|| format!("{}: cannot read", f.display()))?
-            };
-            crate::verify::parse_ranges(&text).with_context(|| format!("{}", f.display()))?
-        }
+        Some(f) => crate::verify::read_ranges(f)?,
         None => Vec::new(),
     };
     let resp = control::call_unhurried(

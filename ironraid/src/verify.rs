@@ -89,6 +89,16 @@ pub fn parse_ranges(text: &str) -> anyhow::Result<Vec<(u64, u64)>> {
     Ok(out)
 }
 
+/// The ranges listed in file `f` (`-`: standard input).
+pub fn read_ranges(f: &Path) -> anyhow::Result<Vec<(u64, u64)>> {
+    let text = if f == Path::new("-") {
+        std::io::read_to_string(std::io::stdin()).context("reading ranges from stdin")?
+    } else {
+        std::fs::read_to_string(f).with_context(|| format!("{}: cannot read", f.display()))?
+    };
+    parse_ranges(&text).with_context(|| format!("{}", f.display()))
+}
+
 /// Verify `first` and the ranges listed in `file` (`-`: standard input) on array `name`.
 pub fn verify(
     name: &str,
@@ -98,12 +108,7 @@ pub fn verify(
 ) -> anyhow::Result<()> {
     let mut ranges: Vec<(u64, u64)> = first.into_iter().collect();
     if let Some(f) = file {
-        let text = if f == Path::new("-") {
-            std::io::read_to_string(std::io::stdin()).context("reading ranges from stdin")?
-        } else {
-            std::fs::read_to_string(f).with_context(|| format!("{}: cannot read", f.display()))?
-        };
-        ranges.extend(parse_ranges(&text).with_context(|| format!("{}", f.display()))?);
+        ranges.extend(read_ranges(f)?);
     }
     if ranges.is_empty() {
         bail!("verify: no ranges given");

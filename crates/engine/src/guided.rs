@@ -122,16 +122,9 @@ impl Guidance {
 
     fn note_verified(&self, from: u64, to: u64) {
         let mut v = self.verified.lock();
-        v.push((from, to));
-        v.sort_unstable();
-        let mut merged: Vec<(u64, u64)> = Vec::with_capacity(v.len());
-        for &(a, b) in v.iter() {
-            match merged.last_mut() {
-                Some(last) if a <= last.1 => last.1 = last.1.max(b),
-                _ => merged.push((a, b)),
-            }
-        }
-        *v = merged;
+        let mut all = std::mem::take(&mut *v);
+        all.push((from, to));
+        *v = crate::stripe_cache::merge(all);
     }
 
     pub fn status(&self, now: Duration) -> GuidanceStatus {

@@ -32,15 +32,7 @@ pub struct VerifyReport {
 /// Sorted, merged, non-empty `[start, end)` intervals.
 fn merge(mut v: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
     v.retain(|(a, b)| a < b);
-    v.sort_unstable();
-    let mut out: Vec<(u64, u64)> = Vec::with_capacity(v.len());
-    for (a, b) in v {
-        match out.last_mut() {
-            Some(last) if a <= last.1 => last.1 = last.1.max(b),
-            _ => out.push((a, b)),
-        }
-    }
-    out
+    crate::stripe_cache::merge(v)
 }
 
 impl Array {
