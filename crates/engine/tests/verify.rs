@@ -77,25 +77,26 @@ fn verify_repairs_what_its_ranges_cover_and_nothing_else() {
                 damage_redundancy(&sa, off);
                 assert!(!redundancy_ok(&sa), "canary: the damage shows");
 
-                // A range elsewhere (in another stripe, far enough for any layout) finds nothing.
-                let far = (off + size / 2) % size / (1 << 20) * (1 << 20);
-                let r = sa.array.verify(&[(far, 512)]).expect("verify elsewhere");
+                // A range in another stripe (half the array away) finds and repairs nothing.
                 let g = sa.array.geometry();
                 let row_bytes = if g.level().is_parity() {
                     g.chunk_sectors() * 512 * g.data_disks() as u64
                 } else {
                     4096
                 };
-                if far / row_bytes != off / row_bytes {
-                    assert_eq!(
-                        r.mismatch_sectors, 0,
-                        "{level:?}: found damage it did not cover"
-                    );
-                    assert!(
-                        !redundancy_ok(&sa),
-                        "{level:?}: repaired damage it did not cover"
-                    );
-                }
+                let rows = size / row_bytes;
+                assert!(rows >= 2, "{level:?}: the array holds two stripes");
+                let far = (off / row_bytes + rows / 2) % rows * row_bytes;
+                assert_ne!(far / row_bytes, off / row_bytes);
+                let r = sa.array.verify(&[(far, 512)]).expect("verify elsewhere");
+                assert_eq!(
+                    r.mismatch_sectors, 0,
+                    "{level:?}: found damage it did not cover"
+                );
+                assert!(
+                    !redundancy_ok(&sa),
+                    "{level:?}: repaired damage it did not cover"
+                );
 
                 let r = sa.array.verify(&[(off, 512)]).expect("verify");
                 assert!(
