@@ -122,6 +122,9 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         tracing::warn!(array = %name, "array was not stopped cleanly (superblocks say active); its redundancy may be inconsistent where writes were in flight");
     }
     guide_at_start(&array, &args);
+    if args.guide.as_deref() == Some("ext4") && array.status().guidance.is_some() {
+        crate::watch::install(&array)?;
+    }
     let g = array.geometry();
     tracing::info!(
         array = %name,

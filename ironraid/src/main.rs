@@ -15,6 +15,7 @@ mod size;
 mod space;
 mod status;
 mod verify;
+mod watch;
 
 use anyhow::{anyhow, bail, Context};
 use clap::{ArgAction, Parser, Subcommand};

@@ -65,6 +65,13 @@ pub struct GuidanceDetail {
     pub verified_bytes: u64,
     /// While awaiting: milliseconds before the array falls back.
     pub fallback_in_ms: Option<u64>,
+    /// The members say writes no guide would find may not be durable yet: a crash now falls
+    /// back to the bitmap resync.
+    #[serde(default)]
+    pub unguided: bool,
+    /// The ext4 write watch (`run --guide ext4`): what it judged (null: no watch).
+    #[serde(default)]
+    pub watch: Option<crate::watch::WatchDetail>,
 }
 
 impl GuidanceDetail {
@@ -77,6 +84,8 @@ impl GuidanceDetail {
             window_bytes: g.window_bytes,
             verified_bytes: g.verified_bytes,
             fallback_in_ms: g.fallback_in_ms,
+            unguided: g.unguided,
+            watch: g.watched.then(crate::watch::detail).flatten(),
         }
     }
 

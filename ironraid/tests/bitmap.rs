@@ -358,10 +358,6 @@ fn bad_bitmap_requests_are_refused_before_anything_is_written() {
         &["--consistency-policy", "bitmap", "--bitmap-chunk", "3000"],
         &["--bitmap-chunk 3000", "power of two"],
     );
-    run(
-        &["--consistency-policy", "guided"],
-        &["not implemented yet"],
-    );
     let a = create(&env, &["--bitmap-chunk", "1M"]);
     let refs: Vec<&str> = a.iter().map(String::as_str).collect();
     let out = env.ironraid(&refs);

@@ -172,21 +172,42 @@ fn ext4_data_journal_crash_is_guided_by_its_journal() {
     let mnt = env.dir.path().join("mnt");
     std::fs::create_dir_all(&mnt).unwrap();
     let done_log = env.dir.path().join("fsynced.txt");
-    let d = env.run_all();
+    // The ext4 write watch runs from the start: it follows the journal once there is one.
+    let d = env.run_with(&["--guide", "ext4"], &env.members);
+    let watch_before;
     {
         let fuse = Fuse::start(&env.uri(), &fuse_dir);
         let Some(lo) = Loop::attach(&fuse.mnt.join("nbd"), false) else {
             return;
         };
+        // No lazy init (it zeroes inode tables outside the journal for minutes) and no
+        // discard: the watch would rightly call those writes unguided.
         sh(
             "mkfs.ext4",
-            &["-q", "-F", "-b", "4096", "-J", "size=16", &lo.0],
+            &[
+                "-q",
+                "-F",
+                "-b",
+                "4096",
+                "-J",
+                "size=16",
+                "-E",
+                "lazy_itable_init=0,lazy_journal_init=0,nodiscard",
+                &lo.0,
+            ],
         );
         sh("tune2fs", &["-o", "journal_data", &lo.0]);
         sh(
             "mount",
             &["-o", "data=journal", &lo.0, mnt.to_str().unwrap()],
         );
+        // mkfs's writes were unguided; once the mounted file system is quiet the watch arms
+        // and, 5 s after the last unguided write, the members stop saying so.
+        let det = env.wait_detail("the watch armed and the unguided flag cleared", 60, |d| {
+            let _ = Command::new("sync").arg("-f").arg(&mnt).status();
+            d["guidance"]["watch"]["armed"] == true && d["guidance"]["unguided"] == false
+        });
+        watch_before = det["guidance"]["watch"].clone();
         // Files written and fsynced one after the other; each name is logged (outside the
         // file system) once its fsync returned.
         let script = format!(
@@ -199,6 +220,15 @@ fn ext4_data_journal_crash_is_guided_by_its_journal() {
         );
         let mut writer = Command::new("sh").args(["-c", &script]).spawn().unwrap();
         std::thread::sleep(Duration::from_millis(2500));
+        let det = env.detail();
+        let w = &det["guidance"]["watch"];
+        eprintln!("write watch before the workload: {watch_before}\nafter: {w}");
+        assert_eq!(w["armed"], true, "{w:#}");
+        let conforming = w["conforming_writes"].as_u64().unwrap();
+        assert!(
+            conforming > watch_before["conforming_writes"].as_u64().unwrap() + 20,
+            "{w:#}"
+        );
         d.kill9();
         let _ = writer.kill();
         let _ = writer.wait();

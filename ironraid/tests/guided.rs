@@ -167,3 +167,58 @@ fn guided_is_refused_where_it_cannot_work_and_guides_say_why() {
         assert!(text.contains("Internal Bitmap"), "{text}");
     }
 }
+
+/// The ext4 write watch (`run --guide ext4`) with no file system to follow: every write is one
+/// no guide would find, so the members say so before it goes out, and a kill -9 then falls
+/// back to the bitmap resync instead of trusting the guide. The counters say why.
+#[test]
+fn writes_the_ext4_watch_cannot_follow_make_a_crash_fall_back() {
+    assert!(require_tools(&["qemu-io"]));
+    let env = guided_env("gwatch");
+    let d = env.run_with(&["--guide", "ext4"], &env.members);
+    sh(
+        "qemu-io",
+        &[
+            "-f",
+            "raw",
+            &env.uri(),
+            "-c",
+            "write -P 0x5a 8M 1M",
+            "-c",
+            "flush",
+        ],
+    );
+    let det = env.detail();
+    let g = guidance(&det);
+    assert_eq!(g["unguided"], true, "{g:#}");
+    let w = &g["watch"];
+    assert_eq!(w["armed"], false, "{g:#}");
+    assert!(
+        w["disarmed_reason"].as_str().unwrap().contains("ext4"),
+        "{g:#}"
+    );
+    assert!(
+        w["nonconforming"]["unarmed"][0].as_u64().unwrap() >= 1,
+        "{g:#}"
+    );
+    assert_eq!(w["conforming_writes"], 0, "{g:#}");
+    d.kill9();
+
+    let d = env.run_with(&["--guide", "ext4"], &env.members);
+    let det = env.wait_detail("the fallback resync", 30, |d| {
+        d["guidance"]["state"] == "fallback" && d["sync"]["action"] == "idle"
+    });
+    let g = guidance(&det);
+    assert!(
+        g["reason"].as_str().unwrap().contains("write watch"),
+        "{g:#}\n{}",
+        d.log_text()
+    );
+    assert_eq!(env.action_wait("check"), 0);
+    let out = sh(
+        "qemu-io",
+        &["-f", "raw", &env.uri(), "-c", "read -P 0x5a 8M 1M"],
+    );
+    assert!(!out.contains("Pattern verification failed"), "{out}");
+    env.stop(d);
+}

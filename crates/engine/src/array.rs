@@ -215,6 +215,8 @@ pub(crate) struct ArrayParts {
     pub guided: bool,
     /// Guidance fell back before the last stop: the resync runs without waiting for a guide.
     pub resync_owed: bool,
+    /// Writes no guide would find were not known durable at the last stop.
+    pub unguided: bool,
 }
 
 impl Array {
@@ -243,6 +245,7 @@ impl Array {
             (Some(bitmap), true) => Some(crate::guided::Guidance::new(
                 p.resync_from.is_some(),
                 p.resync_owed,
+                p.unguided,
                 clock.now(),
                 p.config.guide_timeout,
                 bitmap.needed_bytes(),
@@ -358,17 +361,19 @@ impl Array {
         self.sync.note_client_io();
         self.as_client_write(|| {
             self.verify_before_use(offset_bytes, data.len() as u64, true)?;
-            if self.geometry.level().is_parity() {
-                self.parity_write(offset_bytes, data, fua)?;
+            let watched = self.watch_begin(offset_bytes, data.len() as u64, Some(data));
+            let res = if self.geometry.level().is_parity() {
+                self.parity_write(offset_bytes, data, fua)
             } else {
-                self.mirror_write(offset_bytes, data, fua)?;
-            }
+                self.mirror_write(offset_bytes, data, fua)
+            };
             // FUA makes the data durable; its records must be as well (a journal's log holds
             // them already).
-            if fua && self.integrity.is_some() && self.policy.journal().is_none() {
+            if res.is_ok() && fua && self.integrity.is_some() && self.policy.journal().is_none() {
                 self.flush_members();
             }
-            Ok(())
+            self.watch_end(watched, res.is_ok(), fua);
+            res
         })
     }
 
@@ -394,6 +399,7 @@ impl Array {
     /// Make every write that completed before this call durable: on the members, or in the
     /// journal, where every acknowledged write already is.
     pub fn flush(&self) -> Result<()> {
+        let watched = self.watch_flush_begin();
         self.stripes.hurry_all();
         let logged = self.policy.journal().is_some_and(|j| j.failed().is_none());
         if !logged {
@@ -404,6 +410,7 @@ impl Array {
         if self.is_failed() {
             return Err(self.unrecoverable(0, self.size_bytes(), "too many members failed"));
         }
+        self.watch_flush_end(watched);
         Ok(())
     }
 

@@ -583,9 +583,11 @@ fn build(
     let flag = |f: u32| used.as_ref().is_some_and(|u| u.has_flag(f));
     let guided = bitmap.is_some() && flag(format::USED_MAP_FLAG_GUIDED);
     let resync_owed = flag(format::USED_MAP_FLAG_RESYNC_OWED);
+    let unguided = flag(format::USED_MAP_FLAG_UNGUIDED);
     let array = Array::from_parts(ArrayParts {
         guided,
         resync_owed,
+        unguided,
         name,
         uuid: best.set_uuid,
         geometry,

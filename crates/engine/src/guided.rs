@@ -18,15 +18,62 @@
 //!   members (the used-region map's resync-owed flag) until its resync finishes, so a restart
 //!   in between does not wait for a guide again.
 //!
+//! A guide can only name what the layer above follows: an ext4 journal knows nothing of an
+//! ordered-mode data write, a zero-out or a discard. A *write watch* installed by the layer
+//! above's guide ([`Array::set_write_watch`], study §3.6) judges every client write as it
+//! begins; before a write no guide would find goes out, the members record that such writes
+//! may be unsettled (the used-region map's `UNGUIDED` flag), and a crash with the flag set
+//! falls back to the bitmap resync, which covers every write. The flag clears once those
+//! writes are durable (a flush after their end) and quiet for a while.
+//!
 //! The array keeps the write-intent bitmap all along (md's kernel driver sees a bitmap array
 //! and resyncs what it says; the guided flag lives in ironraid's used-region map header).
 
 use crate::array::Array;
 use crate::error::{EngineError, Result};
 use crate::verify::VerifyReport;
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
+
+/// How long writes no guide would find must have been durable before the members stop saying
+/// so (keeps a stream of such writes from rewriting the flag at every flush).
+const UNGUIDED_QUIET: Duration = Duration::from_secs(5);
+
+/// A conformance check of the layer above (a guided array's guide, study §3.6): judges each
+/// client write as it begins, and follows what becomes durable.
+pub trait WriteWatch: Send + Sync {
+    /// A client write of `data` (None: a discard) at array bytes `offset..offset+len` is about
+    /// to go out: whether a guide would find it after a crash until it is durable, and an id
+    /// for [`WriteWatch::end`].
+    fn begin(&self, offset: u64, len: u64, data: Option<&[u8]>) -> (bool, u64);
+    /// Write `id` ended (`ok`: it succeeded; `durable`: with FUA).
+    fn end(&self, id: u64, ok: bool, durable: bool);
+    /// A flush begins; the token goes to [`WriteWatch::flush_end`].
+    fn flush_begin(&self) -> u64;
+    /// That flush succeeded: what ended before it began is durable.
+    fn flush_end(&self, token: u64);
+    /// Writes judged conforming that a guide would no longer find, not yet durable.
+    fn orphans(&self) -> usize;
+}
+
+/// A write under a watch (see `Array::watch_begin`).
+pub(crate) struct Watched {
+    watch: Arc<dyn WriteWatch>,
+    id: u64,
+    conforming: bool,
+}
+
+/// Whether the members say unguided writes may be unsettled, and what would let them stop.
+#[derive(Default)]
+struct Unguided {
+    on_disk: bool,
+    inflight: u64,
+    /// Flush epoch and time when the last unguided write ended.
+    last_end_epoch: u64,
+    last_end_at: Option<Duration>,
+}
 
 /// How long a guided array waits for a guide after an unclean stop by default.
 pub const DEFAULT_GUIDE_TIMEOUT: Duration = Duration::from_secs(120);
@@ -63,6 +110,13 @@ pub struct GuidanceStatus {
     pub verified_bytes: u64,
     /// Milliseconds left before the array falls back, while awaiting.
     pub fallback_in_ms: Option<u64>,
+    /// A write watch judges client writes.
+    pub watched: bool,
+    /// The members say writes no guide would find may be unsettled (a crash now falls back).
+    pub unguided: bool,
+    /// Client writes (and discards) the watch judged conforming, and not, since assembly.
+    pub conforming_writes: u64,
+    pub nonconforming_writes: u64,
 }
 
 pub(crate) struct Guidance {
@@ -77,24 +131,36 @@ pub(crate) struct Guidance {
     /// Writes failed while awaiting (a full backing store): their redundancy may disagree
     /// where no guide knows; guidance then falls back.
     tainted: std::sync::atomic::AtomicBool,
+    watch: RwLock<Option<Arc<dyn WriteWatch>>>,
+    unguided: Mutex<Unguided>,
+    flush_epoch: AtomicU64,
+    /// Client writes the watch judged conforming, and not.
+    conforming: AtomicU64,
+    nonconforming: AtomicU64,
 }
 
 impl Guidance {
     /// `unsynced`: the array was not stopped cleanly (or a resync is still owed); `owed`: a
-    /// fallback began before the last stop; `window_bytes`: what the bitmap says may be
-    /// inconsistent.
+    /// fallback began before the last stop; `unguided`: writes no guide would find may not
+    /// have been durable; `window_bytes`: what the bitmap says may be inconsistent.
     pub fn new(
         unsynced: bool,
         owed: bool,
+        unguided: bool,
         now: Duration,
         timeout: Duration,
         window_bytes: u64,
     ) -> Guidance {
-        let state = match (unsynced, owed) {
-            (false, _) => State::InSync,
-            (true, false) => State::Awaiting,
-            (true, true) => State::FellBack {
+        let state = match (unsynced, owed, unguided) {
+            (false, _, _) => State::InSync,
+            (true, false, false) => State::Awaiting,
+            (true, true, _) => State::FellBack {
                 reason: "guidance had fallen back before the last stop; its resync goes on".into(),
+            },
+            (true, false, true) => State::FellBack {
+                reason: "writes no guide would find (the write watch said so) were not known \
+                         durable at the crash"
+                    .into(),
             },
         };
         Guidance {
@@ -106,6 +172,14 @@ impl Guidance {
             window_bytes: if unsynced { window_bytes } else { 0 },
             verified_bytes: AtomicU64::new(0),
             tainted: std::sync::atomic::AtomicBool::new(false),
+            watch: RwLock::new(None),
+            unguided: Mutex::new(Unguided {
+                on_disk: unguided,
+                ..Unguided::default()
+            }),
+            flush_epoch: AtomicU64::new(0),
+            conforming: AtomicU64::new(0),
+            nonconforming: AtomicU64::new(0),
         }
     }
 
@@ -148,6 +222,10 @@ impl Guidance {
             verified_bytes: self.verified_bytes.load(Ordering::Relaxed),
             fallback_in_ms: (name == "awaiting")
                 .then(|| self.deadline.saturating_sub(now).as_millis() as u64),
+            watched: self.watch.read().is_some(),
+            unguided: self.unguided.lock().on_disk,
+            conforming_writes: self.conforming.load(Ordering::Relaxed),
+            nonconforming_writes: self.nonconforming.load(Ordering::Relaxed),
         }
     }
 }
@@ -155,6 +233,99 @@ impl Guidance {
 impl Array {
     fn guidance_now(&self) -> Duration {
         self.sync.clock.now()
+    }
+
+    /// Install (or remove) the write watch of a guided array.
+    pub fn set_write_watch(&self, watch: Option<Arc<dyn WriteWatch>>) -> Result<()> {
+        let g = self.guidance.as_ref().ok_or_else(|| {
+            EngineError::InvalidArgument(format!(
+                "{} does not use the guided consistency policy",
+                self.name
+            ))
+        })?;
+        *g.watch.write() = watch;
+        Ok(())
+    }
+
+    /// A client write (data None: a discard) is about to go out: ask the watch; a write no
+    /// guide would find is recorded on the members first.
+    pub(crate) fn watch_begin(
+        &self,
+        offset: u64,
+        len: u64,
+        data: Option<&[u8]>,
+    ) -> Option<Watched> {
+        let g = self.guidance.as_ref()?;
+        let watch = g.watch.read().clone()?;
+        let (conforming, id) = watch.begin(offset, len, data);
+        if conforming {
+            g.conforming.fetch_add(1, Ordering::Relaxed);
+        } else {
+            g.nonconforming.fetch_add(1, Ordering::Relaxed);
+            let mut u = g.unguided.lock();
+            u.inflight += 1;
+            if !u.on_disk {
+                // Durable before the write goes out (the lock keeps other unguided writes
+                // waiting for it too).
+                if let Some(used) = &self.used {
+                    used.set_flag(self, format::USED_MAP_FLAG_UNGUIDED, true);
+                }
+                u.on_disk = true;
+            }
+        }
+        Some(Watched {
+            watch,
+            id,
+            conforming,
+        })
+    }
+
+    pub(crate) fn watch_end(&self, w: Option<Watched>, ok: bool, durable: bool) {
+        let (Some(w), Some(g)) = (w, self.guidance.as_ref()) else {
+            return;
+        };
+        w.watch.end(w.id, ok, durable);
+        if !w.conforming {
+            let mut u = g.unguided.lock();
+            u.inflight -= 1;
+            u.last_end_epoch = g.flush_epoch.load(Ordering::Acquire);
+            u.last_end_at = Some(self.guidance_now());
+        }
+    }
+
+    pub(crate) fn watch_flush_begin(&self) -> Option<(Arc<dyn WriteWatch>, u64, u64)> {
+        let g = self.guidance.as_ref()?;
+        let watch = g.watch.read().clone()?;
+        let token = watch.flush_begin();
+        let epoch = g.flush_epoch.fetch_add(1, Ordering::AcqRel);
+        Some((watch, token, epoch))
+    }
+
+    /// A flush succeeded: tell the watch, and clear the members' unguided flag when every
+    /// unguided write ended before it began, long enough ago, and no orphan is left.
+    pub(crate) fn watch_flush_end(&self, f: Option<(Arc<dyn WriteWatch>, u64, u64)>) {
+        let (Some((watch, token, epoch)), Some(g)) = (f, self.guidance.as_ref()) else {
+            return;
+        };
+        watch.flush_end(token);
+        let mut u = g.unguided.lock();
+        let quiet = u
+            .last_end_at
+            .is_none_or(|t| self.guidance_now().saturating_sub(t) >= UNGUIDED_QUIET);
+        if u.on_disk
+            && u.inflight == 0
+            && u.last_end_epoch <= epoch
+            && quiet
+            && watch.orphans() == 0
+            && !self.is_read_only()
+            // A fallback resync still owed keeps it (its flag may not be on disk yet).
+            && !self.sync.unsynced.load(Ordering::Acquire)
+        {
+            if let Some(used) = &self.used {
+                used.set_flag(self, format::USED_MAP_FLAG_UNGUIDED, false);
+            }
+            u.on_disk = false;
+        }
     }
 
     /// Before client I/O over array bytes `offset..offset+len` while guidance is awaited: a

@@ -44,7 +44,7 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use create::{create, BitmapSpec, CreateSpec, Created};
 pub use error::{EngineError, Result};
 pub use events::Event;
-pub use guided::{GuidanceStatus, DEFAULT_GUIDE_TIMEOUT};
+pub use guided::{GuidanceStatus, WriteWatch, DEFAULT_GUIDE_TIMEOUT};
 pub use integrity::{IntegrityCounts, IntegrityStatus};
 pub use io::ReadVerifier;
 pub use journal::{JournalStatus, Replayed};

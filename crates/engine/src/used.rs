@@ -276,10 +276,10 @@ impl Array {
             return Ok(None);
         }
         self.as_client_write(|| {
-            for r in rs.clone() {
-                self.release_region(used, r)?;
-            }
-            Ok(())
+            let watched = self.watch_begin(offset_bytes, len_bytes, None);
+            let res = rs.clone().try_for_each(|r| self.release_region(used, r));
+            self.watch_end(watched, res.is_ok(), false);
+            res
         })?;
         let rb = used.region_bytes();
         Ok(Some(

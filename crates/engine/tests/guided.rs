@@ -283,3 +283,88 @@ fn guidance_is_refused_where_it_means_nothing() {
     let e = array.end_guidance("x", &[]).unwrap_err().to_string();
     assert!(e.contains("nothing to guide"), "{e}");
 }
+
+/// A write watch that calls writes into one byte range nonconforming and counts flush tokens.
+struct RangeWatch {
+    bad: std::ops::Range<u64>,
+    next: std::sync::atomic::AtomicU64,
+}
+
+impl engine::WriteWatch for RangeWatch {
+    fn begin(&self, offset: u64, len: u64, _data: Option<&[u8]>) -> (bool, u64) {
+        let id = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        (offset + len <= self.bad.start || offset >= self.bad.end, id)
+    }
+    fn end(&self, _id: u64, _ok: bool, _durable: bool) {}
+    fn flush_begin(&self) -> u64 {
+        0
+    }
+    fn flush_end(&self, _token: u64) {}
+    fn orphans(&self) -> usize {
+        0
+    }
+}
+
+fn watched(a: &Array) {
+    a.set_write_watch(Some(Arc::new(RangeWatch {
+        bad: 4 * ROW..5 * ROW,
+        next: Default::default(),
+    })))
+    .expect("a guided array takes a watch");
+}
+
+/// Before a write the watch calls nonconforming goes out, the members say so: a power cut
+/// right after it makes the next assembly fall back to the bitmap resync instead of waiting
+/// for a guide. Conforming writes alone leave the array awaiting its guide, and the flag
+/// clears after a flush once such writes have been quiet for a while.
+#[test]
+fn writes_a_watch_calls_unguided_make_a_crash_fall_back() {
+    let rig = Rig::new(21);
+    let array = rig.boot();
+    watched(&array);
+    array
+        .write(0, &vec![1u8; ROW as usize], false)
+        .expect("conforming");
+    assert!(!state(&array).unguided, "a conforming write set the flag");
+    array
+        .write(4 * ROW, &vec![2u8; 4096], false)
+        .expect("unguided");
+    let g = state(&array);
+    assert!(g.unguided && g.watched, "{g:?}");
+    assert_eq!((g.conforming_writes, g.nonconforming_writes), (1, 1));
+    // The flag is on the members before the write went out: a cut loses nothing of it.
+    drop(array);
+    for s in &rig.sims {
+        s.power_cut();
+    }
+    let array = rig.boot();
+    let g = state(&array);
+    assert_eq!(g.state, "fallback", "{g:?}");
+    assert!(
+        g.reason.as_deref().unwrap().contains("write watch"),
+        "{g:?}"
+    );
+    settle(&array, &rig.clock);
+    assert!(rig.consistent());
+
+    // Quiet long enough and flushed: the flag clears, and a crash of conforming writes only
+    // waits for the guide.
+    watched(&array);
+    array
+        .write(4 * ROW, &vec![3u8; 4096], false)
+        .expect("unguided");
+    array.flush().expect("flush");
+    assert!(state(&array).unguided, "cleared before the quiet period");
+    rig.clock.advance(Duration::from_secs(6));
+    array.flush().expect("flush");
+    assert!(!state(&array).unguided, "not cleared after a quiet flush");
+    array
+        .write(0, &vec![4u8; ROW as usize], false)
+        .expect("conforming");
+    drop(array);
+    for s in &rig.sims {
+        s.power_cut();
+    }
+    let array = rig.boot();
+    assert_eq!(state(&array).state, "awaiting");
+}

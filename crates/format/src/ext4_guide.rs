@@ -137,12 +137,50 @@ impl Fs<'_, '_> {
 /// Contiguous runs of the journal: logical block, physical block, length.
 type Runs = Vec<(u64, u64, u64)>;
 
-/// Compute the verify set of the ext4 file system at the start of the device.
-pub fn ext4_verify_set(
+/// An ext4 file system and its internal journal, as found on the device.
+pub(crate) struct Located {
+    pub bs: u64,
+    /// Fs blocks that lie on the device.
+    pub blocks: u64,
+    /// The primary superblock (1024 bytes).
+    pub sb: Vec<u8>,
+    /// Fs block ranges `(first, count)` a guide always verifies: block 0 (and the superblock's
+    /// block), the MMP block.
+    pub fixed: Vec<(u64, u64)>,
+    /// Inode tables lazy init has not zeroed yet (a guide verifies them too).
+    pub lazy_tables: Vec<(u64, u64)>,
+    /// The journal's logical-to-physical block runs.
+    pub runs: Runs,
+    /// Journal block 0.
+    pub jsb: Vec<u8>,
+    /// Journal blocks the journal inode maps.
+    pub inode_blocks: u64,
+    /// Bytes that fix where the journal is: `(fs block, offset in it, bytes)` for the journal
+    /// inode's group descriptor entry, the journal inode, and its extent tree blocks.
+    pub structure: Vec<(u64, usize, Vec<u8>)>,
+    pub declared: bool,
+    pub needs_recovery: bool,
+}
+
+impl Located {
+    /// The physical block of journal block `n`.
+    pub fn jmap(&self, n: u64) -> Result<u64, GuideRefusal> {
+        self.runs
+            .iter()
+            .find(|r| r.0 <= n && n < r.0 + r.2)
+            .map(|r| r.1 + (n - r.0))
+            .ok_or_else(|| corrupt(format!("journal block {n} is not mapped")))
+    }
+}
+
+/// Find the ext4 file system at the start of the device and its journal. `gate` sees whether
+/// the superblock declares data=journal and whether the fs was mounted (needs_recovery) before
+/// anything past the superblock is read.
+pub(crate) fn locate(
     read: &mut Read<'_>,
     device_bytes: u64,
-    opts: &GuideOptions,
-) -> Result<VerifySet, GuideRefusal> {
+    gate: &dyn Fn(bool, bool) -> Result<(), GuideRefusal>,
+) -> Result<Located, GuideRefusal> {
     if device_bytes < 2048 {
         return Err(GuideRefusal::NotExt4);
     }
@@ -189,13 +227,8 @@ pub fn ext4_verify_set(
         };
     let declared = le32(&sb, 0x100) & 0x60 == 0x20
         || String::from_utf8_lossy(&sb[0x200..0x240]).contains("data=journal");
-    if opts.require_data_journal && !declared {
-        return Err(GuideRefusal::NotDataJournal);
-    }
     let needs_recovery = incompat & INCOMPAT_RECOVER != 0;
-    if !needs_recovery {
-        return Err(GuideRefusal::NotMounted);
-    }
+    gate(declared, needs_recovery)?;
     let first_data = u64::from(le32(&sb, 0x14));
     let bpg = u64::from(le32(&sb, 0x20));
     let ipg = u64::from(le32(&sb, 0x28));
@@ -227,13 +260,13 @@ pub fn ext4_verify_set(
     if groups == 0 {
         return Err(corrupt("no block groups"));
     }
-    // Fs block ranges (first, count) of the set.
-    let mut set: Vec<(u64, u64)> = Vec::new();
+    let mut fixed: Vec<(u64, u64)> = Vec::new();
+    let mut lazy_tables: Vec<(u64, u64)> = Vec::new();
     // Block 0 holds bytes 0..bs; with 1 KiB blocks the superblock is block 1.
-    set.push((0, first_data + 1));
+    fixed.push((0, first_data + 1));
     if incompat & INCOMPAT_MMP != 0 {
         let mmp = u64::from(le32(&sb, 0x168)) | u64::from(le32(&sb, 0x16C)) << 32;
-        set.push((mmp, 1));
+        fixed.push((mmp, 1));
     }
 
     // Group descriptors: the journal inode's group, and lazy-init inode tables.
@@ -258,33 +291,80 @@ pub fn ext4_verify_set(
                 let (table, flags) = parse(&blk, g);
                 if flags & BG_INODE_ZEROED == 0 {
                     // ext4lazyinit zeroes these tables in place, outside the journal.
-                    set.push((table, table_blocks));
+                    lazy_tables.push((table, table_blocks));
                 }
             }
         }
     }
     let ino = u64::from(journal_inum);
     let g = (ino - 1) / ipg;
-    let (table, _) = parse(&fs.block(gdt + g / descs_per_block)?, g);
+    let gd_block = gdt + g / descs_per_block;
+    let gd = fs.block(gd_block)?;
+    let (table, _) = parse(&gd, g);
+    let gd_at = ((g % descs_per_block) * desc_size) as usize;
+    let mut structure = vec![(
+        gd_block,
+        gd_at,
+        gd[gd_at..gd_at + desc_size as usize].to_vec(),
+    )];
     let at = table * bs + ((ino - 1) % ipg) * inode_size;
     let blk = fs.block(at / bs)?;
     let inode = &blk[(at % bs) as usize..(at % bs + inode_size.min(bs - at % bs)) as usize];
     if inode.len() < 0x70 {
         return Err(corrupt("journal inode crosses a block"));
     }
+    // Size, flags and block map (not the times, which ext4 may touch).
+    for (a, b) in [(0x04, 0x08), (0x20, 0x24), (0x28, 0x64), (0x6C, 0x70)] {
+        structure.push((at / bs, (at % bs) as usize + a, inode[a..b].to_vec()));
+    }
     let size = u64::from(le32(inode, 0x04)) | u64::from(le32(inode, 0x6C)) << 32;
-    let runs = journal_runs(&mut fs, inode)?;
-    let jmap = |n: u64| -> Result<u64, GuideRefusal> {
-        runs.iter()
-            .find(|r| r.0 <= n && n < r.0 + r.2)
-            .map(|r| r.1 + (n - r.0))
-            .ok_or_else(|| corrupt(format!("journal block {n} is not mapped")))
+    let mut tree = Vec::new();
+    let runs = journal_runs(&mut fs, inode, &mut tree)?;
+    structure.extend(tree.into_iter().map(|(b, bytes)| (b, 0, bytes)));
+    let mut located = Located {
+        bs,
+        blocks: fs.blocks,
+        sb,
+        fixed,
+        lazy_tables,
+        runs,
+        jsb: Vec::new(),
+        inode_blocks: (size / bs).min(fs.blocks),
+        structure,
+        declared,
+        needs_recovery,
     };
-    let jsb = fs.block(jmap(0)?)?;
+    located.jsb = fs.block(located.jmap(0)?)?;
+    Ok(located)
+}
+
+/// Compute the verify set of the ext4 file system at the start of the device.
+pub fn ext4_verify_set(
+    read: &mut Read<'_>,
+    device_bytes: u64,
+    opts: &GuideOptions,
+) -> Result<VerifySet, GuideRefusal> {
+    let gate = |declared: bool, needs_recovery: bool| {
+        if opts.require_data_journal && !declared {
+            return Err(GuideRefusal::NotDataJournal);
+        }
+        if !needs_recovery {
+            return Err(GuideRefusal::NotMounted);
+        }
+        Ok(())
+    };
+    let loc = locate(read, device_bytes, &gate)?;
+    let mut fs = Fs {
+        read,
+        device_bytes,
+        bs: loc.bs,
+        blocks: loc.blocks,
+    };
+    let jmap = |n: u64| loc.jmap(n);
+    let mut set = [loc.fixed.as_slice(), &loc.lazy_tables].concat();
     set.push((jmap(0)?, 1));
-    let inode_blocks = (size / bs).min(fs.blocks);
-    let scan = scan_log(&mut fs, &jsb, &jmap, inode_blocks)?;
-    let mut home = scan.home.clone();
+    let scan = scan_log(&mut fs, &loc.jsb, &jmap, loc.inode_blocks)?;
+    let mut home: Vec<u64> = scan.txs.iter().flat_map(|t| t.1.iter().copied()).collect();
     home.sort_unstable();
     home.dedup();
     for &b in &home {
@@ -299,19 +379,19 @@ pub fn ext4_verify_set(
     if set.iter().any(|&(b, n)| b.saturating_add(n) > fs.blocks) {
         return Err(corrupt("a block of the set lies past the end"));
     }
-    let ranges = merge_blocks(set, bs);
+    let ranges = merge_blocks(set, loc.bs);
     Ok(VerifySet {
         ranges,
-        block_size: bs as u32,
-        journal_blocks: scan.maxlen,
-        journal_bytes: scan.maxlen * bs,
-        transactions: scan.transactions,
+        block_size: loc.bs as u32,
+        journal_blocks: scan.log.maxlen,
+        journal_bytes: scan.log.maxlen * loc.bs,
+        transactions: scan.txs.len(),
         home_blocks: home.len() as u64,
         window_blocks: scan.window.len() as u64,
-        needs_recovery,
-        sequence_first: scan.first_tid,
-        sequence_last: scan.last_tid,
-        data_journal_declared: declared,
+        needs_recovery: loc.needs_recovery,
+        sequence_first: scan.log.sequence,
+        sequence_last: scan.txs.last().map(|t| t.0),
+        data_journal_declared: loc.declared,
     })
 }
 
@@ -330,12 +410,16 @@ fn merge_blocks(mut set: Vec<(u64, u64)>, bs: u64) -> Vec<(u64, u64)> {
     out
 }
 
-/// The journal inode's block map: extents, or the old direct/indirect map.
-fn journal_runs(fs: &mut Fs, inode: &[u8]) -> Result<Runs, GuideRefusal> {
+/// Block numbers and contents of the map's own blocks.
+type MapBlocks = Vec<(u64, Vec<u8>)>;
+
+/// The journal inode's block map: extents, or the old direct/indirect map; `tree` gets the
+/// blocks that hold the map.
+fn journal_runs(fs: &mut Fs, inode: &[u8], tree: &mut MapBlocks) -> Result<Runs, GuideRefusal> {
     let iblock = &inode[0x28..0x28 + 60];
     let mut runs = Runs::new();
     if le32(inode, 0x20) & 0x80000 != 0 {
-        extent_node(fs, iblock, 5, &mut runs)?;
+        extent_node(fs, iblock, 5, &mut runs, tree)?;
     } else {
         let per = fs.bs / 4;
         for i in 0..12 {
@@ -347,6 +431,7 @@ fn journal_runs(fs: &mut Fs, inode: &[u8]) -> Result<Runs, GuideRefusal> {
         let single = u64::from(le32(iblock, 48));
         if single != 0 {
             let b = fs.block(single)?;
+            tree.push((single, b.clone()));
             for i in 0..per {
                 let p = u64::from(le32(&b, (i * 4) as usize));
                 if p != 0 {
@@ -357,12 +442,14 @@ fn journal_runs(fs: &mut Fs, inode: &[u8]) -> Result<Runs, GuideRefusal> {
         let double = u64::from(le32(iblock, 52));
         if double != 0 {
             let d = fs.block(double)?;
+            tree.push((double, d.clone()));
             for j in 0..per {
                 let ind = u64::from(le32(&d, (j * 4) as usize));
                 if ind == 0 {
                     continue;
                 }
                 let b = fs.block(ind)?;
+                tree.push((ind, b.clone()));
                 for i in 0..per {
                     let p = u64::from(le32(&b, (i * 4) as usize));
                     if p != 0 {
@@ -389,6 +476,7 @@ fn extent_node(
     node: &[u8],
     depth_left: u32,
     runs: &mut Runs,
+    tree: &mut MapBlocks,
 ) -> Result<(), GuideRefusal> {
     if le16(node, 0) != 0xF30A {
         return Err(corrupt("bad extent header magic"));
@@ -414,21 +502,250 @@ fn extent_node(
         } else {
             let leaf = u64::from(le32(node, o + 4)) | u64::from(le16(node, o + 8)) << 32;
             let child = fs.block(leaf)?;
-            extent_node(fs, &child, u32::from(depth) - 1, runs)?;
+            extent_node(fs, &child, u32::from(depth) - 1, runs, tree)?;
+            tree.push((leaf, child));
         }
     }
     Ok(())
 }
 
+/// The log's geometry and format, from the jbd2 superblock.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Log {
+    pub maxlen: u64,
+    pub first: u64,
+    /// End of the log proper (the fast-commit area follows up to `maxlen`).
+    pub last: u64,
+    /// `s_sequence`: the tid of the oldest transaction in the log.
+    pub sequence: u32,
+    /// `s_start`: where the log starts (0: empty).
+    pub start: u64,
+    /// `s_head` (v2): where the next transaction goes after an empty log (0: unknown).
+    pub head: u64,
+    pub incompat: u32,
+    pub v2: bool,
+    pub csum: bool,
+    pub seed: u32,
+    pub bit64: bool,
+    pub tag_bytes: usize,
+    /// One maximal transaction, in blocks.
+    pub max_trans: u64,
+}
+
+impl Log {
+    pub fn parse(jsb: &[u8], fs_bs: u64, inode_blocks: u64) -> Result<Log, GuideRefusal> {
+        if jsb.len() < 1024 || be32(jsb, 0) != JBD2_MAGIC || !matches!(be32(jsb, 4), 3 | 4) {
+            return Err(corrupt("no jbd2 superblock at journal block 0"));
+        }
+        let v2 = be32(jsb, 4) == 4;
+        let bs = u64::from(be32(jsb, 0x0C));
+        if bs != fs_bs {
+            return Err(corrupt(format!(
+                "journal block size {bs} is not the fs block size"
+            )));
+        }
+        let maxlen = u64::from(be32(jsb, 0x10));
+        let first = u64::from(be32(jsb, 0x14));
+        let incompat = if v2 { be32(jsb, 0x28) } else { 0 };
+        if incompat & !JBD2_KNOWN_INCOMPAT != 0 {
+            return Err(GuideRefusal::UnsupportedFeature(format!(
+                "jbd2 incompat features {:#x}",
+                incompat & !JBD2_KNOWN_INCOMPAT
+            )));
+        }
+        if maxlen < 4 || maxlen > inode_blocks || first == 0 || first >= maxlen {
+            return Err(corrupt(format!(
+                "journal geometry: first {first}, maxlen {maxlen}, inode {inode_blocks} blocks"
+            )));
+        }
+        if v2 && be32(jsb, 0x40) > 1 {
+            return Err(GuideRefusal::UnsupportedFeature(
+                "a journal shared by several file systems".into(),
+            ));
+        }
+        let csum = incompat & (JBD2_CSUM_V2 | JBD2_CSUM_V3) != 0;
+        if csum {
+            let mut copy = jsb[..1024].to_vec();
+            copy[0xFC..0x100].fill(0);
+            if crc32c_raw(!0, &copy) != be32(jsb, 0xFC) {
+                return Err(corrupt("jbd2 superblock checksum mismatch"));
+            }
+        }
+        let fc = if incompat & JBD2_FAST_COMMIT != 0 {
+            match be32(jsb, 0x54) {
+                0 => 256,
+                n => u64::from(n),
+            }
+        } else {
+            0
+        };
+        let last = maxlen
+            .checked_sub(fc)
+            .filter(|&l| l > first)
+            .ok_or_else(|| corrupt("no room for the log"))?;
+        let bit64 = incompat & JBD2_64BIT != 0;
+        let tag_bytes: usize = if incompat & JBD2_CSUM_V3 != 0 {
+            16
+        } else {
+            let base = if bit64 { 12 } else { 8 };
+            if incompat & JBD2_CSUM_V2 != 0 {
+                base + 2
+            } else {
+                base
+            }
+        };
+        let start = u64::from(be32(jsb, 0x1C));
+        if start != 0 && !(first..last).contains(&start) {
+            return Err(corrupt(format!("s_start {start} outside the log")));
+        }
+        Ok(Log {
+            maxlen,
+            first,
+            last,
+            sequence: be32(jsb, 0x18),
+            start,
+            head: if v2 { u64::from(be32(jsb, 0x58)) } else { 0 },
+            incompat,
+            v2,
+            csum,
+            seed: crc32c_raw(!0, &jsb[0x30..0x40]),
+            bit64,
+            tag_bytes,
+            // One maximal transaction (the kernel's limit: a third of the log since 6.11, a
+            // quarter before; the larger is taken).
+            max_trans: (maxlen - fc) / 3,
+        })
+    }
+
+    fn len(&self) -> u64 {
+        self.last - self.first
+    }
+
+    fn next(&self, n: u64) -> u64 {
+        if n + 1 >= self.last {
+            self.first
+        } else {
+            n + 1
+        }
+    }
+
+    pub fn wrap_add(&self, n: u64, k: u64) -> u64 {
+        self.first + (n - self.first + k) % self.len()
+    }
+
+    /// Log blocks a guide verifies after a crash: one maximal transaction from the last
+    /// commit block (or, with an empty log, from `s_head` and from `s_first`), and the
+    /// fast-commit area.
+    pub fn window(&self, last_commit: Option<u64>) -> Vec<u64> {
+        let mut w = Vec::new();
+        let mut from = |at: u64| {
+            for k in 0..=self.max_trans.min(self.len() - 1) {
+                w.push(self.wrap_add(at, k));
+            }
+        };
+        if self.start == 0 {
+            // Empty log: the next transaction starts at s_head (kernels ≥ 6.4) or s_first.
+            if (self.first..self.last).contains(&self.head) {
+                from(self.head);
+            }
+            from(self.first);
+        } else {
+            // The last good commit block itself may have been in flight; the transaction
+            // after it ends within one maximal transaction.
+            from(last_commit.unwrap_or(self.start));
+        }
+        w.extend(self.last..self.maxlen);
+        w
+    }
+
+    /// Whether log block `n` is in [`Log::window`].
+    pub fn in_window(&self, n: u64, last_commit: Option<u64>) -> bool {
+        if (self.last..self.maxlen).contains(&n) {
+            return true;
+        }
+        if !(self.first..self.last).contains(&n) {
+            return false;
+        }
+        let span = self.max_trans.min(self.len() - 1);
+        let from = |at: u64| (n + self.len() - at) % self.len() <= span;
+        if self.start == 0 {
+            ((self.first..self.last).contains(&self.head) && from(self.head)) || from(self.first)
+        } else {
+            from(last_commit.unwrap_or(self.start))
+        }
+    }
+
+    /// Whether log block `n` lies in the live log from `s_start` through `last_commit`.
+    pub fn in_live_log(&self, n: u64, last_commit: Option<u64>) -> bool {
+        match (self.start, last_commit) {
+            (0, _) | (_, None) => false,
+            (s, Some(c)) => {
+                (self.first..self.last).contains(&n)
+                    && (n + self.len() - s) % self.len() <= (c + self.len() - s) % self.len()
+            }
+        }
+    }
+
+    /// The home blocks a descriptor block names (None: not a valid descriptor of `tid`).
+    pub fn descriptor(&self, b: &[u8], tid: u32) -> Option<Vec<u64>> {
+        if be32(b, 0) != JBD2_MAGIC || be32(b, 4) != 1 || be32(b, 8) != tid {
+            return None;
+        }
+        if self.csum && !tail_ok(b, self.seed) {
+            return None;
+        }
+        let tail = if self.csum { 4 } else { 0 };
+        let mut homes = Vec::new();
+        let mut o = 12;
+        while o + self.tag_bytes + tail <= b.len() {
+            let lo = u64::from(be32(b, o));
+            let (flags, hi) = if self.tag_bytes == 16 {
+                (be32(b, o + 4), u64::from(be32(b, o + 8)))
+            } else {
+                (
+                    u32::from(be16(b, o + 6)),
+                    if self.bit64 {
+                        u64::from(be32(b, o + 8))
+                    } else {
+                        0
+                    },
+                )
+            };
+            homes.push(if self.bit64 { hi << 32 | lo } else { lo });
+            o += self.tag_bytes;
+            if flags & TAG_SAME_UUID == 0 {
+                o += 16;
+            }
+            if flags & TAG_LAST != 0 {
+                break;
+            }
+        }
+        Some(homes)
+    }
+
+    /// Whether `b` is a valid commit block of `tid`.
+    pub fn commit(&self, b: &[u8], tid: u32) -> bool {
+        be32(b, 0) == JBD2_MAGIC
+            && be32(b, 4) == 2
+            && be32(b, 8) == tid
+            && (!self.csum || commit_ok(b, self.seed))
+    }
+}
+
+/// The tid of a jbd2 block (descriptor, commit, revoke), if it is one: `(blocktype, tid)`.
+pub(crate) fn jbd2_header(b: &[u8]) -> Option<(u32, u32)> {
+    (b.len() >= 12 && be32(b, 0) == JBD2_MAGIC).then(|| (be32(b, 4), be32(b, 8)))
+}
+
 /// What the log holds.
 struct Scan {
-    maxlen: u64,
-    transactions: usize,
-    home: Vec<u64>,
+    log: Log,
+    /// Committed transactions, oldest first: tid and the home blocks its tags name.
+    txs: Vec<(u32, Vec<u64>)>,
     /// Journal block numbers of the head window.
     window: Vec<u64>,
-    first_tid: u32,
-    last_tid: Option<u32>,
+    /// Log block of the last good commit block.
+    last_commit: Option<u64>,
 }
 
 /// jbd2's PASS_SCAN over the log, from the journal superblock `jsb`.
@@ -438,172 +755,56 @@ fn scan_log(
     jmap: &dyn Fn(u64) -> Result<u64, GuideRefusal>,
     inode_blocks: u64,
 ) -> Result<Scan, GuideRefusal> {
-    if be32(jsb, 0) != JBD2_MAGIC || !matches!(be32(jsb, 4), 3 | 4) {
-        return Err(corrupt("no jbd2 superblock at journal block 0"));
-    }
-    let v2 = be32(jsb, 4) == 4;
-    let bs = u64::from(be32(jsb, 0x0C));
-    if bs != fs.bs {
-        return Err(corrupt(format!(
-            "journal block size {bs} is not the fs block size"
-        )));
-    }
-    let maxlen = u64::from(be32(jsb, 0x10));
-    let first = u64::from(be32(jsb, 0x14));
-    let sequence = be32(jsb, 0x18);
-    let start = u64::from(be32(jsb, 0x1C));
-    let incompat = if v2 { be32(jsb, 0x28) } else { 0 };
-    if incompat & !JBD2_KNOWN_INCOMPAT != 0 {
-        return Err(GuideRefusal::UnsupportedFeature(format!(
-            "jbd2 incompat features {:#x}",
-            incompat & !JBD2_KNOWN_INCOMPAT
-        )));
-    }
-    if maxlen < 4 || maxlen > inode_blocks || first == 0 || first >= maxlen {
-        return Err(corrupt(format!(
-            "journal geometry: first {first}, maxlen {maxlen}, inode {inode_blocks} blocks"
-        )));
-    }
-    if v2 && be32(jsb, 0x40) > 1 {
-        return Err(GuideRefusal::UnsupportedFeature(
-            "a journal shared by several file systems".into(),
-        ));
-    }
-    let csum = incompat & (JBD2_CSUM_V2 | JBD2_CSUM_V3) != 0;
-    let seed = crc32c_raw(!0, &jsb[0x30..0x40]);
-    if csum {
-        let mut copy = jsb[..1024].to_vec();
-        copy[0xFC..0x100].fill(0);
-        if crc32c_raw(!0, &copy) != be32(jsb, 0xFC) {
-            return Err(corrupt("jbd2 superblock checksum mismatch"));
-        }
-    }
-    let fc = if incompat & JBD2_FAST_COMMIT != 0 {
-        match be32(jsb, 0x54) {
-            0 => 256,
-            n => u64::from(n),
-        }
-    } else {
-        0
-    };
-    let last = maxlen
-        .checked_sub(fc)
-        .filter(|&l| l > first)
-        .ok_or_else(|| corrupt("no room for the log"))?;
-    let log_len = last - first;
-    // One maximal transaction (the kernel's limit: a third of the log since 6.11, a quarter
-    // before; the larger is taken).
-    let max_trans = (maxlen - fc) / 3;
-    let next = |n: u64| if n + 1 >= last { first } else { n + 1 };
-    let wrap_add = |n: u64, k: u64| first + (n - first + k) % log_len;
-    let bit64 = incompat & JBD2_64BIT != 0;
-    let tag_bytes: usize = if incompat & JBD2_CSUM_V3 != 0 {
-        16
-    } else {
-        let base = if bit64 { 12 } else { 8 };
-        if incompat & JBD2_CSUM_V2 != 0 {
-            base + 2
-        } else {
-            base
-        }
-    };
-    let tail = if csum { 4 } else { 0 };
-
+    let log = Log::parse(jsb, fs.bs, inode_blocks)?;
     let mut scan = Scan {
-        maxlen,
-        transactions: 0,
-        home: Vec::new(),
+        txs: Vec::new(),
         window: Vec::new(),
-        first_tid: sequence,
-        last_tid: None,
+        last_commit: None,
+        log: log.clone(),
     };
-    let window_from = |scan: &mut Scan, from: u64| {
-        for k in 0..=max_trans.min(log_len - 1) {
-            scan.window.push(wrap_add(from, k));
-        }
-    };
-    if start == 0 {
-        // Empty log: the next transaction starts at s_head (kernels ≥ 6.4) or s_first.
-        let head = if v2 { u64::from(be32(jsb, 0x58)) } else { 0 };
-        if (first..last).contains(&head) {
-            window_from(&mut scan, head);
-        }
-        window_from(&mut scan, first);
-        if fc > 0 {
-            scan.window.extend(last..maxlen);
-        }
+    if log.start == 0 {
+        scan.window = log.window(None);
         return Ok(scan);
     }
-    if !(first..last).contains(&start) {
-        return Err(corrupt(format!("s_start {start} outside the log")));
-    }
-    let mut pos = start;
-    let mut tid = sequence;
+    let mut pos = log.start;
+    let mut tid = log.sequence;
     let mut pending: Vec<u64> = Vec::new();
-    let mut last_commit: Option<u64> = None;
     let mut walked = 0u64;
-    while walked < log_len {
+    while walked < log.len() {
         let b = fs.block(jmap(pos)?)?;
-        if be32(&b, 0) != JBD2_MAGIC || be32(&b, 8) != tid {
+        if jbd2_header(&b).is_none_or(|(_, t)| t != tid) {
             break;
         }
         match be32(&b, 4) {
             1 => {
-                if csum && !tail_ok(&b, seed) {
+                let Some(mut homes) = log.descriptor(&b, tid) else {
                     break;
-                }
-                let mut o = 12;
-                let mut count = 0u64;
-                while o + tag_bytes + tail <= b.len() {
-                    let lo = u64::from(be32(&b, o));
-                    let (flags, hi) = if tag_bytes == 16 {
-                        (be32(&b, o + 4), u64::from(be32(&b, o + 8)))
-                    } else {
-                        (
-                            u32::from(be16(&b, o + 6)),
-                            if bit64 { u64::from(be32(&b, o + 8)) } else { 0 },
-                        )
-                    };
-                    pending.push(if bit64 { hi << 32 | lo } else { lo });
-                    count += 1;
-                    o += tag_bytes;
-                    if flags & TAG_SAME_UUID == 0 {
-                        o += 16;
-                    }
-                    if flags & TAG_LAST != 0 {
-                        break;
-                    }
-                }
+                };
+                let count = homes.len() as u64;
+                pending.append(&mut homes);
                 walked += 1 + count;
-                pos = wrap_add(pos, 1 + count);
+                pos = log.wrap_add(pos, 1 + count);
                 continue;
             }
             2 => {
-                if csum && !commit_ok(&b, seed) {
+                if !log.commit(&b, tid) {
                     break;
                 }
-                scan.home.append(&mut pending);
-                scan.transactions += 1;
-                scan.last_tid = Some(tid);
-                last_commit = Some(pos);
+                scan.txs.push((tid, std::mem::take(&mut pending)));
+                scan.last_commit = Some(pos);
                 tid = tid.wrapping_add(1);
             }
             5 => {
-                if csum && !tail_ok(&b, seed) {
+                if log.csum && !tail_ok(&b, log.seed) {
                     break;
                 }
             }
             _ => break,
         }
         walked += 1;
-        pos = next(pos);
+        pos = log.next(pos);
     }
-    // The last good commit block itself may have been in flight; the transaction after it
-    // ends within one maximal transaction.
-    window_from(&mut scan, last_commit.unwrap_or(start));
-    if fc > 0 {
-        scan.window.extend(last..maxlen);
-    }
+    scan.window = log.window(scan.last_commit);
     Ok(scan)
 }
 

@@ -70,6 +70,7 @@ mod bitmap;
 mod create;
 pub mod ext4_guide;
 mod integrity;
+pub mod jbd2_watch;
 mod journal;
 mod used_map;
 mod util;
@@ -90,7 +91,7 @@ pub use journal::{
 };
 pub use used_map::{
     choose_region_bytes, used_map_bytes, used_map_offset_sectors, UsedMapHeader,
-    USED_MAP_FLAG_GUIDED, USED_MAP_FLAG_RESYNC_OWED, USED_MAP_HEADER_BYTES,
+    USED_MAP_FLAG_GUIDED, USED_MAP_FLAG_RESYNC_OWED, USED_MAP_FLAG_UNGUIDED, USED_MAP_HEADER_BYTES,
 };
 pub use util::{
     bm_space, default_data_offset, format_uuid, format_uuid_mdadm, level_name, max_dev_for,

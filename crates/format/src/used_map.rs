@@ -42,7 +42,10 @@ pub const MIN_REGION_BYTES: u64 = 1 << 20;
 pub const USED_MAP_FLAG_GUIDED: u32 = 1;
 /// Header flag: guidance fell back; the bitmap resync must run before redundancy is good.
 pub const USED_MAP_FLAG_RESYNC_OWED: u32 = 2;
-const KNOWN_FLAGS: u32 = USED_MAP_FLAG_GUIDED | USED_MAP_FLAG_RESYNC_OWED;
+/// Header flag: writes no guide would find after a crash may not be durable yet (the layer
+/// above's conformance check said so): after a crash, guidance falls back to the bitmap.
+pub const USED_MAP_FLAG_UNGUIDED: u32 = 4;
+const KNOWN_FLAGS: u32 = USED_MAP_FLAG_GUIDED | USED_MAP_FLAG_RESYNC_OWED | USED_MAP_FLAG_UNGUIDED;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct UsedMapHeader {
@@ -168,7 +171,7 @@ mod tests {
         b[33] ^= 1;
         assert!(UsedMapHeader::decode(&b).is_err());
         assert!(UsedMapHeader::decode(&[0u8; 4096]).is_err());
-        let unknown = UsedMapHeader { flags: 4, ..h };
+        let unknown = UsedMapHeader { flags: 8, ..h };
         let e = UsedMapHeader::decode(&unknown.encode()).unwrap_err();
         assert!(e.to_string().contains("unknown flags"), "{e}");
     }
