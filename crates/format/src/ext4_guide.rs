@@ -301,12 +301,20 @@ pub(crate) fn locate(
     let gd_block = gdt + g / descs_per_block;
     let gd = fs.block(gd_block)?;
     let (table, _) = parse(&gd, g);
+    // Of the descriptor only where the inode table is (its counts and flags change).
     let gd_at = ((g % descs_per_block) * desc_size) as usize;
     let mut structure = vec![(
         gd_block,
-        gd_at,
-        gd[gd_at..gd_at + desc_size as usize].to_vec(),
+        gd_at + 0x08,
+        gd[gd_at + 0x08..gd_at + 0x0C].to_vec(),
     )];
+    if desc_size >= 64 {
+        structure.push((
+            gd_block,
+            gd_at + 0x28,
+            gd[gd_at + 0x28..gd_at + 0x2C].to_vec(),
+        ));
+    }
     let at = table * bs + ((ino - 1) % ipg) * inode_size;
     let blk = fs.block(at / bs)?;
     let inode = &blk[(at % bs) as usize..(at % bs + inode_size.min(bs - at % bs)) as usize];

@@ -90,6 +90,8 @@ struct Unsettled {
 struct Tx {
     blocks: Vec<(u64, u64)>,
     homes: Vec<u64>,
+    /// Log block it starts at (checked when its commit became durable).
+    start: u64,
     /// Log block after its commit block.
     end: u64,
 }
@@ -209,6 +211,7 @@ impl Jbd2Watch {
                         None => break,
                     },
                     Some((2, t)) if t == next_tid && log.commit(&b, t) => {
+                        tx.start = tx.blocks.first().map_or(pos, |b| b.0);
                         tx.end = log.wrap_add(pos, 1);
                         committed.insert(t, std::mem::take(&mut tx));
                         last_commit = Some(pos);
@@ -517,7 +520,7 @@ impl Armed {
                 // The guide walks from the new tail: it must be where that transaction
                 // starts (or where the next one will).
                 let at = match self.committed.get(&log.sequence) {
-                    Some(tx) => tx.blocks.first().map(|b| b.0),
+                    Some(tx) => Some(tx.start),
                     // A new log after an empty one starts wherever jbd2 puts it.
                     None if log.sequence == self.next_tid
                         || (self.committed.is_empty() && self.log.start == 0) =>
@@ -652,6 +655,10 @@ impl Armed {
                         Some(prev) => prev.end,
                         None => self.log.start,
                     };
+                    tx.start = at;
+                    // In log order (writeback may have sent them in another).
+                    let len = self.log.last - self.log.first;
+                    tx.blocks.sort_by_key(|&(p, _)| (p + len - at) % len);
                     for &(p, step) in &tx.blocks {
                         if p != at {
                             return Err(format!(
