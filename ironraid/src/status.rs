@@ -129,6 +129,9 @@ pub struct SyncDetail {
     /// Extension: the action that ran last ("idle" if none yet).
     #[serde(default)]
     pub last_action: String,
+    /// Extension: how long that action ran, in ms (its final flush included).
+    #[serde(default)]
+    pub last_duration_ms: u64,
     /// Extension: `action frozen` is in force (nothing starts).
     #[serde(default)]
     pub frozen: bool,
@@ -406,6 +409,7 @@ impl SyncDetail {
             total_bytes: s.total_bytes,
             rate_bytes_per_s: s.rate_bytes_per_s,
             last_action: s.last_action.name().to_string(),
+            last_duration_ms: s.last_duration_ms,
             frozen: s.frozen,
             speed_min_bytes_per_s: s.speed_min_bytes,
             speed_max_bytes_per_s: s.speed_max_bytes,
@@ -683,6 +687,7 @@ mod tests {
                 total_bytes: 0,
                 rate_bytes_per_s: 0,
                 last_action: "idle".into(),
+                last_duration_ms: 0,
                 frozen: false,
                 speed_min_bytes_per_s: 1000 << 10,
                 speed_max_bytes_per_s: 200_000 << 10,

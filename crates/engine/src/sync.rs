@@ -54,6 +54,9 @@ pub struct SyncStatus {
     pub mismatch_sectors: u64,
     pub frozen: bool,
     pub last_action: SyncAction,
+    /// How long the last action that ended ran, from its start (or resumption) to its end,
+    /// final flush included.
+    pub last_duration_ms: u64,
     pub speed_min_bytes: u64,
     pub speed_max_bytes: u64,
 }
@@ -75,6 +78,9 @@ pub(crate) struct SyncState {
     pub interrupt: bool,
     pub running: SyncAction,
     pub last: SyncAction,
+    /// When the running action started, and how long the last one ran.
+    pub started: Duration,
+    pub last_duration: Duration,
     pub done: u64,
     pub total: u64,
     pub rate: u64,
@@ -117,6 +123,8 @@ impl SyncControl {
                 interrupt: false,
                 running: SyncAction::Idle,
                 last: SyncAction::Idle,
+                started: Duration::ZERO,
+                last_duration: Duration::ZERO,
                 done: 0,
                 total: 0,
                 rate: 0,
@@ -403,6 +411,7 @@ impl Array {
             mismatch_sectors: st.mismatches,
             frozen: st.frozen,
             last_action: st.last,
+            last_duration_ms: st.last_duration.as_millis() as u64,
             speed_min_bytes: st.speed_min,
             speed_max_bytes: st.speed_max,
         }
@@ -455,6 +464,7 @@ impl Array {
             _ => self.sync_total(action),
         };
         st.running = action;
+        st.started = self.sync.clock.now();
         st.done = from.min(end);
         st.total = end;
         st.rate = 0;
@@ -665,6 +675,7 @@ impl Array {
             let mut st = self.sync.st.lock();
             st.running = SyncAction::Idle;
             st.last = action;
+            st.last_duration = self.sync.clock.now().saturating_sub(st.started);
             st.done = walk.pos;
             mismatches = st.mismatches;
             if action == SyncAction::Resync {
