@@ -180,7 +180,7 @@ pub(crate) struct Journal {
     replayed: Replayed,
     write_back: std::sync::atomic::AtomicBool,
     cache: Mutex<WbCache>,
-    /// Rows in the cache (read lock-free by the read path).
+    /// Rows in the cache or being written out of it (read lock-free by the read path).
     cached_rows: std::sync::atomic::AtomicUsize,
 }
 
@@ -188,6 +188,10 @@ pub(crate) struct Journal {
 #[derive(Default)]
 struct WbCache {
     rows: BTreeMap<u64, CachedRow>,
+    /// Rows taken out of `rows` by a write-out that has not completed yet: their members may
+    /// still hold older bytes than the ones acknowledged, so reads must still go through the
+    /// row's claim (which the write-out holds) rather than straight to a member.
+    writing: std::collections::BTreeSet<u64>,
     bytes: usize,
 }
 
@@ -514,9 +518,14 @@ impl Journal {
         self.write_back.store(on, Ordering::Release);
     }
 
-    /// Does the write-back cache hold pages of this row? (Lock-free when it holds none.)
+    /// Does the write-back cache hold pages of this row, or is a write-out of them still
+    /// under way? Either way the members may not hold the row's newest bytes yet: a read takes
+    /// the row's claim. (Lock-free when the cache holds nothing.)
     pub fn is_cached(&self, row: u64) -> bool {
-        self.cached_rows.load(Ordering::Acquire) > 0 && self.cache.lock().rows.contains_key(&row)
+        self.cached_rows.load(Ordering::Acquire) > 0 && {
+            let c = self.cache.lock();
+            c.rows.contains_key(&row) || c.writing.contains(&row)
+        }
     }
 
     pub fn cache_bytes(&self) -> usize {
@@ -598,12 +607,14 @@ impl Journal {
             .is_some_and(|r| r.pages.len() as u64 == data_disks as u64 * chunk_bytes / PAGE as u64)
     }
 
-    /// Take a row out of the cache for its write-out (its claim is held).
+    /// Take a row out of the cache for its write-out (its claim is held). Until
+    /// [`Journal::written_out`] or [`Journal::restore_row`], the row still counts as cached
+    /// for [`Journal::is_cached`]: its members are not up to date yet.
     pub fn take_row(&self, row: u64) -> Option<CachedRow> {
         let mut c = self.cache.lock();
         let r = c.rows.remove(&row)?;
         c.bytes -= r.pages.len() * PAGE;
-        self.cached_rows.fetch_sub(1, Ordering::AcqRel);
+        c.writing.insert(row);
         Some(r)
     }
 
@@ -611,12 +622,19 @@ impl Journal {
     pub fn restore_row(&self, row: u64, r: CachedRow) {
         let mut c = self.cache.lock();
         c.bytes += r.pages.len() * PAGE;
-        self.cached_rows.fetch_add(1, Ordering::AcqRel);
+        c.writing.remove(&row);
         c.rows.insert(row, r);
     }
 
-    /// The row's pages reached the members: the units that logged them may be reclaimed.
-    pub fn written_out(&self, r: &CachedRow) {
+    /// The row's pages reached the members: reads may go to them directly again, and the
+    /// units that logged the pages may be reclaimed.
+    pub fn written_out(&self, row: u64, r: &CachedRow) {
+        {
+            let mut c = self.cache.lock();
+            if c.writing.remove(&row) {
+                self.cached_rows.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
         let mut st = self.st.lock();
         for &seq in &r.seqs {
             st.unit(seq).home = true;

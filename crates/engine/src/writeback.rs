@@ -16,7 +16,9 @@
 //! tail.
 //!
 //! Reads of a row with cached data take the row's claim and lay the cached pages over what the
-//! members hold. Write-back needs every role present: a degraded array writes through.
+//! members hold; so do reads of a row whose write-out is under way (taken out of the cache, not
+//! yet on its members), which wait for it. Write-back needs every role present: a degraded
+//! array writes through.
 
 use crate::array::Array;
 use crate::commit::WriteSet;
@@ -107,7 +109,7 @@ impl Array {
         };
         match self.write_out(row, &cached) {
             Ok(()) => {
-                j.written_out(&cached);
+                j.written_out(row, &cached);
                 Ok(())
             }
             Err(e) => {
