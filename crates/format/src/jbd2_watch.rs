@@ -9,11 +9,14 @@
 //! happened to the writes still in flight or unflushed:
 //! * a block of the fixed set (block 0 and the superblock's block; the MMP block);
 //! * the jbd2 superblock;
-//! * a log block in the window past the last *durable* commit (or, with a durable empty log,
-//!   past `s_head` and `s_first`), while no superblock write is pending, so that the window
-//!   the guide will compute from what is on disk is the one the check assumed;
-//! * a home block named by a transaction whose commit block is durable, that follows the
-//!   durable log's chain without a gap, and that no superblock write has dropped since.
+//! * a log block outside the live log and inside the window the guide computes (one maximal
+//!   transaction past the last commit, or past `s_head` and `s_first` for an empty log) for
+//!   every superblock and every last commit that may be on disk after a crash: the durable
+//!   ones and any whose write began since; with a live log, only while the features the
+//!   block is parsed with are the ones the guide will use;
+//! * a home block named by a transaction whose commit block is durable, whose blocks continue
+//!   the log exactly where the guide's walk expects them (checked when the commit becomes
+//!   durable), and that no superblock write has dropped since.
 //!
 //! Durable means: the write ended with FUA, or a flush that began after it ended has ended.
 //! A write judged conforming stays covered until it is durable: a commit or superblock write
@@ -62,8 +65,14 @@ pub type Verdict = Result<(), Nonconforming>;
 /// What becomes durable with a write.
 #[derive(Clone, Debug)]
 enum Item {
-    Descriptor { tid: u32 },
-    Commit { tid: u32, pos: u64 },
+    /// A descriptor or revoke block: the guide's walk needs it on disk before the commit.
+    Descriptor {
+        tid: u32,
+    },
+    Commit {
+        tid: u32,
+        pos: u64,
+    },
     Superblock(Box<Log>),
 }
 
@@ -85,7 +94,7 @@ struct Unsettled {
 }
 
 /// A transaction in the log: its descriptor and revoke blocks (position, blocks to the next
-/// one) in the order written, and the home blocks its tags name.
+/// one; put in log order when its commit is checked), and the home blocks its tags name.
 #[derive(Clone, Debug, Default)]
 struct Tx {
     blocks: Vec<(u64, u64)>,
