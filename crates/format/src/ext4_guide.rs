@@ -362,29 +362,27 @@ pub fn ext4_verify_set(
         Ok(())
     };
     let loc = locate(read, device_bytes, &gate)?;
-    let mut fs = Fs {
-        read,
-        device_bytes,
-        bs: loc.bs,
-        blocks: loc.blocks,
-    };
-    let jmap = |n: u64| loc.jmap(n);
     let mut set = [loc.fixed.as_slice(), &loc.lazy_tables].concat();
-    set.push((jmap(0)?, 1));
-    let scan = scan_log(&mut fs, &loc.jsb, &jmap, loc.inode_blocks)?;
-    let mut home: Vec<u64> = scan.txs.iter().flat_map(|t| t.1.iter().copied()).collect();
+    set.push((loc.jmap(0)?, 1));
+    let scan = scan(read, device_bytes, &loc)?;
+    let blocks = loc.blocks;
+    let mut home: Vec<u64> = scan
+        .txs
+        .iter()
+        .flat_map(|t| t.homes.iter().copied())
+        .collect();
     home.sort_unstable();
     home.dedup();
     for &b in &home {
-        if b >= fs.blocks {
+        if b >= blocks {
             return Err(corrupt(format!("a tag names block {b}, past the end")));
         }
         set.push((b, 1));
     }
     for &n in &scan.window {
-        set.push((jmap(n)?, 1));
+        set.push((loc.jmap(n)?, 1));
     }
-    if set.iter().any(|&(b, n)| b.saturating_add(n) > fs.blocks) {
+    if set.iter().any(|&(b, n)| b.saturating_add(n) > blocks) {
         return Err(corrupt("a block of the set lies past the end"));
     }
     let ranges = merge_blocks(set, loc.bs);
@@ -398,7 +396,7 @@ pub fn ext4_verify_set(
         window_blocks: scan.window.len() as u64,
         needs_recovery: loc.needs_recovery,
         sequence_first: scan.log.sequence,
-        sequence_last: scan.txs.last().map(|t| t.0),
+        sequence_last: scan.txs.last().map(|t| t.tid),
         data_journal_declared: loc.declared,
     })
 }
@@ -629,14 +627,6 @@ impl Log {
         self.last - self.first
     }
 
-    fn next(&self, n: u64) -> u64 {
-        if n + 1 >= self.last {
-            self.first
-        } else {
-            n + 1
-        }
-    }
-
     pub fn wrap_add(&self, n: u64, k: u64) -> u64 {
         self.first + (n - self.first + k) % self.len()
     }
@@ -745,27 +735,51 @@ pub(crate) fn jbd2_header(b: &[u8]) -> Option<(u32, u32)> {
     (b.len() >= 12 && be32(b, 0) == JBD2_MAGIC).then(|| (be32(b, 4), be32(b, 8)))
 }
 
-/// What the log holds.
-struct Scan {
-    log: Log,
-    /// Committed transactions, oldest first: tid and the home blocks its tags name.
-    txs: Vec<(u32, Vec<u64>)>,
-    /// Journal block numbers of the head window.
-    window: Vec<u64>,
-    /// Log block of the last good commit block.
-    last_commit: Option<u64>,
+/// A transaction as the log walk finds it.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct LogTx {
+    pub tid: u32,
+    /// Its descriptor and revoke blocks: position, and blocks to the next one.
+    pub blocks: Vec<(u64, u64)>,
+    /// The home blocks its tags name.
+    pub homes: Vec<u64>,
+    /// Log block of its commit block (None: not committed).
+    pub commit: Option<u64>,
 }
 
-/// jbd2's PASS_SCAN over the log, from the journal superblock `jsb`.
-fn scan_log(
-    fs: &mut Fs,
-    jsb: &[u8],
-    jmap: &dyn Fn(u64) -> Result<u64, GuideRefusal>,
-    inode_blocks: u64,
+/// What the log holds.
+pub(crate) struct Scan {
+    pub log: Log,
+    /// Committed transactions, oldest first.
+    pub txs: Vec<LogTx>,
+    /// Blocks of the next transaction found past the last commit (its commit not written yet).
+    pub open: LogTx,
+    /// Journal block numbers of the head window.
+    pub window: Vec<u64>,
+    /// Log block of the last good commit block.
+    pub last_commit: Option<u64>,
+}
+
+/// jbd2's PASS_SCAN over the log of a located file system (the guide's walk; the write watch
+/// arms from the same walk, so the two agree on what the log holds).
+pub(crate) fn scan(
+    read: &mut Read<'_>,
+    device_bytes: u64,
+    loc: &Located,
 ) -> Result<Scan, GuideRefusal> {
-    let log = Log::parse(jsb, fs.bs, inode_blocks)?;
+    let mut fs = Fs {
+        read,
+        device_bytes,
+        bs: loc.bs,
+        blocks: loc.blocks,
+    };
+    let log = Log::parse(&loc.jsb, fs.bs, loc.inode_blocks)?;
     let mut scan = Scan {
         txs: Vec::new(),
+        open: LogTx {
+            tid: log.sequence,
+            ..LogTx::default()
+        },
         window: Vec::new(),
         last_commit: None,
         log: log.clone(),
@@ -775,42 +789,48 @@ fn scan_log(
         return Ok(scan);
     }
     let mut pos = log.start;
-    let mut tid = log.sequence;
-    let mut pending: Vec<u64> = Vec::new();
     let mut walked = 0u64;
     while walked < log.len() {
-        let b = fs.block(jmap(pos)?)?;
+        let tid = scan.open.tid;
+        let b = fs.block(loc.jmap(pos)?)?;
         if jbd2_header(&b).is_none_or(|(_, t)| t != tid) {
             break;
         }
-        match be32(&b, 4) {
+        let step = match be32(&b, 4) {
             1 => {
                 let Some(mut homes) = log.descriptor(&b, tid) else {
                     break;
                 };
-                let count = homes.len() as u64;
-                pending.append(&mut homes);
-                walked += 1 + count;
-                pos = log.wrap_add(pos, 1 + count);
-                continue;
+                let step = 1 + homes.len() as u64;
+                scan.open.blocks.push((pos, step));
+                scan.open.homes.append(&mut homes);
+                step
             }
             2 => {
                 if !log.commit(&b, tid) {
                     break;
                 }
-                scan.txs.push((tid, std::mem::take(&mut pending)));
+                let next = LogTx {
+                    tid: tid.wrapping_add(1),
+                    ..LogTx::default()
+                };
+                let mut tx = std::mem::replace(&mut scan.open, next);
+                tx.commit = Some(pos);
+                scan.txs.push(tx);
                 scan.last_commit = Some(pos);
-                tid = tid.wrapping_add(1);
+                1
             }
             5 => {
                 if log.csum && !tail_ok(&b, log.seed) {
                     break;
                 }
+                scan.open.blocks.push((pos, 1));
+                1
             }
             _ => break,
-        }
-        walked += 1;
-        pos = log.next(pos);
+        };
+        walked += step;
+        pos = log.wrap_add(pos, step);
     }
     scan.window = log.window(scan.last_commit);
     Ok(scan)

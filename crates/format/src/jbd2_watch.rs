@@ -27,7 +27,7 @@
 //! journal block, a tid out of order) disarms it: every write is then nonconforming until the
 //! watch is armed again from what is on disk.
 
-use crate::ext4_guide::{jbd2_header, locate, GuideRefusal, Log, Read};
+use crate::ext4_guide::{jbd2_header, locate, scan, GuideRefusal, Log, LogTx, Read};
 use std::collections::{BTreeMap, HashMap};
 
 /// Why a write was not conforming (for counters and logs).
@@ -195,54 +195,29 @@ impl Jbd2Watch {
 
     fn arm_from(&mut self, read: &mut Read<'_>, device_bytes: u64) -> Result<(), GuideRefusal> {
         let loc = locate(read, device_bytes, &|_, _| Ok(()))?;
-        let log = Log::parse(&loc.jsb, loc.bs, loc.inode_blocks)?;
         let mut by_phys: Vec<(u64, u64, u64)> = loc.runs.clone();
         by_phys.sort_unstable_by_key(|r| r.1);
         // The committed transactions on disk now, as the guide would find them.
-        let mut committed = BTreeMap::new();
-        let mut last_commit = None;
-        let mut next_tid = log.sequence;
-        let mut tx = Tx::default();
-        if log.start != 0 {
-            let mut pos = log.start;
-            let mut walked = 0;
-            while walked < log.last - log.first {
-                let mut b = vec![0u8; loc.bs as usize];
-                read(loc.jmap(pos)? * loc.bs, &mut b).map_err(GuideRefusal::Io)?;
-                let step = match jbd2_header(&b) {
-                    Some((1, t)) if t == next_tid => match log.descriptor(&b, t) {
-                        Some(mut h) => {
-                            let n = 1 + h.len() as u64;
-                            tx.blocks.push((pos, n));
-                            tx.homes.append(&mut h);
-                            n
-                        }
-                        None => break,
-                    },
-                    Some((2, t)) if t == next_tid && log.commit(&b, t) => {
-                        tx.start = tx.blocks.first().map_or(pos, |b| b.0);
-                        tx.end = log.wrap_add(pos, 1);
-                        committed.insert(t, std::mem::take(&mut tx));
-                        last_commit = Some(pos);
-                        next_tid = t.wrapping_add(1);
-                        1
-                    }
-                    Some((5, t)) if t == next_tid => {
-                        tx.blocks.push((pos, 1));
-                        1
-                    }
-                    _ => break,
-                };
-                walked += step;
-                pos = log.wrap_add(pos, step);
+        let scan = scan(read, device_bytes, &loc)?;
+        let log = scan.log;
+        let tx = |t: LogTx| {
+            let commit = t.commit.unwrap_or_default();
+            Tx {
+                start: t.blocks.first().map_or(commit, |b| b.0),
+                end: log.wrap_add(commit, 1),
+                blocks: t.blocks,
+                homes: t.homes,
             }
-        }
+        };
+        let next_tid = scan.open.tid;
+        let committed: BTreeMap<u32, Tx> = scan.txs.into_iter().map(|t| (t.tid, tx(t))).collect();
         // Blocks of the transaction being written, past the last commit: durable already
         // (the caller flushed), so its commit may follow them.
         let mut open = HashMap::new();
-        if !tx.blocks.is_empty() {
-            open.insert(next_tid, tx);
+        if !scan.open.blocks.is_empty() {
+            open.insert(next_tid, tx(scan.open));
         }
+        let last_commit = scan.last_commit;
         let mut home = HashMap::new();
         for b in committed.values().flat_map(|t: &Tx| &t.homes) {
             *home.entry(*b).or_insert(0) += 1;
