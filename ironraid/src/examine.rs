@@ -354,7 +354,8 @@ fn print_text(e: &Examined) {
         (None, other) => println!("    Device Role : {other}"),
     }
     if let (Some(zone), Some(copies)) = (e.integrity_zone_sectors, e.integrity_copies) {
-        println!("      Integrity : crc32c records, {copies} copies, zone at {zone} sectors");
+        let plural = if copies == 1 { "copy" } else { "copies" };
+        println!("      Integrity : crc32c records, {copies} {plural}, zone at {zone} sectors");
     }
     if let (Some(tail), Some(log)) = (e.journal_tail_sectors, e.journal_log_bytes) {
         println!(

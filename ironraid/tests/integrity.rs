@@ -2,7 +2,7 @@
 //! `mdadm --examine` decodes (with md's refusal bit), and bytes flipped, zeroed or copied over
 //! other blocks inside the member files, behind a running array's back, never reach a real
 //! client: reads come back right, `check` counts every damaged block, `repair` rewrites them,
-//! and a second check finds nothing.
+//! and a second check finds nothing. RAID5/6 (data and parity blocks) and RAID1/10 (any copy).
 
 mod common;
 
@@ -67,8 +67,8 @@ fn create_examines_as_mdadm_does_and_refuses_what_it_cannot_protect() {
             "{text}"
         );
     }
-    // Levels it cannot protect yet: refused, nothing written.
-    for level in ["1", "10", "0"] {
+    // Levels with nothing to repair from: refused, with the reason, nothing written.
+    for level in ["0", "linear"] {
         let env = Env::new("irefuse", 4, MEMBER);
         let mut args = vec!["create", "--level", level, "--integrity", "crc32c"];
         let members = env.member_args();
@@ -77,6 +77,7 @@ fn create_examines_as_mdadm_does_and_refuses_what_it_cannot_protect() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "level {level}: {err}");
         assert!(err.contains("integrity"), "level {level}: {err}");
+        assert!(err.contains("no redundancy"), "level {level}: {err}");
         for m in &env.members {
             assert!(
                 read_member(m, 4096, 4096).iter().all(|&b| b == 0),
@@ -268,4 +269,113 @@ fn raid5_corruption_behind_the_arrays_back_is_caught_and_repaired() {
 #[test]
 fn raid6_corruption_behind_the_arrays_back_is_caught_and_repaired() {
     corruption_caught_and_repaired("6", 5);
+}
+
+/// Mirrors: one block per member damaged (never two copies of one page), behind a running
+/// daemon's back. Reads meet some of the damaged copies (reads rotate over copies) and repair
+/// them; `check` counts the rest; `repair` rewrites them; a second check finds nothing; and any
+/// member may go afterwards.
+fn mirror_corruption_caught_and_repaired(level: &str, n: usize) {
+    if !require_tools(&["nbdcopy"]) {
+        return;
+    }
+    let env = Env::new(&format!("imirror{level}"), n, MEMBER);
+    env.create(level, &["--chunk", "64K", "--integrity", "crc32c"]);
+    let d = env.run_all();
+    let uri = env.uri();
+    let src = env.dir.path().join("src.bin");
+    random_file(&src, (8 * MIB) as usize, 12);
+    sh("nbdcopy", &[src.to_str().unwrap(), &uri]);
+    let base = env.examine(&env.members[0])["data_offset_sectors"]
+        .as_u64()
+        .unwrap()
+        * 512;
+    // Member m's damage sits at its own offset: two copies of a page live at the same member
+    // offset (RAID1, RAID10 near), so distinct offsets never hit both copies of one page.
+    let mut offsets = Vec::new();
+    for m in 0..n {
+        let at = base + (3 + 7 * m as u64) * CHUNK + (m as u64 % 4) * PAGE;
+        let path = &env.members[m];
+        match m % 3 {
+            0 => {
+                let mut b = read_member(path, at + 100, 8);
+                for x in &mut b {
+                    *x ^= 0x5a;
+                }
+                scribble(path, at + 100, &b);
+            }
+            1 => scribble(path, at, &vec![0u8; PAGE as usize]),
+            _ => {
+                let other = read_member(path, base + 40 * CHUNK + 3 * PAGE, PAGE as usize);
+                scribble(path, at, &other);
+            }
+        }
+        offsets.push(at);
+    }
+    let out = env.dir.path().join("out.bin");
+    let back = || {
+        let _ = std::fs::remove_file(&out);
+        sh("nbdcopy", &[&uri, out.to_str().unwrap()]);
+        let got = std::fs::read(&out).unwrap();
+        let want = std::fs::read(&src).unwrap();
+        assert!(got[..want.len()] == want[..], "{level}: data read back differs");
+        assert!(got[want.len()..].iter().all(|&b| b == 0), "{level}: tail not zero");
+    };
+    back();
+    let read = integrity(&env);
+    assert_eq!(read["unrecoverable"], 0, "{read:#}");
+    assert_eq!(
+        read["repaired"], read["data_mismatches"],
+        "{level}: every damaged copy a read met was rewritten: {read:#}"
+    );
+    let met = read["data_mismatches"].as_u64().unwrap();
+    // Check counts the damaged copies the reads did not meet; copies then still differ there.
+    let differing = env.action_wait("check");
+    let checked = integrity(&env);
+    assert_eq!(
+        found(&checked),
+        n as u64,
+        "{level}: reads and check together found every damaged copy once: {checked:#}"
+    );
+    assert_eq!(differing, (n as u64 - met) * 8, "{level}: {checked:#}");
+    env.action_wait("repair");
+    let repaired = integrity(&env);
+    assert_eq!(repaired["repaired"].as_u64().unwrap(), n as u64, "{repaired:#}");
+    assert_eq!(env.action_wait("check"), 0, "{level}: copies differ after repair");
+    assert_eq!(found(&integrity(&env)), found(&repaired), "{level}: second check");
+    back();
+    let log = env.stop(d);
+    assert!(log.contains("integrity_repaired"), "{level}: no repair event:\n{log}");
+    // The damaged copies hold the written bytes again, on disk.
+    for (m, at) in offsets.iter().enumerate() {
+        let copy = read_member(&env.members[m], *at, PAGE as usize);
+        assert!(
+            copy.iter().any(|&b| b != 0),
+            "{level}: member {m} block at {at} still zero"
+        );
+    }
+    // A table block copy, garbage while the array is stopped: found at start, reads right.
+    let zone = env.examine(&env.members[1])["integrity_zone_sectors"]
+        .as_u64()
+        .unwrap()
+        * 512;
+    scribble(&env.members[1], base + zone, &[0xa5u8; PAGE as usize]);
+    let d = env.run_all();
+    assert_eq!(integrity(&env)["table_copies_bad"], 1, "{level}");
+    back();
+    env.stop(d);
+    // Any member may go: every byte still reads back right, verified.
+    let d = env.run(&env.members[1..]);
+    back();
+    env.stop(d);
+}
+
+#[test]
+fn raid1_corruption_behind_the_arrays_back_is_caught_and_repaired() {
+    mirror_corruption_caught_and_repaired("1", 2);
+}
+
+#[test]
+fn raid10_corruption_behind_the_arrays_back_is_caught_and_repaired() {
+    mirror_corruption_caught_and_repaired("10", 4);
 }

@@ -635,7 +635,10 @@ fn load_integrity(
             best.data_size
         )));
     }
-    let integrity = crate::integrity::Integrity::new(best.set_uuid, zone);
+    let twins = (0..geometry.raid_disks())
+        .map(|r| geometry.device_twins(r))
+        .collect();
+    let integrity = crate::integrity::Integrity::new(best.set_uuid, zone, twins);
     integrity.load(slots);
     Ok(Some(Arc::new(integrity)))
 }

@@ -151,8 +151,10 @@ pub fn create(spec: &CreateSpec) -> Result<Created> {
     let copies = format::table_copies(spec.level.md_level(), spec.members.len());
     let zone = match copies.filter(|_| spec.integrity) {
         Some(copies) => {
-            let fit = format::Zone::fit(spec.members.len(), copies, min_data, chunk_sectors)
-                .ok_or_else(|| {
+            // RAID1 has no chunk: its size is kept to whole pages, which records cover.
+            let unit = chunk_sectors.max(8);
+            let fit =
+                format::Zone::fit(spec.members.len(), copies, min_data, unit).ok_or_else(|| {
                     EngineError::InvalidArgument(
                         "members too small for one chunk and the integrity zone".into(),
                     )
@@ -337,17 +339,27 @@ fn check_journal_spec(spec: &CreateSpec) -> Result<()> {
     Ok(())
 }
 
-/// Integrity records cover RAID4/5/6 with a member more than the table copies, in whole pages.
+/// Integrity records cover the levels with redundancy to repair from (RAID1, 10, 4, 5, 6),
+/// with a member more than the table copies, in whole pages.
 fn check_integrity_spec(spec: &CreateSpec) -> Result<()> {
     if format::table_copies(spec.level.md_level(), spec.members.len()).is_none() {
+        let why = match spec.level {
+            Level::Linear | Level::Raid0 => {
+                "it has no redundancy to repair a bad block from (records would only turn \
+                 wrong data into read errors); use RAID1, 10, 4, 5 or 6"
+            }
+            _ => {
+                "records are kept for RAID1 and RAID10 with at least 2 members, RAID4/5 with \
+                 at least 3 and RAID6 with at least 4"
+            }
+        };
         return Err(EngineError::InvalidArgument(format!(
-            "integrity records are kept for RAID4/5 with at least 3 members and RAID6 with at \
-             least 4; not for {} with {} (mirrors and RAID0/linear are not supported yet)",
+            "--integrity is not available for {} with {} members: {why}",
             spec.level.name(),
             spec.members.len()
         )));
     }
-    if !spec.chunk_bytes.is_multiple_of(4096) {
+    if spec.level != Level::Raid1 && !spec.chunk_bytes.is_multiple_of(4096) {
         return Err(EngineError::InvalidArgument(format!(
             "chunk {} bytes: records cover whole 4 KiB blocks, so the chunk must be a multiple of 4096",
             spec.chunk_bytes

@@ -134,13 +134,18 @@ pub(crate) struct Integrity {
     /// Re-reads that failed after a rewrite, per role (repeated ones fail the member).
     strikes: Vec<AtomicU32>,
     zero_record: u32,
+    /// Per role, the roles holding the same blocks at the same offsets (mirrors): a table with
+    /// no valid copy of its own is taken from a twin's.
+    twins: Vec<Vec<usize>>,
 }
 
 /// A rewrite of the same role that reads back wrong this many times fails the member.
 pub(crate) const STRIKES_TO_FAIL: u32 = 3;
 
 impl Integrity {
-    pub fn new(uuid: [u8; 16], zone: Zone) -> Integrity {
+    /// `twins[role]`: see [`Integrity::twins`] (empty per role for parity levels).
+    pub fn new(uuid: [u8; 16], zone: Zone, twins: Vec<Vec<usize>>) -> Integrity {
+        assert_eq!(twins.len(), zone.raid_disks, "twins per role");
         let seed = format::record_seed(&uuid);
         let zero_record = format::record_of(seed, &[0u8; RECORD_BLOCK]);
         Integrity {
@@ -161,6 +166,7 @@ impl Integrity {
             counts: Counters::default(),
             strikes: (0..zone.raid_disks).map(|_| AtomicU32::new(0)).collect(),
             zero_record,
+            twins,
         }
     }
 
@@ -427,6 +433,9 @@ impl Integrity {
     pub fn load(&self, slots: &[Slot]) {
         let per = RECORDS_PER_TABLE as u64;
         let mut max_epoch = 0u64;
+        // (subject, index) of table blocks with no valid copy, and which were loaded.
+        let mut orphans: Vec<(usize, u64)> = Vec::new();
+        let mut loaded: BTreeSet<(usize, u64)> = BTreeSet::new();
         for subject in 0..self.zone.raid_disks {
             // copies[c] = the holder's table area for this subject, if readable.
             let areas: Vec<Option<Vec<u8>>> = (0..self.zone.copies)
@@ -500,13 +509,30 @@ impl Integrity {
                                 self.records[subject][b as usize].store(*r, Ordering::Relaxed);
                             }
                         }
+                        loaded.insert((subject, index));
                     }
-                    None => {
-                        self.rebuild_table(slots, subject, index);
-                        self.dirty.lock().insert((subject, index));
-                    }
+                    None => orphans.push((subject, index)),
                 }
             }
+        }
+        for (subject, index) in orphans {
+            // A mirror's twin records the same blocks: its table is as good as a copy (a 2-way
+            // mirror keeps one copy per member, so a lost member takes its twin's only copy).
+            match self.twins[subject]
+                .iter()
+                .find(|&&t| loaded.contains(&(t, index)))
+            {
+                Some(&twin) => {
+                    let first = (index * per) as usize;
+                    let last = ((index + 1) * per).min(self.zone.blocks) as usize;
+                    for b in first..last {
+                        let r = self.records[twin][b].load(Ordering::Relaxed);
+                        self.records[subject][b].store(r, Ordering::Relaxed);
+                    }
+                }
+                None => self.rebuild_table(slots, subject, index),
+            }
+            self.dirty.lock().insert((subject, index));
         }
         self.epoch.store(max_epoch, Ordering::Release);
     }
@@ -709,7 +735,7 @@ mod tests {
     /// even numbers of data blocks.
     #[test]
     fn records_of_xor_match_the_parity_bytes() {
-        let integ = Integrity::new([7; 16], Zone::new(7, 2, 1 << 12));
+        let integ = Integrity::new([7; 16], Zone::new(7, 2, 1 << 12), vec![Vec::new(); 7]);
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
         for k in 1..=6 {
             for _ in 0..20 {

@@ -23,6 +23,7 @@ mod manage;
 mod member;
 mod meta;
 mod mirror;
+mod mirror_heal;
 mod paged;
 mod policy;
 mod range_lock;

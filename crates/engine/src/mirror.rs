@@ -13,6 +13,7 @@
 use crate::array::Array;
 use crate::commit::WriteSet;
 use crate::error::Result;
+use crate::io::IoOutcome;
 use layout::Level;
 use parking_lot::{Mutex, MutexGuard};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -79,6 +80,19 @@ impl Array {
     }
 
     pub(crate) fn mirror_read(&self, offset_bytes: u64, buf: &mut [u8]) -> Result<()> {
+        self.mirror_read_in(offset_bytes, buf, false)
+    }
+
+    /// `locked`: the caller holds the range's region locks (a repair then takes none).
+    fn mirror_read_in(&self, offset_bytes: u64, buf: &mut [u8], locked: bool) -> Result<()> {
+        if let Some((a, b)) = self.whole_pages(offset_bytes, buf.len()) {
+            // Records verify whole pages: read the pages around the range.
+            let mut pages = self.bufs.get((b - a) as usize);
+            self.mirror_read_in(a, &mut pages, locked)?;
+            let skip = (offset_bytes - a) as usize;
+            buf.copy_from_slice(&pages[skip..skip + buf.len()]);
+            return Ok(());
+        }
         let pieces = self.pieces(offset_bytes, buf.len());
         let spread = if self.sync.unsynced.load(Ordering::Acquire) {
             0
@@ -87,6 +101,9 @@ impl Array {
         };
         // attempt[i]: how many copies of piece i have been tried
         let mut attempt = vec![0usize; pieces.len()];
+        // corrupt[i]: a copy of piece i failed its records; the piece's copies are then settled
+        // (repaired) and the client gets the settled bytes.
+        let mut corrupt = vec![false; pieces.len()];
         let mut pending: Vec<usize> = (0..pieces.len()).collect();
         while !pending.is_empty() {
             let mut ios = Vec::new();
@@ -97,6 +114,9 @@ impl Array {
                 let p = &pieces[i];
                 let start = if spread == 0 { 0 } else { spread + i };
                 let Some(copy) = self.pick_copy(p, start, &mut attempt[i]) else {
+                    if corrupt[i] {
+                        continue;
+                    }
                     return Err(self.unrecoverable(
                         p.array_offset,
                         p.len as u64,
@@ -117,6 +137,9 @@ impl Array {
                 .filter(|(op, _)| !op.ok())
                 .map(|(_, &i)| i)
                 .collect();
+            for (op, &i) in ios.iter().zip(&which) {
+                corrupt[i] |= op.outcome == IoOutcome::Corrupt;
+            }
             if !failed.is_empty() && self.geometry.max_degraded() == 0 {
                 let p = &pieces[failed[0]];
                 return Err(self.unrecoverable(
@@ -127,7 +150,30 @@ impl Array {
             }
             pending = failed;
         }
+        // The client gets what the copies were settled to, not the copy that happened to pass:
+        // after an unclean stop two copies may both pass and differ, and the next read must
+        // return the same bytes as this one.
+        for p in pieces
+            .iter()
+            .zip(&corrupt)
+            .filter(|(_, c)| **c)
+            .map(|(p, _)| p)
+        {
+            let out = &mut buf[p.buf_offset..p.buf_offset + p.len];
+            let _guard = (!locked).then(|| self.lock_array_range(p.array_offset, p.len as u64));
+            self.settle_copies(p.array_offset, p.len as u64, self.heal_mode(), Some(out))?;
+        }
         Ok(())
+    }
+
+    /// With integrity records, the whole pages around array bytes `offset..offset + len` when
+    /// the range is not made of whole pages.
+    fn whole_pages(&self, offset_bytes: u64, len: usize) -> Option<(u64, u64)> {
+        let page = format::RECORD_BLOCK as u64;
+        let end = offset_bytes + len as u64;
+        (self.integrity.is_some()
+            && (!offset_bytes.is_multiple_of(page) || !end.is_multiple_of(page)))
+        .then(|| (offset_bytes / page * page, end.div_ceil(page) * page))
     }
 
     /// The next usable copy of a piece to try, starting from a spread-out index so that
@@ -148,20 +194,52 @@ impl Array {
     }
 
     pub(crate) fn mirror_write(&self, offset_bytes: u64, data: &[u8], fua: bool) -> Result<()> {
-        let _guards = (self.geometry.max_degraded() > 0)
-            .then(|| self.lock_array_range(offset_bytes, data.len() as u64));
+        let (a, b) = self
+            .whole_pages(offset_bytes, data.len())
+            .unwrap_or((offset_bytes, offset_bytes + data.len() as u64));
+        let _guards = (self.geometry.max_degraded() > 0).then(|| self.lock_array_range(a, b - a));
+        if (a, b) == (offset_bytes, offset_bytes + data.len() as u64) {
+            return self.mirror_write_locked(offset_bytes, data, fua);
+        }
+        // Records cover whole pages: read the pages around the range (verified), patch, write.
+        let mut pages = self.bufs.get((b - a) as usize);
+        let page = format::RECORD_BLOCK;
+        let end = offset_bytes + data.len() as u64;
+        let mut edges = vec![];
+        if offset_bytes != a {
+            edges.push(a);
+        }
+        if end != b && (edges.is_empty() || b - page as u64 != a) {
+            edges.push(b - page as u64);
+        }
+        for at in edges {
+            let skip = (at - a) as usize;
+            self.mirror_read_in(at, &mut pages[skip..skip + page], true)?;
+        }
+        let skip = (offset_bytes - a) as usize;
+        pages[skip..skip + data.len()].copy_from_slice(data);
+        self.mirror_write_locked(a, &pages, fua)
+    }
+
+    /// A write whose region locks the caller holds (pages whole when records are kept).
+    fn mirror_write_locked(&self, offset_bytes: u64, data: &[u8], fua: bool) -> Result<()> {
         let pieces = self.pieces(offset_bytes, data.len());
         let mut ios = Vec::new();
         let mut owner = Vec::new();
         for (i, p) in pieces.iter().enumerate() {
             let bytes = &data[p.buf_offset..p.buf_offset + p.len];
-            for copy in p
-                .copies
-                .iter()
-                .filter(|c| self.slot(c.dev).in_sync(c.dev_sector * 512, p.len as u64))
-            {
-                ios.push(self.write_io(copy.dev, copy.dev_sector * 512, bytes, fua));
-                owner.push(i);
+            for copy in p.copies.iter() {
+                if self
+                    .slot(copy.dev)
+                    .in_sync(copy.dev_sector * 512, p.len as u64)
+                {
+                    ios.push(self.write_io(copy.dev, copy.dev_sector * 512, bytes, fua));
+                    owner.push(i);
+                } else if let Some(integ) = &self.integrity {
+                    // The copy's records follow what it should hold: a degraded mirror's
+                    // tables stand in for the missing member's (see `Integrity::load`).
+                    integ.set_block(copy.dev, copy.dev_sector * 512, bytes);
+                }
             }
         }
         self.commit_writes(&WriteSet::mirror(offset_bytes, data.len() as u64), &mut ios)?;

@@ -212,9 +212,12 @@ impl Array {
         Err(Stop::Failed("members kept failing".into()))
     }
 
-    /// Read array bytes at `at` from an in-sync copy on any member but `skip`.
+    /// Read array bytes at `at` from an in-sync copy on any member but `skip` (the caller holds
+    /// the region locks). Copies met that fail their records are repaired from a good one, or
+    /// the read fails.
     pub(crate) fn read_other_copy(&self, skip: usize, at: u64, buf: &mut [u8]) -> Result<(), Stop> {
         let copies = self.geometry.map_copies(at / 512);
+        let mut corrupt = false;
         for c in copies.iter().filter(|c| c.dev != skip) {
             if !self
                 .slot(c.dev)
@@ -223,9 +226,17 @@ impl Array {
                 continue;
             }
             let mut io = [self.read_io(c.dev, c.dev_sector * 512, buf)];
-            if self.run_io(&mut io) {
+            if self.run_io(&mut io) && !corrupt {
                 return Ok(());
             }
+            corrupt |= io[0].outcome == crate::io::IoOutcome::Corrupt;
+        }
+        if corrupt {
+            // Repair the bad copies on the way (or fail: no copy passed).
+            return self
+                .settle_copies(at, buf.len() as u64, self.heal_mode(), Some(buf))
+                .map(|_| ())
+                .map_err(|e| Stop::Failed(e.to_string()));
         }
         Err(Stop::Failed(format!(
             "no in-sync copy of array byte {at} left"

@@ -12,6 +12,11 @@ impl Array {
     /// mirrors); returns where the next window starts.
     pub(crate) fn scrub_step(&self, action: SyncAction, pos: u64, end: u64) -> Result<u64, Stop> {
         let fix = action != SyncAction::Check;
+        let heal = match action {
+            SyncAction::Check => Heal::Count,
+            SyncAction::Resync => Heal::Settle,
+            _ => Heal::Repair,
+        };
         let bad;
         let next;
         if self.geometry.level().is_parity() {
@@ -22,11 +27,6 @@ impl Array {
                 .min(self.geometry.stripes())
                 .min(end.div_ceil(chunk));
             let guard = self.lock_stripes(row, last);
-            let heal = match action {
-                SyncAction::Check => Heal::Count,
-                SyncAction::Resync => Heal::Settle,
-                _ => Heal::Repair,
-            };
             let res = self.scrub_window(row, last, fix, heal);
             drop(guard);
             bad = res?;
@@ -35,7 +35,7 @@ impl Array {
             let step = self.mirror_step();
             let off = pos / step * step;
             let len = step.min(end - off);
-            bad = self.scrub_mirror(off, len, fix)?;
+            bad = self.scrub_mirror(off, len, heal)?;
             next = off + len;
         }
         self.sync.st.lock().mismatches += bad;
@@ -89,52 +89,11 @@ impl Array {
         Ok(bad)
     }
 
-    /// Compare every copy of array bytes `at..at+len` with the first; copy it over if `fix`.
-    pub(crate) fn scrub_mirror(&self, at: u64, len: u64, fix: bool) -> Result<u64, Stop> {
+    /// Bring the copies of array bytes `at..at+len` into agreement (`settle_copies`): check
+    /// counts, repair and resync rewrite.
+    pub(crate) fn scrub_mirror(&self, at: u64, len: u64, heal: Heal) -> Result<u64, Stop> {
         let _guard = self.lock_array_range(at, len);
-        let mut done = 0;
-        let mut bad = 0;
-        while done < len {
-            let copies = self.geometry.map_copies((at + done) / 512);
-            let n = (copies.run_sectors() * 512).min(len - done);
-            let mut first = self.bufs.get(n as usize);
-            // The first copy that is current is the one the others follow (a degraded mirror
-            // resyncs the copies it still has).
-            let Some(src) = copies
-                .iter()
-                .find(|c| self.slot(c.dev).in_sync(c.dev_sector * 512, n))
-            else {
-                return Err(Stop::Failed(format!(
-                    "no current copy of array byte {}",
-                    at + done
-                )));
-            };
-            let mut io = [self.read_io(src.dev, src.dev_sector * 512, &mut first)];
-            if !self.run_io(&mut io) {
-                return Err(Stop::Failed(format!(
-                    "read of the first copy of array byte {} failed",
-                    at + done
-                )));
-            }
-            for c in copies.iter().filter(|c| c.dev != src.dev) {
-                let mut other = self.bufs.get(n as usize);
-                let mut io = [self.read_io(c.dev, c.dev_sector * 512, &mut other)];
-                if !self.run_io(&mut io) {
-                    continue;
-                }
-                for (a, b) in first.chunks(4096).zip(other.chunks(4096)) {
-                    if a != b {
-                        bad += a.len() as u64 / 512;
-                    }
-                }
-                if fix && first[..] != other[..] {
-                    let mut io = [self.write_io(c.dev, c.dev_sector * 512, &first, false)];
-                    self.commit_writes(&WriteSet::repair(at + done, n), &mut io)
-                        .map_err(|e| Stop::Failed(e.to_string()))?;
-                }
-            }
-            done += n;
-        }
-        Ok(bad)
+        self.settle_copies(at, len, heal, None)
+            .map_err(|e| Stop::Failed(e.to_string()))
     }
 }

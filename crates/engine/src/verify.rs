@@ -77,6 +77,7 @@ impl Array {
             }
         } else {
             // Mirrors: every copy of the 4 KiB pages under the ranges.
+            let heal = if fix { self.heal_mode() } else { Heal::Count };
             let pages = merge(
                 ranges
                     .iter()
@@ -91,7 +92,7 @@ impl Array {
                 while at < b {
                     let len = (step - at % step).min(b - at);
                     report.mismatch_sectors += self
-                        .scrub_mirror(at, len, fix)
+                        .scrub_mirror(at, len, heal)
                         .map_err(|e| self.verify_failed(at, len, e))?;
                     at += len;
                 }

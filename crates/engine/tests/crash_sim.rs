@@ -78,9 +78,9 @@ enum Policy {
     /// The same journal in write-back mode (switched on at every start): acknowledged data
     /// waits in the log and the cache until its row is written out.
     JournalWriteBack,
-    /// Resync, with integrity records (RAID4/5/6).
+    /// Resync, with integrity records.
     ResyncIntegrity,
-    /// Bitmap, with integrity records (RAID4/5/6).
+    /// Bitmap, with integrity records.
     BitmapIntegrity,
     /// The journal (write-through), with integrity records.
     JournalIntegrity,
@@ -1351,5 +1351,45 @@ fn crash_raid6_journal_write_back_integrity() {
         Level::Raid6,
         Mode::Healthy,
         Policy::JournalWriteBackIntegrity,
+    );
+}
+
+#[test]
+fn crash_raid1_integrity_with_failures_and_rebuilds() {
+    run_level_with(
+        "crash_raid1_integrity_with_failures_and_rebuilds",
+        Level::Raid1,
+        Mode::Failures,
+        Policy::ResyncIntegrity,
+    );
+}
+
+#[test]
+fn crash_raid10_integrity_with_failures_and_rebuilds() {
+    run_level_with(
+        "crash_raid10_integrity_with_failures_and_rebuilds",
+        Level::Raid10,
+        Mode::Failures,
+        Policy::ResyncIntegrity,
+    );
+}
+
+#[test]
+fn crash_raid1_bitmap_integrity_with_failures_and_rebuilds() {
+    run_level_with(
+        "crash_raid1_bitmap_integrity_with_failures_and_rebuilds",
+        Level::Raid1,
+        Mode::Failures,
+        Policy::BitmapIntegrity,
+    );
+}
+
+#[test]
+fn crash_raid10_bitmap_integrity() {
+    run_level_with(
+        "crash_raid10_bitmap_integrity",
+        Level::Raid10,
+        Mode::Healthy,
+        Policy::BitmapIntegrity,
     );
 }

@@ -124,13 +124,17 @@ impl Zone {
 
 /// Table copies per subject for a level and member count: RAID4/5 two, RAID6 three (one more
 /// than the redundancy, so that a device holding a block's redundancy never outvotes it alone).
+/// Mirrors (RAID1, RAID10) keep two where they have three members or more, else one: a 2-way
+/// mirror's records of each member sit on the other, and its twin's table, which records the
+/// same blocks, stands in when that member is gone. Linear and RAID0 get none: with nothing to
+/// repair from, a record could only turn wrong data into an error.
 pub fn table_copies(md_level: i32, raid_disks: usize) -> Option<usize> {
-    let want = match md_level {
-        4 | 5 => 2,
-        6 => 3,
-        _ => return None,
-    };
-    (raid_disks > want).then_some(want)
+    match md_level {
+        4 | 5 => (raid_disks > 2).then_some(2),
+        6 => (raid_disks > 3).then_some(3),
+        1 | 10 => (raid_disks >= 2).then_some(2.min(raid_disks - 1)),
+        _ => None,
+    }
 }
 
 /// The record of one 4 KiB block.
@@ -352,7 +356,10 @@ mod tests {
         assert_eq!(table_copies(5, 2), None);
         assert_eq!(table_copies(6, 4), Some(3));
         assert_eq!(table_copies(4, 4), Some(2));
-        assert_eq!(table_copies(1, 2), None);
+        assert_eq!(table_copies(1, 2), Some(1));
+        assert_eq!(table_copies(1, 3), Some(2));
+        assert_eq!(table_copies(10, 4), Some(2));
+        assert_eq!(table_copies(1, 1), None);
         assert_eq!(table_copies(0, 4), None);
     }
 }

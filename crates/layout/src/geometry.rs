@@ -188,6 +188,21 @@ impl Geometry {
         self.array_sectors
     }
 
+    /// Roles that hold the same bytes as `role` at the same device offsets: every other role of
+    /// RAID1, the near set of a RAID10 near layout whose copies divide the members evenly;
+    /// none otherwise (far and offset copies sit elsewhere, parity levels have no copies).
+    pub fn device_twins(&self, role: usize) -> Vec<usize> {
+        assert!(role < self.raid_disks(), "role {role} out of range");
+        match &self.kind {
+            Kind::Raid1 => (0..self.raid_disks()).filter(|&r| r != role).collect(),
+            Kind::Raid10(r) if r.fc == 1 && r.n.is_multiple_of(r.nc) => {
+                let first = role / r.nc * r.nc;
+                (first..first + r.nc).filter(|&t| t != role).collect()
+            }
+            _ => Vec::new(),
+        }
+    }
+
     /// Number of copies of each array sector: 1 for linear/raid0/raid4/5/6,
     /// n for raid1, nc·fc for raid10.
     pub fn copies(&self) -> usize {

@@ -160,6 +160,15 @@ proptest! {
         failed[dev] = true;
         prop_assert!(g.survives(&failed));
         let c = g.map_copies(probe % g.array_sectors());
+        // Device twins hold every copy's bytes at the copy's own device offset.
+        for l in c.iter() {
+            for t in g.device_twins(l.dev) {
+                let twin = Loc { dev: t, dev_sector: l.dev_sector };
+                prop_assert!(c.iter().any(|m| m == twin), "twin {} of {:?}", t, l);
+            }
+        }
+        let near_only = layout >> 8 & 0xFF == 1 && n % (layout & 0xFF) as usize == 0;
+        prop_assert_eq!(g.device_twins(dev).is_empty(), !near_only);
         let mut all = vec![false; n];
         c.iter().for_each(|l| all[l.dev] = true);
         prop_assert!(!g.survives(&all));
@@ -178,6 +187,7 @@ proptest! {
             prop_assert_eq!(g.reverse_copy(i, r), Some(r));
         }
         prop_assert_eq!(g.reverse_copy(0, size), None);
+        prop_assert_eq!(g.device_twins(0).len(), n - 1);
     }
 
     #[test]
