@@ -318,8 +318,14 @@ fn mirror_corruption_caught_and_repaired(level: &str, n: usize) {
         sh("nbdcopy", &[&uri, out.to_str().unwrap()]);
         let got = std::fs::read(&out).unwrap();
         let want = std::fs::read(&src).unwrap();
-        assert!(got[..want.len()] == want[..], "{level}: data read back differs");
-        assert!(got[want.len()..].iter().all(|&b| b == 0), "{level}: tail not zero");
+        assert!(
+            got[..want.len()] == want[..],
+            "{level}: data read back differs"
+        );
+        assert!(
+            got[want.len()..].iter().all(|&b| b == 0),
+            "{level}: tail not zero"
+        );
     };
     back();
     let read = integrity(&env);
@@ -340,12 +346,27 @@ fn mirror_corruption_caught_and_repaired(level: &str, n: usize) {
     assert_eq!(differing, (n as u64 - met) * 8, "{level}: {checked:#}");
     env.action_wait("repair");
     let repaired = integrity(&env);
-    assert_eq!(repaired["repaired"].as_u64().unwrap(), n as u64, "{repaired:#}");
-    assert_eq!(env.action_wait("check"), 0, "{level}: copies differ after repair");
-    assert_eq!(found(&integrity(&env)), found(&repaired), "{level}: second check");
+    assert_eq!(
+        repaired["repaired"].as_u64().unwrap(),
+        n as u64,
+        "{repaired:#}"
+    );
+    assert_eq!(
+        env.action_wait("check"),
+        0,
+        "{level}: copies differ after repair"
+    );
+    assert_eq!(
+        found(&integrity(&env)),
+        found(&repaired),
+        "{level}: second check"
+    );
     back();
     let log = env.stop(d);
-    assert!(log.contains("integrity_repaired"), "{level}: no repair event:\n{log}");
+    assert!(
+        log.contains("integrity_repaired"),
+        "{level}: no repair event:\n{log}"
+    );
     // The damaged copies hold the written bytes again, on disk.
     for (m, at) in offsets.iter().enumerate() {
         let copy = read_member(&env.members[m], *at, PAGE as usize);

@@ -204,6 +204,12 @@ impl Integrity {
             .is_some_and(|p| p.contains(&crc))
     }
 
+    /// The record of `role`'s block at `offset_bytes` (None past md's `size`).
+    pub fn record(&self, role: usize, offset_bytes: u64) -> Option<u32> {
+        let b = self.block_index(offset_bytes);
+        (b < self.zone.blocks).then(|| self.records[role][b as usize].load(Ordering::Acquire))
+    }
+
     /// Every block of `buf` (read from `role` at `offset_bytes`) matches its record.
     pub fn verify(&self, role: usize, offset_bytes: u64, buf: &[u8]) -> bool {
         assert_eq!(buf.len() as u64 % BLOCK, 0, "reads are whole 4 KiB blocks");

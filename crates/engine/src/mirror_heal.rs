@@ -133,6 +133,22 @@ impl Array {
                 (0..bad).for_each(|_| integ.count_mismatch(BlockKind::Data));
             }
             let chosen = match ok.iter().position(|o| *o) {
+                // After an unclean stop, copies whose records differ were being written when
+                // the power went (a table copy may be newer than the data it describes, or
+                // older): a copy passing its record proves nothing there, and md's rule holds
+                // (the first copy stands), so that what a read returned before the resync got
+                // here is what it leaves.
+                Some(_) if mode == Heal::Settle && !self.records_agree(&plans, pg) => {
+                    let (first, integ) = (&plans[0], self.integrity.as_ref().expect("records"));
+                    integ.set_block(
+                        first.loc.dev,
+                        self.page_at(first, pg),
+                        &first.bytes[r.clone()],
+                    );
+                    integ.count_resolved();
+                    settled += 1;
+                    0
+                }
                 Some(good) => {
                     for (p, ok) in plans.iter_mut().zip(&ok) {
                         p.failed_record[pg] = !ok;
@@ -216,6 +232,17 @@ impl Array {
             );
         }
         self.unrecoverable(off, len, "every copy fails verification")
+    }
+
+    /// Do the copies' records of page `pg` agree (true without records)?
+    fn records_agree(&self, plans: &[CopyPlan], pg: usize) -> bool {
+        let Some(integ) = &self.integrity else {
+            return true;
+        };
+        let first = integ.record(plans[0].loc.dev, self.page_at(&plans[0], pg));
+        plans[1..]
+            .iter()
+            .all(|p| integ.record(p.loc.dev, self.page_at(p, pg)) == first)
     }
 
     /// Member byte of page `pg` of a copy's run.

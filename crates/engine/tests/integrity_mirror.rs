@@ -606,3 +606,46 @@ fn canary_without_integrity_faults_reach_the_client() {
         "only {wrong} of {cases} faults reached the client without records: the injection is broken"
     );
 }
+
+/// A member that silently drops every write: each copy rewritten there reads back wrong, and
+/// after a few such rewrites the member is failed; every read still returns the written data.
+#[test]
+fn a_mirror_member_that_keeps_losing_rewrites_is_failed() {
+    let mut rng = ChaCha8Rng::seed_from_u64(78);
+    let mut rig = Rig::new(78, Level::Raid1, true);
+    while rig.sims.len() < 3 {
+        rig = Rig::new(rng.gen(), Level::Raid1, true);
+    }
+    let victim = 1;
+    rig.sims[victim].set_faults(device::Faults {
+        lost_write: 1.0,
+        ..device::Faults::default()
+    });
+    let pages: Vec<u64> = (0..6).map(|i| i * 7 % rig.pages()).collect();
+    for &page in &pages {
+        let loc = rig
+            .copies(page)
+            .into_iter()
+            .find(|c| c.dev == victim)
+            .expect("copy");
+        let mut g = vec![0u8; PAGE as usize];
+        rng.fill(&mut g[..]);
+        rig.put(loc, &g);
+    }
+    for &page in &pages {
+        assert!(
+            rig.read_page_from_each_copy(page)
+                .expect("served from a good copy"),
+            "wrong data at page {page}"
+        );
+    }
+    let st = rig.array.status();
+    let c = st.integrity.expect("integrity").counts;
+    assert!(c.rewrite_failures >= 3, "{c:?}");
+    assert_eq!(
+        st.missing_roles,
+        vec![victim],
+        "the member that keeps losing rewrites is still in the array: {c:?}"
+    );
+    assert!(rig.read_all().expect("degraded read") == rig.model);
+}
