@@ -65,6 +65,9 @@ pub struct ArrayConfig {
     /// A `guided` array that stopped uncleanly waits this long for a guide before it falls
     /// back to the bitmap resync.
     pub guide_timeout: Duration,
+    /// Integrity records kept in memory at most (4 bytes per 4 KiB member block; what does not
+    /// fit is read from the tables when needed).
+    pub integrity_cache_bytes: usize,
 }
 
 impl Default for ArrayConfig {
@@ -83,6 +86,8 @@ impl Default for ArrayConfig {
             sync_window_bytes: 2 << 20,
             read_verifier: None,
             guide_timeout: crate::guided::DEFAULT_GUIDE_TIMEOUT,
+            // Covers about 64 GiB of raw capacity (design study §5.6).
+            integrity_cache_bytes: 64 << 20,
         }
     }
 }
@@ -92,7 +97,8 @@ pub struct Array {
     pub(crate) name: String,
     pub(crate) uuid: [u8; 16],
     pub(crate) geometry: Geometry,
-    pub(crate) slots: Vec<Slot>,
+    /// Shared with the integrity records, which read their tables from the members.
+    pub(crate) slots: Arc<Vec<Slot>>,
     pub(crate) meta: Mutex<Meta>,
     pub(crate) config: ArrayConfig,
     /// Why the array was assembled read-only, when assembly decided it.
@@ -206,7 +212,7 @@ pub(crate) struct ArrayParts {
     pub name: String,
     pub uuid: [u8; 16],
     pub geometry: Geometry,
-    pub slots: Vec<Slot>,
+    pub slots: Arc<Vec<Slot>>,
     pub meta: Meta,
     pub config: ArrayConfig,
     pub read_only_reason: Option<String>,
@@ -371,6 +377,10 @@ impl Array {
             // them already).
             if res.is_ok() && fua && self.integrity.is_some() && self.policy.journal().is_none() {
                 self.flush_members();
+            } else if self.integrity.as_ref().is_some_and(|i| i.wants_write_out()) {
+                // Changed record pages cannot leave the cache until written: a client that
+                // never flushes gets its tables written anyway.
+                self.write_integrity_tables();
             }
             self.watch_end(watched, res.is_ok(), fua);
             res
@@ -435,7 +445,7 @@ impl Array {
             // cut tearing them is followed by a resync.
             let _counted = crate::commit::InCommit::enter(self);
             if self.mark_active().is_ok() {
-                for (role, m, e) in integ.write_tables(&self.slots) {
+                for (role, m, e) in integ.write_tables() {
                     self.fail_role(
                         role,
                         Some(&m),

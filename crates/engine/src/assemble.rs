@@ -565,7 +565,8 @@ fn build(
         bitmap: bitmap.clone(),
         used: used.clone(),
     };
-    let integrity = load_integrity(&best, &geometry, &slots)?;
+    let slots = Arc::new(slots);
+    let integrity = load_integrity(&best, &geometry, &slots, opts.config.integrity_cache_bytes)?;
     let mut opts = opts;
     let disks = Disks {
         geometry: &geometry,
@@ -615,7 +616,8 @@ fn build(
 fn load_integrity(
     best: &Superblock,
     geometry: &Geometry,
-    slots: &[Slot],
+    slots: &Arc<Vec<Slot>>,
+    cache_bytes: usize,
 ) -> Result<Option<Arc<crate::integrity::Integrity>>> {
     if best.feature_map & format::FEATURE_INTEGRITY == 0 {
         return Ok(None);
@@ -638,8 +640,9 @@ fn load_integrity(
     let twins = (0..geometry.raid_disks())
         .map(|r| geometry.device_twins(r))
         .collect();
-    let integrity = crate::integrity::Integrity::new(best.set_uuid, zone, twins);
-    integrity.load(slots);
+    let integrity =
+        crate::integrity::Integrity::new(best.set_uuid, zone, twins, slots.clone(), cache_bytes);
+    integrity.load();
     Ok(Some(Arc::new(integrity)))
 }
 

@@ -5,8 +5,9 @@
 //! X+2 (RAID6 also X+3), never on X, so a write X lost or sent elsewhere contradicts a record
 //! that another device kept.
 //!
-//! In memory the records are one flat array per role, loaded at assembly from the newest valid
-//! copy of each table block. They change in two places only:
+//! In memory the records live in table-block pages ([`crate::record_cache`]), within a budget:
+//! all of them, loaded at assembly, when they fit; otherwise each page is read from the newest
+//! valid copy of its table block when first needed. They change in two places only:
 //! * a member write ([`Integrity::begin_write`] before it goes out, [`Integrity::end_write`]
 //!   after), whatever the write is for (client data, parity, rebuild, repair, resync);
 //!   while it is in flight a read of the block may return the old or the new contents, and
@@ -16,18 +17,22 @@
 //!
 //! Tables go to disk at every member flush ([`Integrity::write_tables`], called by
 //! `Array::flush_members` before the flush): the records of everything a flush makes durable
-//! are durable with it (design rule P6). Each write-out stamps a new epoch; at load the newer
-//! valid copy wins and the other is rewritten.
+//! are durable with it (design rule P6). Each write-out stamps a new epoch (larger than the
+//! block's copies carry); at load the newer valid copy wins and the other is rewritten.
 
 use crate::member::{Member, Slot};
+use crate::record_cache::{CacheStats, Page, RecordCache};
 use device::AlignedBuf;
-use format::{TableBlock, Zone, RECORDS_PER_TABLE, RECORD_BLOCK};
+use format::{FormatError, TableBlock, Zone, RECORDS_PER_TABLE, RECORD_BLOCK};
 use parking_lot::Mutex;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 const BLOCK: u64 = RECORD_BLOCK as u64;
+const PER: u64 = RECORDS_PER_TABLE as u64;
+/// Table blocks read or checked per member read at load and scrub.
+const TABLE_RUN: u64 = 256;
 
 /// Records of writes in flight, by (role, block).
 type Pending = HashMap<(usize, u64), Vec<u32>>;
@@ -91,6 +96,7 @@ pub struct IntegrityStatus {
     pub table_bytes: u64,
     pub epoch: u64,
     pub counts: IntegrityCounts,
+    pub cache: CacheStats,
 }
 
 #[derive(Default)]
@@ -121,8 +127,10 @@ pub(crate) struct Integrity {
     uuid: [u8; 16],
     seed: u32,
     zone: Zone,
-    /// `records[role][block]`.
-    records: Vec<Vec<AtomicU32>>,
+    /// The records, by table block.
+    cache: RecordCache,
+    /// The array's roles: a page missing from the cache is read from them.
+    slots: Arc<Vec<Slot>>,
     /// Records of writes in flight, by (role, block): a read may see either contents.
     pending: Vec<Mutex<Pending>>,
     /// Table blocks (subject, index) changed since they were last written.
@@ -143,22 +151,26 @@ pub(crate) struct Integrity {
 pub(crate) const STRIKES_TO_FAIL: u32 = 3;
 
 impl Integrity {
-    /// `twins[role]`: see [`Integrity::twins`] (empty per role for parity levels).
-    pub fn new(uuid: [u8; 16], zone: Zone, twins: Vec<Vec<usize>>) -> Integrity {
+    /// Records of the array in `slots`, keeping at most `cache_bytes` of them in memory (a
+    /// page of 1008 records per 4 KiB); `twins[role]`: see [`Integrity::twins`] (empty per role
+    /// for parity levels).
+    pub fn new(
+        uuid: [u8; 16],
+        zone: Zone,
+        twins: Vec<Vec<usize>>,
+        slots: Arc<Vec<Slot>>,
+        cache_bytes: usize,
+    ) -> Integrity {
         assert_eq!(twins.len(), zone.raid_disks, "twins per role");
+        assert_eq!(slots.len(), zone.raid_disks, "a slot per role");
         let seed = format::record_seed(&uuid);
         let zero_record = format::record_of(seed, &[0u8; RECORD_BLOCK]);
         Integrity {
             uuid,
             seed,
             zone,
-            records: (0..zone.raid_disks)
-                .map(|_| {
-                    (0..zone.blocks)
-                        .map(|_| AtomicU32::new(zero_record))
-                        .collect()
-                })
-                .collect(),
+            cache: RecordCache::new(cache_bytes / RECORD_BLOCK),
+            slots,
             pending: (0..PENDING_SHARDS).map(|_| Mutex::default()).collect(),
             dirty: Mutex::default(),
             writing: Mutex::new(()),
@@ -195,7 +207,7 @@ impl Integrity {
             return true;
         }
         let crc = self.record_of(block);
-        if crc == self.records[role][b as usize].load(Ordering::Acquire) {
+        if crc == self.page(role, b / PER, |p| p.recs[(b % PER) as usize]) {
             return true;
         }
         self.shard(role, b)
@@ -207,7 +219,34 @@ impl Integrity {
     /// The record of `role`'s block at `offset_bytes` (None past md's `size`).
     pub fn record(&self, role: usize, offset_bytes: u64) -> Option<u32> {
         let b = self.block_index(offset_bytes);
-        (b < self.zone.blocks).then(|| self.records[role][b as usize].load(Ordering::Acquire))
+        (b < self.zone.blocks).then(|| self.page(role, b / PER, |p| p.recs[(b % PER) as usize]))
+    }
+
+    /// Run `f` on the records of table block `index` of `subject`, read from the members if
+    /// they are not in memory.
+    fn page<R>(&self, subject: usize, index: u64, f: impl FnOnce(&mut Page) -> R) -> R {
+        self.cache
+            .with((subject, index), || self.fetch(subject, index), f)
+    }
+
+    /// Set the records of `role`'s blocks `first..` (those below md's `size`) and mark their
+    /// tables for the next write-out.
+    fn store(&self, role: usize, first: u64, recs: &[u32]) {
+        let end = (first + recs.len() as u64).min(self.zone.blocks);
+        let mut b = first;
+        while b < end {
+            let index = b / PER;
+            let stop = ((index + 1) * PER).min(end);
+            self.page(role, index, |p| {
+                for x in b..stop {
+                    p.recs[(x % PER) as usize] = recs[(x - first) as usize];
+                }
+                p.changed();
+            });
+            b = stop;
+        }
+        // After the change: a write-out that takes the mark sees it.
+        self.mark_dirty(role, first, end.saturating_sub(first));
     }
 
     /// Every block of `buf` (read from `role` at `offset_bytes`) matches its record.
@@ -285,12 +324,12 @@ impl Integrity {
     /// what it was given).
     pub fn end_write(&self, role: usize, offset_bytes: u64, crcs: &[u32]) {
         let first = self.block_index(offset_bytes);
+        self.store(role, first, crcs);
         for (i, &c) in crcs.iter().enumerate() {
             let b = first + i as u64;
             if b >= self.zone.blocks {
                 continue;
             }
-            self.records[role][b as usize].store(c, Ordering::Release);
             let mut shard = self.shard(role, b).lock();
             if let Some(p) = shard.get_mut(&(role, b)) {
                 if let Some(at) = p.iter().position(|&x| x == c) {
@@ -301,34 +340,30 @@ impl Integrity {
                 }
             }
         }
-        self.mark_dirty(role, first, crcs.len() as u64);
     }
 
     /// `role` should hold `buf` at `offset_bytes` (it missed the write, or its record was the
     /// stale party).
     pub fn set_block(&self, role: usize, offset_bytes: u64, buf: &[u8]) {
         let first = self.block_index(offset_bytes);
-        let mut n = 0;
-        for (i, blk) in buf.chunks(RECORD_BLOCK).enumerate() {
-            let b = first + i as u64;
-            if b < self.zone.blocks {
-                self.records[role][b as usize].store(self.record_of(blk), Ordering::Release);
-                n += 1;
-            }
-        }
-        self.mark_dirty(role, first, n);
+        self.store(role, first, &self.records_of(buf));
     }
 
     fn mark_dirty(&self, role: usize, first: u64, blocks: u64) {
         if blocks == 0 || first >= self.zone.blocks {
             return;
         }
-        let per = RECORDS_PER_TABLE as u64;
         let last = (first + blocks - 1).min(self.zone.blocks - 1);
         let mut d = self.dirty.lock();
-        for t in first / per..=last / per {
+        for t in first / PER..=last / PER {
             d.insert((role, t));
         }
+    }
+
+    /// So many tables wait for a write-out that their changed pages crowd the cache (a client
+    /// that writes on and never flushes): the caller should write them out.
+    pub fn wants_write_out(&self) -> bool {
+        self.dirty.lock().len() > self.cache.capacity() / 2
     }
 
     /// A new member fills `holder`: every table copy it holds is written at the next flush.
@@ -346,9 +381,14 @@ impl Integrity {
         !self.dirty.lock().is_empty()
     }
 
-    fn table_of(&self, subject: usize, index: u64, copy: usize, epoch: u64) -> TableBlock {
-        let per = RECORDS_PER_TABLE as u64;
-        let recs = &self.records[subject];
+    fn table_of(
+        &self,
+        subject: usize,
+        index: u64,
+        copy: usize,
+        epoch: u64,
+        recs: &[u32],
+    ) -> TableBlock {
         TableBlock {
             copy: copy as u8,
             subject: subject as u32,
@@ -356,32 +396,35 @@ impl Integrity {
             index,
             epoch,
             uuid: self.uuid,
-            records: (0..per)
-                .map(|i| {
-                    recs.get((index * per + i) as usize)
-                        .map_or(self.zero_record, |r| r.load(Ordering::Acquire))
-                })
-                .collect(),
+            records: recs.to_vec(),
         }
     }
 
     /// Write every changed table block to each copy's holder that is usable, copy by copy.
     /// The last copy is not flushed here (the caller flushes). Returns the holders whose write
     /// or flush failed (to be failed by the caller), with the error.
-    pub fn write_tables(&self, slots: &[Slot]) -> Vec<(usize, Arc<Member>, std::io::Error)> {
+    pub fn write_tables(&self) -> Vec<(usize, Arc<Member>, std::io::Error)> {
+        let slots = &self.slots[..];
         let _one = self.writing.lock();
         let dirty = std::mem::take(&mut *self.dirty.lock());
         if dirty.is_empty() {
             return Vec::new();
         }
-        let epoch = self.epoch.fetch_add(1, Ordering::AcqRel) + 1;
+        let base = self.epoch.load(Ordering::Acquire) + 1;
         let mut failed: Vec<(usize, Arc<Member>, std::io::Error)> = Vec::new();
         // Per holder and copy, runs of consecutive table blocks go out as one write.
         let mut runs: Vec<(usize, usize, u64, Vec<u8>)> = Vec::new();
+        let mut taken = Vec::with_capacity(dirty.len());
         for &(subject, index) in &dirty {
+            // A block's epoch grows past what its copies carry, whatever the other blocks do.
+            let (recs, gen, epoch) = self.page(subject, index, |p| {
+                (p.recs.clone(), p.gen, base.max(p.epoch + 1))
+            });
+            self.epoch.fetch_max(epoch, Ordering::AcqRel);
+            taken.push(((subject, index), gen, epoch));
             for copy in 0..self.zone.copies {
                 let holder = self.zone.holder(subject, copy);
-                let bytes = self.table_of(subject, index, copy, epoch).encode();
+                let bytes = self.table_of(subject, index, copy, epoch, &recs).encode();
                 match runs.last_mut() {
                     Some((h, c, first, buf))
                         if *h == holder
@@ -430,117 +473,172 @@ impl Integrity {
                 Err(e) => failed.push((holder, m, e)),
             }
         }
+        for (key, gen, epoch) in taken {
+            self.cache.written(key, gen, epoch);
+        }
         failed
     }
 
-    /// Load every table from the members (roles in `slots` order), newest valid copy first.
-    /// Stale or bad copies are left dirty (rewritten at the first flush). A table with no valid
-    /// copy is rebuilt from its subject's blocks as they are, when the subject is there.
-    pub fn load(&self, slots: &[Slot]) {
-        let per = RECORDS_PER_TABLE as u64;
-        let mut max_epoch = 0u64;
-        // (subject, index) of table blocks with no valid copy, and which were loaded.
+    /// Load the tables from the members, newest valid copy first, when they fit in the cache
+    /// (else each is read when first needed). Stale or bad copies are left dirty (rewritten at
+    /// the first flush). A table with no valid copy is taken from a twin's, or rebuilt from its
+    /// subject's blocks as they are, when the subject is there.
+    pub fn load(&self) {
+        let total = self.zone.raid_disks as u64 * self.zone.tables;
+        if total > self.cache.capacity() as u64 {
+            tracing::info!(
+                tables = total,
+                cache = self.cache.capacity(),
+                "integrity tables are read as needed (more than the record cache holds)"
+            );
+            return;
+        }
         let mut orphans: Vec<(usize, u64)> = Vec::new();
-        let mut loaded: BTreeSet<(usize, u64)> = BTreeSet::new();
         for subject in 0..self.zone.raid_disks {
-            // copies[c] = the holder's table area for this subject, if readable.
-            let areas: Vec<Option<Vec<u8>>> = (0..self.zone.copies)
-                .map(|c| {
-                    let holder = self.zone.holder(subject, c);
-                    let m = slots[holder].usable()?;
-                    if !slots[holder].is_complete() {
-                        // A member still being rebuilt holds nothing yet: write its copies.
-                        let mut d = self.dirty.lock();
-                        for t in 0..self.zone.tables {
-                            d.insert((subject, t));
-                        }
-                        return None;
-                    }
-                    let mut buf = AlignedBuf::zeroed((self.zone.tables * BLOCK) as usize);
-                    let at = m.data_offset_bytes + self.zone.table_sector(c, 0) * 512;
-                    m.dev.read_at(&mut buf, at).ok()?;
-                    Some(buf.to_vec())
-                })
-                .collect();
-            for index in 0..self.zone.tables {
-                let range = (index * BLOCK) as usize..((index + 1) * BLOCK) as usize;
-                let copies: Vec<Option<Result<TableBlock, format::FormatError>>> = areas
-                    .iter()
-                    .enumerate()
-                    .map(|(c, area)| {
-                        let holder = self.zone.holder(subject, c) as u32;
-                        area.as_ref().map(|a| {
-                            TableBlock::decode(
-                                &a[range.clone()],
-                                &self.uuid,
-                                c as u8,
-                                subject as u32,
-                                holder,
-                                index,
-                            )
-                        })
-                    })
+            let mut index = 0;
+            while index < self.zone.tables {
+                let n = TABLE_RUN.min(self.zone.tables - index);
+                let areas: Vec<Option<AlignedBuf>> = (0..self.zone.copies)
+                    .map(|c| self.read_tables(subject, c, index, n))
                     .collect();
-                let best = copies
-                    .iter()
-                    .flatten()
-                    .filter_map(|r| r.as_ref().ok())
-                    .max_by_key(|t| t.epoch)
-                    .cloned();
-                let mut rewrite = false;
-                for (c, copy) in copies.iter().enumerate() {
-                    match copy {
-                        None => {}
-                        Some(Err(e)) => {
-                            rewrite = true;
-                            self.counts.bad.fetch_add(1, Ordering::Relaxed);
-                            tracing::warn!(subject, index, copy = c, "integrity table: {e}");
+                for i in index..index + n {
+                    let at = ((i - index) * BLOCK) as usize;
+                    let copies = areas
+                        .iter()
+                        .enumerate()
+                        .map(|(c, a)| {
+                            a.as_ref()
+                                .map(|a| self.decode(subject, c, i, &a[at..at + RECORD_BLOCK]))
+                        })
+                        .collect();
+                    match self.choose(subject, i, copies) {
+                        Some((t, epoch)) => {
+                            self.cache
+                                .insert((subject, i), Page::loaded(t.records, epoch), |_| ());
                         }
-                        Some(Ok(t)) if best.as_ref().is_some_and(|b| b.epoch != t.epoch) => {
-                            rewrite = true;
-                            self.counts.stale.fetch_add(1, Ordering::Relaxed);
-                        }
-                        Some(Ok(_)) => {}
+                        None => orphans.push((subject, i)),
                     }
                 }
-                if rewrite {
-                    self.dirty.lock().insert((subject, index));
-                }
-                match best {
-                    Some(t) => {
-                        max_epoch = max_epoch.max(t.epoch);
-                        for (i, r) in t.records.iter().enumerate() {
-                            let b = index * per + i as u64;
-                            if b < self.zone.blocks {
-                                self.records[subject][b as usize].store(*r, Ordering::Relaxed);
-                            }
-                        }
-                        loaded.insert((subject, index));
-                    }
-                    None => orphans.push((subject, index)),
-                }
+                index += n;
             }
         }
         for (subject, index) in orphans {
-            // A mirror's twin records the same blocks: its table is as good as a copy (a 2-way
-            // mirror keeps one copy per member, so a lost member takes its twin's only copy).
-            match self.twins[subject]
-                .iter()
-                .find(|&&t| loaded.contains(&(t, index)))
-            {
-                Some(&twin) => {
-                    let first = (index * per) as usize;
-                    let last = ((index + 1) * per).min(self.zone.blocks) as usize;
-                    for b in first..last {
-                        let r = self.records[twin][b].load(Ordering::Relaxed);
-                        self.records[subject][b].store(r, Ordering::Relaxed);
-                    }
+            let recs = self.orphan_records(subject, index);
+            self.cache
+                .insert((subject, index), Page::loaded(recs, 0), |_| ());
+        }
+    }
+
+    /// Read table block `index` of `subject` from its copies (a page the cache does not hold).
+    fn fetch(&self, subject: usize, index: u64) -> Page {
+        let copies = (0..self.zone.copies)
+            .map(|c| {
+                self.read_tables(subject, c, index, 1)
+                    .map(|a| self.decode(subject, c, index, &a))
+            })
+            .collect();
+        match self.choose(subject, index, copies) {
+            Some((t, epoch)) => Page::loaded(t.records, epoch),
+            None => Page::loaded(self.orphan_records(subject, index), 0),
+        }
+    }
+
+    /// `n` table blocks from `index` of copy `copy` of `subject`, as its holder has them (None:
+    /// the holder is missing, unreadable, or still being rebuilt).
+    fn read_tables(&self, subject: usize, copy: usize, index: u64, n: u64) -> Option<AlignedBuf> {
+        let holder = self.zone.holder(subject, copy);
+        let slot = &self.slots[holder];
+        let m = slot.usable()?;
+        if !slot.is_complete() {
+            // A member still being rebuilt holds nothing yet: write its copies.
+            self.dirty
+                .lock()
+                .extend((index..index + n).map(|i| (subject, i)));
+            return None;
+        }
+        let mut buf = AlignedBuf::zeroed((n * BLOCK) as usize);
+        let at = m.data_offset_bytes + self.zone.table_sector(copy, index) * 512;
+        m.dev.read_at(&mut buf, at).ok()?;
+        Some(buf)
+    }
+
+    fn decode(
+        &self,
+        subject: usize,
+        copy: usize,
+        index: u64,
+        raw: &[u8],
+    ) -> Result<TableBlock, FormatError> {
+        let holder = self.zone.holder(subject, copy) as u32;
+        TableBlock::decode(raw, &self.uuid, copy as u8, subject as u32, holder, index)
+    }
+
+    /// The newest valid copy of a table block, with the largest epoch its copies carry. Bad
+    /// and stale copies are counted and marked for rewriting.
+    fn choose(
+        &self,
+        subject: usize,
+        index: u64,
+        copies: Vec<Option<Result<TableBlock, FormatError>>>,
+    ) -> Option<(TableBlock, u64)> {
+        let best = copies
+            .iter()
+            .flatten()
+            .filter_map(|r| r.as_ref().ok())
+            .max_by_key(|t| t.epoch)
+            .cloned();
+        let mut rewrite = best.is_none();
+        for (c, copy) in copies.iter().enumerate() {
+            match copy {
+                None => {}
+                Some(Err(e)) => {
+                    rewrite = true;
+                    self.counts.bad.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(subject, index, copy = c, "integrity table: {e}");
                 }
-                None => self.rebuild_table(slots, subject, index),
+                Some(Ok(t)) if best.as_ref().is_some_and(|b| b.epoch != t.epoch) => {
+                    rewrite = true;
+                    self.counts.stale.fetch_add(1, Ordering::Relaxed);
+                }
+                Some(Ok(_)) => {}
             }
+        }
+        if rewrite {
             self.dirty.lock().insert((subject, index));
         }
-        self.epoch.store(max_epoch, Ordering::Release);
+        if let Some(t) = &best {
+            self.epoch.fetch_max(t.epoch, Ordering::AcqRel);
+        }
+        best.map(|t| {
+            let epoch = t.epoch;
+            (t, epoch)
+        })
+    }
+
+    /// Records for a table block with no valid copy: a mirror's twin records the same blocks,
+    /// so its table is as good as a copy (a 2-way mirror keeps one copy per member, so a lost
+    /// member takes its twin's only copy); else the subject's blocks as they are.
+    fn orphan_records(&self, subject: usize, index: u64) -> Vec<u32> {
+        for &twin in &self.twins[subject] {
+            if let Some(recs) = self.cache.get((twin, index), |p| p.recs.clone()) {
+                return recs;
+            }
+            let copies = (0..self.zone.copies)
+                .map(|c| {
+                    self.read_tables(twin, c, index, 1)
+                        .map(|a| self.decode(twin, c, index, &a))
+                })
+                .collect::<Vec<_>>();
+            if let Some(t) = copies
+                .into_iter()
+                .flatten()
+                .filter_map(Result::ok)
+                .max_by_key(|t| t.epoch)
+            {
+                return t.records;
+            }
+        }
+        self.rebuild_table(subject, index)
     }
 
     /// Read every table copy the usable, complete holders keep and compare it with the records
@@ -548,55 +646,41 @@ impl Integrity {
     /// first). A copy that does not decode, or holds other records, is counted; with `fix` it
     /// is rewritten at the next write-out. Tables changed meanwhile are skipped. Returns the
     /// copies found wrong.
-    pub fn verify_tables(&self, slots: &[Slot], fix: bool) -> u64 {
-        let per = RECORDS_PER_TABLE as u64;
+    pub fn verify_tables(&self, fix: bool) -> u64 {
         let mut wrong = 0;
         for subject in 0..self.zone.raid_disks {
             for copy in 0..self.zone.copies {
                 let holder = self.zone.holder(subject, copy);
-                let Some(m) = slots[holder]
-                    .usable()
-                    .filter(|_| slots[holder].is_complete())
-                else {
+                if self.slots[holder].usable().is_none() || !self.slots[holder].is_complete() {
                     continue;
-                };
-                let mut area = AlignedBuf::zeroed((self.zone.tables * BLOCK) as usize);
-                let at = m.data_offset_bytes + self.zone.table_sector(copy, 0) * 512;
-                let readable = m.dev.read_at(&mut area, at).is_ok();
-                for index in 0..self.zone.tables {
-                    let raw = &area[(index * BLOCK) as usize..((index + 1) * BLOCK) as usize];
-                    let ok = readable
-                        && TableBlock::decode(
-                            raw,
-                            &self.uuid,
-                            copy as u8,
-                            subject as u32,
-                            holder as u32,
-                            index,
-                        )
-                        .is_ok_and(|t| {
-                            t.records.iter().enumerate().all(|(i, r)| {
-                                let b = index * per + i as u64;
-                                b >= self.zone.blocks
-                                    || *r
-                                        == self.records[subject][b as usize].load(Ordering::Acquire)
-                            })
+                }
+                let mut index = 0;
+                while index < self.zone.tables {
+                    let n = TABLE_RUN.min(self.zone.tables - index);
+                    let area = self.read_tables(subject, copy, index, n);
+                    for i in index..index + n {
+                        let at = ((i - index) * BLOCK) as usize;
+                        let ok = area.as_ref().is_some_and(|a| {
+                            self.decode(subject, copy, i, &a[at..at + RECORD_BLOCK])
+                                .is_ok_and(|t| self.page(subject, i, |p| p.recs == t.records))
                         });
-                    if ok || self.dirty.lock().contains(&(subject, index)) {
-                        continue;
+                        if ok || self.dirty.lock().contains(&(subject, i)) {
+                            continue;
+                        }
+                        wrong += 1;
+                        self.counts.bad.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(
+                            subject,
+                            index = i,
+                            copy,
+                            holder,
+                            "integrity table copy is wrong"
+                        );
+                        if fix {
+                            self.dirty.lock().insert((subject, i));
+                        }
                     }
-                    wrong += 1;
-                    self.counts.bad.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(
-                        subject,
-                        index,
-                        copy,
-                        holder,
-                        "integrity table copy is wrong"
-                    );
-                    if fix {
-                        self.dirty.lock().insert((subject, index));
-                    }
+                    index += n;
                 }
             }
         }
@@ -605,29 +689,30 @@ impl Integrity {
 
     /// No copy of a table block is valid: take its records from the subject's blocks as they
     /// are (a later check compares them with the rest of their rows).
-    fn rebuild_table(&self, slots: &[Slot], subject: usize, index: u64) {
+    fn rebuild_table(&self, subject: usize, index: u64) -> Vec<u32> {
         self.counts.rebuilt.fetch_add(1, Ordering::Relaxed);
         tracing::warn!(
             subject,
             index,
             "integrity table has no valid copy: records rebuilt from the member"
         );
-        let per = RECORDS_PER_TABLE as u64;
-        let first = index * per;
-        let n = per.min(self.zone.blocks - first);
-        let Some(m) = slots[subject].usable() else {
-            return;
+        let mut recs = vec![self.zero_record; RECORDS_PER_TABLE];
+        let first = index * PER;
+        let n = PER.min(self.zone.blocks - first);
+        let Some(m) = self.slots[subject].usable() else {
+            return recs;
         };
         let mut buf = AlignedBuf::zeroed((n * BLOCK) as usize);
         if m.dev
             .read_at(&mut buf, m.data_offset_bytes + first * BLOCK)
             .is_err()
         {
-            return;
+            return recs;
         }
         for (i, blk) in buf.chunks(RECORD_BLOCK).enumerate() {
-            self.records[subject][first as usize + i].store(self.record_of(blk), Ordering::Relaxed);
+            recs[i] = self.record_of(blk);
         }
+        recs
     }
 
     pub fn count_mismatch(&self, kind: BlockKind) {
@@ -688,6 +773,7 @@ impl Integrity {
             table_bytes: self.zone.len_sectors() * 512,
             epoch: self.epoch.load(Ordering::Acquire),
             counts: self.counts(),
+            cache: self.cache.stats(),
         }
     }
 }
@@ -741,7 +827,13 @@ mod tests {
     /// even numbers of data blocks.
     #[test]
     fn records_of_xor_match_the_parity_bytes() {
-        let integ = Integrity::new([7; 16], Zone::new(7, 2, 1 << 12), vec![Vec::new(); 7]);
+        let integ = Integrity::new(
+            [7; 16],
+            Zone::new(7, 2, 1 << 12),
+            vec![Vec::new(); 7],
+            Arc::new((0..7).map(|_| Slot::new(None)).collect()),
+            1 << 20,
+        );
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
         for k in 1..=6 {
             for _ in 0..20 {

@@ -1155,7 +1155,7 @@ fn replay(
     if let Some(i) = integrity {
         // The records of what was written home are durable before the tail leaves the log
         // that holds it.
-        if let Some((_, m, e)) = i.write_tables(slots).into_iter().next() {
+        if let Some((_, m, e)) = i.write_tables().into_iter().next() {
             return Err(std::io::Error::other(format!(
                 "{}: integrity table write failed: {e}",
                 m.name()

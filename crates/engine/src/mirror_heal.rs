@@ -139,12 +139,13 @@ impl Array {
                 // (the first copy stands), so that what a read returned before the resync got
                 // here is what it leaves.
                 Some(_) if mode == Heal::Settle && !self.records_agree(&plans, pg) => {
-                    let (first, integ) = (&plans[0], self.integrity.as_ref().expect("records"));
-                    integ.set_block(
-                        first.loc.dev,
-                        self.page_at(first, pg),
-                        &first.bytes[r.clone()],
-                    );
+                    // Copies holding the first copy's bytes take its record now; the others
+                    // are rewritten below.
+                    let integ = self.integrity.as_ref().expect("records");
+                    let first = &plans[0].bytes[r.clone()];
+                    for p in plans.iter().filter(|p| &p.bytes[r.clone()] == first) {
+                        integ.set_block(p.loc.dev, self.page_at(p, pg), first);
+                    }
                     integ.count_resolved();
                     settled += 1;
                     0

@@ -656,8 +656,7 @@ impl Array {
             // Scrub the tables too: every copy on disk against the records (the changed ones
             // written out first); `repair` rewrites the wrong ones.
             self.flush_members();
-            if integ.verify_tables(&self.slots, action == SyncAction::Repair) > 0
-                && action == SyncAction::Repair
+            if integ.verify_tables(action == SyncAction::Repair) > 0 && action == SyncAction::Repair
             {
                 self.flush_members();
             }

@@ -258,6 +258,13 @@ impl Rig {
             io_threads: 2,
             // Small windows: background work is cut, checkpointed and resumed mid-way.
             sync_window_bytes: 64 << 10,
+            // Every other boot holds one or two record pages: tables are read as needed and
+            // evicted all the time.
+            integrity_cache_bytes: if self.boots.is_multiple_of(2) {
+                (1 + (self.seed % 2) as usize) * 4096
+            } else {
+                64 << 20
+            },
             ..ArrayConfig::default()
         }
     }

@@ -53,6 +53,13 @@ fn config(seed: u64) -> ArrayConfig {
         deterministic_seed: Some(seed),
         io_threads: 2,
         sync_window_bytes: 64 << 10,
+        // Half the cases hold one to three record pages: tables are read as needed and
+        // evicted all the time.
+        integrity_cache_bytes: if seed.is_multiple_of(2) {
+            (1 + (seed / 2 % 3) as usize) * 4096
+        } else {
+            64 << 20
+        },
         ..ArrayConfig::default()
     }
 }
@@ -448,18 +455,14 @@ fn table_fault(seed: u64, level: Level) {
     let bit = rng.gen_range(0..PAGE * 8);
     rig.sims[holder].flip_bit(at + bit / 8, (bit % 8) as u8);
     let ctx = format!("seed {seed} {level:?} table {index} of subject {subject} copy {copy}");
-    let at_assembly = rng.gen_bool(0.5);
-    if at_assembly {
+    if rng.gen_bool(0.5) {
+        // Found at assembly, or (a small record cache) when the table is first needed.
         rig.reassemble();
-    } else {
-        rig.run_action("check");
+        assert!(rig.read_all().expect("read") == rig.model, "{ctx}");
     }
-    assert_eq!(
-        rig.counts().table_copies_bad,
-        1,
-        "{ctx}: {:?}",
-        rig.counts()
-    );
+    rig.run_action("check");
+    let found = rig.counts().table_copies_bad;
+    assert!(found >= 1, "{ctx}: {:?}", rig.counts());
     assert!(rig.read_all().expect("read") == rig.model, "{ctx}");
     rig.run_action("repair");
     rig.array.flush().expect("flush");

@@ -1,0 +1,236 @@
+//! The integrity records kept in memory: table blocks (1008 records each) of the tables in use,
+//! within a fixed budget (design study §5.6: records are 1/1000 of raw capacity, so a large
+//! array cannot hold them all; 64 MiB covers about 64 GiB of raw capacity).
+//!
+//! A page is a table block's records plus what the write-out needs: the epoch its copies carry
+//! on disk and a generation that counts changes. A page changed since its last write-out
+//! (`gen != written`) is never evicted: the disk would give back older records. Others leave in
+//! clock order (a page read since the hand last passed gets a second chance), so that what the
+//! members are read and written at stays resident. Shards keep lookups from contending.
+
+use parking_lot::Mutex;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// (subject role, table index).
+pub(crate) type Key = (usize, u64);
+
+/// Shards of a cache large enough to have them.
+const MAX_SHARDS: usize = 64;
+
+/// One table block's records, resident.
+pub(crate) struct Page {
+    pub recs: Vec<u32>,
+    /// The largest epoch of the block's copies on disk (a write-out must use a larger one).
+    pub epoch: u64,
+    /// Changes so far; `written` is the value the last write-out saw.
+    pub gen: u64,
+    written: u64,
+    referenced: bool,
+}
+
+impl Page {
+    pub fn loaded(recs: Vec<u32>, epoch: u64) -> Page {
+        Page {
+            recs,
+            epoch,
+            gen: 0,
+            written: 0,
+            referenced: true,
+        }
+    }
+
+    /// The page now differs from its copies on disk.
+    pub fn changed(&mut self) {
+        self.gen += 1;
+    }
+
+    fn modified(&self) -> bool {
+        self.gen != self.written
+    }
+}
+
+#[derive(Default)]
+struct Shard {
+    pages: HashMap<Key, Page>,
+    /// Clock order of the resident keys.
+    hand: VecDeque<Key>,
+    /// Pages evicted so far.
+    evictions: u64,
+}
+
+/// Cache statistics, for status.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    pub capacity_pages: u64,
+    pub resident_pages: u64,
+    pub hits: u64,
+    pub misses: u64,
+    pub evictions: u64,
+}
+
+pub(crate) struct RecordCache {
+    shards: Vec<Mutex<Shard>>,
+    per_shard: usize,
+    hits: AtomicU64,
+    misses: AtomicU64,
+    evictions: AtomicU64,
+}
+
+impl RecordCache {
+    /// A cache of at most `pages` pages (more only while changed pages wait for a write-out).
+    pub fn new(pages: usize) -> RecordCache {
+        let shards = pages.clamp(1, MAX_SHARDS);
+        RecordCache {
+            shards: (0..shards).map(|_| Mutex::default()).collect(),
+            per_shard: pages.div_ceil(shards).max(1),
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+            evictions: AtomicU64::new(0),
+        }
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.per_shard * self.shards.len()
+    }
+
+    fn shard(&self, key: Key) -> &Mutex<Shard> {
+        let h = (key.1 as usize).wrapping_mul(0x9e37_79b9) ^ key.0.wrapping_mul(0x85eb_ca6b);
+        &self.shards[h % self.shards.len()]
+    }
+
+    /// Run `f` on the resident page `key`; None if it is not resident.
+    pub fn get<R>(&self, key: Key, f: impl FnOnce(&mut Page) -> R) -> Option<R> {
+        let mut sh = self.shard(key).lock();
+        let page = sh.pages.get_mut(&key)?;
+        page.referenced = true;
+        self.hits.fetch_add(1, Ordering::Relaxed);
+        Some(f(page))
+    }
+
+    /// Run `f` on page `key`, made resident from `load` on a miss (the loader runs unlocked:
+    /// it reads the members).
+    pub fn with<R>(&self, key: Key, load: impl Fn() -> Page, f: impl FnOnce(&mut Page) -> R) -> R {
+        loop {
+            let evictions = {
+                let mut sh = self.shard(key).lock();
+                if let Some(page) = sh.pages.get_mut(&key) {
+                    page.referenced = true;
+                    self.hits.fetch_add(1, Ordering::Relaxed);
+                    return f(page);
+                }
+                sh.evictions
+            };
+            let page = load();
+            let mut sh = self.shard(key).lock();
+            // A page evicted from this shard meanwhile may be this one, written out after the
+            // load read the disk: the load may be older than the disk now; read again.
+            if sh.pages.contains_key(&key) || sh.evictions == evictions {
+                return self.insert_locked(&mut sh, key, page, f);
+            }
+        }
+    }
+
+    /// Make `page` resident as `key` unless another thread did first (theirs stays: it may
+    /// have changed since), then run `f` on the resident page.
+    pub fn insert<R>(&self, key: Key, page: Page, f: impl FnOnce(&mut Page) -> R) -> R {
+        let mut sh = self.shard(key).lock();
+        self.insert_locked(&mut sh, key, page, f)
+    }
+
+    fn insert_locked<R>(
+        &self,
+        sh: &mut Shard,
+        key: Key,
+        page: Page,
+        f: impl FnOnce(&mut Page) -> R,
+    ) -> R {
+        self.misses.fetch_add(1, Ordering::Relaxed);
+        if !sh.pages.contains_key(&key) {
+            self.make_room(sh);
+            sh.pages.insert(key, page);
+            sh.hand.push_back(key);
+        }
+        f(sh.pages.get_mut(&key).expect("just made resident"))
+    }
+
+    /// Evict until the shard has room; changed pages stay (the shard then runs over).
+    fn make_room(&self, sh: &mut Shard) {
+        let mut turns = 2 * sh.hand.len();
+        while sh.pages.len() >= self.per_shard && turns > 0 {
+            turns -= 1;
+            let Some(key) = sh.hand.pop_front() else {
+                break;
+            };
+            let page = sh
+                .pages
+                .get_mut(&key)
+                .expect("the hand holds resident keys");
+            if page.referenced || page.modified() {
+                page.referenced = false;
+                sh.hand.push_back(key);
+                continue;
+            }
+            sh.pages.remove(&key);
+            sh.evictions += 1;
+            self.evictions.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// A write-out of `key` taken at generation `gen` with `epoch` ended: unless the page
+    /// changed since, it matches the disk again.
+    pub fn written(&self, key: Key, gen: u64, epoch: u64) {
+        let mut sh = self.shard(key).lock();
+        if let Some(page) = sh.pages.get_mut(&key) {
+            page.epoch = page.epoch.max(epoch);
+            if page.gen == gen {
+                page.written = gen;
+            }
+        }
+    }
+
+    pub fn stats(&self) -> CacheStats {
+        CacheStats {
+            capacity_pages: self.capacity() as u64,
+            resident_pages: self
+                .shards
+                .iter()
+                .map(|s| s.lock().pages.len() as u64)
+                .sum(),
+            hits: self.hits.load(Ordering::Relaxed),
+            misses: self.misses.load(Ordering::Relaxed),
+            evictions: self.evictions.load(Ordering::Relaxed),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn changed_pages_stay_and_clean_ones_leave() {
+        let c = RecordCache::new(1);
+        let keys: Vec<Key> = (0..3).map(|i| (0, i)).collect();
+        c.insert(keys[0], Page::loaded(vec![1], 1), |p| p.changed());
+        c.insert(keys[1], Page::loaded(vec![2], 1), |_| ());
+        // The changed page survived the second insert: the shard ran over.
+        assert!(c.get(keys[0], |p| p.recs[0]).is_some());
+        assert!(c.get(keys[1], |p| p.recs[0]).is_some());
+        // Once written, it may go; the unreferenced clean page goes first.
+        let gen = c.get(keys[0], |p| p.gen).unwrap();
+        c.written(keys[0], gen, 2);
+        c.insert(keys[2], Page::loaded(vec![3], 1), |_| ());
+        let resident = keys.iter().filter(|k| c.get(**k, |_| ()).is_some()).count();
+        assert!(resident <= 2, "{resident} pages resident in a cache of one");
+        assert!(c.stats().evictions >= 1);
+        // A page changed after the write-out began stays changed.
+        let c = RecordCache::new(1);
+        c.insert((1, 1), Page::loaded(vec![0], 1), |p| p.changed());
+        let gen = c.get((1, 1), |p| p.gen).unwrap();
+        c.get((1, 1), |p| p.changed());
+        c.written((1, 1), gen, 5);
+        assert!(c.get((1, 1), |p| p.modified()).unwrap());
+        assert_eq!(c.get((1, 1), |p| p.epoch).unwrap(), 5);
+    }
+}
