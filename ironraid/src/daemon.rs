@@ -40,6 +40,8 @@ pub struct RunArgs {
     pub guide: Option<String>,
     pub assume_data_journal: bool,
     pub guide_timeout: Duration,
+    /// Integrity records kept in memory at most.
+    pub integrity_cache_bytes: usize,
 }
 
 impl RunArgs {
@@ -98,6 +100,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         read_only: args.read_only,
         write_hold: args.write_hold,
         guide_timeout: args.guide_timeout,
+        integrity_cache_bytes: args.integrity_cache_bytes,
         ..ArrayConfig::default()
     };
     let array = engine::assemble(

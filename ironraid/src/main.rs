@@ -100,6 +100,11 @@ enum Cmd {
         /// back to the bitmap resync.
         #[arg(long, default_value_t = 120)]
         guide_timeout: u64,
+        /// Integrity records kept in memory at most (the rest is read from the tables when
+        /// needed): 4 bytes per 4 KiB of each member; the default covers about 64 GiB of
+        /// members.
+        #[arg(long, value_parser = size_arg, default_value = "64M")]
+        integrity_cache: u64,
         #[arg(required = true)]
         members: Vec<PathBuf>,
     },
@@ -310,8 +315,10 @@ fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
             guide,
             assume_data_journal,
             guide_timeout,
+            integrity_cache,
             members,
         } => daemon::run(daemon::RunArgs {
+            integrity_cache_bytes: integrity_cache as usize,
             guide,
             assume_data_journal,
             guide_timeout: Duration::from_secs(guide_timeout),
@@ -629,5 +636,6 @@ fn demo(dir: Option<PathBuf>) -> anyhow::Result<()> {
         guide: None,
         assume_data_journal: false,
         guide_timeout: engine::DEFAULT_GUIDE_TIMEOUT,
+        integrity_cache_bytes: engine::ArrayConfig::default().integrity_cache_bytes,
     })
 }

@@ -197,6 +197,18 @@ pub struct IntegrityDetail {
     /// Table block copies (4 KiB) written since assembly: the records' write traffic.
     #[serde(default)]
     pub table_blocks_written: u64,
+    /// The record cache (`run --integrity-cache`): table blocks it may hold, holds, and its
+    /// hits, misses (each a table read) and evictions since assembly.
+    #[serde(default)]
+    pub cache_capacity_tables: u64,
+    #[serde(default)]
+    pub cache_resident_tables: u64,
+    #[serde(default)]
+    pub cache_hits: u64,
+    #[serde(default)]
+    pub cache_misses: u64,
+    #[serde(default)]
+    pub cache_evictions: u64,
 }
 
 impl IntegrityDetail {
@@ -219,6 +231,11 @@ impl IntegrityDetail {
             table_copies_stale: c.table_copies_stale,
             tables_rebuilt: c.tables_rebuilt,
             table_blocks_written: c.table_blocks_written,
+            cache_capacity_tables: s.cache.capacity_pages,
+            cache_resident_tables: s.cache.resident_pages,
+            cache_hits: s.cache.hits,
+            cache_misses: s.cache.misses,
+            cache_evictions: s.cache.evictions,
         }
     }
 

@@ -275,13 +275,13 @@ fn raid6_corruption_behind_the_arrays_back_is_caught_and_repaired() {
 /// daemon's back. Reads meet some of the damaged copies (reads rotate over copies) and repair
 /// them; `check` counts the rest; `repair` rewrites them; a second check finds nothing; and any
 /// member may go afterwards.
-fn mirror_corruption_caught_and_repaired(level: &str, n: usize) {
+fn mirror_corruption_caught_and_repaired(level: &str, n: usize, run_extra: &[&str]) {
     if !require_tools(&["nbdcopy"]) {
         return;
     }
     let env = Env::new(&format!("imirror{level}"), n, MEMBER);
     env.create(level, &["--chunk", "64K", "--integrity", "crc32c"]);
-    let d = env.run_all();
+    let d = env.run_with(run_extra, &env.members);
     let uri = env.uri();
     let src = env.dir.path().join("src.bin");
     random_file(&src, (8 * MIB) as usize, 12);
@@ -381,22 +381,41 @@ fn mirror_corruption_caught_and_repaired(level: &str, n: usize) {
         .unwrap()
         * 512;
     scribble(&env.members[1], base + zone, &[0xa5u8; PAGE as usize]);
-    let d = env.run_all();
-    assert_eq!(integrity(&env)["table_copies_bad"], 1, "{level}");
+    let d = env.run_with(run_extra, &env.members);
+    if run_extra.is_empty() {
+        assert_eq!(integrity(&env)["table_copies_bad"], 1, "{level}");
+    }
     back();
+    // A small record cache reads the table when first needed (and again after evictions).
+    let i = integrity(&env);
+    assert!(
+        i["table_copies_bad"].as_u64().unwrap() >= 1,
+        "{level}: {i:#}"
+    );
+    if !run_extra.is_empty() {
+        assert_eq!(i["cache_capacity_tables"], 1, "{i:#}");
+        assert!(i["cache_evictions"].as_u64().unwrap() > 10, "{i:#}");
+    }
     env.stop(d);
     // Any member may go: every byte still reads back right, verified.
-    let d = env.run(&env.members[1..]);
+    let d = env.run_with(run_extra, &env.members[1..]);
     back();
     env.stop(d);
 }
 
 #[test]
 fn raid1_corruption_behind_the_arrays_back_is_caught_and_repaired() {
-    mirror_corruption_caught_and_repaired("1", 2);
+    mirror_corruption_caught_and_repaired("1", 2, &[]);
 }
 
 #[test]
 fn raid10_corruption_behind_the_arrays_back_is_caught_and_repaired() {
-    mirror_corruption_caught_and_repaired("10", 4);
+    mirror_corruption_caught_and_repaired("10", 4, &[]);
+}
+
+/// The same with a record cache of one table block (68 tables on the members): every table is
+/// read when needed and evicted at once, and nothing changes for the client.
+#[test]
+fn raid10_with_a_one_table_record_cache_still_catches_and_repairs() {
+    mirror_corruption_caught_and_repaired("10", 4, &["--integrity-cache", "4K"]);
 }
