@@ -25,7 +25,7 @@ use crate::record_cache::{CacheStats, Page, RecordCache};
 use device::AlignedBuf;
 use format::{FormatError, TableBlock, Zone, RECORDS_PER_TABLE, RECORD_BLOCK};
 use parking_lot::Mutex;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -34,9 +34,11 @@ const PER: u64 = RECORDS_PER_TABLE as u64;
 /// Table blocks read or checked per member read at load and scrub.
 const TABLE_RUN: u64 = 256;
 
-/// Records of writes in flight, by (role, block).
-type Pending = HashMap<(usize, u64), Vec<u32>>;
-const PENDING_SHARDS: usize = 64;
+/// A member write in flight: its first block and the records of its blocks.
+struct InFlight {
+    first: u64,
+    crcs: Vec<u32>,
+}
 
 /// What integrity found and did, for status, events and tests.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -131,8 +133,9 @@ pub(crate) struct Integrity {
     cache: RecordCache,
     /// The array's roles: a page missing from the cache is read from them.
     slots: Arc<Vec<Slot>>,
-    /// Records of writes in flight, by (role, block): a read may see either contents.
-    pending: Vec<Mutex<Pending>>,
+    /// Writes in flight, per role: a read may see either contents. Consulted only when a
+    /// block fails its record, so a write registers once, not per block.
+    pending: Vec<Mutex<Vec<InFlight>>>,
     /// Table blocks (subject, index) changed since they were last written.
     dirty: Mutex<BTreeSet<(usize, u64)>>,
     /// One table write-out at a time, so epochs reach each copy in order.
@@ -171,7 +174,7 @@ impl Integrity {
             zone,
             cache: RecordCache::new(cache_bytes / RECORD_BLOCK),
             slots,
-            pending: (0..PENDING_SHARDS).map(|_| Mutex::default()).collect(),
+            pending: (0..zone.raid_disks).map(|_| Mutex::default()).collect(),
             dirty: Mutex::default(),
             writing: Mutex::new(()),
             epoch: AtomicU64::new(0),
@@ -195,25 +198,19 @@ impl Integrity {
         offset_bytes / BLOCK
     }
 
-    fn shard(&self, role: usize, block: u64) -> &Mutex<Pending> {
-        &self.pending[(block as usize ^ role.wrapping_mul(0x9e37)) % PENDING_SHARDS]
-    }
-
     /// Does the 4 KiB `block` read from `role` at `offset_bytes` match what was written there
     /// (or what a write in flight is writing)? Blocks past md's `size` have no record.
     pub fn block_ok(&self, role: usize, offset_bytes: u64, block: &[u8]) -> bool {
-        let b = self.block_index(offset_bytes);
-        if b >= self.zone.blocks {
-            return true;
-        }
-        let crc = self.record_of(block);
-        if crc == self.page(role, b / PER, |p| p.recs[(b % PER) as usize]) {
-            return true;
-        }
-        self.shard(role, b)
-            .lock()
-            .get(&(role, b))
-            .is_some_and(|p| p.contains(&crc))
+        self.verify(role, offset_bytes, block)
+    }
+
+    /// Is `crc` what a write in flight is writing to `role`'s block `b`?
+    fn in_flight(&self, role: usize, b: u64, crc: u32) -> bool {
+        self.pending[role].lock().iter().any(|w| {
+            b >= w.first
+                && b - w.first < w.crcs.len() as u64
+                && w.crcs[(b - w.first) as usize] == crc
+        })
     }
 
     /// The record of `role`'s block at `offset_bytes` (None past md's `size`).
@@ -249,12 +246,32 @@ impl Integrity {
         self.mark_dirty(role, first, end.saturating_sub(first));
     }
 
-    /// Every block of `buf` (read from `role` at `offset_bytes`) matches its record.
+    /// Every block of `buf` (read from `role` at `offset_bytes`) matches its record (or what
+    /// a write in flight is writing there). Blocks past md's `size` have no record.
     pub fn verify(&self, role: usize, offset_bytes: u64, buf: &[u8]) -> bool {
         assert_eq!(buf.len() as u64 % BLOCK, 0, "reads are whole 4 KiB blocks");
-        buf.chunks(RECORD_BLOCK)
-            .enumerate()
-            .all(|(i, blk)| self.block_ok(role, offset_bytes + i as u64 * BLOCK, blk))
+        let first = self.block_index(offset_bytes);
+        let end = (first + buf.len() as u64 / BLOCK).min(self.zone.blocks);
+        let crcs = self.records_of(&buf[..(end.saturating_sub(first) * BLOCK) as usize]);
+        let mut b = first;
+        while b < end {
+            // One cache lookup per table block.
+            let index = b / PER;
+            let stop = ((index + 1) * PER).min(end);
+            let wrong: Vec<u64> = self.page(role, index, |p| {
+                (b..stop)
+                    .filter(|&x| p.recs[(x % PER) as usize] != crcs[(x - first) as usize])
+                    .collect()
+            });
+            if !wrong
+                .into_iter()
+                .all(|x| self.in_flight(role, x, crcs[(x - first) as usize]))
+            {
+                return false;
+            }
+            b = stop;
+        }
+        true
     }
 
     /// A member write of `buf` at `offset_bytes` is about to go out: its records (`known`, or
@@ -279,15 +296,11 @@ impl Integrity {
 
     /// Reads of blocks `first..` of `role` accept these records too until the write ends.
     fn accept_pending(&self, role: usize, first: u64, crcs: &[u32]) {
-        for (i, &c) in crcs.iter().enumerate() {
-            let b = first + i as u64;
-            if b < self.zone.blocks {
-                self.shard(role, b)
-                    .lock()
-                    .entry((role, b))
-                    .or_default()
-                    .push(c);
-            }
+        if first < self.zone.blocks {
+            self.pending[role].lock().push(InFlight {
+                first,
+                crcs: crcs.to_vec(),
+            });
         }
     }
 
@@ -325,19 +338,13 @@ impl Integrity {
     pub fn end_write(&self, role: usize, offset_bytes: u64, crcs: &[u32]) {
         let first = self.block_index(offset_bytes);
         self.store(role, first, crcs);
-        for (i, &c) in crcs.iter().enumerate() {
-            let b = first + i as u64;
-            if b >= self.zone.blocks {
-                continue;
-            }
-            let mut shard = self.shard(role, b).lock();
-            if let Some(p) = shard.get_mut(&(role, b)) {
-                if let Some(at) = p.iter().position(|&x| x == c) {
-                    p.swap_remove(at);
-                }
-                if p.is_empty() {
-                    shard.remove(&(role, b));
-                }
+        if first < self.zone.blocks {
+            let mut pending = self.pending[role].lock();
+            if let Some(at) = pending
+                .iter()
+                .position(|w| w.first == first && w.crcs == crcs)
+            {
+                pending.swap_remove(at);
             }
         }
     }
