@@ -210,15 +210,24 @@ impl Array {
         }
         drop(io);
         tracing::warn!(array = %self.name, role = dev, offset = off, "rewritten block reads back wrong");
-        if integ.strike(dev) {
-            let member = self.slot(dev).usable();
-            self.fail_role(
-                dev,
-                member.as_ref(),
-                "rewritten blocks keep reading back wrong (integrity)",
-            );
-        }
+        self.strike_rewrite(dev);
         Ok(())
+    }
+
+    /// A block rewritten on `dev` read back wrong: after a few of those the member is failed
+    /// (it answers but does not keep what it is given). Returns whether it was.
+    pub(crate) fn strike_rewrite(&self, dev: usize) -> bool {
+        let integ = self.integrity.as_ref().expect("integrity");
+        if !integ.strike(dev) {
+            return false;
+        }
+        let member = self.slot(dev).usable();
+        self.fail_role(
+            dev,
+            member.as_ref(),
+            "rewritten blocks keep reading back wrong (integrity)",
+        );
+        true
     }
 
     /// The data blocks of `missing` members, just reconstructed in `bufs`, match their records

@@ -338,13 +338,7 @@ impl Array {
             } else {
                 tracing::warn!(array = %self.name, role = dev, offset = off,
                     "rewritten copy reads back wrong");
-                if integ.strike(dev) {
-                    let member = self.slot(dev).usable();
-                    self.fail_role(
-                        dev,
-                        member.as_ref(),
-                        "rewritten blocks keep reading back wrong (integrity)",
-                    );
+                if self.strike_rewrite(dev) {
                     return;
                 }
             }

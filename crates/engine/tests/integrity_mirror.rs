@@ -9,8 +9,9 @@
 
 mod common;
 
+use common::records::{self, config, Fault, FAULTS};
 use device::{Device, SimDevice};
-use engine::{assemble, Array, ArrayConfig, AssembleOptions, CreateSpec, IntegrityCounts};
+use engine::{assemble, Array, AssembleOptions, IntegrityCounts};
 use layout::{Level, Loc};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -18,25 +19,6 @@ use std::sync::Arc;
 
 const MEMBER: u64 = 2 << 20;
 const PAGE: u64 = 4096;
-
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Fault {
-    Rot,
-    Garbage,
-    Zeros,
-    Torn,
-    Lost,
-    Misdirected,
-}
-
-const FAULTS: [Fault; 6] = [
-    Fault::Rot,
-    Fault::Garbage,
-    Fault::Zeros,
-    Fault::Torn,
-    Fault::Lost,
-    Fault::Misdirected,
-];
 
 struct Rig {
     sims: Vec<Arc<SimDevice>>,
@@ -46,22 +28,6 @@ struct Rig {
     component_sectors: u64,
     level: Level,
     seed: u64,
-}
-
-fn config(seed: u64) -> ArrayConfig {
-    ArrayConfig {
-        deterministic_seed: Some(seed),
-        io_threads: 2,
-        sync_window_bytes: 64 << 10,
-        // Half the cases hold one to three record pages: tables are read as needed and
-        // evicted all the time.
-        integrity_cache_bytes: if seed.is_multiple_of(2) {
-            (1 + (seed / 2 % 3) as usize) * 4096
-        } else {
-            64 << 20
-        },
-        ..ArrayConfig::default()
-    }
 }
 
 impl Rig {
@@ -78,41 +44,8 @@ impl Rig {
             }
         };
         let chunk = 4096u64 << rng.gen_range(0..4);
-        let sims: Vec<Arc<SimDevice>> = (0..n)
-            .map(|i| {
-                Arc::new(SimDevice::new(
-                    format!("sim{i}"),
-                    MEMBER,
-                    seed ^ (i as u64) << 40,
-                ))
-            })
-            .collect();
-        let created = engine::create(&CreateSpec {
-            name: "mirror-integrity".into(),
-            level,
-            layout,
-            chunk_bytes: chunk,
-            members: common::devs(&sims),
-            spares: vec![],
-            size_bytes: None,
-            assume_clean: true,
-            force: false,
-            bitmap: None,
-            discard: true,
-            journal: None,
-            journal_write_back: false,
-            integrity,
-            guided: false,
-        })
-        .expect("create");
-        let array = assemble(
-            common::devs(&sims),
-            AssembleOptions {
-                config: config(seed),
-                ..Default::default()
-            },
-        )
-        .expect("assemble");
+        let (sims, created, array) =
+            records::array(seed, level, layout, chunk, n, MEMBER, integrity);
         let mut rig = Rig {
             model: vec![0u8; array.size_bytes() as usize],
             sims,
@@ -237,33 +170,15 @@ impl Rig {
     }
 
     fn run_action(&self, action: &str) {
-        self.array.request_action(action).expect("action");
-        for _ in 0..100_000 {
-            if self.array.sync_step() == engine::SyncAction::Idle {
-                return;
-            }
-        }
-        panic!("{action} did not finish");
+        records::run_action(&self.array, action)
     }
 
     fn counts(&self) -> IntegrityCounts {
-        self.array
-            .status()
-            .integrity
-            .expect("integrity status")
-            .counts
+        records::counts(&self.array)
     }
 
     fn reassemble(&mut self) {
-        self.array.close().expect("clean stop");
-        self.array = assemble(
-            common::devs(&self.sims),
-            AssembleOptions {
-                config: config(self.seed ^ 0x5a5a),
-                ..Default::default()
-            },
-        )
-        .expect("reassemble");
+        self.array = records::reassemble(&self.array, &self.sims, self.seed);
     }
 
     fn assemble_without(&self, left_out: &[usize], seed: u64) -> Array {
@@ -305,25 +220,8 @@ impl Rig {
     }
 }
 
-fn cases() -> Vec<u64> {
-    let env = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<u64>().ok());
-    if let Some(seed) = env("IRONRAID_SEED") {
-        return vec![seed];
-    }
-    (0..env("IRONRAID_INTEGRITY_CASES").unwrap_or(300))
-        .map(|i| 0x3a7e_0000 + i)
-        .collect()
-}
-
 fn for_each_case(test: &str, case: impl Fn(u64) + std::panic::RefUnwindSafe) {
-    for seed in cases() {
-        if let Err(e) = std::panic::catch_unwind(|| case(seed)) {
-            eprintln!(
-                "\n*** {test} failed with seed {seed}; replay with:\n    IRONRAID_SEED={seed} cargo test -p engine --release --test integrity_mirror -- {test} --exact --nocapture\n"
-            );
-            std::panic::resume_unwind(e);
-        }
-    }
+    records::for_each_case("integrity_mirror", 0x3a7e_0000, test, case)
 }
 
 /// One fault of any class on one copy: every read returns the right data and the read that

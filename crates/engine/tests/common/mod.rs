@@ -7,6 +7,8 @@ use engine::{assemble, create, Array, ArrayConfig, AssembleOptions, CreateSpec};
 use layout::Level;
 use std::sync::Arc;
 
+pub mod records;
+
 pub struct SimArray {
     pub sims: Vec<Arc<SimDevice>>,
     pub array: Array,
