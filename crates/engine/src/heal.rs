@@ -10,9 +10,10 @@
 //! * a rebuilt block that matches its record is written back and read again;
 //! * a rebuilt block equal to what the member returned means the row agrees and the record was
 //!   the stale party: the record is fixed;
-//! * anything else is beyond redundancy: the request fails, no data is returned. Only a resync
-//!   after an unclean stop ([`Heal::Settle`]) settles such a page as found instead, as md's
-//!   resync does: its writes were unflushed, and old or new contents are both allowed.
+//! * anything else is beyond redundancy: the request fails, no data is returned. A check
+//!   ([`Heal::Count`]) counts the page and goes on. Only a resync after an unclean stop
+//!   ([`Heal::Settle`]) settles such a page as found instead, as md's resync does: its writes
+//!   were unflushed, and old or new contents are both allowed.
 //!
 //! `action check` ([`Heal::Count`]) counts and rebuilds in memory only; `repair`, resync and
 //! every client path write the rebuilt blocks back.
@@ -141,6 +142,13 @@ impl Array {
                          level's redundancy: reads there fail"
                     ),
                 );
+                if mode == Heal::Count {
+                    // A check counts it and goes on; the page stays as found.
+                    for (i, &dev) in bad.iter().enumerate() {
+                        bufs[dev][r.clone()].copy_from_slice(&found[i]);
+                    }
+                    continue;
+                }
                 return Err(self.unrecoverable(
                     off,
                     PAGE as u64,

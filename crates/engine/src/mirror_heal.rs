@@ -3,15 +3,18 @@
 //!
 //! Every current copy of the range is read; then, per 4 KiB page, one copy is chosen as the truth
 //! and the others follow it:
-//! * without records, the first copy that could be read (md's rule);
+//! * without records, the first copy that could be read and that a read verifier (if any)
+//!   did not reject (md's rule);
+//! * after an unclean stop, where the copies' records differ: the first copy (the page was
+//!   being written when the power went, and a record proves nothing there);
 //! * with records, a copy that matches its record. Copies that fail theirs are counted and, unless
 //!   only checking, rewritten from that copy and read back (a member whose rewrites keep reading
 //!   back wrong is failed);
 //! * if no copy matches, nothing can vouch for the page: the request fails, no data is returned,
 //!   even when the copies agree (two devices' copies against two devices' records: a tie, and
-//!   an error is the answer that is never wrong). Only the resync after an unclean stop
-//!   ([`Heal::Settle`]) keeps the first copy instead: every copy then holds old or new bytes of
-//!   writes that were never flushed, and the records may lag behind them.
+//!   an error is the answer that is never wrong); a check counts it and goes on. Only the
+//!   resync after an unclean stop ([`Heal::Settle`]) keeps the first copy instead: every copy
+//!   then holds old or new bytes of writes that were never flushed, and the records may lag.
 //!
 //! The caller holds the range's region locks, so no client write can slip in between the reads
 //! and the rewrites.
@@ -169,7 +172,14 @@ impl Array {
                     settled += 1;
                     0
                 }
-                None => return Err(self.no_copy_passes(at + r.start as u64, r.len() as u64)),
+                None => {
+                    let err = self.no_copy_passes(at + r.start as u64, r.len() as u64);
+                    if mode != Heal::Count {
+                        return Err(err);
+                    }
+                    // A check counts it and goes on.
+                    0
+                }
             };
             truth[r.clone()].copy_from_slice(&plans[chosen].bytes[r.clone()]);
             for p in plans.iter_mut() {
