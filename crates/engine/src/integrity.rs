@@ -352,8 +352,12 @@ impl Integrity {
     /// `role` should hold `buf` at `offset_bytes` (it missed the write, or its record was the
     /// stale party).
     pub fn set_block(&self, role: usize, offset_bytes: u64, buf: &[u8]) {
-        let first = self.block_index(offset_bytes);
-        self.store(role, first, &self.records_of(buf));
+        self.set_records(role, offset_bytes, &self.records_of(buf));
+    }
+
+    /// As [`Integrity::set_block`], with the blocks' records already known.
+    pub fn set_records(&self, role: usize, offset_bytes: u64, records: &[u32]) {
+        self.store(role, self.block_index(offset_bytes), records);
     }
 
     fn mark_dirty(&self, role: usize, first: u64, blocks: u64) {

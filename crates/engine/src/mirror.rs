@@ -204,13 +204,13 @@ impl Array {
         // Records cover whole pages: read the pages around the range (verified), patch, write.
         let mut pages = self.bufs.get((b - a) as usize);
         let page = format::RECORD_BLOCK;
-        let end = offset_bytes + data.len() as u64;
-        let mut edges = vec![];
+        let (end, last) = (offset_bytes + data.len() as u64, b - page as u64);
+        let mut edges = Vec::new();
         if offset_bytes != a {
             edges.push(a);
         }
-        if end != b && (edges.is_empty() || b - page as u64 != a) {
-            edges.push(b - page as u64);
+        if end != b && edges.last() != Some(&last) {
+            edges.push(last);
         }
         for at in edges {
             let skip = (at - a) as usize;
@@ -228,17 +228,21 @@ impl Array {
         let mut owner = Vec::new();
         for (i, p) in pieces.iter().enumerate() {
             let bytes = &data[p.buf_offset..p.buf_offset + p.len];
+            // Every copy holds the same bytes: their records are computed once.
+            let records = self.integrity.as_ref().map(|integ| integ.records_of(bytes));
             for copy in p.copies.iter() {
                 if self
                     .slot(copy.dev)
                     .in_sync(copy.dev_sector * 512, p.len as u64)
                 {
-                    ios.push(self.write_io(copy.dev, copy.dev_sector * 512, bytes, fua));
+                    let mut io = self.write_io(copy.dev, copy.dev_sector * 512, bytes, fua);
+                    io.records = records.clone();
+                    ios.push(io);
                     owner.push(i);
-                } else if let Some(integ) = &self.integrity {
+                } else if let (Some(integ), Some(records)) = (&self.integrity, &records) {
                     // The copy's records follow what it should hold: a degraded mirror's
                     // tables stand in for the missing member's (see `Integrity::load`).
-                    integ.set_block(copy.dev, copy.dev_sector * 512, bytes);
+                    integ.set_records(copy.dev, copy.dev_sector * 512, records);
                 }
             }
         }
