@@ -361,6 +361,11 @@ impl Array {
             return None;
         }
         let bm = self.policy.bitmap()?;
+        if self.geometry.level() == Level::Raid10 {
+            let clean = |at: u64, len: u64| bm.next_set(at, at + len) >= at + len;
+            let skipped = self.skip_raid10_chunks(role, pos, end, clean, |_, _| Ok(()))?;
+            return skipped.ok(); // the closure does no I/O: it cannot fail
+        }
         let unit = if self.geometry.level().is_parity() {
             self.geometry.chunk_sectors() * 512
         } else {

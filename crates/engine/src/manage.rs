@@ -150,7 +150,7 @@ impl Array {
     /// were cleared, md's `events_cleared` rule). Otherwise it is a new spare.
     fn readd_role(&self, meta: &crate::meta::Meta, sb: &format::Superblock) -> Option<usize> {
         let bm = self.policy.bitmap()?;
-        if sb.set_uuid != self.uuid || self.geometry.level() == layout::Level::Raid10 {
+        if sb.set_uuid != self.uuid {
             return None;
         }
         let format::DevRole::Active(role) = sb.role() else {

@@ -243,3 +243,53 @@ impl Array {
         )))
     }
 }
+
+impl Array {
+    /// RAID10 recovery walks member bytes while the bitmap and the used-region map hold array
+    /// bytes (md's sync coordinates for RAID10). From `pos`, the member chunks whose array
+    /// chunk `idle(at, len)` says needs nothing (up to `SKIP_MAX_BYTES`, and `end`) are
+    /// checked again under the lock of the array span they map into; `under_lock(pos, to)`
+    /// then runs, and the role's in-sync point moves to `to` before the lock is released, so
+    /// a write into those chunks either came before the check or reaches the member after.
+    /// `None`: the chunk at `pos` needs work.
+    pub(crate) fn skip_raid10_chunks(
+        &self,
+        role: usize,
+        pos: u64,
+        end: u64,
+        idle: impl Fn(u64, u64) -> bool,
+        under_lock: impl FnOnce(u64, u64) -> Result<(), Stop>,
+    ) -> Option<Result<u64, Stop>> {
+        assert_eq!(self.geometry.level(), Level::Raid10);
+        let step = self.mirror_step();
+        if !pos.is_multiple_of(step) {
+            return None; // resumed mid-chunk (a checkpoint md wrote): the usual way first
+        }
+        let limit = end.min(pos + crate::bitmap::SKIP_MAX_BYTES);
+        let spans = |upto: u64| {
+            (pos..upto).step_by(step as usize).map(move |p| {
+                let len = step.min(end - p);
+                let at = self.geometry.reverse_copy(role, p / 512).map(|s| s * 512);
+                (p, at, len)
+            })
+        };
+        let to = spans(limit)
+            .find(|&(_, at, len)| at.is_some_and(|at| !idle(at, len)))
+            .map_or(limit, |(p, _, _)| p);
+        if to <= pos {
+            return None;
+        }
+        let (lo, hi) = spans(to)
+            .filter_map(|(_, at, len)| at.map(|at| (at, at + len)))
+            .fold((u64::MAX, 0), |(lo, hi), (a, b)| (lo.min(a), hi.max(b)));
+        let _guard = (lo < hi).then(|| self.lock_array_range(lo, hi - lo));
+        if spans(to).any(|(_, at, len)| at.is_some_and(|at| !idle(at, len))) {
+            return None; // a write came in meanwhile: rebuild the usual way
+        }
+        if let Err(stop) = under_lock(pos, to) {
+            return Some(Err(stop));
+        }
+        self.slots[role].advance(to);
+        Some(Ok(to))
+    }
+}

@@ -5,7 +5,8 @@
 //!
 //! On disk: `format`'s used-region map, replicated on every member in the space md leaves
 //! between the bad-block log and the data (see `format::used_map`, and `docs/on-disk.md`).
-//! Coordinates are md's sync coordinates (bytes of each member's data area); RAID1/4/5/6 only.
+//! Coordinates are md's sync coordinates: bytes of each member's data area, array bytes for
+//! RAID10 (whose regions cover whole chunks, each on its copies). Not for linear and RAID0.
 //!
 //! Ordering:
 //! * a region's bit is durable on every member in a role before the first write into it goes
@@ -45,7 +46,7 @@ pub(crate) fn supported(g: &Geometry) -> bool {
     let chunk = g.chunk_sectors() * 512;
     match g.level() {
         Level::Raid1 => true,
-        Level::Raid4 | Level::Raid5 | Level::Raid6 => chunk.is_power_of_two(),
+        Level::Raid4 | Level::Raid5 | Level::Raid6 | Level::Raid10 => chunk.is_power_of_two(),
         _ => false,
     }
 }
@@ -321,10 +322,12 @@ impl Array {
         if !used.is_set(r) {
             return Ok(());
         }
-        let mut ios: Vec<MemberIo<'_>> = (0..self.slots.len())
-            .map(|role| {
+        let mut ios: Vec<MemberIo<'_>> = self
+            .member_spans(at, rb)
+            .into_iter()
+            .map(|(role, off, len)| {
                 let m = self.slots[role].usable();
-                MemberIo::planned(role, m, at, IoKind::Discard(rb))
+                MemberIo::planned(role, m, off, IoKind::Discard(len))
             })
             .collect();
         self.commit_writes(&WriteSet::release(at, rb), &mut ios)?;
@@ -337,6 +340,35 @@ impl Array {
         Ok(())
     }
 
+    /// Where sync coordinates `at..at + len` (whole regions) lie on the members, as
+    /// `(role, offset, len)`: the same bytes of every member, except for RAID10, whose sync
+    /// coordinates are array bytes: there every copy of every chunk, runs merged.
+    fn member_spans(&self, at: u64, len: u64) -> Vec<(usize, u64, u64)> {
+        let g = &self.geometry;
+        if g.level() != Level::Raid10 {
+            return (0..self.slots.len()).map(|role| (role, at, len)).collect();
+        }
+        let chunk = g.chunk_sectors() * 512;
+        assert!(
+            at.is_multiple_of(chunk) && len.is_multiple_of(chunk),
+            "regions cover whole chunks"
+        );
+        let mut spans: Vec<(usize, u64, u64)> = (at..at + len)
+            .step_by(chunk as usize)
+            .flat_map(|c| g.map_copies(c / 512).iter().collect::<Vec<_>>())
+            .map(|loc| (loc.dev, loc.dev_sector * 512, chunk))
+            .collect();
+        spans.sort_unstable();
+        let mut merged: Vec<(usize, u64, u64)> = Vec::with_capacity(spans.len());
+        for (role, off, n) in spans {
+            match merged.last_mut() {
+                Some((r, o, l)) if *r == role && *o + *l == off => *l += n,
+                _ => merged.push((role, off, n)),
+            }
+        }
+        merged
+    }
+
     /// Rebuild over unused regions: they are zero on every member in sync, so the new member
     /// gets them discarded (no reads). Moves its in-sync point past them; `None` if `pos` is
     /// in a used region.
@@ -347,6 +379,12 @@ impl Array {
         end: u64,
     ) -> Option<std::result::Result<u64, crate::sync::Stop>> {
         let used = self.used.as_ref()?;
+        if self.geometry.level() == Level::Raid10 {
+            let unused = |at: u64, len: u64| used.next_used(at, at + len).start >= at + len;
+            return self.skip_raid10_chunks(role, pos, end, unused, |from, to| {
+                self.discard_on_rebuilding(role, from, to)
+            });
+        }
         let limit = end.min(pos + crate::bitmap::SKIP_MAX_BYTES);
         let next = used.next_used(pos, limit);
         let target = if next.start >= limit {
@@ -361,20 +399,34 @@ impl Array {
         if used.next_used(pos, target).start < target {
             return None; // a write claimed part of it meanwhile: rebuild it the usual way
         }
+        if let Err(stop) = self.discard_on_rebuilding(role, pos, target) {
+            return Some(Err(stop));
+        }
+        self.slots[role].advance(target);
+        Some(Ok(target))
+    }
+
+    /// Member bytes `from..to` of the member rebuilding `role` are unused: discard them (they
+    /// read as zeroes, as on the members in sync).
+    fn discard_on_rebuilding(
+        &self,
+        role: usize,
+        from: u64,
+        to: u64,
+    ) -> std::result::Result<(), crate::sync::Stop> {
         let member = self.slots[role].member();
         let mut ios = [MemberIo::planned(
             role,
             member,
-            pos,
-            IoKind::Discard(target - pos),
+            from,
+            IoKind::Discard(to - from),
         )];
-        if let Err(e) = self.commit_writes(&WriteSet::rebuild(pos, target - pos), &mut ios) {
-            return Some(Err(crate::sync::Stop::Failed(e.to_string())));
+        if let Err(e) = self.commit_writes(&WriteSet::rebuild(from, to - from), &mut ios) {
+            return Err(crate::sync::Stop::Failed(e.to_string()));
         }
         if !ios[0].ok() {
-            return Some(Err(crate::sync::Stop::Interrupted));
+            return Err(crate::sync::Stop::Interrupted);
         }
-        self.slots[role].advance(target);
-        Some(Ok(target))
+        Ok(())
     }
 }

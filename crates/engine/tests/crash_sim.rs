@@ -558,6 +558,18 @@ fn fail_or_add(rig: &mut Rig, array: &Array, rng: &mut ChaCha8Rng) {
             .iter()
             .all(|m| m.state != engine::MemberState::Spare) =>
         {
+            // A removed member comes back now and then: with a bitmap it takes its old role
+            // and recovers only what it missed (md's re-add), else it is a new spare.
+            if !rig.removed.is_empty() && rng.gen_bool(0.5) {
+                let name = rig.removed[rng.gen_range(0..rig.removed.len())].clone();
+                let sim = rig.sims.iter().find(|s| s.name() == name).cloned();
+                if let Some(sim) = sim {
+                    if array.add_member(sim, false).is_ok() {
+                        rig.removed.retain(|r| *r != name);
+                    }
+                }
+                return;
+            }
             let name = format!("spare{}", rig.sims.len());
             let sim = Arc::new(
                 SimDevice::new(&name, MEMBER_BYTES, rig.seed ^ rig.sims.len() as u64)
@@ -962,6 +974,16 @@ fn crash_raid1_bitmap_with_failures_and_rebuilds() {
     run_level_with(
         "crash_raid1_bitmap_with_failures_and_rebuilds",
         Level::Raid1,
+        Mode::Failures,
+        Policy::Bitmap,
+    );
+}
+
+#[test]
+fn crash_raid10_bitmap_with_failures_and_rebuilds() {
+    run_level_with(
+        "crash_raid10_bitmap_with_failures_and_rebuilds",
+        Level::Raid10,
         Mode::Failures,
         Policy::Bitmap,
     );
