@@ -218,7 +218,7 @@ struct CreateArgs {
     #[arg(long)]
     name: Option<String>,
     /// resync, bitmap, journal (needs --journal) or guided (the bitmap, and after an unclean
-    /// stop the resync waits for a guide such as `guide NAME ext4`; RAID1/4/5/6).
+    /// stop the resync waits for a guide such as `guide NAME ext4`; RAID1/4/5/6/10).
     #[arg(long, default_value = "resync", value_parser = ["resync", "bitmap", "journal", "guided"])]
     consistency_policy: String,
     /// Bytes each write-intent bit covers (with --consistency-policy bitmap or guided; default:

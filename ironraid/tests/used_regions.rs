@@ -23,7 +23,11 @@ const TOOLS: [&str; 3] = ["qemu-io", "qemu-img", "mdadm"];
 
 /// `create --level 5 --name NAME MEMBERS` without `--assume-clean`: a new array as users make it.
 fn create_fresh(env: &Env, extra: &[&str]) {
-    let mut args = vec!["create", "--level", "5", "--name", &env.name];
+    create_fresh_level(env, "5", extra)
+}
+
+fn create_fresh_level(env: &Env, level: &str, extra: &[&str]) {
+    let mut args = vec!["create", "--level", level, "--name", &env.name];
     args.extend_from_slice(extra);
     let members = env.member_args();
     args.extend(members.iter().map(String::as_str));
@@ -124,6 +128,10 @@ fn allocated_bytes(p: &Path) -> u64 {
 /// `mdadm --examine` and `--examine-badblocks` read every member without a complaint: the map
 /// in the headroom before the data disturbs neither the superblock nor the bad-block log.
 fn mdadm_reads_members(members: &[PathBuf]) {
+    mdadm_reads_members_of(members, "raid5")
+}
+
+fn mdadm_reads_members_of(members: &[PathBuf], level: &str) {
     for m in members {
         let p = m.to_str().unwrap();
         let out = Command::new("mdadm")
@@ -138,7 +146,7 @@ fn mdadm_reads_members(members: &[PathBuf]) {
             "mdadm --examine {p} complains: {err}"
         );
         assert!(text.contains("Magic : a92b4efc"), "{text}");
-        assert!(text.contains("Raid Level : raid5"), "{text}");
+        assert!(text.contains(&format!("Raid Level : {level}")), "{text}");
         let sum = text
             .lines()
             .find(|l| l.trim_start().starts_with("Checksum :"))
@@ -332,6 +340,66 @@ fn a_rebuild_skips_unwritten_regions() {
         "24 used regions rebuilt in {took:?}, all 254 in {full_took:?}"
     );
     full.stop(fd);
+}
+
+/// RAID10 (near 2 × 4, 512K chunks) keeps its map in array bytes, md's sync coordinates for
+/// RAID10: no initial sync, a trim releases a region on both its copies, and a rebuild fills
+/// only the new member's copies of used regions. Array chunk k lives on members 2k mod 4 and
+/// the next, so member 1 holds half of the written data.
+#[test]
+fn a_raid10_rebuild_skips_unwritten_and_trimmed_regions() {
+    if !require_tools(&TOOLS) {
+        return;
+    }
+    let env = Env::new("urebuild10", 4, MEMBER);
+    create_fresh_level(&env, "10", &[]);
+    let d = env.run_all();
+    let fresh = env.wait_detail("the initial sync", 30, |d| {
+        d["sync"]["action"] == "idle" && d["state"] == "clean"
+    });
+    let region = fresh["used_regions"]["region_bytes"].as_u64().unwrap();
+    assert_eq!(fresh["used_regions"]["used"], 0, "{fresh:#}");
+    let size = fresh["size_bytes"].as_u64().unwrap();
+    let expected = Expected::new(&env, size);
+    let pieces = [
+        0,
+        size / 3 / region * region,
+        2 * size / 3 / region * region,
+    ];
+    for (i, &off) in pieces.iter().enumerate() {
+        write_random(&env, &expected, off, 8 * MIB, 9200 + i as u64);
+    }
+    let written_regions = 3 * (8 * MIB).div_ceil(region);
+    let used_now = |env: &Env| env.detail()["used_regions"]["used"].as_u64().unwrap();
+    assert_eq!(used_now(&env), written_regions);
+    // A whole region inside the second piece, trimmed: released on both copies.
+    let trimmed = pieces[1] + region;
+    qemu_io(&env, &[format!("discard {trimmed} {region}")]);
+    expected.zero(trimmed, region);
+    assert_eq!(used_now(&env), written_regions - 1);
+    reads_like(&env, &expected);
+
+    let spare = env.file("spare.img", MEMBER);
+    replace_member(&env, &spare);
+    reads_like(&env, &expected);
+    assert_eq!(env.action_wait("check"), 0);
+    let data_off = env.examine(&spare)["data_offset_sectors"].as_u64().unwrap() * 512;
+    assert!(same_data_area(&env.members[1], &spare, data_off));
+    let alloc = allocated_bytes(&spare);
+    let used_bytes = (written_regions - 1) * region;
+    eprintln!(
+        "RAID10 rebuild of {} used bytes: new member has {} KiB allocated",
+        used_bytes,
+        alloc / 1024
+    );
+    assert!(
+        alloc <= used_bytes / 2 + 2 * MIB,
+        "the rebuild wrote {alloc} bytes to the new member ({used_bytes} array bytes used)"
+    );
+    env.stop(d);
+    let mut members = env.members.clone();
+    members[1] = spare;
+    mdadm_reads_members_of(&members, "raid10");
 }
 
 #[test]

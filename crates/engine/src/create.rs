@@ -375,9 +375,12 @@ fn check_guided_spec(spec: &CreateSpec) -> Result<()> {
         Some("a journal closes the write hole by itself: choose one of the two".into())
     } else if !matches!(
         spec.level,
-        Level::Raid1 | Level::Raid4 | Level::Raid5 | Level::Raid6
+        Level::Raid1 | Level::Raid4 | Level::Raid5 | Level::Raid6 | Level::Raid10
     ) {
-        Some(format!("not for {} (RAID1/4/5/6 only)", spec.level.name()))
+        Some(format!(
+            "not for {} (RAID1/4/5/6/10 only)",
+            spec.level.name()
+        ))
     } else if spec.level != Level::Raid1 && !spec.chunk_bytes.is_power_of_two() {
         Some("the chunk must be a power of two".into())
     } else {

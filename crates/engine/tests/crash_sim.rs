@@ -1046,6 +1046,16 @@ fn crash_raid1_guided() {
 }
 
 #[test]
+fn crash_raid10_guided_with_failures_and_rebuilds() {
+    run_level_with(
+        "crash_raid10_guided_with_failures_and_rebuilds",
+        Level::Raid10,
+        Mode::Failures,
+        Policy::Guided,
+    );
+}
+
+#[test]
 fn crash_raid5_guided_with_a_write_watch() {
     run_level_with(
         "crash_raid5_guided_with_a_write_watch",
@@ -1092,23 +1102,18 @@ fn guided_write_watch_canary() {
 /// the checks after recovery notice.
 #[test]
 fn guided_resync_canary() {
-    let caught = (0..200u64).find(|&seed| {
-        std::panic::catch_unwind(|| {
-            crash_case_full(
-                seed,
-                Level::Raid5,
-                Mode::Healthy,
-                Policy::Guided,
-                false,
-                true,
-            )
-        })
-        .is_err()
-    });
-    assert!(
-        caught.is_some(),
-        "no case noticed a guide that named nothing"
-    );
+    for level in [Level::Raid5, Level::Raid10] {
+        let caught = (0..200u64).find(|&seed| {
+            std::panic::catch_unwind(|| {
+                crash_case_full(seed, level, Mode::Healthy, Policy::Guided, false, true)
+            })
+            .is_err()
+        });
+        assert!(
+            caught.is_some(),
+            "{level:?}: no case noticed a guide that named nothing"
+        );
+    }
 }
 
 /// Canary: the oracle notices one flipped parity bit behind the array's back, and the engine
