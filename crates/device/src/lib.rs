@@ -40,6 +40,19 @@ pub trait Device: Send + Sync {
     fn read_at(&self, buf: &mut [u8], offset_bytes: u64) -> io::Result<()>;
     /// Write `buf` at `offset_bytes`; with `fua` the data is durable when this returns.
     fn write_at(&self, buf: &[u8], offset_bytes: u64, fua: bool) -> io::Result<()>;
+    /// Write the concatenation of `bufs` at `offset_bytes`, as one write (a power cut tears it
+    /// like one). The default gathers into one buffer; backends that can write from the
+    /// pieces themselves (`pwritev`) spare that copy.
+    fn write_vectored_at(&self, bufs: &[&[u8]], offset_bytes: u64, fua: bool) -> io::Result<()> {
+        let total = bufs.iter().map(|b| b.len()).sum();
+        let mut all = AlignedBuf::zeroed(total);
+        let mut at = 0;
+        for b in bufs {
+            all[at..at + b.len()].copy_from_slice(b);
+            at += b.len();
+        }
+        self.write_at(&all, offset_bytes, fua)
+    }
     /// Make every write that completed before this call durable.
     fn flush(&self) -> io::Result<()>;
     /// Tell the device the range's content is no longer needed; it then reads as zeroes.

@@ -306,7 +306,7 @@ impl Journal {
     fn write_units(
         &self,
         array: &Array,
-        units: Vec<(MetaBlock, Vec<&[u8]>)>,
+        mut units: Vec<(MetaBlock, Vec<&[u8]>)>,
         space: Space,
     ) -> Result<Option<Range<u64>>> {
         let sizes: Vec<u64> = units.iter().map(|(m, _)| m.unit_sectors()).collect();
@@ -315,25 +315,27 @@ impl Journal {
         };
         let seqs = first_seq..first_seq + units.len() as u64;
         let total: u64 = sizes.iter().sum();
-        // Every byte is written below (meta blocks are whole 4 KiB blocks): a pool buffer, not
-        // a zeroed allocation per log write.
-        let mut buf = array.bufs.get(total as usize * 512);
-        let mut at = 0usize;
+        // The meta blocks go into one pool buffer; the pages are written from where they are
+        // (one vectored write, no copy of the data into a log buffer).
+        let mut metas = array.bufs.get(units.len() * PAGE);
         let mut pos = start;
-        for ((mut meta, pages), seq) in units.into_iter().zip(seqs.clone()) {
+        for (((meta, _), seq), block) in units
+            .iter_mut()
+            .zip(seqs.clone())
+            .zip(metas.chunks_mut(PAGE))
+        {
             meta.seq = seq;
             meta.position = pos;
-            buf[at..at + PAGE].copy_from_slice(&meta.encode(self.seed));
-            at += PAGE;
-            for page in pages {
-                buf[at..at + PAGE].copy_from_slice(page);
-                at += PAGE;
-            }
+            block.copy_from_slice(&meta.encode(self.seed));
             pos = (pos + meta.unit_sectors()) % self.log;
         }
-        let res = self.write_ring(start, &buf);
-        self.logged_bytes
-            .fetch_add(buf.len() as u64, Ordering::Relaxed);
+        let mut pieces: Vec<&[u8]> = Vec::with_capacity((total / PAGE_SECTORS_U64) as usize);
+        for ((_, pages), block) in units.iter().zip(metas.chunks(PAGE)) {
+            pieces.push(block);
+            pieces.extend(pages.iter().copied());
+        }
+        let res = write_ring_at(&self.member, self.log, start, &pieces);
+        self.logged_bytes.fetch_add(total * 512, Ordering::Relaxed);
         {
             let mut st = self.st.lock();
             for seq in seqs.clone() {
@@ -364,7 +366,7 @@ impl Journal {
             0,
             "journalled intervals are whole pages"
         );
-        let mut units: Vec<(MetaBlock, Vec<&'a [u8]>)> = Vec::new();
+        let mut units = UnitsBuilder::default();
         for col in 0..cols {
             let r = col * PAGE..(col + 1) * PAGE;
             let mut payloads = Vec::with_capacity(img.data.len() + 1);
@@ -390,17 +392,9 @@ impl Journal {
                 location: (img.at + r.start as u64) / 512,
                 checksums,
             });
-            let need: usize = payloads.iter().map(Payload::encoded_len).sum();
-            let fits = units.last().is_some_and(|(m, _)| m.has_room(need));
-            if !fits {
-                units.push((MetaBlock::empty(0, 0), Vec::new()));
-            }
-            let (m, p) = units.last_mut().expect("a unit");
-            assert!(m.has_room(need), "one column must fit a meta block");
-            m.payloads.extend(payloads);
-            p.extend(pages);
+            units.add(payloads, pages);
         }
-        units
+        units.units
     }
 
     /// Take room for units of these sizes (sectors) at the head, reclaiming (or waiting for
@@ -471,11 +465,6 @@ impl Journal {
                 }
             }
         }
-    }
-
-    /// Write `buf` at ring sector `start`, wrapping at the end of the ring.
-    fn write_ring(&self, start: u64, buf: &[u8]) -> std::io::Result<()> {
-        write_ring_at(&self.member, self.log, start, buf)
     }
 
     /// Group commit: wait until every unit below `upto` is durable, flushing the log device
@@ -854,7 +843,7 @@ pub(crate) fn recover(
                 for p in pages {
                     buf.extend_from_slice(p);
                 }
-                write_ring_at(&member, log, head, &AlignedBuf::copy_from(&buf))
+                write_ring_at(&member, log, head, &[&AlignedBuf::copy_from(&buf)[..]])
                     .map_err(|e| fail(format!("cannot log write-back data again: {e}")))?;
                 units.push_back(Unit {
                     seq,
@@ -873,8 +862,13 @@ pub(crate) fn recover(
         }
         if units.is_empty() {
             let block = MetaBlock::empty(next_seq, next_start).encode(seed);
-            write_ring_at(&member, log, next_start, &AlignedBuf::copy_from(&block))
-                .map_err(|e| fail(format!("cannot start the new log: {e}")))?;
+            write_ring_at(
+                &member,
+                log,
+                next_start,
+                &[&AlignedBuf::copy_from(&block)[..]],
+            )
+            .map_err(|e| fail(format!("cannot start the new log: {e}")))?;
         }
         member
             .dev
@@ -925,17 +919,32 @@ pub(crate) fn recover(
     })
 }
 
-/// Write `buf` at ring sector `start` of a log of `log` sectors, wrapping at its end.
-fn write_ring_at(member: &Member, log: u64, start: u64, buf: &[u8]) -> std::io::Result<()> {
+/// Write the concatenation of `pieces` at ring sector `start` of a log of `log` sectors,
+/// wrapping at its end.
+fn write_ring_at(member: &Member, log: u64, start: u64, pieces: &[&[u8]]) -> std::io::Result<()> {
     let base = member.data_offset_bytes;
-    let room = ((log - start) * 512) as usize;
-    if buf.len() <= room {
-        return member.dev.write_at(buf, base + start * 512, false);
+    let mut room = ((log - start) * 512) as usize;
+    let total: usize = pieces.iter().map(|p| p.len()).sum();
+    if total <= room {
+        return member
+            .dev
+            .write_vectored_at(pieces, base + start * 512, false);
+    }
+    let (mut head, mut tail) = (Vec::new(), Vec::new());
+    for &p in pieces {
+        let n = p.len().min(room);
+        if n > 0 {
+            head.push(&p[..n]);
+        }
+        if n < p.len() {
+            tail.push(&p[n..]);
+        }
+        room -= n;
     }
     member
         .dev
-        .write_at(&buf[..room], base + start * 512, false)?;
-    member.dev.write_at(&buf[room..], base, false)
+        .write_vectored_at(&head, base + start * 512, false)?;
+    member.dev.write_vectored_at(&tail, base, false)
 }
 
 /// Sectors writing out `columns` cached page columns may need in the ring: logging their data
@@ -955,23 +964,44 @@ fn data_units<'a>(
     pages: &'a BTreeMap<(u64, usize), AlignedBuf>,
 ) -> Vec<(MetaBlock, Vec<&'a [u8]>)> {
     let chunk = geometry.chunk_sectors() * 512;
-    let mut units: Vec<(MetaBlock, Vec<&'a [u8]>)> = Vec::new();
+    let mut units = UnitsBuilder::default();
     for (&(off, d), page) in pages {
         let payload = Payload::Data {
             location: ((row * geometry.data_disks() as u64 + d as u64) * chunk + off) / 512,
             checksums: vec![format::crc32c_raw(seed, page)],
         };
-        if !units
-            .last()
-            .is_some_and(|(m, _)| m.has_room(payload.encoded_len()))
-        {
-            units.push((MetaBlock::empty(0, 0), Vec::new()));
-        }
-        let (m, p) = units.last_mut().expect("a unit");
-        m.payloads.push(payload);
-        p.push(&page[..]);
+        units.add(vec![payload], [&page[..]]);
     }
-    units
+    units.units
+}
+
+/// Io units being filled in order: a new meta block when the next payloads do not fit.
+#[derive(Default)]
+struct UnitsBuilder<'a> {
+    units: Vec<(MetaBlock, Vec<&'a [u8]>)>,
+    /// Meta block bytes the last unit uses (kept here: summing its descriptors at every
+    /// addition would make building a unit quadratic).
+    used: usize,
+}
+
+impl<'a> UnitsBuilder<'a> {
+    /// Payloads that must share one unit, with their pages.
+    fn add(&mut self, payloads: Vec<Payload>, pages: impl IntoIterator<Item = &'a [u8]>) {
+        let need: usize = payloads.iter().map(Payload::encoded_len).sum();
+        if self.units.is_empty() || self.used + need > JOURNAL_BLOCK {
+            self.units.push((MetaBlock::empty(0, 0), Vec::new()));
+            self.used = MetaBlock::empty(0, 0).meta_size();
+        }
+        assert!(
+            self.used + need <= JOURNAL_BLOCK,
+            "payloads that share a unit must fit one meta block"
+        );
+        self.used += need;
+        let (m, p) = self.units.last_mut().expect("a unit");
+        m.payloads.extend(payloads);
+        p.extend(pages);
+        debug_assert_eq!(m.meta_size(), self.used);
+    }
 }
 
 /// One io unit found whole in the log.
