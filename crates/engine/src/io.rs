@@ -248,6 +248,12 @@ pub(crate) enum Executor {
 }
 
 impl Array {
+    /// Whether member I/O runs one operation at a time in a seeded order (the simulation):
+    /// background work then keeps to one thread as well, so that a seed replays one run.
+    pub(crate) fn is_deterministic(&self) -> bool {
+        matches!(self.io.executor, Executor::Deterministic(_))
+    }
+
     /// Run `ios`. Each `outcome` tells how it ended; a member that failed has been marked
     /// faulty on return. Returns true if all succeeded.
     pub(crate) fn run_io(&self, ios: &mut [MemberIo<'_>]) -> bool {

@@ -240,13 +240,11 @@ impl CachedRow {
         )
     }
 
-    /// Is every page of every data chunk over `a..b` cached?
-    pub fn covers(&self, data_disks: usize, a: u64, b: u64) -> bool {
-        (0..data_disks).all(|d| {
-            (a..b)
-                .step_by(PAGE)
-                .all(|off| self.pages.contains_key(&(off, d)))
-        })
+    /// Is every page of data chunk `d` over `a..b` cached?
+    pub fn covers_chunk(&self, d: usize, a: u64, b: u64) -> bool {
+        (a..b)
+            .step_by(PAGE)
+            .all(|off| self.pages.contains_key(&(off, d)))
     }
 
     /// Data indices with a cached page in `a..b`.

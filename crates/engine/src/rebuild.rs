@@ -2,7 +2,8 @@
 //!
 //! Each window (about `ArrayConfig::sync_window_bytes` of every member) is claimed exactly as client writes claim
 //! stripes (mirrors: region locks), read once per member, reconstructed, written to the new
-//! member, and the role's in-sync point is advanced before the claim is released. Client I/O
+//! member (parity levels in two halves, the second half's reads overlapping the first half's
+//! write), and the role's in-sync point is advanced before the claim is released. Client I/O
 //! uses the new member only below that point, so nothing the rebuild read earlier can overwrite
 //! a newer write. Progress goes to the member's superblock (RECOVERY_OFFSET) every
 //! `CHECKPOINT_EVERY` and when the work stops, so a restart resumes where it stopped. Every superblock commit flushes the members first
@@ -200,14 +201,37 @@ impl Array {
         Ok(Some(bufs))
     }
 
-    /// Rebuild `role`'s chunks of stripes `r0..r1` (claimed by the caller).
+    /// Rebuild `role`'s chunks of stripes `r0..r1` (claimed by the caller), in two halves
+    /// whose I/O overlaps: the reads of the second half (other members) run while the first
+    /// half's write to the new member is on its way, as a reader and a writer would run side by
+    /// side. Both writes have ended when this returns; the caller moves the in-sync point.
     pub(crate) fn rebuild_window(&self, role: usize, r0: u64, r1: u64) -> Result<(), Stop> {
         let chunk = self.geometry.chunk_sectors() * 512;
+        let mid = r0 + (r1 - r0).div_ceil(2);
+        std::thread::scope(|scope| {
+            let mut writing: Option<std::thread::ScopedJoinHandle<'_, Result<(), Stop>>> = None;
+            for (a, b) in [(r0, mid), (mid, r1)].into_iter().filter(|(a, b)| a < b) {
+                let bufs = self.read_rebuild_sources(a, b)?;
+                if let Some(w) = writing.take() {
+                    w.join().expect("rebuild writer panicked")?;
+                }
+                let write = move || self.write_rebuilt(role, a * chunk, &bufs[role]);
+                if self.is_deterministic() {
+                    write()?;
+                } else {
+                    writing = Some(scope.spawn(write));
+                }
+            }
+            writing.map_or(Ok(()), |w| w.join().expect("rebuild writer panicked"))
+        })
+    }
+
+    /// [`Array::read_window`] over stripes `r0..r1`, again while members fail meanwhile.
+    fn read_rebuild_sources(&self, r0: u64, r1: u64) -> Result<Vec<PoolBuf>, Stop> {
         for _ in 0..4 {
-            let Some(bufs) = self.read_window(r0, r1, self.heal_mode())? else {
-                continue;
-            };
-            return self.write_rebuilt(role, r0 * chunk, &bufs[role]);
+            if let Some(bufs) = self.read_window(r0, r1, self.heal_mode())? {
+                return Ok(bufs);
+            }
         }
         Err(Stop::Failed("members kept failing".into()))
     }

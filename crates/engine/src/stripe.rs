@@ -39,7 +39,7 @@ const PAGE: u64 = 4096;
 /// How often one interval may be planned again after member failures before giving up.
 const MAX_REPLANS: usize = 4;
 
-enum Outcome {
+pub(crate) enum Outcome {
     Done,
     Replan,
     /// A chunk read back corrupt: plan again through the degraded path, which rebuilds it.
@@ -47,7 +47,7 @@ enum Outcome {
 }
 
 /// How an interval of a stripe is written (see [`Array::plan_write`]).
-enum WritePlan {
+pub(crate) enum WritePlan {
     Rmw,
     Rcw,
     /// Read every usable member, reconstruct the missing chunks, recompute all parity.
@@ -378,7 +378,7 @@ impl Array {
     /// old bytes of every dirty data chunk, RCW those of every data chunk not fully overwritten;
     /// a missing parity chunk is neither read nor written (the rebuild recomputes it). Only when
     /// neither can run without a missing chunk does the write read every member and reconstruct.
-    fn plan_write(
+    pub(crate) fn plan_write(
         &self,
         roles: &StripeRoles,
         at: u64,
@@ -475,40 +475,11 @@ impl Array {
         let len = (c.b - c.a) as usize;
         let at = c.row * self.chunk_bytes() + c.a;
         let dirty: Vec<usize> = (0..c.dirty.len()).filter(|&d| c.dirty[d]).collect();
-        let mut old: Vec<PoolBuf> = dirty.iter().map(|_| self.bufs.get(len)).collect();
-        let mut p = self.bufs.get(len);
-        let mut q = c.roles.q_dev().map(|_| self.bufs.get(len));
-        {
-            let mut ios: Vec<MemberIo<'_>> = old
-                .iter_mut()
-                .zip(&dirty)
-                .map(|(buf, &d)| self.read_io(c.roles.data_dev(d), at, buf))
-                .collect();
-            // A missing parity chunk is neither read nor written; its buffer only takes the
-            // arithmetic.
-            if self.slot(c.roles.p_dev()).in_sync(at, len as u64) {
-                ios.push(self.read_io(c.roles.p_dev(), at, &mut p));
-            }
-            if let (Some(qd), Some(qb)) = (c.roles.q_dev(), q.as_mut()) {
-                if self.slot(qd).in_sync(at, len as u64) {
-                    ios.push(self.read_io(qd, at, qb));
-                }
-            }
-            if !self.run_io(&mut ios) {
-                return Ok(replan_after(&ios));
-            }
-        }
-        let mut new_data: Vec<PoolBuf> = Vec::with_capacity(dirty.len());
-        for (delta, &d) in old.iter_mut().zip(&dirty) {
-            let mut new = delta.duplicate();
-            c.overlay(d, &mut new);
-            parity::xor_into(delta, &new);
-            match q.as_mut() {
-                Some(q) => parity::pq_update(delta, c.roles.slot(d), &mut p, q),
-                None => parity::xor_into(&mut p, delta),
-            }
-            new_data.push(new);
-        }
+        let (new_data, p, q) =
+            match self.rmw_compute(c.roles, at, len, &dirty, |d, b| c.overlay(d, b)) {
+                Ok(done) => done,
+                Err(outcome) => return Ok(outcome),
+            };
         let written: Vec<(usize, &[u8])> = dirty
             .iter()
             .zip(&new_data)
@@ -516,6 +487,55 @@ impl Array {
             .collect();
         self.write_row(c, at, &written, &p, q.as_deref())?;
         Ok(Outcome::Done)
+    }
+
+    /// Read-modify-write's reads and arithmetic over `at..at + len` of a row: the old bytes of
+    /// data chunks `dirty` and of the parity, the new bytes of those chunks by `overlay`
+    /// (given a data index and the old bytes), and the parity moved by the difference.
+    /// Returns the new data (in `dirty`'s order), P and Q; `Err`: a member failed meanwhile.
+    pub(crate) fn rmw_compute(
+        &self,
+        roles: &StripeRoles,
+        at: u64,
+        len: usize,
+        dirty: &[usize],
+        overlay: impl Fn(usize, &mut [u8]),
+    ) -> std::result::Result<(Vec<PoolBuf>, PoolBuf, Option<PoolBuf>), Outcome> {
+        let mut old: Vec<PoolBuf> = dirty.iter().map(|_| self.bufs.get(len)).collect();
+        let mut p = self.bufs.get(len);
+        let mut q = roles.q_dev().map(|_| self.bufs.get(len));
+        {
+            let mut ios: Vec<MemberIo<'_>> = old
+                .iter_mut()
+                .zip(dirty)
+                .map(|(buf, &d)| self.read_io(roles.data_dev(d), at, buf))
+                .collect();
+            // A missing parity chunk is neither read nor written; its buffer only takes the
+            // arithmetic.
+            if self.slot(roles.p_dev()).in_sync(at, len as u64) {
+                ios.push(self.read_io(roles.p_dev(), at, &mut p));
+            }
+            if let (Some(qd), Some(qb)) = (roles.q_dev(), q.as_mut()) {
+                if self.slot(qd).in_sync(at, len as u64) {
+                    ios.push(self.read_io(qd, at, qb));
+                }
+            }
+            if !self.run_io(&mut ios) {
+                return Err(replan_after(&ios));
+            }
+        }
+        let mut new_data: Vec<PoolBuf> = Vec::with_capacity(dirty.len());
+        for (delta, &d) in old.iter_mut().zip(dirty) {
+            let mut new = delta.duplicate();
+            overlay(d, &mut new);
+            parity::xor_into(delta, &new);
+            match q.as_mut() {
+                Some(q) => parity::pq_update(delta, roles.slot(d), &mut p, q),
+                None => parity::xor_into(&mut p, delta),
+            }
+            new_data.push(new);
+        }
+        Ok((new_data, p, q))
     }
 
     fn degraded_write(&self, c: &Interval<'_>) -> Result<Outcome> {

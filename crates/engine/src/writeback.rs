@@ -21,12 +21,15 @@
 //! array writes through.
 
 use crate::array::Array;
+use crate::bufpool::PoolBuf;
 use crate::commit::WriteSet;
 use crate::error::Result;
 use crate::io::MemberIo;
 use crate::journal::{CachedRow, StripeImage};
+use crate::stripe::WritePlan;
 use crate::stripe_cache::{merge, Piece};
 use device::AlignedBuf;
+use layout::StripeRoles;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
@@ -125,32 +128,39 @@ impl Array {
         let roles = self.geometry.stripe_roles(row);
         for (a, b) in cached.intervals() {
             let len = (b - a) as usize;
-            let at = row * chunk + a;
-            let mut data: Vec<crate::bufpool::PoolBuf> = if cached.covers(m, a, b) {
-                (0..m).map(|_| self.bufs.get(len)).collect()
-            } else {
-                let mut got = None;
-                for _ in 0..MAX_REPLANS {
-                    if let Some(bufs) = self.read_row(&roles, at, len)? {
-                        got = Some(bufs.data);
-                        break;
-                    }
-                }
-                got.ok_or_else(|| {
-                    self.unrecoverable(at, len as u64, "members kept failing during a write-out")
-                })?
-            };
-            for (d, buf) in data.iter_mut().enumerate() {
-                cached.overlay(d, a, buf);
-            }
-            let refs: Vec<&[u8]> = data.iter().map(|b| &b[..]).collect();
-            let (p, q) = self.compute_parity(&roles, &refs);
-            let dirty: Vec<(usize, &[u8])> = cached
-                .dirty(m, a, b)
-                .into_iter()
-                .map(|d| (d, refs[d]))
-                .collect();
             let n = len as u64;
+            let at = row * chunk + a;
+            let dirty_idx = cached.dirty(m, a, b);
+            // Whichever write reads less, as for client writes: read-modify-write (the old
+            // bytes of the cached chunks and the parity) or the rest of the row.
+            let is_dirty: Vec<bool> = (0..m).map(|d| dirty_idx.contains(&d)).collect();
+            let full: Vec<bool> = (0..m).map(|d| cached.covers_chunk(d, a, b)).collect();
+            let rmw = match self.plan_write(&roles, at, n, &is_dirty, &full, false) {
+                WritePlan::Rmw => self
+                    .rmw_compute(&roles, at, len, &dirty_idx, |d, buf| {
+                        cached.overlay(d, a, buf)
+                    })
+                    .ok(),
+                _ => None,
+            };
+            let (chunks, p, q) = match rmw {
+                Some((new, p, q)) => (dirty_idx.iter().copied().zip(new).collect(), p, q),
+                None => {
+                    let mut data = self.read_rest_of_row(&roles, at, len, &full)?;
+                    for (d, buf) in data.iter_mut().enumerate() {
+                        cached.overlay(d, a, buf);
+                    }
+                    let refs: Vec<&[u8]> = data.iter().map(|b| &b[..]).collect();
+                    let (p, q) = self.compute_parity(&roles, &refs);
+                    let chunks: Vec<(usize, PoolBuf)> = data
+                        .into_iter()
+                        .enumerate()
+                        .filter(|(d, _)| is_dirty[*d])
+                        .collect();
+                    (chunks, p, q)
+                }
+            };
+            let dirty: Vec<(usize, &[u8])> = chunks.iter().map(|(d, b)| (*d, &b[..])).collect();
             let mut ios: Vec<MemberIo<'_>> = dirty
                 .iter()
                 .filter(|(d, _)| self.slot(roles.data_dev(*d)).in_sync(at, n))
@@ -175,6 +185,26 @@ impl Array {
             self.commit_stripe_writes(&WriteSet::stripe(at, n), &mut ios, Some(&image))?;
         }
         Ok(())
+    }
+
+    /// Every data chunk of `at..at + len` of a row: read from the members (reconstructed
+    /// where one is missing) unless `full` says the cache overwrites it whole.
+    fn read_rest_of_row(
+        &self,
+        roles: &StripeRoles,
+        at: u64,
+        len: usize,
+        full: &[bool],
+    ) -> Result<Vec<PoolBuf>> {
+        if full.iter().all(|&f| f) {
+            return Ok(full.iter().map(|_| self.bufs.get(len)).collect());
+        }
+        for _ in 0..MAX_REPLANS {
+            if let Some(bufs) = self.read_row(roles, at, len)? {
+                return Ok(bufs.data);
+            }
+        }
+        Err(self.unrecoverable(at, len as u64, "members kept failing during a write-out"))
     }
 
     /// Write out the cached row whose units block the log's tail longest, if nobody holds it.
