@@ -189,6 +189,15 @@ impl WriteIntentBitmap {
         Ok(())
     }
 
+    /// Every chunk needs resync, durably: all bits set on the members, and none clears before
+    /// the resync passed it.
+    pub(crate) fn need_everything(&self, array: &Array) -> Result<()> {
+        self.start_write(array, 0, self.sync_bytes)?;
+        self.mark_needed(0, self.sync_bytes);
+        self.end_write(0, self.sync_bytes);
+        Ok(())
+    }
+
     /// A write started with [`WriteIntentBitmap::start_write`] is over.
     pub(crate) fn end_write(&self, offset: u64, len: u64) {
         for c in self.span(offset, len) {

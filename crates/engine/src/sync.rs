@@ -533,6 +533,15 @@ impl Array {
             // writes anything.
             self.persist_fallback();
         }
+        if let (Job::Resync { full: true, .. }, Some(bm)) = (&walk.job, self.policy.bitmap()) {
+            // An administrator's full resync on a bitmap array: every bit set, and the
+            // superblocks "active", first, so that after a crash or a stop the bitmap-guided
+            // resync that resumes it still covers what it had not reached.
+            let _counted = crate::commit::InCommit::enter(self);
+            if let Err(e) = bm.need_everything(self).and_then(|()| self.mark_active()) {
+                tracing::warn!(array = %self.name, "cannot set the bitmap for a full resync: {e}");
+            }
+        }
         self.events.emit(
             started_event(walk.action),
             &self.name,
