@@ -256,8 +256,7 @@ fn guidance_is_refused_where_it_means_nothing() {
         .collect();
     for (level, bitmap, says) in [
         (Level::Raid5, false, "bitmap"),
-        (Level::Raid0, true, "RAID1/4/5/6"),
-        (Level::Raid10, true, "RAID1/4/5/6"),
+        (Level::Raid0, true, "RAID1/4/5/6/10"),
     ] {
         let e = engine::create(&spec(&sims, level, bitmap, true))
             .unwrap_err()
