@@ -150,6 +150,10 @@ impl Rig {
             Fault::Garbage => {
                 let mut g = vec![0u8; PAGE as usize];
                 rng.fill(&mut g[..]);
+                // The rig's data comes from a stream seeded alike: make sure it is a change.
+                if g == self.block(dev, off) {
+                    g[0] ^= 0xff;
+                }
                 self.put(dev, off, &g);
             }
             Fault::Zeros => {
@@ -163,10 +167,14 @@ impl Rig {
             }
             Fault::Torn => {
                 let mut b = self.block(dev, off);
+                let orig = b.clone();
                 let first = rng.gen_range(0..7usize);
                 let last = rng.gen_range(first + 1..8);
                 for s in first..last {
                     rng.fill(&mut b[s * 512..(s + 1) * 512]);
+                }
+                if b == orig {
+                    b[first * 512] ^= 0xff;
                 }
                 self.put(dev, off, &b);
             }

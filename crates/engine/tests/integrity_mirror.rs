@@ -110,6 +110,10 @@ impl Rig {
             Fault::Garbage => {
                 let mut g = vec![0u8; PAGE as usize];
                 rng.fill(&mut g[..]);
+                // The rig's data comes from a stream seeded alike: make sure it is a change.
+                if g == self.block(loc) {
+                    g[0] ^= 0xff;
+                }
                 self.put(loc, &g);
             }
             Fault::Zeros => {
@@ -125,8 +129,12 @@ impl Rig {
                 let mut b = self.block(loc);
                 let first = rng.gen_range(0..7usize);
                 let last = rng.gen_range(first + 1..8);
+                let orig = b.clone();
                 for s in first..last {
                     rng.fill(&mut b[s * 512..(s + 1) * 512]);
+                }
+                if b == orig {
+                    b[first * 512] ^= 0xff;
                 }
                 self.put(loc, &b);
             }
@@ -206,17 +214,19 @@ impl Rig {
     }
 
     /// A page the workload wrote (non-zero in the model), else any page.
+    /// A page the rig wrote: a page never written lies in a region the used-region map calls
+    /// unused, which `check` skips (its faults are found by reads only).
     fn pick_page(&self, rng: &mut ChaCha8Rng) -> u64 {
-        for _ in 0..64 {
-            let p = rng.gen_range(0..self.pages());
-            if self.model[(p * PAGE) as usize..((p + 1) * PAGE) as usize]
+        let written = |p: u64| {
+            self.model[(p * PAGE) as usize..((p + 1) * PAGE) as usize]
                 .iter()
                 .any(|&b| b != 0)
-            {
-                return p;
-            }
-        }
-        rng.gen_range(0..self.pages())
+        };
+        let from = rng.gen_range(0..self.pages());
+        (from..self.pages())
+            .chain(0..from)
+            .find(|&p| written(p))
+            .expect("the rig wrote something")
     }
 }
 
