@@ -310,6 +310,12 @@ impl WriteIntentBitmap {
 
     /// The first byte at or after `from` (and before `end`) in a chunk whose bit is set:
     /// where a re-added member's recovery has work. `end` if none.
+    /// Chunks that start before `end`: the scans stop there (what lies beyond cannot change
+    /// their answers, which are capped at `end`).
+    fn chunks_before(&self, end: u64) -> u64 {
+        end.div_ceil(self.chunk_bytes).min(self.chunks)
+    }
+
     pub(crate) fn next_set(&self, from: u64, end: u64) -> u64 {
         self.next_matching(from, end, ON_DISK)
     }
@@ -319,7 +325,7 @@ impl WriteIntentBitmap {
     pub(crate) fn next_needed(&self, from: u64, end: u64) -> std::ops::Range<u64> {
         let start = self.next_matching(from, end, NEEDED);
         let first = start / self.chunk_bytes;
-        let stop = (first..self.chunks)
+        let stop = (first..self.chunks_before(end))
             .find(|&c| self.counters[c as usize].load(Ordering::Acquire) & NEEDED == 0)
             .map_or(end, |c| (c * self.chunk_bytes).min(end));
         start..stop.max(start)
@@ -327,7 +333,7 @@ impl WriteIntentBitmap {
 
     fn next_matching(&self, from: u64, end: u64, flag: u32) -> u64 {
         let first = from / self.chunk_bytes;
-        (first..self.chunks)
+        (first..self.chunks_before(end))
             .find(|&c| self.counters[c as usize].load(Ordering::Acquire) & flag != 0)
             .map_or(end, |c| (c * self.chunk_bytes).max(from).min(end))
     }

@@ -837,11 +837,9 @@ pub(crate) fn recover(
                     position: head,
                     ..meta
                 };
-                let mut buf = meta.encode(seed).to_vec();
-                for p in pages {
-                    buf.extend_from_slice(p);
-                }
-                write_ring_at(&member, log, head, &[&AlignedBuf::copy_from(&buf)[..]])
+                let block = meta.encode(seed);
+                let pieces: Vec<&[u8]> = std::iter::once(&block[..]).chain(pages).collect();
+                write_ring_at(&member, log, head, &pieces)
                     .map_err(|e| fail(format!("cannot log write-back data again: {e}")))?;
                 units.push_back(Unit {
                     seq,

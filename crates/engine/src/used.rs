@@ -174,11 +174,13 @@ impl UsedRegions {
     /// none): where background work has something to do.
     pub(crate) fn next_used(&self, from: u64, end: u64) -> Range<u64> {
         let first = from / self.region_bytes;
-        let Some(start_r) = (first..self.regions).find(|&r| self.is_set(r)) else {
+        // Regions starting at or past `end` cannot change the answer: stop scanning there.
+        let last = end.div_ceil(self.region_bytes).min(self.regions);
+        let Some(start_r) = (first..last).find(|&r| self.is_set(r)) else {
             return end..end;
         };
         let start = (start_r * self.region_bytes).max(from).min(end);
-        let stop = (start_r..self.regions)
+        let stop = (start_r..last)
             .find(|&r| !self.is_set(r))
             .map_or(end, |r| (r * self.region_bytes).min(end));
         start..stop.max(start)
