@@ -30,6 +30,7 @@
 //! itself; this layer only has to order the patches it invents.
 
 use engine::Array;
+use nbd::proto::{STATE_HOLE, STATE_ZERO};
 use nbd::{Backend, BlockSizes};
 use std::io;
 use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -267,6 +268,23 @@ impl Backend for ArrayBackend {
             self.flush()?;
         }
         Ok(())
+    }
+
+    /// Unused regions (never written since create, or trimmed since) are holes that read as
+    /// zeroes; everything else is reported as data (the array does not know which of its
+    /// used bytes are zero).
+    fn block_status(&self, offset: u64, len: u32) -> io::Result<Vec<(u32, u32)>> {
+        // Replies stay short: a client asks again from where the extents end.
+        const MAX_EXTENTS: usize = 1024;
+        let runs = self.0.zero_runs(offset, u64::from(len));
+        Ok(runs
+            .into_iter()
+            .take(MAX_EXTENTS)
+            .map(|(n, zero)| {
+                let n = u32::try_from(n).expect("runs lie inside one request");
+                (n, if zero { STATE_HOLE | STATE_ZERO } else { 0 })
+            })
+            .collect())
     }
 
     fn write_zeroes(&self, offset: u64, len: u64, fua: bool, may_trim: bool) -> io::Result<()> {

@@ -543,3 +543,74 @@ fn skipped_regions_do_not_count_against_the_speed_limit() {
         "check took {check:?}, rebuild {rebuild:?} for 9 used regions at --speed-max 32M"
     );
 }
+
+/// `nbdinfo --map --json`: the `(offset, length, type)` extents of the export's base:allocation.
+fn allocation_map(env: &Env) -> Vec<(u64, u64, u64)> {
+    let out = sh("nbdinfo", &["--map", "--json", &env.uri()]);
+    let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    v.as_array()
+        .unwrap_or_else(|| panic!("not a list: {out}"))
+        .iter()
+        .map(|e| {
+            let f = |k: &str| e[k].as_u64().unwrap_or_else(|| panic!("{k} in {e}"));
+            (f("offset"), f("length"), f("type"))
+        })
+        .collect()
+}
+
+/// Unused regions read as zeroes whatever the members hold there (garbage written behind the
+/// array's back included) and are reported to NBD clients as holes that read as zeroes
+/// (`base:allocation`), so `nbdcopy` and `qemu-img` skip them; a trim makes its regions holes
+/// again.
+#[test]
+fn unused_regions_read_as_zeroes_and_map_as_holes() {
+    if !require_tools(&["qemu-io", "qemu-img", "nbdinfo", "nbdcopy"]) {
+        return;
+    }
+    let env = Env::new("uholes", 4, MEMBER);
+    create_fresh(&env, &[]);
+    let d = env.run_all();
+    let size = env.detail()["size_bytes"].as_u64().unwrap();
+    let expected = Expected::new(&env, size);
+    // 8 MiB at 32 MiB: regions 10 to 13, array bytes 30..42 MiB.
+    write_random(&env, &expected, 32 * MIB, 8 * MIB, 9300);
+    assert_eq!(
+        allocation_map(&env),
+        vec![
+            (0, 30 * MIB, 3),
+            (30 * MIB, 12 * MIB, 0),
+            (42 * MIB, size - 42 * MIB, 3)
+        ]
+    );
+    // Garbage behind the array's back in region 50 (array bytes 150..153 MiB) on every member.
+    for m in &env.members {
+        let off = env.examine(m)["data_offset_sectors"].as_u64().unwrap() * 512 + 50 * MIB;
+        let f = std::fs::OpenOptions::new().write(true).open(m).unwrap();
+        f.write_all_at(&vec![0xee; MIB as usize], off).unwrap();
+    }
+    qemu_io(&env, &[format!("read -P 0 {} {}", 150 * MIB, 3 * MIB)]);
+    reads_like(&env, &expected);
+    // A copy through nbdcopy skips the holes: the copy is sparse and reads like the array.
+    let copy = env.dir.path().join("copy.img");
+    sh("nbdcopy", &[&env.uri(), copy.to_str().unwrap()]);
+    assert!(
+        allocated_bytes(&copy) <= 12 * MIB,
+        "the copy has {} bytes allocated for 12 MiB of data",
+        allocated_bytes(&copy)
+    );
+    assert!(common::same_files(&copy, &expected.path));
+    // TRIM of regions 10 and 11: holes again.
+    qemu_io(&env, &[format!("discard {} {}", 30 * MIB, 6 * MIB)]);
+    expected.zero(30 * MIB, 6 * MIB);
+    assert_eq!(
+        allocation_map(&env),
+        vec![
+            (0, 36 * MIB, 3),
+            (36 * MIB, 6 * MIB, 0),
+            (42 * MIB, size - 42 * MIB, 3)
+        ]
+    );
+    reads_like(&env, &expected);
+    assert_eq!(env.action_wait("check"), 0);
+    env.stop(d);
+}

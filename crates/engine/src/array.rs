@@ -354,6 +354,25 @@ impl Array {
     pub(crate) fn read_unverified(&self, offset_bytes: u64, buf: &mut [u8]) -> Result<()> {
         self.check_range(offset_bytes, buf.len() as u64)?;
         self.sync.note_client_io();
+        if self.used.is_none() {
+            return self.read_members(offset_bytes, buf);
+        }
+        let mut at = offset_bytes;
+        let mut rest: &mut [u8] = buf;
+        for (len, zero) in self.zero_runs(offset_bytes, rest.len() as u64) {
+            let (mine, tail) = std::mem::take(&mut rest).split_at_mut(len as usize);
+            rest = tail;
+            if zero {
+                mine.fill(0);
+            } else {
+                self.read_members(at, mine)?;
+            }
+            at += len;
+        }
+        Ok(())
+    }
+
+    fn read_members(&self, offset_bytes: u64, buf: &mut [u8]) -> Result<()> {
         if self.geometry.level().is_parity() {
             self.parity_read(offset_bytes, buf)
         } else {

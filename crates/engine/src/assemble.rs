@@ -556,7 +556,13 @@ fn build(
     let was_dirty = best.resync_offset != MAX_SECTOR;
     let resync_from = (was_dirty && geometry.max_degraded() > 0).then(|| best.resync_offset * 512);
     let bitmap = load_bitmap(&best, &geometry, &slots, resync_from)?;
-    let used = load_used(&best, &geometry, &slots);
+    // A write-back journal acknowledges writes its map would not know of yet: arrays with a
+    // journal keep none (create writes none; this holds it for members that were reused).
+    let used = if p.journal.is_some() {
+        None
+    } else {
+        load_used(&best, &geometry, &slots)
+    };
     let mut meta = Meta {
         members,
         events: best.events,

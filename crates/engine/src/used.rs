@@ -245,6 +245,45 @@ impl UsedRegions {
 }
 
 impl Array {
+    /// Array bytes `offset..offset+len` as runs `(len, zero)` in order: `zero` runs lie in
+    /// regions that hold no data (never written since create, or trimmed since), so they read
+    /// as zeroes without touching the members (whatever those hold there: garbage left behind
+    /// the array's back included). Without a map, one run of data.
+    pub fn zero_runs(&self, offset: u64, len: u64) -> Vec<(u64, bool)> {
+        let Some(used) = &self.used else {
+            return vec![(len, false)];
+        };
+        // Regions cover whole stripes, so each is one contiguous span of array bytes.
+        let g = &self.geometry;
+        let step = if g.level().is_parity() {
+            used.region_bytes() * g.data_disks() as u64
+        } else {
+            used.region_bytes()
+        };
+        let end = offset + len;
+        let mut runs: Vec<(u64, bool)> = Vec::new();
+        let mut at = offset;
+        while at < end {
+            let r = at / step;
+            let next = ((r + 1) * step).min(end);
+            let zero = self.region_reads_as_zero(used, r);
+            match runs.last_mut() {
+                Some((n, z)) if *z == zero => *n += next - at,
+                _ => runs.push((next - at, zero)),
+            }
+            at = next;
+        }
+        runs
+    }
+
+    fn region_reads_as_zero(&self, used: &UsedRegions, r: u64) -> bool {
+        // A write-back journal acknowledges writes before they reach the members (and before
+        // their regions are marked): that would need the cache asked first. Arrays with a
+        // journal keep no map.
+        debug_assert!(self.policy.journal().is_none(), "a journal and a used map");
+        r < used.regions() && !used.is_set(r)
+    }
+
     /// The part of `range` (sync coordinates) background work must visit: the first run of
     /// used regions in it (all of it without a map).
     pub(crate) fn used_within(&self, range: Range<u64>) -> Range<u64> {

@@ -307,3 +307,59 @@ fn raid10_tracks_used_regions_and_rebuilds_only_them() {
         }
     }
 }
+
+/// Garbage left in an unused region behind the array's back (a member that was not zero, a
+/// stray write) is never returned: unused regions read as zeroes without a member read, whole
+/// or degraded, and `zero_runs` reports them. RAID1, RAID5, RAID6 and RAID10.
+#[test]
+fn unused_regions_read_as_zeroes_without_touching_the_members() {
+    for (level, layout, n) in [
+        (Level::Raid1, None, 2),
+        (Level::Raid5, None, 4),
+        (Level::Raid6, None, 5),
+        (Level::Raid10, Some(0x102), 3),
+    ] {
+        let (s, a) = fresh_array(level, layout, n);
+        settle(&a);
+        let data_disks = match level {
+            Level::Raid5 => n as u64 - 1,
+            Level::Raid6 => n as u64 - 2,
+            _ => 1,
+        };
+        let step = a.status().used_regions.unwrap().region_bytes * data_disks;
+        // Garbage under the first 8 MiB of every member's data area; then region 1 is written.
+        for d in &s {
+            let at = engine::read_superblock(d.as_ref()).unwrap().data_offset * 512;
+            d.scribble(at, &vec![0xee; 8 << 20]);
+        }
+        let data: Vec<u8> = (0..step).map(|i| (i % 249) as u8 + 1).collect();
+        a.write(step, &data, false).unwrap();
+        assert_eq!(used(&a), 1, "{level:?}");
+        let before = reads(&s);
+        let mut back = vec![1u8; (2 * step) as usize];
+        a.read(2 * step, &mut back).unwrap();
+        assert!(
+            back.iter().all(|&b| b == 0),
+            "{level:?}: an unused region returned what its members hold"
+        );
+        assert_eq!(reads(&s), before, "{level:?}: unused regions read a member");
+        // A read across a used region and unused ones: the data, then zeroes.
+        let mut across = vec![1u8; (3 * step) as usize];
+        a.read(step, &mut across).unwrap();
+        assert_eq!(&across[..step as usize], &data[..], "{level:?}");
+        assert!(across[step as usize..].iter().all(|&b| b == 0), "{level:?}");
+        assert_eq!(
+            a.zero_runs(0, 4 * step),
+            vec![(step, true), (step, false), (2 * step, true)],
+            "{level:?}"
+        );
+        // Degraded: still zeroes, and the used region still reads right.
+        a.fail_member(s[0].name()).unwrap();
+        a.read(step, &mut across).unwrap();
+        assert_eq!(&across[..step as usize], &data[..], "{level:?} degraded");
+        assert!(
+            across[step as usize..].iter().all(|&b| b == 0),
+            "{level:?} degraded"
+        );
+    }
+}

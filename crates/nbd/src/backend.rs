@@ -89,6 +89,14 @@ pub trait Backend: Send + Sync + 'static {
         let _ = (offset, len);
         Ok(())
     }
+    /// `base:allocation` status of `offset..offset+len` as `(length, flags)` extents in order
+    /// (flags: [`crate::proto::STATE_HOLE`], [`crate::proto::STATE_ZERO`]). They start at
+    /// `offset` and cover at most `len` bytes (at least one); the server trims the list to one
+    /// extent when the client asked for one. The default: all of it allocated data.
+    fn block_status(&self, offset: u64, len: u32) -> io::Result<Vec<(u32, u32)>> {
+        let _ = offset;
+        Ok(vec![(len, 0)])
+    }
     /// True if `write_zeroes` is substantially faster than writing zeroes.
     /// When false (the default), requests with `NBD_CMD_FLAG_FAST_ZERO` fail
     /// at once with `ENOTSUP`, as the protocol asks.

@@ -16,8 +16,8 @@
 //! flags close the connection). Options: `EXPORT_NAME`, `ABORT`, `LIST`,
 //! `INFO`, `GO` (replies `NBD_INFO_EXPORT`, `BLOCK_SIZE`, and `NAME` /
 //! `DESCRIPTION` when asked; `""` selects the first export), `STRUCTURED_REPLY`,
-//! `LIST_META_CONTEXT` / `SET_META_CONTEXT` (`base:allocation`, reporting
-//! everything as allocated data). `STARTTLS` and anything else get
+//! `LIST_META_CONTEXT` / `SET_META_CONTEXT` (`base:allocation`, with the
+//! extents [`Backend::block_status`] gives). `STARTTLS` and anything else get
 //! `NBD_REP_ERR_UNSUP`; malformed options `NBD_REP_ERR_INVALID`; option data
 //! above `Limits::max_option_bytes` `NBD_REP_ERR_TOO_BIG` (discarded up to
 //! 1 MiB, beyond that the connection is closed).

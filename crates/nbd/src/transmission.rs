@@ -509,15 +509,31 @@ fn execute(
         } => b.write_zeroes(offset, u64::from(len), fua, may_trim),
         Command::Cache { offset, len } => split(ctx, offset, len, |o, l| b.cache(o, l)),
         Command::BlockStatus {
-            offset: _,
+            offset,
             len,
-            req_one: _,
-        } => {
-            // Everything is allocated data: one extent covers the request.
-            let c =
-                codec::chunk_block_status(h, REPLY_FLAG_DONE, META_BASE_ALLOCATION_ID, &[(len, 0)]);
-            return (c, None);
-        }
+            req_one,
+        } => match b.block_status(offset, len) {
+            Ok(mut extents) => {
+                let total: u64 = extents.iter().map(|&(n, _)| u64::from(n)).sum();
+                assert!(
+                    !extents.is_empty()
+                        && extents.iter().all(|&(n, _)| n > 0)
+                        && total <= u64::from(len),
+                    "block status extents must cover the start of the request and stay in it"
+                );
+                if req_one {
+                    extents.truncate(1);
+                }
+                let c = codec::chunk_block_status(
+                    h,
+                    REPLY_FLAG_DONE,
+                    META_BASE_ALLOCATION_ID,
+                    &extents,
+                );
+                return (c, None);
+            }
+            Err(e) => Err(e),
+        },
         Command::Disconnect => Ok(()),
     };
     (status_reply(ctx, h, r), None)

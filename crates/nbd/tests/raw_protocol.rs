@@ -341,7 +341,8 @@ fn structured_read_chunks_and_errors() {
 
 #[test]
 fn block_status_base_allocation() {
-    let (_b, t) = server();
+    let (b, t) = server();
+    nbd::Backend::write(&*b, 6144, &[1u8; 1024], false).unwrap();
     let (mut c, ctx_id) = connect_with_meta(&t);
     c.request(CMD_BLOCK_STATUS, 0, 6, 4096, 8192);
     let (h, d) = c.chunk();
@@ -350,10 +351,17 @@ fn block_status_base_allocation() {
         (REPLY_TYPE_BLOCK_STATUS, REPLY_FLAG_DONE)
     );
     assert_eq!(be32(&d), ctx_id);
-    // One extent: 8192 bytes, status 0 (allocated data).
-    assert_eq!(&d[4..], &[0, 0, 0x20, 0, 0, 0, 0, 0]);
-    c.request(CMD_BLOCK_STATUS, CMD_FLAG_REQ_ONE, 7, 0, 512);
-    assert_eq!(c.chunk().0.chunk_type, REPLY_TYPE_BLOCK_STATUS);
+    // The backend's extents: 2048 bytes hole+zero, 1024 data, 5120 hole+zero.
+    let extents: Vec<(u32, u32)> = d[4..]
+        .chunks(8)
+        .map(|e| (be32(&e[..4]), be32(&e[4..])))
+        .collect();
+    assert_eq!(extents, vec![(2048, 3), (1024, 0), (5120, 3)]);
+    // REQ_ONE: only the first.
+    c.request(CMD_BLOCK_STATUS, CMD_FLAG_REQ_ONE, 7, 4096, 8192);
+    let (h, d) = c.chunk();
+    assert_eq!(h.chunk_type, REPLY_TYPE_BLOCK_STATUS);
+    assert_eq!(&d[4..], &[0, 0, 8, 0, 0, 0, 0, 3]);
     c.request(CMD_BLOCK_STATUS, 0, 8, 0, 0);
     assert_eq!(c.chunk().0.chunk_type, REPLY_TYPE_ERROR);
     c.request(CMD_BLOCK_STATUS, 0, 9, MIB as u64 - 512, 1024);

@@ -104,6 +104,24 @@ impl Backend for MemBackend {
         self.data.lock().unwrap()[r].fill(0);
         Ok(())
     }
+    /// Zero sectors are holes, runs merged.
+    fn block_status(&self, offset: u64, len: u32) -> io::Result<Vec<(u32, u32)>> {
+        let r = self.range(offset, u64::from(len))?;
+        let data = self.data.lock().unwrap();
+        let mut out: Vec<(u32, u32)> = Vec::new();
+        for piece in data[r].chunks(512) {
+            let flags = if piece.iter().all(|&b| b == 0) {
+                nbd::proto::STATE_HOLE | nbd::proto::STATE_ZERO
+            } else {
+                0
+            };
+            match out.last_mut() {
+                Some((n, f)) if *f == flags => *n += piece.len() as u32,
+                _ => out.push((piece.len() as u32, flags)),
+            }
+        }
+        Ok(out)
+    }
 }
 
 pub fn export(name: &str, backend: Arc<MemBackend>) -> Export {
