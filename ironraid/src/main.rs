@@ -426,12 +426,24 @@ fn create(a: CreateArgs) -> anyhow::Result<String> {
             })
             .collect()
     };
+    let members = open(&a.members)?;
+    // Members that carry an md superblock are an old array's (`create --force` over them is
+    // md's way to re-create an array whose superblocks were lost): their data is kept, as it
+    // is with `--assume-clean`. Discarding is for new members only.
+    let reused = members
+        .iter()
+        .any(|d| engine::read_superblock(d.as_ref()).is_ok());
+    if a.integrity.is_some() && a.assume_clean && reused {
+        bail!(
+            "--integrity starts from zeroed members (the checksums need known contents), so it cannot keep the data --assume-clean would keep on these members of an old array"
+        );
+    }
     let spec = engine::CreateSpec {
         name: a.name.unwrap_or_else(|| "ironraid".into()),
         level,
         layout,
         chunk_bytes,
-        members: open(&a.members)?,
+        members,
         spares: open(&a.spares)?,
         journal: open(a.journal.as_slice())?.pop(),
         journal_write_back: a.journal_mode.as_deref() == Some("write-back"),
@@ -442,8 +454,11 @@ fn create(a: CreateArgs) -> anyhow::Result<String> {
         bitmap,
         // Holes in regular files cost nothing and make every region start unused (no initial
         // sync, nothing to rebuild until written); zeroing a block device would write it all,
-        // and a preallocated file would lose its reservation.
+        // and a preallocated file would lose its reservation. `--assume-clean` promises the
+        // members' data is kept (md's meaning).
         discard: !a.preallocate
+            && !a.assume_clean
+            && !reused
             && all_paths
                 .iter()
                 .all(|p| std::fs::metadata(p).is_ok_and(|m| m.file_type().is_file())),
@@ -600,7 +615,8 @@ fn demo(dir: Option<PathBuf>) -> anyhow::Result<()> {
             integrity: None,
             spares: vec![],
             size: None,
-            assume_clean: true,
+            // New sparse files: discarded, every region starts unused (no initial sync).
+            assume_clean: false,
             force: false,
             preallocate: false,
             members: members.clone(),

@@ -614,3 +614,53 @@ fn unused_regions_read_as_zeroes_and_map_as_holes() {
     assert_eq!(env.action_wait("check"), 0);
     env.stop(d);
 }
+
+/// md's way back from lost superblocks is to create the array again over its old members with
+/// the same geometry: `--assume-clean` (or `--force` over members that still carry a
+/// superblock) must keep their data, so neither discards: every region counts as used. Only
+/// `--integrity`, which starts from zeroed members, refuses to re-create over old members with
+/// `--assume-clean` (and changes nothing).
+#[test]
+fn creating_again_over_an_old_arrays_members_keeps_their_data() {
+    if !require_tools(&TOOLS) {
+        return;
+    }
+    let env = Env::new("urecreate", 4, MEMBER);
+    create_fresh(&env, &[]);
+    let d = env.run_all();
+    let size = env.detail()["size_bytes"].as_u64().unwrap();
+    let expected = Expected::new(&env, size);
+    write_random(&env, &expected, 5 * MIB, 20 * MIB, 9400);
+    env.stop(d);
+    let uuid_of = |env: &Env| env.examine(&env.members[0])["uuid"].clone();
+    let old = uuid_of(&env);
+
+    let refused = env.ironraid(
+        &[
+            vec![
+                "create", "--level", "5", "--name", &env.name, "--force", "--assume-clean",
+                "--integrity", "crc32c",
+            ],
+            env.member_args().iter().map(String::as_str).collect(),
+        ]
+        .concat(),
+    );
+    assert_eq!(refused.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(err.contains("--integrity starts from zeroed members"), "{err}");
+    assert_eq!(uuid_of(&env), old, "the refused create wrote superblocks");
+
+    for extra in [&["--force", "--assume-clean"][..], &["--force"][..]] {
+        create_fresh(&env, extra);
+        assert_ne!(uuid_of(&env), old);
+        let d = env.run_all();
+        let settled = env.wait_detail("the array to settle", 60, |d| {
+            d["sync"]["action"] == "idle" && d["state"] == "clean"
+        });
+        let (used, regions) = used_map(&settled);
+        assert_eq!(used, regions, "{extra:?}: {settled:#}");
+        reads_like(&env, &expected);
+        assert_eq!(env.action_wait("check"), 0, "{extra:?}");
+        env.stop(d);
+    }
+}
