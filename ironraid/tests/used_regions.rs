@@ -638,8 +638,15 @@ fn creating_again_over_an_old_arrays_members_keeps_their_data() {
     let refused = env.ironraid(
         &[
             vec![
-                "create", "--level", "5", "--name", &env.name, "--force", "--assume-clean",
-                "--integrity", "crc32c",
+                "create",
+                "--level",
+                "5",
+                "--name",
+                &env.name,
+                "--force",
+                "--assume-clean",
+                "--integrity",
+                "crc32c",
             ],
             env.member_args().iter().map(String::as_str).collect(),
         ]
@@ -647,7 +654,10 @@ fn creating_again_over_an_old_arrays_members_keeps_their_data() {
     );
     assert_eq!(refused.status.code(), Some(1));
     let err = String::from_utf8_lossy(&refused.stderr);
-    assert!(err.contains("--integrity starts from zeroed members"), "{err}");
+    assert!(
+        err.contains("--integrity starts from zeroed members"),
+        "{err}"
+    );
     assert_eq!(uuid_of(&env), old, "the refused create wrote superblocks");
 
     for extra in [&["--force", "--assume-clean"][..], &["--force"][..]] {
