@@ -132,6 +132,9 @@ pub struct SyncDetail {
     /// Extension: how long that action ran, in ms (its final flush included).
     #[serde(default)]
     pub last_duration_ms: u64,
+    /// Extension: the same in microseconds.
+    #[serde(default)]
+    pub last_duration_us: u64,
     /// Extension: `action frozen` is in force (nothing starts).
     #[serde(default)]
     pub frozen: bool,
@@ -427,6 +430,7 @@ impl SyncDetail {
             rate_bytes_per_s: s.rate_bytes_per_s,
             last_action: s.last_action.name().to_string(),
             last_duration_ms: s.last_duration_ms,
+            last_duration_us: s.last_duration_us,
             frozen: s.frozen,
             speed_min_bytes_per_s: s.speed_min_bytes,
             speed_max_bytes_per_s: s.speed_max_bytes,
@@ -705,6 +709,7 @@ mod tests {
                 rate_bytes_per_s: 0,
                 last_action: "idle".into(),
                 last_duration_ms: 0,
+                last_duration_us: 0,
                 frozen: false,
                 speed_min_bytes_per_s: 1000 << 10,
                 speed_max_bytes_per_s: 200_000 << 10,

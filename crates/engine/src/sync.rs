@@ -57,6 +57,8 @@ pub struct SyncStatus {
     /// How long the last action that ended ran, from its start (or resumption) to its end,
     /// final flush included.
     pub last_duration_ms: u64,
+    /// The same in microseconds (a bitmap resync can take a few ms).
+    pub last_duration_us: u64,
     pub speed_min_bytes: u64,
     pub speed_max_bytes: u64,
 }
@@ -412,6 +414,7 @@ impl Array {
             frozen: st.frozen,
             last_action: st.last,
             last_duration_ms: st.last_duration.as_millis() as u64,
+            last_duration_us: st.last_duration.as_micros() as u64,
             speed_min_bytes: st.speed_min,
             speed_max_bytes: st.speed_max,
         }
@@ -537,6 +540,11 @@ impl Array {
             // An administrator's full resync on a bitmap array: every bit set, and the
             // superblocks "active", first, so that after a crash or a stop the bitmap-guided
             // resync that resumes it still covers what it had not reached.
+            // On a guided array also the fallback flag: a guide after that crash would name
+            // what a file system had in flight, not what this resync had not reached.
+            if let (Some(_), Some(u)) = (&self.guidance, &self.used) {
+                u.set_flag(self, format::USED_MAP_FLAG_RESYNC_OWED, true);
+            }
             let _counted = crate::commit::InCommit::enter(self);
             if let Err(e) = bm.need_everything(self).and_then(|()| self.mark_active()) {
                 tracing::warn!(array = %self.name, "cannot set the bitmap for a full resync: {e}");

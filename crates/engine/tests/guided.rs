@@ -222,6 +222,42 @@ fn without_a_guide_in_time_the_bitmap_resync_runs() {
     );
 }
 
+/// An administrator's full resync that a crash interrupts resumes as a resync at the next
+/// start instead of waiting for a guide: a guide names what a file system had in flight, not
+/// the rows the resync had not reached yet (one of which is damaged here).
+#[test]
+fn an_interrupted_full_resync_does_not_wait_for_a_guide() {
+    let rig = Rig::new(5);
+    let array = rig.boot();
+    let data: Vec<u8> = (0..array.size_bytes()).map(|i| (i * 3 % 253) as u8).collect();
+    array.write(0, &data, false).expect("fill");
+    array.close().expect("clean stop");
+    let last_row = array.geometry().stripes() - 1;
+    drop(array);
+    rig.damage_parity(last_row);
+    let array = rig.boot();
+    assert_eq!(state(&array).state, "in_sync");
+    array.request_action("resync").unwrap();
+    assert_eq!(array.sync_step(), SyncAction::Resync);
+    assert!(
+        array.status().sync.done_bytes < last_row * CHUNK,
+        "the cut must come before the damaged row"
+    );
+    drop(array);
+    for d in &rig.sims {
+        d.power_cut();
+    }
+    let array = rig.boot();
+    let g = state(&array);
+    assert_eq!(g.state, "fallback", "waits for a guide: {g:?}");
+    assert_eq!(settle(&array, &rig.clock), vec![SyncAction::Resync]);
+    drop(array);
+    assert!(rig.consistent(), "the resumed resync missed the damaged row");
+    // That resync finished: the next unclean stop waits for a guide again.
+    rig.dirty_stop();
+    assert_eq!(state(&rig.boot()).state, "awaiting");
+}
+
 #[test]
 fn a_write_before_any_guide_falls_back_and_a_restart_keeps_it() {
     let rig = Rig::new(3);
