@@ -229,7 +229,9 @@ fn without_a_guide_in_time_the_bitmap_resync_runs() {
 fn an_interrupted_full_resync_does_not_wait_for_a_guide() {
     let rig = Rig::new(5);
     let array = rig.boot();
-    let data: Vec<u8> = (0..array.size_bytes()).map(|i| (i * 3 % 253) as u8).collect();
+    let data: Vec<u8> = (0..array.size_bytes())
+        .map(|i| (i * 3 % 253) as u8)
+        .collect();
     array.write(0, &data, false).expect("fill");
     array.close().expect("clean stop");
     let last_row = array.geometry().stripes() - 1;
@@ -252,7 +254,10 @@ fn an_interrupted_full_resync_does_not_wait_for_a_guide() {
     assert_eq!(g.state, "fallback", "waits for a guide: {g:?}");
     assert_eq!(settle(&array, &rig.clock), vec![SyncAction::Resync]);
     drop(array);
-    assert!(rig.consistent(), "the resumed resync missed the damaged row");
+    assert!(
+        rig.consistent(),
+        "the resumed resync missed the damaged row"
+    );
     // That resync finished: the next unclean stop waits for a guide again.
     rig.dirty_stop();
     assert_eq!(state(&rig.boot()).state, "awaiting");
