@@ -433,6 +433,11 @@ fn create(a: CreateArgs) -> anyhow::Result<String> {
     let reused = members
         .iter()
         .any(|d| engine::read_superblock(d.as_ref()).is_ok());
+    // A member file without a single allocated block holds nothing to keep.
+    let unwritten = a.members.iter().chain(&a.spares).all(|p| {
+        std::fs::metadata(p)
+            .is_ok_and(|m| m.is_file() && std::os::unix::fs::MetadataExt::blocks(&m) == 0)
+    });
     if a.integrity.is_some() && a.assume_clean && reused {
         bail!(
             "--integrity starts from zeroed members (the checksums need known contents), so it cannot keep the data --assume-clean would keep on these members of an old array"
@@ -455,9 +460,9 @@ fn create(a: CreateArgs) -> anyhow::Result<String> {
         // Holes in regular files cost nothing and make every region start unused (no initial
         // sync, nothing to rebuild until written); zeroing a block device would write it all,
         // and a preallocated file would lose its reservation. `--assume-clean` promises the
-        // members' data is kept (md's meaning).
+        // members' data is kept (md's meaning), which only matters where there is some.
         discard: !a.preallocate
-            && !a.assume_clean
+            && (!a.assume_clean || unwritten)
             && !reused
             && all_paths
                 .iter()
