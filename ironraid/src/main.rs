@@ -457,16 +457,15 @@ fn create(a: CreateArgs) -> anyhow::Result<String> {
         assume_clean: a.assume_clean,
         force: a.force,
         bitmap,
-        // Holes in regular files cost nothing and make every region start unused (no initial
-        // sync, nothing to rebuild until written); zeroing a block device would write it all,
-        // and a preallocated file would lose its reservation. `--assume-clean` promises the
-        // members' data is kept (md's meaning), which only matters where there is some.
+        // Zeroes that cost no writing (holes in files, a block device's own zeroing) make
+        // every region start unused (no initial sync, nothing to rebuild until written);
+        // zeroing other block devices would write them whole, and a preallocated file would
+        // lose its reservation. `--assume-clean` promises the members' data is kept (md's
+        // meaning), which only matters where there is some.
         discard: !a.preallocate
             && (!a.assume_clean || unwritten)
             && !reused
-            && all_paths
-                .iter()
-                .all(|p| std::fs::metadata(p).is_ok_and(|m| m.file_type().is_file())),
+            && all_paths.iter().all(|p| space::zeroes_cheaply(p)),
         guided: a.consistency_policy == "guided",
     };
     let created = engine::create(&spec).map_err(|e| anyhow!("{e}"))?;

@@ -191,9 +191,66 @@ pub fn warn_overcommit(paths: &[PathBuf]) {
     }
 }
 
+/// Whether `create` may zero the data area of member `path` without writing it: a regular file
+/// (holes), or a block device that both discards and zeroes by its own means (the kernel then
+/// zeroes a range without falling back to writing it, as for a loop device over a file or an
+/// SSD). A disk without discard (where write-zeroes may mean the device writing every sector
+/// for hours) counts as no.
+pub fn zeroes_cheaply(path: &Path) -> bool {
+    let Ok(md) = std::fs::metadata(path) else {
+        return false;
+    };
+    if md.is_file() {
+        return true;
+    }
+    if !std::os::unix::fs::FileTypeExt::is_block_device(&md.file_type()) {
+        return false;
+    }
+    let dev = md.st_rdev();
+    let (major, minor) = (libc_major(dev), libc_minor(dev));
+    let sys = PathBuf::from(format!("/sys/dev/block/{major}:{minor}"));
+    // A partition's queue limits are its disk's.
+    let queue = [sys.join("queue"), sys.join("../queue")]
+        .into_iter()
+        .find(|q| q.is_dir());
+    let limit = |name: &str| {
+        queue
+            .as_ref()
+            .and_then(|q| std::fs::read_to_string(q.join(name)).ok())
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    limit("write_zeroes_max_bytes") > 0 && limit("discard_max_bytes") > 0
+}
+
+/// `major(3)` of a Linux `dev_t`.
+fn libc_major(dev: u64) -> u64 {
+    ((dev >> 32) & 0xffff_f000) | ((dev >> 8) & 0xfff)
+}
+
+/// `minor(3)` of a Linux `dev_t`.
+fn libc_minor(dev: u64) -> u64 {
+    ((dev >> 12) & 0xffff_ff00) | (dev & 0xff)
+}
+
 #[cfg(test)]
 mod tests {
-    use super::unescape_mountinfo;
+    use super::{libc_major, libc_minor, unescape_mountinfo, zeroes_cheaply};
+    use std::os::linux::fs::MetadataExt;
+
+    #[test]
+    fn device_numbers_and_cheap_zeroes() {
+        // /dev/null is character device 1:3 everywhere; /dev/zero 1:5.
+        let null = std::fs::metadata("/dev/null").unwrap().st_rdev();
+        assert_eq!((libc_major(null), libc_minor(null)), (1, 3));
+        let zero = std::fs::metadata("/dev/zero").unwrap().st_rdev();
+        assert_eq!((libc_major(zero), libc_minor(zero)), (1, 5));
+        // A character device is neither a file nor a block device; a missing path is no.
+        assert!(!zeroes_cheaply(std::path::Path::new("/dev/null")));
+        assert!(!zeroes_cheaply(std::path::Path::new("/nonexistent/member")));
+        let f = tempfile::NamedTempFile::new().unwrap();
+        assert!(zeroes_cheaply(f.path()));
+    }
 
     #[test]
     fn mountinfo_escapes() {

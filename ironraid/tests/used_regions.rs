@@ -677,3 +677,68 @@ fn creating_again_over_an_old_arrays_members_keeps_their_data() {
         env.stop(d);
     }
 }
+
+/// A loop device zeroes a range by punching holes in its file (the kernel's no-fallback
+/// zeroing), so an array over loop devices starts with every region unused, as one over files
+/// does: garbage the backing files held is gone, there is no initial sync, and a rebuild onto a
+/// loop device reads only the used regions and leaves the rest as holes.
+#[test]
+fn an_array_over_loop_devices_starts_unused_and_rebuilds_only_what_is_used() {
+    if !require_tools(&["qemu-io", "qemu-img", "mdadm", "losetup"]) {
+        return;
+    }
+    let env = Env::new("uloop", 4, MEMBER);
+    let spare_file = env.file("spare.img", MEMBER);
+    let mut loops = Vec::new();
+    for f in env.members.iter().chain([&spare_file]) {
+        // Garbage an earlier user left behind.
+        let file = std::fs::OpenOptions::new().write(true).open(f).unwrap();
+        file.write_all_at(&vec![0xee; MIB as usize], 100 * MIB)
+            .unwrap();
+        let Some(lo) = common::Loop::attach(f, false) else {
+            return;
+        };
+        loops.push(lo);
+    }
+    let devs: Vec<PathBuf> = loops.iter().map(|l| PathBuf::from(&l.0)).collect();
+    let mut args = vec!["create", "--level", "5", "--name", &env.name];
+    args.extend(devs[..4].iter().map(|p| p.to_str().unwrap()));
+    env.ok(&args);
+    for f in &env.members {
+        assert!(
+            allocated_bytes(f) < MIB,
+            "{}: create left {} bytes allocated",
+            f.display(),
+            allocated_bytes(f)
+        );
+    }
+    let d = env.run(&devs[..4]);
+    let first = env.wait_detail("the skipped initial sync", 10, |d| {
+        d["sync"]["action"] == "idle" && d["state"] == "clean"
+    });
+    assert_eq!(used_map(&first).0, 0, "{first:#}");
+    let size = first["size_bytes"].as_u64().unwrap();
+    let expected = Expected::new(&env, size);
+    write_random(&env, &expected, 30 * MIB, 12 * MIB, 9500);
+    assert_eq!(used(&env), 4);
+
+    let (old, spare) = (devs[1].to_str().unwrap(), devs[4].to_str().unwrap());
+    env.ok(&["fail", &env.name, old]);
+    env.ok(&["remove", &env.name, old]);
+    env.ok(&["add", &env.name, spare]);
+    env.wait_detail("the rebuild to finish", 120, |d| {
+        member_state(d, &devs[4]) == "in_sync" && d["sync"]["action"] == "idle"
+    });
+    // 4 regions of 1 MiB on the new member, and metadata; the 0xee MiB is a hole again.
+    let alloc = allocated_bytes(&spare_file);
+    assert!(
+        alloc <= 6 * MIB,
+        "the rebuild left {alloc} bytes allocated on the spare"
+    );
+    reads_like(&env, &expected);
+    assert_eq!(env.action_wait("check"), 0);
+    env.stop(d);
+    let mut members = devs[..4].to_vec();
+    members[1] = devs[4].clone();
+    mdadm_reads_members(&members);
+}

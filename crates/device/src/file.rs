@@ -36,7 +36,6 @@ pub struct FileDevice {
     dio_mem_align: usize,
     dio_offset_align: u64,
     len_bytes: u64,
-    is_block: bool,
 }
 
 impl FileDevice {
@@ -70,7 +69,6 @@ impl FileDevice {
             dio_mem_align,
             dio_offset_align,
             len_bytes,
-            is_block,
         })
     }
 
@@ -230,11 +228,11 @@ impl Device for FileDevice {
 
     fn discard_zeroes(&self, offset_bytes: u64, len_bytes: u64) -> io::Result<()> {
         check_range(self, offset_bytes, len_bytes);
-        if !self.is_block {
-            let flags = FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE;
-            if rustix::fs::fallocate(&self.buffered, flags, offset_bytes, len_bytes).is_ok() {
-                return Ok(());
-            }
+        // On a file: holes. On a block device the kernel zeroes the range by the device's own
+        // means (discard that zeroes, write-zeroes) and fails rather than write zeroes itself.
+        let flags = FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE;
+        if rustix::fs::fallocate(&self.buffered, flags, offset_bytes, len_bytes).is_ok() {
+            return Ok(());
         }
         write_zeroes(self, offset_bytes, len_bytes)
     }
