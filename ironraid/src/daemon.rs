@@ -121,7 +121,9 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     if name.is_empty() || name.contains('/') {
         bail!("array name '{name}' cannot name a socket; pass --name");
     }
-    if array.was_dirty_at_assembly() {
+    if array.was_dirty_at_assembly() && array.never_run_before() {
+        tracing::info!(array = %name, "new array: initial sync (regions never written are skipped)");
+    } else if array.was_dirty_at_assembly() {
         tracing::warn!(array = %name, "array was not stopped cleanly (superblocks say active); its redundancy may be inconsistent where writes were in flight");
     }
     guide_at_start(&array, &args);

@@ -112,6 +112,7 @@ pub struct Array {
     failures_in_commit: AtomicUsize,
     failed: AtomicBool,
     was_dirty: bool,
+    never_run: bool,
     pub(crate) io: IoPath,
     pub(crate) policy: Box<dyn ConsistencyPolicy>,
     /// Which regions may hold data (None: every region counts as used).
@@ -217,6 +218,8 @@ pub(crate) struct ArrayParts {
     pub config: ArrayConfig,
     pub read_only_reason: Option<String>,
     pub was_dirty: bool,
+    /// No run since create (event count 0): a dirty start is the initial sync.
+    pub never_run: bool,
     /// The `guided` consistency policy (with `bitmap`).
     pub guided: bool,
     /// Guidance fell back before the last stop: the resync runs without waiting for a guide.
@@ -247,6 +250,7 @@ impl Array {
             .clone()
             .unwrap_or_else(|| Arc::new(SystemClock::default()));
         let was_dirty = p.was_dirty;
+        let never_run = p.never_run;
         let guidance = match (&p.bitmap, p.guided) {
             (Some(bitmap), true) => Some(crate::guided::Guidance::new(
                 p.resync_from.is_some(),
@@ -289,6 +293,7 @@ impl Array {
             failures_in_commit: AtomicUsize::new(0),
             failed: AtomicBool::new(false),
             was_dirty,
+            never_run,
             io: IoPath::new(executor),
             policy,
             used: p.used,
@@ -328,6 +333,12 @@ impl Array {
     /// Whether the superblocks said "not cleanly stopped" when the array was assembled.
     pub fn was_dirty_at_assembly(&self) -> bool {
         self.was_dirty
+    }
+
+    /// Whether the array had never run since `create` when it was assembled (its first
+    /// resync is then the initial sync, not a recovery from a crash).
+    pub fn never_run_before(&self) -> bool {
+        self.never_run
     }
 
     pub fn is_read_only(&self) -> bool {

@@ -602,6 +602,7 @@ fn build(
         meta,
         config: opts.config,
         was_dirty,
+        never_run: best.events == 0,
         spares: spare_members,
         resync_from,
         bitmap,
