@@ -276,6 +276,11 @@ impl Backend for ArrayBackend {
     fn block_status(&self, offset: u64, len: u32) -> io::Result<Vec<(u32, u32)>> {
         // Replies stay short: a client asks again from where the extents end.
         const MAX_EXTENTS: usize = 1024;
+        // Extents must be whole 512-byte blocks (the advertised minimum): an unaligned query
+        // is answered as data, which is never wrong.
+        if !is_aligned(offset, u64::from(len)) {
+            return Ok(vec![(len, 0)]);
+        }
         let runs = self.0.zero_runs(offset, u64::from(len));
         Ok(runs
             .into_iter()
@@ -311,6 +316,54 @@ mod tests {
     use super::*;
     use std::sync::Mutex;
     use std::time::Duration;
+
+    /// A RAID5 ×4 over simulated members, created the way `create` does on new files.
+    fn sparse_raid5() -> ArrayBackend {
+        let sims: Vec<Arc<dyn device::Device>> = (0..4)
+            .map(|i| {
+                Arc::new(device::SimDevice::new(format!("s{i}"), 16 << 20, i))
+                    as Arc<dyn device::Device>
+            })
+            .collect();
+        engine::create(&engine::CreateSpec {
+            name: "bs".into(),
+            level: layout::Level::Raid5,
+            layout: None,
+            chunk_bytes: 64 << 10,
+            members: sims.clone(),
+            spares: vec![],
+            size_bytes: None,
+            assume_clean: false,
+            force: false,
+            bitmap: None,
+            discard: true,
+            journal: None,
+            journal_write_back: false,
+            integrity: false,
+            guided: false,
+        })
+        .unwrap();
+        ArrayBackend(Arc::new(
+            engine::assemble(sims, engine::AssembleOptions::default()).unwrap(),
+        ))
+    }
+
+    #[test]
+    fn block_status_reports_unused_regions_as_holes_in_whole_blocks() {
+        let b = sparse_raid5();
+        // One region: 1 MiB of each member, 3 MiB of the array.
+        let region = 3u32 << 20;
+        b.write(u64::from(region), &[7u8; 4096], false).unwrap();
+        let hole = STATE_HOLE | STATE_ZERO;
+        assert_eq!(
+            b.block_status(0, 3 * region).unwrap(),
+            vec![(region, hole), (region, 0), (region, hole)]
+        );
+        assert_eq!(b.block_status(4096, 8192).unwrap(), vec![(8192, hole)]);
+        // Not whole 512-byte blocks: one data extent, never a wrong hole.
+        assert_eq!(b.block_status(100, 8192).unwrap(), vec![(8192, 0)]);
+        assert_eq!(b.block_status(0, 1000).unwrap(), vec![(1000, 0)]);
+    }
 
     #[test]
     fn edges_of_a_range() {

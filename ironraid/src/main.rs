@@ -378,6 +378,25 @@ fn expect_ok(resp: control::Response) -> anyhow::Result<()> {
     }
 }
 
+/// Whether `dev` has md's superblock magic where any version keeps it: 1.2 at 4 KiB, 1.1 at
+/// the start, 1.0 8 KiB before the end (4 KiB aligned), 0.90 in the last 64 KiB-aligned 64 KiB.
+fn carries_md_magic(dev: &dyn Device) -> bool {
+    let len = dev.len_bytes();
+    let mut places = vec![4096, 0];
+    if len >= 3 * 4096 {
+        places.push((len - 8192) & !4095);
+    }
+    if len >= 2 * 65536 {
+        places.push((len & !65535) - 65536);
+    }
+    places.into_iter().any(|at| {
+        let mut b = device::AlignedBuf::zeroed(4096);
+        at + 4096 <= len
+            && dev.read_at(&mut b, at).is_ok()
+            && u32::from_le_bytes([b[0], b[1], b[2], b[3]]) == format::MD_SB_MAGIC
+    })
+}
+
 fn create(a: CreateArgs) -> anyhow::Result<String> {
     let level =
         layout::Level::parse(&a.level).ok_or_else(|| anyhow!("unknown level '{}'", a.level))?;
@@ -430,17 +449,15 @@ fn create(a: CreateArgs) -> anyhow::Result<String> {
     // Members that carry an md superblock are an old array's (`create --force` over them is
     // md's way to re-create an array whose superblocks were lost): their data is kept, as it
     // is with `--assume-clean`. Discarding is for new members only.
-    let reused = members
-        .iter()
-        .any(|d| engine::read_superblock(d.as_ref()).is_ok());
+    let reused = members.iter().any(|d| carries_md_magic(d.as_ref()));
     // A member file without a single allocated block holds nothing to keep.
     let unwritten = a.members.iter().chain(&a.spares).all(|p| {
         std::fs::metadata(p)
             .is_ok_and(|m| m.is_file() && std::os::unix::fs::MetadataExt::blocks(&m) == 0)
     });
-    if a.integrity.is_some() && a.assume_clean && reused {
+    if a.integrity.is_some() && a.assume_clean && (reused || !unwritten) {
         bail!(
-            "--integrity starts from zeroed members (the checksums need known contents), so it cannot keep the data --assume-clean would keep on these members of an old array"
+            "--integrity starts from zeroed members (the checksums need known contents), so it cannot keep the data --assume-clean would keep on these members"
         );
     }
     let spec = engine::CreateSpec {
@@ -658,4 +675,29 @@ fn demo(dir: Option<PathBuf>) -> anyhow::Result<()> {
         guide_timeout: engine::DEFAULT_GUIDE_TIMEOUT,
         integrity_cache_bytes: engine::ArrayConfig::default().integrity_cache_bytes,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::carries_md_magic;
+    use device::{Device, SimDevice};
+
+    #[test]
+    fn md_magic_is_found_where_each_superblock_version_keeps_it() {
+        let len = 10 << 20;
+        let fresh = || SimDevice::new("m", len, 1);
+        assert!(!carries_md_magic(&fresh()));
+        let magic = format::MD_SB_MAGIC.to_le_bytes();
+        // 1.2, 1.1, 1.0 (8 KiB before the end), 0.90 (last 64 KiB-aligned 64 KiB).
+        for at in [4096, 0, len - 8192, len - 65536] {
+            let d = fresh();
+            d.scribble(at, &magic);
+            assert!(carries_md_magic(&d), "magic at {at}");
+        }
+        // Elsewhere it means nothing.
+        let d = fresh();
+        d.scribble(1 << 20, &magic);
+        assert!(!carries_md_magic(&d));
+        assert_eq!(d.len_bytes(), len);
+    }
 }

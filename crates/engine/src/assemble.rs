@@ -558,7 +558,7 @@ fn build(
     let bitmap = load_bitmap(&best, &geometry, &slots, resync_from)?;
     // A write-back journal acknowledges writes its map would not know of yet: arrays with a
     // journal keep none (create writes none; this holds it for members that were reused).
-    let used = if p.journal.is_some() {
+    let used = if best.feature_map & format::feature::JOURNAL != 0 {
         None
     } else {
         load_used(&best, &geometry, &slots)
@@ -882,7 +882,10 @@ fn load_used(best: &Superblock, geometry: &Geometry, slots: &[Slot]) -> Option<A
         let Ok((h, b)) = crate::used::read_map(m.dev.as_ref(), base) else {
             continue;
         };
-        if h.uuid != best.set_uuid || h.regions != sync_bytes.div_ceil(h.region_bytes) {
+        // Regions cover whole stripes (reads of unused ones are answered per region).
+        let chunk = geometry.chunk_sectors() * 512;
+        let whole = h.region_bytes.is_power_of_two() && (chunk == 0 || h.region_bytes % chunk == 0);
+        if h.uuid != best.set_uuid || !whole || h.regions != sync_bytes.div_ceil(h.region_bytes) {
             continue;
         }
         if header
