@@ -897,7 +897,11 @@ fn load_used(best: &Superblock, geometry: &Geometry, slots: &[Slot]) -> Option<A
         if bits.len() < b.len() {
             bits.resize(b.len(), 0);
         }
-        let stale = h.events < best.events;
+        // Behind the superblocks, or at their count but not written with them (md takes the
+        // count back down when an array goes clean right after going dirty; every superblock
+        // write it makes sets utime): someone ran the array without the map.
+        let rewritten = h.events == best.events && h.sb_utime != 0 && h.sb_utime != best.utime;
+        let stale = h.events < best.events || rewritten;
         if stale {
             tracing::warn!(member = %m.name(), "used-region map is behind the superblocks: every region counts as used");
         }
@@ -908,6 +912,7 @@ fn load_used(best: &Superblock, geometry: &Geometry, slots: &[Slot]) -> Option<A
     }
     let mut h = header?;
     h.events = best.events;
+    h.sb_utime = best.utime;
     Some(Arc::new(UsedRegions::load(base, h, &bits)))
 }
 

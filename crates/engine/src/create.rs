@@ -255,7 +255,7 @@ pub fn create(spec: &CreateSpec) -> Result<Created> {
             } else {
                 0
             };
-            crate::used::initial_map(&geometry, uuid, room, !spec.discard, flags)
+            crate::used::initial_map(&geometry, sb, room, !spec.discard, flags)
                 .map(|(_, bytes)| (base, bytes))
         });
     if spec.guided && used_map.is_none() {

@@ -84,7 +84,7 @@ impl Meta {
                 failed.extend(bm.record_events(events, &targets));
             }
             if let Some(used) = &self.used {
-                failed.extend(used.record_events(events, &targets));
+                failed.extend(used.record_events(events, utime, &targets));
             }
         }
         for m in self.members.iter_mut().filter(|m| m.writable) {

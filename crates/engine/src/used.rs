@@ -56,7 +56,7 @@ pub(crate) fn supported(g: &Geometry) -> bool {
 /// bytes to write.
 pub(crate) fn initial_map(
     g: &Geometry,
-    uuid: [u8; 16],
+    sb: &format::Superblock,
     room_bytes: u64,
     used: bool,
     flags: u32,
@@ -68,11 +68,12 @@ pub(crate) fn initial_map(
     let region_bytes =
         format::choose_region_bytes(sync_bytes, room_bytes, g.chunk_sectors().max(1) * 512)?;
     let header = UsedMapHeader {
-        uuid,
-        events: 0,
+        uuid: sb.set_uuid,
+        events: sb.events,
         region_bytes,
         regions: sync_bytes.div_ceil(region_bytes),
         flags,
+        sb_utime: sb.utime,
     };
     let mut bytes = vec![if used { 0xff } else { 0 }; header.bytes_on_disk() as usize];
     bytes[..USED_MAP_HEADER_BYTES].copy_from_slice(&header.encode());
@@ -231,12 +232,19 @@ impl UsedRegions {
         array.fail_metadata_writers(failed);
     }
 
-    /// The superblocks are about to record `events`: the map's header records them first.
-    pub(crate) fn record_events(&self, events: u64, members: &[Arc<Member>]) -> WriteFailures {
+    /// The superblocks are about to record `events` with `utime`: the map's header records
+    /// both first.
+    pub(crate) fn record_events(
+        &self,
+        events: u64,
+        utime: u64,
+        members: &[Arc<Member>],
+    ) -> WriteFailures {
         let mut w = self.copy.writer();
         let head = {
             let mut h = self.header.lock();
             h.events = events;
+            h.sb_utime = utime;
             h.encode()
         };
         self.copy.edit(|pages| pages.put(0, &head));

@@ -8,14 +8,15 @@
 //! | off | size | field |
 //! |---|---|---|
 //! | 0 | 8 | magic `"IRUSEDMP"` |
-//! | 8 | 4 | version (1) |
+//! | 8 | 4 | version (2; 1 is still read) |
 //! | 12 | 4 | flags: bit 0 = the `guided` consistency policy; bit 1 = a fallback resync is owed (see below) |
 //! | 16 | 16 | array UUID (md's set_uuid) |
 //! | 32 | 8 | events: the array's events when the map was last written |
 //! | 40 | 8 | region_bytes: bytes of md's sync coordinates one bit covers (power of two) |
 //! | 48 | 8 | regions |
-//! | 56 | 4 | CRC32C of bytes 0..56 |
-//! | 60 | 4036 | zero |
+//! | 56 | 8 | sb_utime: the `utime` of the superblocks written with these events (version 2) |
+//! | 64 | 4 | CRC32C of bytes 0..64 (version 1: bytes 56..60, of bytes 0..56) |
+//! | 68 | 4028 | zero |
 //! | 4096 | ⌈regions/8⌉ | one bit per region (bit `j % 8` of byte `j / 8`): 1 = may hold data |
 //!
 //! The guided flag says that after an unclean stop the array waits for a guide (verify reads
@@ -29,11 +30,14 @@
 //! it reads as zeroes and is consistent without being read. The map is written before the
 //! superblocks on every event change; a map whose events are behind the superblocks' was not
 //! kept up to date by whoever ran the array last (e.g. the kernel's md) and counts as all used.
+//! So does one whose events match but whose `sb_utime` does not: md takes its event count back
+//! down when an array goes clean again right after going dirty, so a run of the kernel's md can
+//! end at the count the map recorded, but every superblock write it makes sets `utime`.
 
 use crate::FormatError;
 
 pub const USED_MAP_MAGIC: &[u8; 8] = b"IRUSEDMP";
-pub const USED_MAP_VERSION: u32 = 1;
+pub const USED_MAP_VERSION: u32 = 2;
 /// The header takes the first page; the bits start on the second.
 pub const USED_MAP_HEADER_BYTES: usize = 4096;
 /// Smallest region: the unit trims must cover whole to free space.
@@ -55,6 +59,8 @@ pub struct UsedMapHeader {
     pub regions: u64,
     /// `USED_MAP_FLAG_*` bits.
     pub flags: u32,
+    /// The superblocks' `utime` at `events` (0: unknown, a version 1 header).
+    pub sb_utime: u64,
 }
 
 impl UsedMapHeader {
@@ -67,8 +73,9 @@ impl UsedMapHeader {
         b[32..40].copy_from_slice(&self.events.to_le_bytes());
         b[40..48].copy_from_slice(&self.region_bytes.to_le_bytes());
         b[48..56].copy_from_slice(&self.regions.to_le_bytes());
-        let crc = crc32c::crc32c(&b[..56]);
-        b[56..60].copy_from_slice(&crc.to_le_bytes());
+        b[56..64].copy_from_slice(&self.sb_utime.to_le_bytes());
+        let crc = crc32c::crc32c(&b[..64]);
+        b[64..68].copy_from_slice(&crc.to_le_bytes());
         b
     }
 
@@ -83,20 +90,23 @@ impl UsedMapHeader {
         }
         let u32_at = |o: usize| u32::from_le_bytes(buf[o..o + 4].try_into().expect("4 bytes"));
         let u64_at = |o: usize| u64::from_le_bytes(buf[o..o + 8].try_into().expect("8 bytes"));
-        let stored = u32_at(56);
-        let computed = crc32c::crc32c(&buf[..56]);
+        let version = u32_at(8);
+        // Where the checksum sits: after the fields the version has.
+        let fields = match version {
+            1 => 56,
+            2 => 64,
+            _ => return Err(FormatError::UsedMap(format!("unknown version {version}"))),
+        };
+        let stored = u32_at(fields);
+        let computed = crc32c::crc32c(&buf[..fields]);
         if stored != computed {
             return Err(FormatError::UsedMap(format!(
                 "header checksum mismatch: stored {stored:#010x}, computed {computed:#010x}"
             )));
         }
         let pad_end = buf.len().min(USED_MAP_HEADER_BYTES);
-        if buf[60..pad_end].iter().any(|&b| b != 0) {
+        if buf[fields + 4..pad_end].iter().any(|&b| b != 0) {
             return Err(FormatError::UsedMap("header padding is not zero".into()));
-        }
-        let version = u32_at(8);
-        if version != USED_MAP_VERSION {
-            return Err(FormatError::UsedMap(format!("unknown version {version}")));
         }
         let h = UsedMapHeader {
             uuid: buf[16..32].try_into().expect("16 bytes"),
@@ -104,6 +114,7 @@ impl UsedMapHeader {
             region_bytes: u64_at(40),
             regions: u64_at(48),
             flags: u32_at(12),
+            sb_utime: if version == 1 { 0 } else { u64_at(56) },
         };
         if h.flags & !KNOWN_FLAGS != 0 {
             return Err(FormatError::UsedMap(format!(
@@ -165,11 +176,31 @@ mod tests {
             region_bytes: 1 << 20,
             regions: 1000,
             flags: USED_MAP_FLAG_GUIDED,
+            sb_utime: 0x1234_5678,
         };
         let mut b = h.encode();
         assert_eq!(UsedMapHeader::decode(&b).unwrap(), h);
         b[33] ^= 1;
         assert!(UsedMapHeader::decode(&b).is_err());
+        b[33] ^= 1;
+        b[57] ^= 1;
+        assert!(
+            UsedMapHeader::decode(&b).is_err(),
+            "sb_utime is checksummed"
+        );
+        // A version 1 header (no sb_utime, checksum at 56) still decodes.
+        let mut v1 = [0u8; 4096];
+        v1[..56].copy_from_slice(&h.encode()[..56]);
+        v1[8..12].copy_from_slice(&1u32.to_le_bytes());
+        let crc = crc32c::crc32c(&v1[..56]);
+        v1[56..60].copy_from_slice(&crc.to_le_bytes());
+        assert_eq!(
+            UsedMapHeader::decode(&v1).unwrap(),
+            UsedMapHeader {
+                sb_utime: 0,
+                ..h.clone()
+            }
+        );
         assert!(UsedMapHeader::decode(&[0u8; 4096]).is_err());
         let unknown = UsedMapHeader { flags: 8, ..h };
         let e = UsedMapHeader::decode(&unknown.encode()).unwrap_err();

@@ -299,7 +299,7 @@ proptest! {
         flip in 0usize..(64 * 8),
         garbage in proptest::collection::vec(any::<u8>(), 0..200),
     ) {
-        let h = format::UsedMapHeader { uuid, events, region_bytes: 1 << shift, regions, flags: (events % 2) as u32 };
+        let h = format::UsedMapHeader { uuid, events, region_bytes: 1 << shift, regions, flags: (events % 2) as u32, sb_utime: events.rotate_left(7) };
         let enc = h.encode();
         prop_assert_eq!(format::UsedMapHeader::decode(&enc).unwrap(), h.clone());
         let mut flipped = enc;
