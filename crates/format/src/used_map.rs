@@ -97,6 +97,9 @@ impl UsedMapHeader {
             2 => 64,
             _ => return Err(FormatError::UsedMap(format!("unknown version {version}"))),
         };
+        if buf.len() < fields + 4 {
+            return Err(FormatError::Truncated);
+        }
         let stored = u32_at(fields);
         let computed = crc32c::crc32c(&buf[..fields]);
         if stored != computed {
@@ -188,6 +191,12 @@ mod tests {
             UsedMapHeader::decode(&b).is_err(),
             "sb_utime is checksummed"
         );
+        // A version 2 header cut before its checksum (the fuzzer found this one).
+        b[57] ^= 1;
+        assert!(matches!(
+            UsedMapHeader::decode(&b[..64]),
+            Err(FormatError::Truncated)
+        ));
         // A version 1 header (no sb_utime, checksum at 56) still decodes.
         let mut v1 = [0u8; 4096];
         v1[..56].copy_from_slice(&h.encode()[..56]);
