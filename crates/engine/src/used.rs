@@ -262,12 +262,7 @@ impl Array {
             return vec![(len, false)];
         };
         // Regions cover whole stripes, so each is one contiguous span of array bytes.
-        let g = &self.geometry;
-        let step = if g.level().is_parity() {
-            used.region_bytes() * g.data_disks() as u64
-        } else {
-            used.region_bytes()
-        };
+        let step = self.array_bytes_of(used.region_bytes());
         let end = offset + len;
         let mut runs: Vec<(u64, bool)> = Vec::new();
         let mut at = offset;
