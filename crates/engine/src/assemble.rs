@@ -897,13 +897,18 @@ fn load_used(best: &Superblock, geometry: &Geometry, slots: &[Slot]) -> Option<A
         if bits.len() < b.len() {
             bits.resize(b.len(), 0);
         }
-        // Behind the superblocks, or at their count but not written with them (md takes the
-        // count back down when an array goes clean right after going dirty; every superblock
-        // write it makes sets utime): someone ran the array without the map.
-        let rewritten = h.events == best.events && h.sb_utime != 0 && h.sb_utime != best.utime;
-        let stale = h.events < best.events || rewritten;
+        // Trusted only when written with these very superblocks, and they were written by us
+        // last. Behind them: someone ran the array without the map. Ahead: a cut came between
+        // the map's header and the superblocks, and md may have run the array since (it takes
+        // its count back down after a dirty/clean cycle). At their count with another utime:
+        // md's count came back to the map's. Written by md (utime without microseconds): an md
+        // run within the same second as our last superblock write.
+        let stale = h.events != best.events
+            || h.sb_utime != best.utime
+            || format::written_by_md(best.utime);
         if stale {
-            tracing::warn!(member = %m.name(), "used-region map is behind the superblocks: every region counts as used");
+            tracing::warn!(member = %m.name(),
+                "used-region map was not written with the superblocks (md may have run the array): every region counts as used");
         }
         for (dst, src) in bits.iter_mut().zip(&b) {
             *dst |= if stale { 0xff } else { *src };

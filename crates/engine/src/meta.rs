@@ -44,16 +44,19 @@ pub(crate) struct Meta {
 }
 
 pub(crate) fn now_secs() -> u64 {
+    now_since_epoch().as_secs()
+}
+
+fn now_since_epoch() -> std::time::Duration {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
+        .unwrap_or_default()
 }
 
 impl Meta {
     /// Bump events and write every writable superblock. Returns the members whose write failed.
     pub fn commit(&mut self) -> Vec<(Arc<Member>, io::Error)> {
-        let utime = format::md_time(now_secs());
+        let utime = format::ironraid_time(now_since_epoch());
         let mut failed = Vec::new();
         // Members whose superblock is behind (a power cut came in the middle of the last
         // commit) first catch up to the current count; only then does the count move on. A cut

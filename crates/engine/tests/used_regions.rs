@@ -212,16 +212,7 @@ fn a_map_behind_the_superblocks_counts_as_all_used() {
     a.close().unwrap();
     drop(a);
     // Someone without the map (the kernel's md) ran the array: events moved on, map did not.
-    for d in &s {
-        let sb = engine::read_superblock(d.as_ref()).unwrap();
-        let base = format::used_map_offset_sectors(&sb) * 512;
-        let mut page = device::AlignedBuf::zeroed(4096);
-        d.read_at(&mut page, base).unwrap();
-        let mut h = format::UsedMapHeader::decode(&page).unwrap();
-        h.events = sb.events - 1;
-        d.write_at(&device::AlignedBuf::copy_from(&h.encode()), base, true)
-            .unwrap();
-    }
+    edit_map_headers(&s, |h, sb| h.events = sb.events - 1);
     let a = boot(&s);
     let map = a.status().used_regions.unwrap();
     assert_eq!(map.used, map.regions);
@@ -257,6 +248,73 @@ fn a_map_whose_superblocks_were_rewritten_at_its_count_counts_as_all_used() {
     assert_eq!(
         map.used, map.regions,
         "a rewritten superblock set was trusted"
+    );
+}
+
+/// Rewrite every member's map header with `edit`.
+fn edit_map_headers(
+    s: &[Arc<SimDevice>],
+    edit: impl Fn(&mut format::UsedMapHeader, &format::Superblock),
+) {
+    for d in s {
+        let sb = engine::read_superblock(d.as_ref()).unwrap();
+        let base = format::used_map_offset_sectors(&sb) * 512;
+        let mut page = device::AlignedBuf::zeroed(4096);
+        d.read_at(&mut page, base).unwrap();
+        let mut h = format::UsedMapHeader::decode(&page).unwrap();
+        edit(&mut h, &sb);
+        d.write_at(&device::AlignedBuf::copy_from(&h.encode()), base, true)
+            .unwrap();
+    }
+}
+
+/// A cut between the map's header (written first, at the new count) and the superblocks leaves
+/// the map ahead of them; the kernel's md may then have run the array and taken its count back
+/// to where it was. Nothing says what md wrote meanwhile: the map counts as all used.
+#[test]
+fn a_map_ahead_of_the_superblocks_counts_as_all_used() {
+    let (s, a) = fresh();
+    a.write(0, &[1u8; 4096], false).unwrap();
+    a.close().unwrap();
+    drop(a);
+    edit_map_headers(&s, |h, sb| h.events = sb.events + 1);
+    let a = boot(&s);
+    let map = a.status().used_regions.unwrap();
+    assert_eq!(
+        map.used, map.regions,
+        "a map ahead of the superblocks was trusted"
+    );
+}
+
+/// The kernel's md (or mdadm) writes `utime` in whole seconds. An md run within the same second
+/// as ironraid's last superblock write, ending at the map's count, leaves the seconds as they
+/// were: only the microseconds ironraid always sets tell it apart.
+#[test]
+fn superblocks_md_wrote_in_the_same_second_make_the_map_count_as_all_used() {
+    let (s, a) = fresh();
+    a.write(0, &[1u8; 4096], false).unwrap();
+    a.close().unwrap();
+    drop(a);
+    for d in &s {
+        let mut sb = engine::read_superblock(d.as_ref()).unwrap();
+        assert!(
+            !format::written_by_md(sb.utime),
+            "ironraid wrote utime {:#x} in whole seconds",
+            sb.utime
+        );
+        sb.utime &= format::MD_TIME_SECS_MASK;
+        d.write_at(
+            &device::AlignedBuf::copy_from(&sb.encode()),
+            format::SB_OFFSET_SECTORS * 512,
+            true,
+        )
+        .unwrap();
+    }
+    let a = boot(&s);
+    let map = a.status().used_regions.unwrap();
+    assert_eq!(
+        map.used, map.regions,
+        "superblocks md wrote within the same second were trusted"
     );
 }
 

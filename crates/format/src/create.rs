@@ -5,8 +5,8 @@
 //! member here, so the on-disk layout rules live next to the encoder that writes them.
 
 use crate::{
-    bm_space, feature, max_dev_for, md_time, FormatError, Superblock, MAX_SECTOR, ROLE_SPARE,
-    SB_OFFSET_SECTORS, SB_RESERVED_SECTORS,
+    bm_space, feature, ironraid_time, max_dev_for, md_time, FormatError, Superblock, MAX_SECTOR,
+    ROLE_SPARE, SB_OFFSET_SECTORS, SB_RESERVED_SECTORS,
 };
 
 /// Sectors mdadm reserves for the bad-block log (4 KiB = 512 entries).
@@ -143,7 +143,7 @@ impl Superblock {
             bblog_shift: 0,
             bblog_size,
             bblog_offset,
-            utime: md_time(p.ctime_secs),
+            utime: ironraid_time(std::time::Duration::from_secs(p.ctime_secs)),
             events: 0,
             resync_offset: if clean { MAX_SECTOR } else { 0 },
             max_dev,

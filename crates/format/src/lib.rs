@@ -94,8 +94,8 @@ pub use used_map::{
     USED_MAP_FLAG_GUIDED, USED_MAP_FLAG_RESYNC_OWED, USED_MAP_FLAG_UNGUIDED, USED_MAP_HEADER_BYTES,
 };
 pub use util::{
-    bm_space, default_data_offset, format_uuid, format_uuid_mdadm, level_name, max_dev_for,
-    md_time, parse_uuid, MD_TIME_SECS_MASK,
+    bm_space, default_data_offset, format_uuid, format_uuid_mdadm, ironraid_time, level_name,
+    max_dev_for, md_time, parse_uuid, written_by_md, MD_TIME_SECS_MASK,
 };
 
 /// v1.2 superblock position in sectors (byte 4096).

@@ -236,6 +236,24 @@ fn times_and_state() {
 }
 
 #[test]
+fn ironraid_time_is_never_what_md_writes() {
+    use std::time::Duration;
+    for (secs, nanos) in [(1_700_000_000, 0), (1_700_000_000, 999), (5, 123_456_789)] {
+        let t = crate::ironraid_time(Duration::new(secs, nanos));
+        assert_eq!(t & crate::MD_TIME_SECS_MASK, secs, "seconds kept");
+        assert!(
+            !crate::written_by_md(t),
+            "{secs}.{nanos}: microseconds left zero"
+        );
+        assert!(crate::written_by_md(md_time(secs)), "md's whole seconds");
+    }
+    assert_eq!(
+        crate::ironraid_time(Duration::new(7, 250_000_000)) >> 40,
+        250_000
+    );
+}
+
+#[test]
 fn name_truncation_and_nul() {
     let mut sb = sample();
     sb.set_name = "x".repeat(31) + "é"; // 33 bytes: the 2-byte char must go whole

@@ -28,11 +28,14 @@
 //!
 //! A clear bit promises that the region is zero on every member in sync (data and parity), so
 //! it reads as zeroes and is consistent without being read. The map is written before the
-//! superblocks on every event change; a map whose events are behind the superblocks' was not
-//! kept up to date by whoever ran the array last (e.g. the kernel's md) and counts as all used.
-//! So does one whose events match but whose `sb_utime` does not: md takes its event count back
-//! down when an array goes clean again right after going dirty, so a run of the kernel's md can
-//! end at the count the map recorded, but every superblock write it makes sets `utime`.
+//! superblocks on every event change, and it is trusted only if the superblocks are exactly
+//! the ones it was written with, written by ironraid: any difference of events (behind: someone
+//! ran the array without the map; ahead: a cut came between the map and the superblocks, and md
+//! may have run the array since) or of `sb_utime` makes it count as all used. md takes its event
+//! count back down when an array goes clean again right after going dirty, so a run of the
+//! kernel's md can end at the count the map recorded; every superblock write md makes (kernel
+//! or mdadm) sets `utime` to whole seconds, while ironraid's `utime` always carries non-zero
+//! microseconds (`ironraid_time`), so even an md run within the same second shows.
 
 use crate::FormatError;
 

@@ -10,6 +10,21 @@ pub fn md_time(secs: u64) -> u64 {
     secs & MD_TIME_SECS_MASK
 }
 
+/// The `utime` ironraid writes: md's encoding with the microseconds filled in and never zero.
+/// The kernel's md and mdadm write whole seconds (microseconds zero) every time they write a
+/// superblock, and neither keeps what was there: a `utime` whose microseconds are zero was
+/// written last by md, even within the same second as ironraid's last write.
+pub fn ironraid_time(since_epoch: std::time::Duration) -> u64 {
+    let micros = u64::from(since_epoch.subsec_micros()).max(1);
+    md_time(since_epoch.as_secs()) | micros << 40
+}
+
+/// Whether md (the kernel or mdadm), not ironraid, wrote the superblock with this `utime` last
+/// (see [`ironraid_time`]).
+pub fn written_by_md(utime: u64) -> bool {
+    utime >> 40 == 0
+}
+
 const GIB_SECTORS: u64 = 2 * 1024 * 1024;
 
 /// Space (sectors) mdadm reserves after the v1.1/1.2 superblock for an internal bitmap,
