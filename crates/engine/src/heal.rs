@@ -11,9 +11,11 @@
 //! * a rebuilt block equal to what the member returned means the row agrees and the record was
 //!   the stale party: the record is fixed;
 //! * anything else is beyond redundancy: the request fails, no data is returned. A check
-//!   ([`Heal::Count`]) counts the page and goes on. Only a resync after an unclean stop
-//!   ([`Heal::Settle`]) settles such a page as found instead, as md's resync does: its writes
-//!   were unflushed, and old or new contents are both allowed.
+//!   ([`Heal::Count`]) counts the page and goes on. Only after an unclean stop
+//!   ([`Heal::Settle`]), in a row a crash could have left mid-write and with every member of it
+//!   present ([`Array::settle_scope`]), is such a page settled as found, as md's resync does:
+//!   its writes were unflushed, and old or new contents are both allowed. In a degraded row, a
+//!   rebuild, or a row the policy knows was consistent, it is damage: EIO.
 //!
 //! `action check` ([`Heal::Count`]) counts and rebuilds in memory only; `repair`, resync and
 //! every client path write the rebuilt blocks back.
@@ -37,6 +39,17 @@ pub(crate) enum Heal {
     /// As `Repair`, and settle what redundancy cannot vouch for as found (the resync after an
     /// unclean stop).
     Settle,
+}
+
+/// How a block that failed its record was resolved within the level's redundancy.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Settled {
+    /// Rebuilt from the others, matching its record: rewrite it.
+    Rebuilt,
+    /// The row agrees with the block as found: its record was the stale party.
+    StaleRecord,
+    /// Parity recomputed from data that is all vouched for: rewrite it with a new record.
+    Parity,
 }
 
 fn kind_of(roles: &StripeRoles, dev: usize) -> BlockKind {
@@ -64,6 +77,7 @@ impl Array {
             .expect("heal needs integrity records");
         let chunk = self.geometry.chunk_sectors() * 512;
         let pages = bufs[corrupt[0]].len() / PAGE;
+        let mode = self.settle_scope(mode, at, (pages * PAGE) as u64, missing.is_empty());
         let mut rewrites: Vec<(usize, u64, usize)> = Vec::new();
         let mut resolved = false;
         let (mut failing, mut fixed, mut settled_blocks) = (0usize, 0usize, 0usize);
@@ -95,13 +109,23 @@ impl Array {
                     bufs.iter_mut().map(|b| &mut b[r.clone()]).collect(),
                     &erased,
                 );
+                // Parity is only ever a function of the data: once every data block of the page
+                // is vouched for (read or rebuilt, matching its record), parity that fails its
+                // record is recomputed whatever its record says (a write torn between parity and
+                // record, a rebuild of a row a cut left mid-write).
+                let data_vouched = (0..self.geometry.raid_disks())
+                    .filter(|&dev| kind_of(&roles, dev) == BlockKind::Data)
+                    .filter(|dev| erased.contains(dev))
+                    .all(|dev| integ.block_ok(dev, off, &bufs[dev][r.clone()]));
                 let mut settled = Vec::new();
                 for (i, &dev) in bad.iter().enumerate() {
                     let page = &bufs[dev][r.clone()];
                     if integ.block_ok(dev, off, page) {
-                        settled.push((dev, true));
+                        settled.push((dev, Settled::Rebuilt));
                     } else if page == &found[i][..] {
-                        settled.push((dev, false));
+                        settled.push((dev, Settled::StaleRecord));
+                    } else if data_vouched && kind_of(&roles, dev) != BlockKind::Data {
+                        settled.push((dev, Settled::Parity));
                     } else {
                         break;
                     }
@@ -110,8 +134,14 @@ impl Array {
                     if mode == Heal::Count {
                         continue;
                     }
-                    for (dev, rewrite) in settled {
-                        if rewrite {
+                    for (dev, how) in settled {
+                        if how == Settled::Parity {
+                            tracing::warn!(array = %self.name, role = dev, offset = off,
+                                "parity and its record disagree with verified data: recomputed");
+                            integ.set_block(dev, off, &bufs[dev][r.clone()]);
+                            integ.count_record_fixed();
+                        }
+                        if how != Settled::StaleRecord {
                             rewrites.push((dev, off, pg));
                         } else {
                             tracing::warn!(array = %self.name, role = dev, offset = off,
@@ -240,31 +270,24 @@ impl Array {
 
     /// The data blocks of `missing` members, just reconstructed in `bufs`, match their records
     /// (a degraded read is verified end to end). Parity of a missing member is not checked: a
-    /// degraded array does not keep it current. [`Heal::Settle`] takes a mismatch as the
-    /// outcome of writes an unclean stop interrupted, and records it.
+    /// degraded array does not keep it current. A mismatch is never settled, even after an
+    /// unclean stop: with a member missing the row has no redundancy left to tell a torn
+    /// write from damage, and a reconstruction nothing vouches for is not served.
     pub(crate) fn verify_rebuilt(
         &self,
         at: u64,
         bufs: &[PoolBuf],
         missing: &[usize],
-        mode: Heal,
     ) -> Result<()> {
         let Some(integ) = &self.integrity else {
             return Ok(());
         };
         let chunk = self.geometry.chunk_sectors() * 512;
-        let mut settled = false;
         for &dev in missing {
             for (pg, page) in bufs[dev].chunks(PAGE).enumerate() {
                 let off = at + (pg * PAGE) as u64;
                 let roles = self.geometry.stripe_roles(off / chunk);
                 if kind_of(&roles, dev) == BlockKind::Data && !integ.block_ok(dev, off, page) {
-                    if mode == Heal::Settle {
-                        integ.set_block(dev, off, page);
-                        integ.count_resolved();
-                        settled = true;
-                        continue;
-                    }
                     integ.count_unrecoverable();
                     return Err(self.unrecoverable(
                         off,
@@ -273,10 +296,6 @@ impl Array {
                     ));
                 }
             }
-        }
-        if settled {
-            // Decided for good, as in `heal`.
-            self.flush_members();
         }
         Ok(())
     }

@@ -12,8 +12,9 @@
 //!   back wrong is failed);
 //! * if no copy matches, nothing can vouch for the page: the request fails, no data is returned,
 //!   even when the copies agree (two devices' copies against two devices' records: a tie, and
-//!   an error is the answer that is never wrong); a check counts it and goes on. Only the
-//!   resync after an unclean stop ([`Heal::Settle`]) keeps the first copy instead: every copy
+//!   an error is the answer that is never wrong); a check counts it and goes on. Only after an
+//!   unclean stop ([`Heal::Settle`]), in a range a crash could have left mid-write and with
+//!   every copy present ([`Array::settle_scope`]), is the first copy kept instead: every copy
 //!   then holds old or new bytes of writes that were never flushed, and the records may lag.
 //!
 //! The caller holds the range's region locks, so no client write can slip in between the reads
@@ -111,6 +112,9 @@ impl Array {
         if plans.is_empty() {
             return Err(self.unrecoverable(at, n as u64, "no copy of the range could be read"));
         }
+        // Settling as found needs every copy of the run: with one missing, the copies left
+        // cannot tell a torn write from damage.
+        let mode = self.settle_scope(mode, at, n as u64, plans.len() == copies.len());
         let fix = mode != Heal::Count;
         let mut truth = self.bufs.get(n);
         let (mut mismatched, mut failing, mut settled) = (0u64, 0usize, 0usize);

@@ -12,6 +12,7 @@
 use crate::array::Array;
 use crate::bufpool::PoolBuf;
 use crate::commit::WriteSet;
+use crate::heal::Heal;
 use crate::io::{IoKind, MemberIo};
 use crate::member::FULLY_IN_SYNC;
 use crate::sync::Stop;
@@ -178,7 +179,7 @@ impl Array {
         &self,
         r0: u64,
         r1: u64,
-        heal: crate::heal::Heal,
+        heal: Heal,
     ) -> Result<Option<Vec<PoolBuf>>, Stop> {
         let chunk = (self.geometry.chunk_sectors() * 512) as usize;
         let (at, len) = (r0 * chunk as u64, (r1 - r0) as usize * chunk);
@@ -196,7 +197,7 @@ impl Array {
                 .collect();
             self.reconstruct(&roles, slices, &missing);
         }
-        self.verify_rebuilt(at, &bufs, &missing, heal)
+        self.verify_rebuilt(at, &bufs, &missing)
             .map_err(|e| Stop::Failed(e.to_string()))?;
         Ok(Some(bufs))
     }
@@ -229,7 +230,7 @@ impl Array {
     /// [`Array::read_window`] over stripes `r0..r1`, again while members fail meanwhile.
     fn read_rebuild_sources(&self, r0: u64, r1: u64) -> Result<Vec<PoolBuf>, Stop> {
         for _ in 0..4 {
-            if let Some(bufs) = self.read_window(r0, r1, self.heal_mode())? {
+            if let Some(bufs) = self.read_window(r0, r1, Heal::Repair)? {
                 return Ok(bufs);
             }
         }
@@ -258,7 +259,7 @@ impl Array {
         if corrupt {
             // Repair the bad copies on the way (or fail: no copy passed).
             return self
-                .settle_copies(at, buf.len() as u64, self.heal_mode(), Some(buf))
+                .settle_copies(at, buf.len() as u64, Heal::Repair, Some(buf))
                 .map(|_| ())
                 .map_err(|e| Stop::Failed(e.to_string()));
         }

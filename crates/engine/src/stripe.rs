@@ -628,13 +628,36 @@ impl Array {
 
     /// How client I/O treats blocks that fail their records: until the resync an unclean stop
     /// owes has run, unflushed writes may have left rows that no single fault explains, which
-    /// are then settled as found (as the resync itself would) rather than failed.
+    /// may then be settled as found (as the resync itself would) where [`Array::settle_scope`]
+    /// allows it.
     pub(crate) fn heal_mode(&self) -> Heal {
         if self
             .sync
             .unsynced
             .load(std::sync::atomic::Ordering::Acquire)
         {
+            Heal::Settle
+        } else {
+            Heal::Repair
+        }
+    }
+
+    /// `mode` as it applies to `at..at + len` (resync coordinates: member bytes, array bytes
+    /// for mirrors): settling as found is a crash's answer, so it holds only where a crash
+    /// could have left a row mid-write (a resync is owed and the policy has not ruled the
+    /// range consistent: the bitmap's dirty chunks, everything under the plain policy) and
+    /// only while every member of the row is there (`complete`). Anywhere else a block that
+    /// fails its record beyond redundancy is damage, and damage is an unrecoverable read: a
+    /// clean and an unclean stop then give the same answer.
+    pub(crate) fn settle_scope(&self, mode: Heal, at: u64, len: u64, complete: bool) -> Heal {
+        if mode != Heal::Settle {
+            return mode;
+        }
+        let owed = self
+            .sync
+            .unsynced
+            .load(std::sync::atomic::Ordering::Acquire);
+        if complete && owed && !self.policy.next_to_resync(at, at + len).is_empty() {
             Heal::Settle
         } else {
             Heal::Repair
@@ -679,7 +702,7 @@ impl Array {
             dev_bufs.iter_mut().map(|b| &mut b[..]).collect(),
             &missing,
         );
-        self.verify_rebuilt(at, &dev_bufs, &missing, heal)?;
+        self.verify_rebuilt(at, &dev_bufs, &missing)?;
         let mut slots: Vec<Option<PoolBuf>> = dev_bufs.into_iter().map(Some).collect();
         let data = (0..self.geometry.data_disks())
             .map(|d| slots[roles.data_dev(d)].take().expect("data chunk"))

@@ -91,6 +91,14 @@ impl CrashModel {
         out
     }
 
+    /// Whether a write to any sector of `off..off + len` was in flight (issued since the data
+    /// there was last durable).
+    pub fn in_flight(&self, off: usize, len: usize) -> bool {
+        self.candidates[off / 512..(off + len).div_ceil(512)]
+            .iter()
+            .any(|c| !c.is_empty())
+    }
+
     /// After recovery the image is the new durable truth.
     pub fn settle(&mut self, image: Vec<u8>) {
         self.current.clone_from(&image);
