@@ -46,6 +46,14 @@ pub struct Detail {
     /// Extension: guided resync (null: the array's policy is not `guided`).
     #[serde(default)]
     pub guidance: Option<GuidanceDetail>,
+    /// Extension: parity rows a crash may have left mid-write, not resynced yet, while the
+    /// array is degraded (bitmap and guided policies know them): blocks rebuilt from them read
+    /// as errors.
+    #[serde(default)]
+    pub torn_rows_exposed: u64,
+    /// Extension: degraded reads refused for that reason since the start.
+    #[serde(default)]
+    pub torn_reads_refused: u64,
 }
 
 /// Guided resync: whether the array waits for a guide after an unclean stop, how that ended,
@@ -505,6 +513,8 @@ impl Detail {
             journal: s.journal.as_ref().map(JournalDetail::from_engine),
             integrity_detail: s.integrity.as_ref().map(IntegrityDetail::from_engine),
             read_only_reason: s.read_only_reason.clone(),
+            torn_rows_exposed: s.torn_rows_exposed,
+            torn_reads_refused: s.torn_reads_refused,
             guidance: s.guidance.as_ref().map(GuidanceDetail::from_engine),
         }
     }
@@ -723,6 +733,8 @@ mod tests {
             integrity_detail: None,
             guidance: None,
             read_only_reason: None,
+            torn_rows_exposed: 0,
+            torn_reads_refused: 0,
         }
     }
 

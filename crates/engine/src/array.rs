@@ -177,6 +177,10 @@ pub struct ArrayStatus {
     pub guidance: Option<crate::guided::GuidanceStatus>,
     /// Why writes are refused at the moment (read-only assembly, journal lost, …).
     pub read_only_reason: Option<String>,
+    /// Parity rows a crash may have torn, not resynced yet, while degraded (bitmap policies).
+    pub torn_rows_exposed: u64,
+    /// Degraded reads refused because their block would be rebuilt from such a row.
+    pub torn_reads_refused: u64,
 }
 
 /// The used-region map, for status.
@@ -815,6 +819,19 @@ impl Array {
                 None,
                 format!("running without role {role}"),
             );
+            let exposed = self.exposed_rows();
+            if exposed > 0 {
+                tracing::error!(array = %self.name, rows = exposed,
+                    "degraded with rows a crash may have torn not yet resynced: their rebuilt blocks read as errors");
+                self.events.emit(
+                    "torn_rows_exposed",
+                    &self.name,
+                    Some(&name),
+                    format!(
+                        "{exposed} rows a crash may have left mid-write were not resynced yet;                          without role {role} their blocks cannot be rebuilt with certainty:                          reads of them fail (the write hole)"
+                    ),
+                );
+            }
         } else {
             self.events.emit(
                 "array_failed",
@@ -952,6 +969,8 @@ impl Array {
                 dirty_chunks: b.dirty_chunks(),
                 events_cleared: b.events_cleared(),
             }),
+            torn_rows_exposed: self.exposed_rows(),
+            torn_reads_refused: self.sync.torn_reads_refused.load(Ordering::Relaxed),
             used_regions: self.used.as_ref().map(|u| UsedStatus {
                 region_bytes: u.region_bytes(),
                 regions: u.regions(),

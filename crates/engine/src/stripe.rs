@@ -148,6 +148,11 @@ impl Array {
     }
 
     fn degraded_read(&self, row: u64, d: usize, off: u64, out: &mut [u8]) -> Result<()> {
+        // With records a reconstruction is checked against them (`verify_rebuilt`); without,
+        // nothing vouches for one from a row a crash may have torn.
+        if self.integrity.is_none() && self.row_exposed(row) {
+            return Err(self.refuse_torn(row, d, off, out.len()));
+        }
         let r = self.stripes.get(row);
         let st = r.claim(r.st.lock());
         drop(st);
@@ -662,6 +667,65 @@ impl Array {
         } else {
             Heal::Repair
         }
+    }
+
+    /// Rows a crash may have left mid-write and that are not consistent yet, while the parity
+    /// array is degraded: a block rebuilt from one of them may mix old and new writes (md's
+    /// write hole). Only a policy that knows which rows those are (the bitmap's dirty chunks,
+    /// under `bitmap` and `guided`) can count them; the plain policy cannot tell a torn row
+    /// from a sound one and serves reconstructions as md does.
+    pub(crate) fn exposed_rows(&self) -> u64 {
+        match self.policy.bitmap() {
+            Some(b) if self.parity_degraded() && self.resync_owed() => {
+                b.needed_bytes().div_ceil(self.chunk_bytes())
+            }
+            _ => 0,
+        }
+    }
+
+    fn resync_owed(&self) -> bool {
+        self.sync
+            .unsynced
+            .load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Whether `row` is one of [`Array::exposed_rows`].
+    fn row_exposed(&self, row: u64) -> bool {
+        let chunk = self.chunk_bytes();
+        self.policy.bitmap().is_some()
+            && self.resync_owed()
+            && !self
+                .policy
+                .next_to_resync(row * chunk, (row + 1) * chunk)
+                .is_empty()
+    }
+
+    /// A degraded read of data chunk `d` of an exposed row, without records to check the
+    /// reconstruction against: an unrecoverable read, not a guess.
+    fn refuse_torn(&self, row: u64, d: usize, off: u64, len: usize) -> EngineError {
+        let at = self.array_offset(row, d, off);
+        let n = self
+            .sync
+            .torn_reads_refused
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        tracing::error!(array = %self.name, offset = at, len,
+            "read refused: the block must be rebuilt from a row a crash may have torn");
+        if n.is_power_of_two() || n == 0 {
+            self.events.emit(
+                "torn_read_refused",
+                &self.name,
+                None,
+                format!(
+                    "array bytes {at}+{len} must be rebuilt from a row a crash may have left                      mid-write, not resynced yet, on a degraded array: read refused ({} so far)",
+                    n + 1
+                ),
+            );
+        }
+        self.unrecoverable(
+            at,
+            len as u64,
+            "the block must be rebuilt from a row a crash may have torn (resync pending while degraded)",
+        )
     }
 
     /// P (and Q) of a stripe's data chunks, given in data-index order.

@@ -105,6 +105,8 @@ pub(crate) struct SyncControl {
     pub cv: Condvar,
     pub clock: Arc<dyn Clock>,
     pub last_client_io_ms: std::sync::atomic::AtomicU64,
+    /// Reads refused because the block had to be rebuilt from a row a crash may have torn.
+    pub torn_reads_refused: std::sync::atomic::AtomicU64,
     /// The walk driven by [`Array::sync_step`] (simulation); the background thread keeps its
     /// own. Never both: `sync_step` refuses while the thread runs.
     stepped: Mutex<Option<Walk>>,
@@ -140,6 +142,7 @@ impl SyncControl {
             cv: Condvar::new(),
             clock,
             last_client_io_ms: std::sync::atomic::AtomicU64::new(0),
+            torn_reads_refused: std::sync::atomic::AtomicU64::new(0),
             stepped: Mutex::new(None),
             thread: Mutex::new(None),
             policy_thread: Mutex::new(None),
@@ -440,7 +443,7 @@ impl Array {
     }
 
     /// A parity level with a role not complete.
-    fn parity_degraded(&self) -> bool {
+    pub(crate) fn parity_degraded(&self) -> bool {
         self.geometry.level().is_parity() && self.slots.iter().any(|s| !s.is_complete())
     }
 

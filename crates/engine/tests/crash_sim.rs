@@ -530,6 +530,26 @@ fn workload(
     }
 }
 
+/// A spare for the array, unless it has one.
+fn give_spare(rig: &mut Rig, array: &Array) {
+    if array
+        .status()
+        .members
+        .iter()
+        .any(|m| m.state == engine::MemberState::Spare)
+    {
+        return;
+    }
+    let name = format!("spare{}", rig.sims.len());
+    let sim = Arc::new(
+        SimDevice::new(&name, MEMBER_BYTES, rig.seed ^ rig.sims.len() as u64)
+            .on_rail(rig.rail.clone()),
+    );
+    if array.add_member(sim.clone(), false).is_ok() {
+        rig.sims.push(sim);
+    }
+}
+
 /// Fail a member, or give the array a new spare, or take out a faulty member.
 fn fail_or_add(rig: &mut Rig, array: &Array, rng: &mut ChaCha8Rng) {
     let st = array.status();
@@ -570,14 +590,7 @@ fn fail_or_add(rig: &mut Rig, array: &Array, rng: &mut ChaCha8Rng) {
                 }
                 return;
             }
-            let name = format!("spare{}", rig.sims.len());
-            let sim = Arc::new(
-                SimDevice::new(&name, MEMBER_BYTES, rig.seed ^ rig.sims.len() as u64)
-                    .on_rail(rig.rail.clone()),
-            );
-            if array.add_member(sim.clone(), false).is_ok() {
-                rig.sims.push(sim);
-            }
+            give_spare(rig, array);
         }
         _ => {
             if let Some(f) = st
@@ -624,17 +637,29 @@ fn recover(
     if rig.policy.guided() {
         guide(rig, &array, model);
     }
-    restore_lost_pages(rig, &array, model, forced);
-    let before = read_all(&array);
-    if rig.policy.journal() {
+    // Forced past the write hole, a bitmap array without records refuses to rebuild blocks
+    // from the rows its bitmap says may be torn; a rebuild and the resync after it end that
+    // (what those rows hold is not promised), so they run to the end now.
+    let exposed = forced && !rig.policy.integrity() && array.status().torn_rows_exposed > 0;
+    let partial_sync = if exposed {
+        give_spare(rig, &array);
+        None
+    } else {
+        restore_lost_pages(rig, &array, model, forced);
+        partial_sync
+    };
+    let before = (!exposed).then(|| read_all(&array));
+    if let (true, Some(before)) = (rig.policy.journal(), &before) {
         // The write hole is closed at assembly, before any resync: replaying the log left
         // every stripe's parity in agreement with its data. (Forcing is needed only when an
         // administrator's resync was still owed, which the journal does not replace.)
-        check_redundancy(rig, &array, &before);
+        check_redundancy(rig, &array, before);
     }
     if forced && !rig.policy.journal() {
-        model.settle(before.clone());
-    } else if let Err(e) = model.check(&before) {
+        if let Some(before) = &before {
+            model.settle(before.clone());
+        }
+    } else if let Err(e) = model.check(before.as_ref().expect("not forced")) {
         panic!(
             "after the cut, before resync: {e} {:?} dirty {}",
             array.status().integrity,
@@ -652,7 +677,10 @@ fn recover(
         }
     }
     let after = read_all(&array);
-    assert!(before == after, "resync or rebuild changed the data");
+    assert!(
+        before.is_none_or(|b| b == after),
+        "resync or rebuild changed the data"
+    );
     if partial_sync.is_none() {
         check_redundancy(rig, &array, &after);
         if rig.policy.integrity() && array.status().missing_roles.is_empty() {
@@ -666,9 +694,11 @@ fn recover(
 /// After a cut, an integrity array that came up degraded has no redundancy left to tell a block
 /// a torn write left failing its record from damage: such a page reads EIO, never wrong data.
 /// That is allowed only where writes were in flight at the cut (anywhere in a stripe, when the
-/// start was forced past the write hole: its other blocks are rebuilt from the torn one). The
-/// rig then writes what was lost again, whole stripe rows or pages (as an administrator restores
-/// from a backup), so that the rounds go on from a known image.
+/// start was forced past the write hole: its other blocks are rebuilt from the torn one, and a
+/// bitmap array without records refuses to rebuild blocks from the rows its bitmap says may be
+/// torn: `recover` handles that case). The rig then writes what was lost again, whole stripe
+/// rows or pages (as an administrator restores from a backup), so that the rounds go on from a
+/// known image.
 fn restore_lost_pages(rig: &Rig, array: &Array, model: &mut CrashModel, forced: bool) {
     const PAGE: usize = 4096;
     let mut buf = vec![0u8; model.current.len()];
@@ -677,7 +707,7 @@ fn restore_lost_pages(rig: &Rig, array: &Array, model: &mut CrashModel, forced: 
     };
     let st = array.status();
     assert!(
-        rig.policy.integrity() && !st.missing_roles.is_empty(),
+        (rig.policy.integrity() || forced) && !st.missing_roles.is_empty(),
         "read the whole array after the cut: {e}\n{:?}\n{:?}",
         st.members,
         st.integrity
