@@ -112,7 +112,31 @@ pub fn for_each_case(
     test: &str,
     case: impl Fn(u64) + std::panic::RefUnwindSafe,
 ) {
-    for seed in cases(base) {
+    for_each_seed(binary, cases(base), test, case)
+}
+
+/// [`for_each_case`] with at most `default` seeds unless `IRONRAID_INTEGRITY_CASES` says.
+pub fn for_each_case_up_to(
+    binary: &str,
+    base: u64,
+    default: usize,
+    test: &str,
+    case: impl Fn(u64) + std::panic::RefUnwindSafe,
+) {
+    let mut seeds = cases(base);
+    if std::env::var("IRONRAID_INTEGRITY_CASES").is_err() {
+        seeds.truncate(default);
+    }
+    for_each_seed(binary, seeds, test, case)
+}
+
+fn for_each_seed(
+    binary: &str,
+    seeds: Vec<u64>,
+    test: &str,
+    case: impl Fn(u64) + std::panic::RefUnwindSafe,
+) {
+    for seed in seeds {
         if let Err(e) = std::panic::catch_unwind(|| case(seed)) {
             eprintln!(
                 "\n*** {test} failed with seed {seed}; replay with:\n    IRONRAID_SEED={seed} cargo test -p engine --release --test {binary} -- {test} --exact --nocapture\n"
