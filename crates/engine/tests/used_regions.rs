@@ -205,50 +205,20 @@ fn rebuild_reads_only_used_regions() {
     }
 }
 
-#[test]
-fn a_map_behind_the_superblocks_counts_as_all_used() {
+/// A fresh array with one page written, stopped cleanly: its members.
+fn stopped_with_one_page() -> Vec<Arc<SimDevice>> {
     let (s, a) = fresh();
     a.write(0, &[1u8; 4096], false).unwrap();
     a.close().unwrap();
     drop(a);
-    // Someone without the map (the kernel's md) ran the array: events moved on, map did not.
-    edit_map_headers(&s, |h, sb| h.events = sb.events - 1);
-    let a = boot(&s);
-    let map = a.status().used_regions.unwrap();
-    assert_eq!(map.used, map.regions);
+    s
 }
 
-/// md takes its event count back down when an array goes clean right after going dirty, so
-/// a run of the kernel's md can end at the count the map recorded; its superblock writes set a
-/// new `utime`, which the map (recording the utime of ours) catches: it counts as all used.
-#[test]
-fn a_map_whose_superblocks_were_rewritten_at_its_count_counts_as_all_used() {
-    let (s, a) = fresh();
-    a.write(0, &[1u8; 4096], false).unwrap();
-    a.close().unwrap();
-    drop(a);
-    // Untouched, the map is trusted.
-    let a = boot(&s);
+/// Starting the array again finds its map untrusted: every region counts as used.
+fn map_counts_as_all_used(s: &[Arc<SimDevice>], why: &str) {
+    let a = boot(s);
     let map = a.status().used_regions.unwrap();
-    assert_eq!(map.used, 1);
-    a.close().unwrap();
-    drop(a);
-    for d in &s {
-        let mut sb = engine::read_superblock(d.as_ref()).unwrap();
-        sb.utime += 7;
-        d.write_at(
-            &device::AlignedBuf::copy_from(&sb.encode()),
-            format::SB_OFFSET_SECTORS * 512,
-            true,
-        )
-        .unwrap();
-    }
-    let a = boot(&s);
-    let map = a.status().used_regions.unwrap();
-    assert_eq!(
-        map.used, map.regions,
-        "a rewritten superblock set was trusted"
-    );
+    assert_eq!(map.used, map.regions, "{why}");
 }
 
 /// Rewrite every member's map header with `edit`.
@@ -268,41 +238,11 @@ fn edit_map_headers(
     }
 }
 
-/// A cut between the map's header (written first, at the new count) and the superblocks leaves
-/// the map ahead of them; the kernel's md may then have run the array and taken its count back
-/// to where it was. Nothing says what md wrote meanwhile: the map counts as all used.
-#[test]
-fn a_map_ahead_of_the_superblocks_counts_as_all_used() {
-    let (s, a) = fresh();
-    a.write(0, &[1u8; 4096], false).unwrap();
-    a.close().unwrap();
-    drop(a);
-    edit_map_headers(&s, |h, sb| h.events = sb.events + 1);
-    let a = boot(&s);
-    let map = a.status().used_regions.unwrap();
-    assert_eq!(
-        map.used, map.regions,
-        "a map ahead of the superblocks was trusted"
-    );
-}
-
-/// The kernel's md (or mdadm) writes `utime` in whole seconds. An md run within the same second
-/// as ironraid's last superblock write, ending at the map's count, leaves the seconds as they
-/// were: only the microseconds ironraid always sets tell it apart.
-#[test]
-fn superblocks_md_wrote_in_the_same_second_make_the_map_count_as_all_used() {
-    let (s, a) = fresh();
-    a.write(0, &[1u8; 4096], false).unwrap();
-    a.close().unwrap();
-    drop(a);
-    for d in &s {
+/// Rewrite every member's superblock with `edit`, as another writer of md's format would.
+fn edit_superblocks(s: &[Arc<SimDevice>], edit: impl Fn(&mut format::Superblock)) {
+    for d in s {
         let mut sb = engine::read_superblock(d.as_ref()).unwrap();
-        assert!(
-            !format::written_by_md(sb.utime),
-            "ironraid wrote utime {:#x} in whole seconds",
-            sb.utime
-        );
-        sb.utime &= format::MD_TIME_SECS_MASK;
+        edit(&mut sb);
         d.write_at(
             &device::AlignedBuf::copy_from(&sb.encode()),
             format::SB_OFFSET_SECTORS * 512,
@@ -310,11 +250,58 @@ fn superblocks_md_wrote_in_the_same_second_make_the_map_count_as_all_used() {
         )
         .unwrap();
     }
+}
+
+#[test]
+fn a_map_behind_the_superblocks_counts_as_all_used() {
+    let s = stopped_with_one_page();
+    // Someone without the map (the kernel's md) ran the array: events moved on, map did not.
+    edit_map_headers(&s, |h, sb| h.events = sb.events - 1);
+    map_counts_as_all_used(&s, "a map behind the superblocks was trusted");
+}
+
+/// md takes its event count back down when an array goes clean right after going dirty, so
+/// a run of the kernel's md can end at the count the map recorded; its superblock writes set a
+/// new `utime`, which the map (recording the utime of ours) catches: it counts as all used.
+#[test]
+fn a_map_whose_superblocks_were_rewritten_at_its_count_counts_as_all_used() {
+    let s = stopped_with_one_page();
+    // Untouched, the map is trusted.
     let a = boot(&s);
-    let map = a.status().used_regions.unwrap();
-    assert_eq!(
-        map.used, map.regions,
-        "superblocks md wrote within the same second were trusted"
+    assert_eq!(a.status().used_regions.unwrap().used, 1);
+    a.close().unwrap();
+    drop(a);
+    edit_superblocks(&s, |sb| sb.utime += 7);
+    map_counts_as_all_used(&s, "a rewritten superblock set was trusted");
+}
+
+/// A cut between the map's header (written first, at the new count) and the superblocks leaves
+/// the map ahead of them; the kernel's md may then have run the array and taken its count back
+/// to where it was. Nothing says what md wrote meanwhile: the map counts as all used.
+#[test]
+fn a_map_ahead_of_the_superblocks_counts_as_all_used() {
+    let s = stopped_with_one_page();
+    edit_map_headers(&s, |h, sb| h.events = sb.events + 1);
+    map_counts_as_all_used(&s, "a map ahead of the superblocks was trusted");
+}
+
+/// The kernel's md (or mdadm) writes `utime` in whole seconds. An md run within the same second
+/// as ironraid's last superblock write, ending at the map's count, leaves the seconds as they
+/// were: only the microseconds ironraid always sets tell it apart.
+#[test]
+fn superblocks_md_wrote_in_the_same_second_make_the_map_count_as_all_used() {
+    let s = stopped_with_one_page();
+    edit_superblocks(&s, |sb| {
+        assert!(
+            !format::written_by_md(sb.utime),
+            "ironraid wrote utime {:#x} in whole seconds",
+            sb.utime
+        );
+        sb.utime &= format::MD_TIME_SECS_MASK;
+    });
+    map_counts_as_all_used(
+        &s,
+        "superblocks md wrote within the same second were trusted",
     );
 }
 
