@@ -1,0 +1,215 @@
+//! Bad sectors as md handles them (issue 21 item 7), on simulated members whose sectors fail
+//! reads until they are written (as a drive remaps a sector on write):
+//! * a healthy array corrects a read error from redundancy and keeps the member;
+//! * a degraded array answers EIO for just the block it cannot rebuild, records it in the
+//!   survivor's bad-block log and keeps the survivor; a full write of the block clears it;
+//! * a rebuild goes on past a block it cannot rebuild, records it on the new member, and the
+//!   spare becomes active; the records survive a restart and md's log format holds them.
+
+mod common;
+
+use common::devs;
+use device::{Device, SimDevice};
+use engine::{assemble, Array, AssembleOptions, EngineError};
+use layout::Level;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use std::sync::Arc;
+use std::time::Duration;
+
+const MEMBER_BYTES: u64 = 4 << 20;
+const CHUNK: u64 = 64 << 10;
+const PAGE: usize = 4096;
+/// Member data-area byte of the bad sector: row 0 (RAID5 ×4 left-symmetric puts P of row 0 on
+/// member 3, d0 on member 0, d1 on member 1).
+const BAD_AT: u64 = 5 * PAGE as u64;
+
+struct Rig {
+    sims: Vec<Arc<SimDevice>>,
+    array: Arc<Array>,
+    data: Vec<u8>,
+    data_offset: u64,
+}
+
+fn sims(n: usize, prefix: &str, seed: u64) -> Vec<Arc<SimDevice>> {
+    (0..n)
+        .map(|i| {
+            Arc::new(SimDevice::new(
+                format!("{prefix}{i}"),
+                MEMBER_BYTES,
+                seed + i as u64,
+            ))
+        })
+        .collect()
+}
+
+fn open(all: &[Arc<SimDevice>]) -> Arc<Array> {
+    let a = Arc::new(
+        assemble(
+            devs(all),
+            AssembleOptions {
+                name: None,
+                config: common::config(),
+                force: false,
+                ..Default::default()
+            },
+        )
+        .expect("assemble"),
+    );
+    a.set_sync_speed(None, Some(u64::MAX));
+    a
+}
+
+fn rig(spares: usize) -> Rig {
+    let members = sims(4, "m", 11);
+    let spare_sims = sims(spares, "s", 77);
+    let created = common::create_clean(
+        "bb",
+        Level::Raid5,
+        None,
+        CHUNK,
+        devs(&members),
+        devs(&spare_sims),
+    );
+    let all: Vec<Arc<SimDevice>> = members.iter().chain(&spare_sims).cloned().collect();
+    let array = open(&all);
+    let mut data = vec![0u8; array.size_bytes() as usize];
+    ChaCha8Rng::seed_from_u64(5).fill(&mut data[..]);
+    array.write(0, &data, false).expect("fill");
+    array.flush().expect("flush");
+    Rig {
+        sims: all,
+        array,
+        data,
+        data_offset: created.data_offset_sectors * 512,
+    }
+}
+
+impl Rig {
+    /// Member `m`'s data-area page at `at` fails reads until written.
+    fn bad_sector(&self, m: usize, at: u64) {
+        self.sims[m].set_unreadable(self.data_offset + at, PAGE as u64);
+    }
+
+    /// Read the array page by page: the pages that fail with EIO (anything else is a test
+    /// failure), after checking every page that reads against the model.
+    fn eio_pages(&self) -> Vec<usize> {
+        let mut eio = Vec::new();
+        let mut buf = vec![0u8; PAGE];
+        for (i, want) in self.data.chunks(PAGE).enumerate() {
+            match self.array.read((i * PAGE) as u64, &mut buf) {
+                Ok(()) => assert!(buf == want, "page {i} reads wrong data"),
+                Err(EngineError::Unrecoverable { .. }) => eio.push(i),
+                Err(e) => panic!("page {i}: unexpected error {e}"),
+            }
+        }
+        eio
+    }
+
+    /// The array page held by member `m` at data-area byte `at` (found by its contents).
+    fn page_of(&self, m: usize, at: u64) -> usize {
+        let img = self.sims[m].contents();
+        let start = (self.data_offset + at) as usize;
+        let want = &img[start..start + PAGE];
+        self.data
+            .chunks(PAGE)
+            .position(|p| p == want)
+            .expect("member page holds array data")
+    }
+
+    fn member(&self, name: &str) -> engine::MemberStatus {
+        self.array
+            .status()
+            .members
+            .into_iter()
+            .find(|m| m.name == name)
+            .expect("member listed")
+    }
+}
+
+fn kinds(rx: &std::sync::mpsc::Receiver<engine::Event>) -> Vec<&'static str> {
+    rx.try_iter().map(|e| e.kind).collect()
+}
+
+#[test]
+fn healthy_array_corrects_a_read_error_and_keeps_the_member() {
+    let r = rig(0);
+    let events = r.array.subscribe();
+    r.bad_sector(0, BAD_AT);
+    assert!(r.eio_pages().is_empty(), "redundancy covers one bad sector");
+    let st = r.array.status();
+    assert!(st.missing_roles.is_empty(), "no member failed: {st:?}");
+    assert_eq!(r.sims[0].unreadable_sectors(), 0, "the sector was rewritten");
+    let kinds = kinds(&events);
+    assert!(kinds.contains(&"read_error_corrected"), "{kinds:?}");
+    assert!(!kinds.contains(&"member_faulty"), "{kinds:?}");
+    let m0 = r.member("m0");
+    assert_eq!(m0.read_errors_corrected, 1);
+    assert_eq!(m0.bad_sectors, 0);
+}
+
+#[test]
+fn degraded_array_fails_just_the_lost_block_and_keeps_the_survivor() {
+    let r = rig(0);
+    r.array.fail_member("m3").expect("fail m3 (P of row 0)");
+    let lost = r.page_of(0, BAD_AT);
+    r.bad_sector(0, BAD_AT);
+    assert_eq!(r.eio_pages(), vec![lost], "EIO for the unrecoverable page only");
+    let st = r.array.status();
+    assert_eq!(st.missing_roles, vec![3], "the survivor stays: {st:?}");
+    assert!(!st.failed);
+    assert_eq!(r.member("m0").bad_sectors, 8, "recorded in m0's bad-block log");
+    // Still EIO (from the log now, without asking the device) until written whole.
+    assert_eq!(r.eio_pages(), vec![lost]);
+    let fresh = vec![0x5au8; PAGE];
+    r.array
+        .write((lost * PAGE) as u64, &fresh, false)
+        .expect("a full write of the lost block");
+    let mut back = vec![0u8; PAGE];
+    r.array.read((lost * PAGE) as u64, &mut back).expect("reads again");
+    assert_eq!(back, fresh);
+    assert_eq!(r.member("m0").bad_sectors, 0, "the write cleared the record");
+}
+
+#[test]
+fn rebuild_goes_on_past_an_unrecoverable_block() {
+    let r = rig(1);
+    // m1 holds d1 of row 0; its page at BAD_AT needs m0's page, which cannot be read.
+    let lost_d0 = r.page_of(0, BAD_AT);
+    let lost_d1 = r.page_of(1, BAD_AT);
+    r.bad_sector(0, BAD_AT);
+    r.array.fail_member("m1").expect("fail m1");
+    r.array.start_background();
+    assert!(
+        r.array.wait_sync_idle(Duration::from_secs(60)),
+        "rebuild finished"
+    );
+    let st = r.array.status();
+    assert!(st.missing_roles.is_empty(), "spare active, m0 kept: {st:?}");
+    let mut want = vec![lost_d0, lost_d1];
+    want.sort_unstable();
+    assert_eq!(r.eio_pages(), want, "EIO for what could not be rebuilt only");
+    assert_eq!(r.member("s0").bad_sectors, 8, "recorded on the new member");
+    assert_eq!(r.member("m0").bad_sectors, 8, "and on the unreadable survivor");
+    r.array.close().expect("clean stop");
+    // md's log on the new member holds it, with the superblock's BAD_BLOCKS bit.
+    let sb = engine::read_superblock(r.sims[4].as_ref()).expect("superblock");
+    assert_ne!(sb.feature_map & format::feature::BAD_BLOCKS, 0);
+    let log_at = (8 + i64::from(sb.bblog_offset)) as u64 * 512;
+    let mut log = vec![0u8; usize::from(sb.bblog_size) * 512];
+    r.sims[4].read_at(&mut log, log_at).expect("log");
+    let ranges = format::decode_bad_blocks(&log, sb.bblog_shift);
+    assert_eq!(
+        ranges,
+        vec![format::BadRange {
+            start_sector: sb.data_offset + BAD_AT / 512,
+            len_sectors: 8
+        }]
+    );
+    // The records survive a restart.
+    let again = open(&r.sims);
+    let mut buf = vec![0u8; PAGE];
+    assert!(again.read((lost_d1 * PAGE) as u64, &mut buf).is_err());
+    assert!(again.read((lost_d0 * PAGE) as u64, &mut buf).is_err());
+    assert!(again.status().missing_roles.is_empty());
+}
