@@ -415,8 +415,20 @@ impl Array {
                 WritePlan::Degraded
             };
         }
-        let rmw_ok = data().all(|(d, here)| here || !dirty[d]);
-        let rcw_ok = parity_present == 0 || data().all(|(d, here)| here || full[d]);
+        // A chunk recorded bad there is written but cannot be read: a plan that must read it
+        // is out (a full write of the block is what clears the record).
+        let bad = |dev: usize| {
+            self.slot(dev)
+                .member()
+                .is_some_and(|m| m.health.overlaps(at, len))
+        };
+        let parity_bad = std::iter::once(roles.p_dev())
+            .chain(roles.q_dev())
+            .any(|dev| present(dev) && bad(dev));
+        let rmw_ok = data().all(|(d, here)| (here && !(dirty[d] && bad(roles.data_dev(d)))) || !dirty[d])
+            && !parity_bad;
+        let rcw_ok = parity_present == 0
+            || data().all(|(d, here)| (here && !bad(roles.data_dev(d))) || full[d]);
         let rmw_reads = dirty.iter().filter(|&&x| x).count() + parity_present;
         // With no parity left to write, RCW reads only what it writes back partly.
         let rcw_reads = (0..dirty.len())

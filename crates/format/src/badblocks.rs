@@ -1,8 +1,9 @@
 //! md's bad-block log (v1.2), encode and decode (pure, no I/O).
 //!
 //! Facts (`shared/reference/md-format.md` §1.9): `bblog_size` sectors at `super_offset +
-//! bblog_offset` (signed); an array of little-endian u64 entries, each `start << 10 | (len - 1)`
-//! with start and len in units of `1 << bblog_shift` sectors (len 1..=512); an all-ones entry
+//! bblog_offset` (signed); an array of little-endian u64 entries, each `start << 10 | len`
+//! with start and len in units of `1 << bblog_shift` sectors (len 1..=512, stored as is: mdadm
+//! prints the low 10 bits as the sector count); an all-ones entry
 //! ends the list and unused space is 0xFF. Starts are absolute device sectors (data_offset
 //! included), which is what `mdadm --examine-badblocks` prints. The kernel reads at most one
 //! 4 KiB page (512 entries). The superblock's `BAD_BLOCKS` feature bit says the list is not
@@ -47,7 +48,7 @@ pub fn encode_bad_blocks(ranges: &[BadRange], shift: u8, log_bytes: usize) -> Op
             if n == cap || start >= 1 << 54 {
                 return None;
             }
-            let entry = (start << 10) | (len - 1);
+            let entry = (start << 10) | len;
             out[n * ENTRY_BYTES..(n + 1) * ENTRY_BYTES].copy_from_slice(&entry.to_le_bytes());
             n += 1;
             start += len;
@@ -64,9 +65,10 @@ pub fn decode_bad_blocks(log: &[u8], shift: u8) -> Vec<BadRange> {
         .take(BBLOG_MAX_ENTRIES)
         .map(|e| u64::from_le_bytes(e.try_into().expect("8-byte chunk")))
         .take_while(|&e| e != END)
+        .filter(|&e| e & 0x3ff != 0)
         .map(|e| BadRange {
             start_sector: (e >> 10) << shift,
-            len_sectors: ((e & 0x3ff) + 1) << shift,
+            len_sectors: (e & 0x3ff) << shift,
         })
         .collect()
 }
@@ -88,7 +90,7 @@ mod tests {
             },
         ];
         let log = encode_bad_blocks(&ranges, 0, 4096).expect("fits");
-        assert_eq!(&log[..8], &(((2048u64 + 8) << 10) | 7).to_le_bytes());
+        assert_eq!(&log[..8], &(((2048u64 + 8) << 10) | 8).to_le_bytes());
         assert!(log[24..].iter().all(|&b| b == 0xff), "unused space is 0xff");
         let back = decode_bad_blocks(&log, 0);
         // The 1024-sector run takes two entries of 512.
