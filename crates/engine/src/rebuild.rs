@@ -98,13 +98,36 @@ impl Array {
             let at = array_sector * 512;
             let _guard = self.lock_array_range(at, len);
             let mut buf = self.bufs.get(len as usize);
-            self.read_other_copy(role, at, &mut buf)?;
+            let lost = match self.read_other_copy(role, at, &mut buf) {
+                Ok(()) => Vec::new(),
+                Err(Stop::Failed(why)) if !self.is_failed() => {
+                    tracing::warn!(array = %self.name, offset = at, "rebuild span not whole ({why}): page by page");
+                    self.read_copies_by_page(role, at, off, &mut buf)
+                }
+                Err(stop) => return Err(stop),
+            };
             self.write_rebuilt(role, off, &buf)?;
+            self.record_unrebuilt(role, &lost);
             self.slots[role].advance(off + len);
         } else {
             self.slots[role].advance(off + len);
         }
         Ok(off + len)
+    }
+
+    /// Array bytes `at..` (member bytes `off..` of `role`) copied page by page from the other
+    /// copies into `buf`; returns the member bytes of the pages no copy could give (left zero).
+    fn read_copies_by_page(&self, role: usize, at: u64, off: u64, buf: &mut [u8]) -> Vec<u64> {
+        let mut lost = Vec::new();
+        for (k, page) in buf.chunks_mut(PAGE as usize).enumerate() {
+            let delta = k as u64 * PAGE;
+            if self.read_other_copy(role, at + delta, page).is_err() {
+                tracing::error!(array = %self.name, offset = at + delta, "rebuild passes an unrecoverable page");
+                page.fill(0);
+                lost.push(off + delta);
+            }
+        }
+        lost
     }
 
     /// Mirror levels walk this many per-member (or array) bytes per window.

@@ -61,16 +61,32 @@ fn open(all: &[Arc<SimDevice>]) -> Arc<Array> {
 }
 
 fn rig(spares: usize) -> Rig {
-    let members = sims(4, "m", 11);
+    rig_with(Level::Raid5, 4, spares, false)
+}
+
+/// `n` members of `level` (md's default layout) and `spares` spares, with integrity records
+/// when `integrity`, filled with seeded bytes.
+fn rig_with(level: Level, n: usize, spares: usize, integrity: bool) -> Rig {
+    let members = sims(n, "m", 11);
     let spare_sims = sims(spares, "s", 77);
-    let created = common::create_clean(
-        "bb",
-        Level::Raid5,
-        None,
-        CHUNK,
-        devs(&members),
-        devs(&spare_sims),
-    );
+    let created = engine::create(&engine::CreateSpec {
+        name: "bb".into(),
+        level,
+        layout: None,
+        chunk_bytes: CHUNK,
+        members: devs(&members),
+        spares: devs(&spare_sims),
+        size_bytes: None,
+        assume_clean: true,
+        force: false,
+        bitmap: None,
+        discard: false,
+        journal: None,
+        journal_write_back: false,
+        integrity,
+        guided: false,
+    })
+    .expect("create");
     let all: Vec<Arc<SimDevice>> = members.iter().chain(&spare_sims).cloned().collect();
     let array = open(&all);
     let mut data = vec![0u8; array.size_bytes() as usize];
@@ -212,4 +228,75 @@ fn rebuild_goes_on_past_an_unrecoverable_block() {
     assert!(again.read((lost_d1 * PAGE) as u64, &mut buf).is_err());
     assert!(again.read((lost_d0 * PAGE) as u64, &mut buf).is_err());
     assert!(again.status().missing_roles.is_empty());
+}
+
+#[test]
+fn integrity_rebuild_goes_on_past_a_block_that_fails_its_record() {
+    // Issue 21 item 7(b): one page of d0 overwritten behind the array's back, the member
+    // holding d1 failed, a spare added: the rebuild used to stop for good at that row.
+    let r = rig_with(Level::Raid5, 4, 1, true);
+    let lost_d0 = r.page_of(0, BAD_AT);
+    let lost_d1 = r.page_of(1, BAD_AT);
+    r.sims[0].scribble(r.data_offset + BAD_AT, &[0x5a; PAGE]);
+    r.array.fail_member("m1").expect("fail m1");
+    r.array.start_background();
+    assert!(
+        r.array.wait_sync_idle(Duration::from_secs(60)),
+        "rebuild finished"
+    );
+    let st = r.array.status();
+    assert!(st.missing_roles.is_empty(), "spare active: {st:?}");
+    let mut want = vec![lost_d0, lost_d1];
+    want.sort_unstable();
+    assert_eq!(r.eio_pages(), want, "EIO for the two pages the damage costs, no more");
+    assert_eq!(r.member("s0").bad_sectors, 8, "recorded on the new member");
+    assert_eq!(r.member("m0").bad_sectors, 0, "m0 answered: nothing to record there");
+}
+
+#[test]
+fn mirrors_correct_read_errors_and_rebuild_past_what_no_copy_holds() {
+    for level in [Level::Raid1, Level::Raid10] {
+        let n = if level == Level::Raid1 { 2 } else { 4 };
+        let r = rig_with(level, n, 1, false);
+        let events = r.array.subscribe();
+        r.bad_sector(0, BAD_AT);
+        // Reads spread over the copies: enough of them that m0's is among them.
+        let page = r.page_of(0, BAD_AT);
+        let mut buf = vec![0u8; PAGE];
+        for _ in 0..n {
+            r.array.read((page * PAGE) as u64, &mut buf).expect("read");
+            assert_eq!(buf, r.data[page * PAGE..(page + 1) * PAGE], "{level:?}");
+        }
+        assert!(r.eio_pages().is_empty(), "{level:?}: the other copy serves it");
+        assert!(r.array.status().missing_roles.is_empty(), "{level:?}");
+        assert_eq!(r.sims[0].unreadable_sectors(), 0, "{level:?}: rewritten");
+        assert!(kinds(&events).contains(&"read_error_corrected"), "{level:?}");
+        assert_eq!(r.member("m0").read_errors_corrected, 1, "{level:?}");
+        // m0's partner fails; m0's sector goes bad: the rebuild goes on past it.
+        let lost = r.page_of(0, BAD_AT);
+        r.array.fail_member("m1").expect("fail m1");
+        r.bad_sector(0, BAD_AT);
+        r.array.start_background();
+        assert!(
+            r.array.wait_sync_idle(Duration::from_secs(60)),
+            "{level:?}: rebuild finished"
+        );
+        let st = r.array.status();
+        assert!(st.missing_roles.is_empty(), "{level:?}: {st:?}");
+        assert_eq!(r.eio_pages(), vec![lost], "{level:?}");
+        assert_eq!(r.member("s0").bad_sectors, 8, "{level:?}: recorded on the new member");
+        r.array.close().expect("close");
+    }
+}
+
+#[test]
+fn raid6_rebuilds_a_bad_sector_with_one_member_missing() {
+    // Row 0 of RAID6 ×5 (left-symmetric): P on m4, Q on m0, d0 on m1.
+    let r = rig_with(Level::Raid6, 5, 0, false);
+    r.array.fail_member("m4").expect("fail m4");
+    r.bad_sector(1, BAD_AT);
+    assert!(r.eio_pages().is_empty(), "Q covers the second erasure");
+    assert_eq!(r.array.status().missing_roles, vec![4]);
+    assert_eq!(r.member("m1").read_errors_corrected, 1);
+    assert_eq!(r.sims[1].unreadable_sectors(), 0);
 }
