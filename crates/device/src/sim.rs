@@ -193,6 +193,12 @@ impl SimDevice {
         self.state.lock().unreadable.extend(first..end);
     }
 
+    /// Every sector reads again (the latent errors left are forgotten, as after a scrub by
+    /// the drive itself).
+    pub fn clear_unreadable(&self) {
+        self.state.lock().unreadable.clear();
+    }
+
     /// How many sectors still fail reads.
     pub fn unreadable_sectors(&self) -> usize {
         self.state.lock().unreadable.len()
