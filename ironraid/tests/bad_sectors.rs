@@ -192,7 +192,14 @@ fn bad_sector_is_corrected_recorded_and_rebuilt_past() {
     let Some(mdadm) = testkit::require_tool("mdadm") else {
         return;
     };
-    if !require_tools(&["qemu-io", "nbdcopy", "nbdkit", "nbdfuse", "fusermount3", "/dev/fuse"]) {
+    if !require_tools(&[
+        "qemu-io",
+        "nbdcopy",
+        "nbdkit",
+        "nbdfuse",
+        "fusermount3",
+        "/dev/fuse",
+    ]) {
         return;
     }
     let mut env = Env::new("bbad", 4, MEMBER);
@@ -228,7 +235,11 @@ fn bad_sector_is_corrected_recorded_and_rebuilt_past() {
         matches!(det["state"].as_str(), Some("clean" | "active")),
         "not degraded: {det:#}"
     );
-    assert_eq!(count(&det, &disk.path(), "read_errors_corrected"), 1, "{det:#}");
+    assert_eq!(
+        count(&det, &disk.path(), "read_errors_corrected"),
+        1,
+        "{det:#}"
+    );
     assert!(!disk.still_bad(), "the sector was rewritten");
 
     // Degraded (member 3, P of row 0, failed): block 7 cannot be rebuilt: EIO for it alone.

@@ -283,7 +283,8 @@ impl Device for SimDevice {
             st.stats.errors_injected += 1;
             return Err(injected("read", &self.name));
         }
-        let sectors = offset_bytes / SECTOR_BYTES..(offset_bytes + buf.len() as u64).div_ceil(SECTOR_BYTES);
+        let sectors =
+            offset_bytes / SECTOR_BYTES..(offset_bytes + buf.len() as u64).div_ceil(SECTOR_BYTES);
         if st.unreadable.range(sectors).next().is_some() {
             st.stats.errors_injected += 1;
             return Err(injected("unreadable sector", &self.name));

@@ -96,7 +96,8 @@ impl Health {
         for r in format::decode_bad_blocks(&buf, log.shift) {
             // An entry below the data area (md never writes one) marks nothing we read.
             let start = r.start_sector.saturating_sub(log.data_offset_sectors) * 512;
-            let end = (r.start_sector + r.len_sectors).saturating_sub(log.data_offset_sectors) * 512;
+            let end =
+                (r.start_sector + r.len_sectors).saturating_sub(log.data_offset_sectors) * 512;
             if start < end {
                 add_range(&mut bad, start, end);
             }
@@ -120,7 +121,11 @@ impl Health {
 
     /// Sectors recorded bad.
     pub fn bad_sectors(&self) -> u64 {
-        self.bad.lock().iter().map(|&(a, b)| (b - a).div_ceil(512)).sum()
+        self.bad
+            .lock()
+            .iter()
+            .map(|&(a, b)| (b - a).div_ceil(512))
+            .sum()
     }
 
     pub fn corrected(&self) -> u64 {
@@ -143,8 +148,13 @@ impl Health {
     /// Record `off..off + len` (widened to whole pages) bad and write the log durably.
     /// `Ok(false)`: already recorded. Errors: no log, log full, or its write failed.
     pub(crate) fn record(&self, dev: &dyn Device, off: u64, len: u64) -> std::io::Result<bool> {
-        let log = self.log.ok_or_else(|| std::io::Error::other("no bad-block log"))?;
-        let (a, b) = (off / BAD_PAGE * BAD_PAGE, (off + len).div_ceil(BAD_PAGE) * BAD_PAGE);
+        let log = self
+            .log
+            .ok_or_else(|| std::io::Error::other("no bad-block log"))?;
+        let (a, b) = (
+            off / BAD_PAGE * BAD_PAGE,
+            (off + len).div_ceil(BAD_PAGE) * BAD_PAGE,
+        );
         let mut bad = self.bad.lock();
         if bad.iter().any(|&(s, e)| s <= a && b <= e) {
             return Ok(false);
@@ -205,12 +215,20 @@ fn add_range(list: &mut Vec<(u64, u64)>, a: u64, b: u64) {
     list.insert(at, (lo, hi));
 }
 
-fn write_log(dev: &dyn Device, log: &BbLog, ranges: &[(u64, u64)], fua: bool) -> std::io::Result<()> {
+fn write_log(
+    dev: &dyn Device,
+    log: &BbLog,
+    ranges: &[(u64, u64)],
+    fua: bool,
+) -> std::io::Result<()> {
     let unit_bytes = 512u64 << log.shift;
     let abs: Vec<BadRange> = ranges
         .iter()
         .map(|&(a, b)| {
-            let (a, b) = (a / unit_bytes * unit_bytes, b.div_ceil(unit_bytes) * unit_bytes);
+            let (a, b) = (
+                a / unit_bytes * unit_bytes,
+                b.div_ceil(unit_bytes) * unit_bytes,
+            );
             BadRange {
                 start_sector: log.data_offset_sectors + a / 512,
                 len_sectors: (b - a) / 512,

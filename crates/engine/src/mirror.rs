@@ -180,7 +180,10 @@ impl Array {
     fn correct_copy(&self, p: &Piece, role: usize, dev_off: u64, locked: bool) {
         let _guard = (!locked).then(|| self.lock_array_range(p.array_offset, p.len as u64));
         let mut good = self.bufs.get(p.len);
-        if self.read_other_copy(role, p.array_offset, &mut good).is_ok() {
+        if self
+            .read_other_copy(role, p.array_offset, &mut good)
+            .is_ok()
+        {
             let set = WriteSet::repair(p.array_offset, p.len as u64);
             self.correct_read_error(role, dev_off, &good, set);
         }

@@ -303,7 +303,7 @@ impl Array {
 
     /// Enough members remain over stripes `r0..r1` for the level to rebuild what is missing:
     /// what failed there is blocks, not members.
-    fn sources_left(&self, r0: u64, r1: u64) -> bool {
+    pub(crate) fn sources_left(&self, r0: u64, r1: u64) -> bool {
         let chunk = self.geometry.chunk_sectors() * 512;
         let (at, len) = (r0 * chunk, (r1 - r0) * chunk);
         let absent = (0..self.geometry.raid_disks())
@@ -314,7 +314,11 @@ impl Array {
 
     /// Stripes `r0..r1` read and rebuilt one 4 KiB page row at a time; returns the buffers (as
     /// [`Array::read_window`]) and the pages that could not be rebuilt (left zero).
-    fn read_sources_by_page(&self, r0: u64, r1: u64) -> Result<(Vec<PoolBuf>, Vec<u64>), Stop> {
+    pub(crate) fn read_sources_by_page(
+        &self,
+        r0: u64,
+        r1: u64,
+    ) -> Result<(Vec<PoolBuf>, Vec<u64>), Stop> {
         let chunk = self.geometry.chunk_sectors() * 512;
         let len = ((r1 - r0) * chunk) as usize;
         let mut bufs: Vec<PoolBuf> = (0..self.geometry.raid_disks())
@@ -345,19 +349,30 @@ impl Array {
 
     /// One page row at member byte `at`, rebuilt; `None`: it cannot be (the error is logged).
     fn read_source_page(&self, at: u64) -> Result<Option<Vec<PoolBuf>>, Stop> {
-        let roles = self.geometry.stripe_roles(at / (self.geometry.chunk_sectors() * 512));
+        let roles = self
+            .geometry
+            .stripe_roles(at / (self.geometry.chunk_sectors() * 512));
         let heal = self.heal_mode();
         for _ in 0..MAX_SOURCE_TRIES {
             let (mut bufs, missing, unread) = match self.read_present(at, PAGE as usize, heal) {
                 Ok(Some(found)) => found,
                 Ok(None) => continue,
-                Err(e) if self.sources_left(at / (self.geometry.chunk_sectors() * 512), at / (self.geometry.chunk_sectors() * 512) + 1) => {
+                Err(e)
+                    if self.sources_left(
+                        at / (self.geometry.chunk_sectors() * 512),
+                        at / (self.geometry.chunk_sectors() * 512) + 1,
+                    ) =>
+                {
                     tracing::error!(array = %self.name, offset = at, "rebuild passes an unrecoverable page: {e}");
                     return Ok(None);
                 }
                 Err(e) => return Err(Stop::Failed(e.to_string())),
             };
-            self.reconstruct(&roles, bufs.iter_mut().map(|b| &mut b[..]).collect(), &missing);
+            self.reconstruct(
+                &roles,
+                bufs.iter_mut().map(|b| &mut b[..]).collect(),
+                &missing,
+            );
             if let Err(e) = self.verify_rebuilt(at, &bufs, &missing, heal) {
                 tracing::error!(array = %self.name, offset = at, "rebuild passes an unrecoverable page: {e}");
                 return Ok(None);

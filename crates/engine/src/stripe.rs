@@ -425,7 +425,8 @@ impl Array {
         let parity_bad = std::iter::once(roles.p_dev())
             .chain(roles.q_dev())
             .any(|dev| present(dev) && bad(dev));
-        let rmw_ok = data().all(|(d, here)| (here && !(dirty[d] && bad(roles.data_dev(d)))) || !dirty[d])
+        let rmw_ok = data()
+            .all(|(d, here)| (here && !(dirty[d] && bad(roles.data_dev(d)))) || !dirty[d])
             && !parity_bad;
         let rcw_ok = parity_present == 0
             || data().all(|(d, here)| (here && !bad(roles.data_dev(d))) || full[d]);
@@ -721,12 +722,7 @@ impl Array {
     /// With integrity records, members that read back corrupt are healed page by page
     /// ([`Array::heal`], as `heal` says); without, a corrupt member counts as missing over the
     /// whole range.
-    pub(crate) fn read_present(
-        &self,
-        at: u64,
-        len: usize,
-        heal: Heal,
-    ) -> Result<Option<Present>> {
+    pub(crate) fn read_present(&self, at: u64, len: usize, heal: Heal) -> Result<Option<Present>> {
         let n = self.geometry.raid_disks();
         let mut missing: Vec<usize> = (0..n)
             .filter(|&dev| !self.slot(dev).in_sync(at, len as u64))

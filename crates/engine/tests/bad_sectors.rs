@@ -155,7 +155,11 @@ fn healthy_array_corrects_a_read_error_and_keeps_the_member() {
     assert!(r.eio_pages().is_empty(), "redundancy covers one bad sector");
     let st = r.array.status();
     assert!(st.missing_roles.is_empty(), "no member failed: {st:?}");
-    assert_eq!(r.sims[0].unreadable_sectors(), 0, "the sector was rewritten");
+    assert_eq!(
+        r.sims[0].unreadable_sectors(),
+        0,
+        "the sector was rewritten"
+    );
     let kinds = kinds(&events);
     assert!(kinds.contains(&"read_error_corrected"), "{kinds:?}");
     assert!(!kinds.contains(&"member_faulty"), "{kinds:?}");
@@ -170,11 +174,19 @@ fn degraded_array_fails_just_the_lost_block_and_keeps_the_survivor() {
     r.array.fail_member("m3").expect("fail m3 (P of row 0)");
     let lost = r.page_of(0, BAD_AT);
     r.bad_sector(0, BAD_AT);
-    assert_eq!(r.eio_pages(), vec![lost], "EIO for the unrecoverable page only");
+    assert_eq!(
+        r.eio_pages(),
+        vec![lost],
+        "EIO for the unrecoverable page only"
+    );
     let st = r.array.status();
     assert_eq!(st.missing_roles, vec![3], "the survivor stays: {st:?}");
     assert!(!st.failed);
-    assert_eq!(r.member("m0").bad_sectors, 8, "recorded in m0's bad-block log");
+    assert_eq!(
+        r.member("m0").bad_sectors,
+        8,
+        "recorded in m0's bad-block log"
+    );
     // Still EIO (from the log now, without asking the device) until written whole.
     assert_eq!(r.eio_pages(), vec![lost]);
     let fresh = vec![0x5au8; PAGE];
@@ -182,9 +194,15 @@ fn degraded_array_fails_just_the_lost_block_and_keeps_the_survivor() {
         .write((lost * PAGE) as u64, &fresh, false)
         .expect("a full write of the lost block");
     let mut back = vec![0u8; PAGE];
-    r.array.read((lost * PAGE) as u64, &mut back).expect("reads again");
+    r.array
+        .read((lost * PAGE) as u64, &mut back)
+        .expect("reads again");
     assert_eq!(back, fresh);
-    assert_eq!(r.member("m0").bad_sectors, 0, "the write cleared the record");
+    assert_eq!(
+        r.member("m0").bad_sectors,
+        0,
+        "the write cleared the record"
+    );
 }
 
 #[test]
@@ -204,9 +222,17 @@ fn rebuild_goes_on_past_an_unrecoverable_block() {
     assert!(st.missing_roles.is_empty(), "spare active, m0 kept: {st:?}");
     let mut want = vec![lost_d0, lost_d1];
     want.sort_unstable();
-    assert_eq!(r.eio_pages(), want, "EIO for what could not be rebuilt only");
+    assert_eq!(
+        r.eio_pages(),
+        want,
+        "EIO for what could not be rebuilt only"
+    );
     assert_eq!(r.member("s0").bad_sectors, 8, "recorded on the new member");
-    assert_eq!(r.member("m0").bad_sectors, 8, "and on the unreadable survivor");
+    assert_eq!(
+        r.member("m0").bad_sectors,
+        8,
+        "and on the unreadable survivor"
+    );
     r.array.close().expect("clean stop");
     // md's log on the new member holds it, with the superblock's BAD_BLOCKS bit.
     let sb = engine::read_superblock(r.sims[4].as_ref()).expect("superblock");
@@ -248,9 +274,17 @@ fn integrity_rebuild_goes_on_past_a_block_that_fails_its_record() {
     assert!(st.missing_roles.is_empty(), "spare active: {st:?}");
     let mut want = vec![lost_d0, lost_d1];
     want.sort_unstable();
-    assert_eq!(r.eio_pages(), want, "EIO for the two pages the damage costs, no more");
+    assert_eq!(
+        r.eio_pages(),
+        want,
+        "EIO for the two pages the damage costs, no more"
+    );
     assert_eq!(r.member("s0").bad_sectors, 8, "recorded on the new member");
-    assert_eq!(r.member("m0").bad_sectors, 0, "m0 answered: nothing to record there");
+    assert_eq!(
+        r.member("m0").bad_sectors,
+        0,
+        "m0 answered: nothing to record there"
+    );
 }
 
 #[test]
@@ -267,10 +301,16 @@ fn mirrors_correct_read_errors_and_rebuild_past_what_no_copy_holds() {
             r.array.read((page * PAGE) as u64, &mut buf).expect("read");
             assert_eq!(buf, r.data[page * PAGE..(page + 1) * PAGE], "{level:?}");
         }
-        assert!(r.eio_pages().is_empty(), "{level:?}: the other copy serves it");
+        assert!(
+            r.eio_pages().is_empty(),
+            "{level:?}: the other copy serves it"
+        );
         assert!(r.array.status().missing_roles.is_empty(), "{level:?}");
         assert_eq!(r.sims[0].unreadable_sectors(), 0, "{level:?}: rewritten");
-        assert!(kinds(&events).contains(&"read_error_corrected"), "{level:?}");
+        assert!(
+            kinds(&events).contains(&"read_error_corrected"),
+            "{level:?}"
+        );
         assert_eq!(r.member("m0").read_errors_corrected, 1, "{level:?}");
         // m0's partner fails; m0's sector goes bad: the rebuild goes on past it.
         let lost = r.page_of(0, BAD_AT);
@@ -284,7 +324,11 @@ fn mirrors_correct_read_errors_and_rebuild_past_what_no_copy_holds() {
         let st = r.array.status();
         assert!(st.missing_roles.is_empty(), "{level:?}: {st:?}");
         assert_eq!(r.eio_pages(), vec![lost], "{level:?}");
-        assert_eq!(r.member("s0").bad_sectors, 8, "{level:?}: recorded on the new member");
+        assert_eq!(
+            r.member("s0").bad_sectors,
+            8,
+            "{level:?}: recorded on the new member"
+        );
         r.array.close().expect("close");
     }
 }
@@ -335,12 +379,26 @@ fn bad_sector_case(seed: u64) {
         Level::Raid1 => (None, rng.gen_range(2..=3)),
         Level::Raid4 => (None, rng.gen_range(3..=5)),
         Level::Raid5 => (Some(rng.gen_range(0..=5)), rng.gen_range(3..=5)),
-        Level::Raid6 => (Some([0, 1, 2, 3, 5, 16, 17, 18, 19, 20][rng.gen_range(0..10)]), rng.gen_range(4..=6)),
-        _ => [(Some(0x102), 4), (Some(0x201), 4), (Some(0x10201), 4), (Some(0x102), 3)][rng.gen_range(0..4)],
+        Level::Raid6 => (
+            Some([0, 1, 2, 3, 5, 16, 17, 18, 19, 20][rng.gen_range(0..10)]),
+            rng.gen_range(4..=6),
+        ),
+        _ => [
+            (Some(0x102), 4),
+            (Some(0x201), 4),
+            (Some(0x10201), 4),
+            (Some(0x102), 3),
+        ][rng.gen_range(0..4)],
     };
     let chunk = 4096u64 << rng.gen_range(0..3);
     let members: Vec<Arc<SimDevice>> = (0..n)
-        .map(|i| Arc::new(SimDevice::new(format!("m{i}"), 2 << 20, seed ^ (i as u64) << 32)))
+        .map(|i| {
+            Arc::new(SimDevice::new(
+                format!("m{i}"),
+                2 << 20,
+                seed ^ (i as u64) << 32,
+            ))
+        })
         .collect();
     let spare = Arc::new(SimDevice::new("s0", 2 << 20, seed ^ 0x5bad));
     let created = engine::create(&engine::CreateSpec {
@@ -396,9 +454,17 @@ fn bad_sector_case(seed: u64) {
     }
     // Mirrors spread reads over the copies: read twice to meet every copy.
     for _ in 0..2 {
-        assert_eq!(read_pages(&array, &data), Vec::<usize>::new(), "healthy: no EIO");
+        assert_eq!(
+            read_pages(&array, &data),
+            Vec::<usize>::new(),
+            "healthy: no EIO"
+        );
     }
-    assert_eq!(failed_members(&array), Vec::<usize>::new(), "healthy: no member failed");
+    assert_eq!(
+        failed_members(&array),
+        Vec::<usize>::new(),
+        "healthy: no member failed"
+    );
     // Copies nobody read (parity, the far copy) may still be unreadable; nothing was lost.
 
     // Degraded: one member fails, bad sectors appear on the others.
@@ -413,10 +479,16 @@ fn bad_sector_case(seed: u64) {
         draw(&members[m], &mut rng);
     }
     let degraded_eio = read_pages(&array, &data);
-    assert!(degraded_eio.len() <= 3 * bad, "{degraded_eio:?} for {bad} bad sectors");
+    assert!(
+        degraded_eio.len() <= 3 * bad,
+        "{degraded_eio:?} for {bad} bad sectors"
+    );
     assert_eq!(failed_members(&array), vec![gone], "the survivors stay");
     if level == Level::Raid6 && bad == 1 {
-        assert!(degraded_eio.is_empty(), "RAID6 rebuilds one bad sector with one member gone");
+        assert!(
+            degraded_eio.is_empty(),
+            "RAID6 rebuilds one bad sector with one member gone"
+        );
     }
 
     // The rebuild onto the spare goes on past what it cannot rebuild.
@@ -425,18 +497,44 @@ fn bad_sector_case(seed: u64) {
             break;
         }
     }
-    assert_eq!(failed_members(&array), Vec::<usize>::new(), "the spare is active");
+    assert_eq!(
+        failed_members(&array),
+        Vec::<usize>::new(),
+        "the spare is active"
+    );
     let rebuilt_eio = read_pages(&array, &data);
     assert_eq!(rebuilt_eio, degraded_eio, "the rebuild loses nothing more");
+    // A check passes the recorded pages too, and finds the rest consistent.
+    let events = array.subscribe();
+    array.request_action("check").expect("check");
+    for _ in 0..100_000 {
+        if array.sync_step() == engine::SyncAction::Idle {
+            break;
+        }
+    }
+    let seen: Vec<engine::Event> = events.try_iter().collect();
+    assert!(
+        seen.iter().any(|e| e.kind == "check_finished"),
+        "{level:?}: {seen:?}"
+    );
+    assert_eq!(array.sync_status().mismatch_sectors, 0);
     array.close().expect("clean stop");
     let array = boot(1);
-    assert_eq!(read_pages(&array, &data), degraded_eio, "the records survive a restart");
+    assert_eq!(
+        read_pages(&array, &data),
+        degraded_eio,
+        "the records survive a restart"
+    );
 
     // One full write clears every record.
     rng.fill(&mut data[..]);
     array.write(0, &data, false).expect("full write");
     for _ in 0..2 {
-        assert_eq!(read_pages(&array, &data), Vec::<usize>::new(), "after a full write");
+        assert_eq!(
+            read_pages(&array, &data),
+            Vec::<usize>::new(),
+            "after a full write"
+        );
     }
     assert!(array.status().members.iter().all(|m| m.bad_sectors == 0));
     array.close().expect("clean stop");
