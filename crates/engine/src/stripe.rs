@@ -425,9 +425,8 @@ impl Array {
         let parity_bad = std::iter::once(roles.p_dev())
             .chain(roles.q_dev())
             .any(|dev| present(dev) && bad(dev));
-        let rmw_ok = data()
-            .all(|(d, here)| (here && !(dirty[d] && bad(roles.data_dev(d)))) || !dirty[d])
-            && !parity_bad;
+        let rmw_ok =
+            data().all(|(d, here)| !dirty[d] || (here && !bad(roles.data_dev(d)))) && !parity_bad;
         let rcw_ok = parity_present == 0
             || data().all(|(d, here)| (here && !bad(roles.data_dev(d))) || full[d]);
         let rmw_reads = dirty.iter().filter(|&&x| x).count() + parity_present;
