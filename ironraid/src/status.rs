@@ -118,8 +118,9 @@ pub struct MemberDetail {
     pub path: String,
     pub role: Option<usize>,
     pub state: String,
-    /// Extension: read errors this run (corrected or not), and those corrected by rebuilding
-    /// the block from redundancy and rewriting it (md's "read error corrected").
+    /// Extension: blocks found unreadable this run (corrected or recorded), and those
+    /// corrected by rebuilding the block from redundancy and rewriting it (md's "read error
+    /// corrected").
     #[serde(default)]
     pub read_errors: u64,
     #[serde(default)]

@@ -138,7 +138,7 @@ pub struct MemberStatus {
     pub role: Option<usize>,
     pub state: MemberState,
     pub dev_number: u32,
-    /// Read errors this run (corrected or not; see `badblocks`).
+    /// Blocks found unreadable this run, corrected or recorded (see `badblocks`).
     pub read_errors: u64,
     /// Read errors corrected by rebuilding the block and rewriting it.
     pub read_errors_corrected: u64,

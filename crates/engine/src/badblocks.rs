@@ -8,9 +8,11 @@
 //! a drive remaps a sector when it is written. The member is failed only when
 //! * that rewrite fails (the write path fails it, as any write error does) or reads back wrong
 //!   or unreadable, or
-//! * its read errors pass [`MAX_READ_ERRORS`]: a simple count over the member's time in this
-//!   run (md's `max_read_errors`, default 20; md also halves its count every hour, which we
-//!   do not: a member that keeps throwing read errors over days is failed sooner here).
+//! * its read errors pass [`MAX_READ_ERRORS`]: a simple count, over the member's time in this
+//!   run, of the blocks found unreadable (each counted once where it is handled: corrected or
+//!   recorded, not per device call that met it; md's `max_read_errors`, default 20; md's
+//!   RAID1/10 also halve their count every hour, which we do not: a member that keeps throwing
+//!   read errors over days is failed sooner here).
 //!
 //! What redundancy cannot cover (a survivor's unreadable sector on a degraded array, a rebuild
 //! source unreadable or failing its records beyond redundancy) is recorded as bad blocks, in
@@ -136,8 +138,8 @@ impl Health {
         self.read_errors.load(Ordering::Relaxed)
     }
 
-    /// Count one read error; true once the member has had more than the limit.
-    pub(crate) fn note_read_error(&self) -> bool {
+    /// Count one unreadable block; true once the member has had more than the limit.
+    fn note_read_error(&self) -> bool {
         self.read_errors.fetch_add(1, Ordering::Relaxed) + 1 > MAX_READ_ERRORS
     }
 
@@ -241,6 +243,20 @@ fn write_log(
 }
 
 impl Array {
+    /// Count one unreadable block of `member` (filling `role`); past [`MAX_READ_ERRORS`] the
+    /// member is failed (returns true), as md fails a member past `max_read_errors`.
+    pub(crate) fn note_read_error(&self, role: usize, member: &Arc<Member>) -> bool {
+        if !member.health.note_read_error() {
+            return false;
+        }
+        self.fail_role(
+            role,
+            Some(member),
+            &format!("more than {MAX_READ_ERRORS} read errors"),
+        );
+        true
+    }
+
     /// Record data-area bytes `off..off + len` of `member` (filling `role`) as bad blocks: the
     /// member lacks what belongs there. Durable (log, then the superblock's BAD_BLOCKS bit)
     /// before this returns. A member that cannot record it is failed instead.
@@ -289,7 +305,7 @@ impl Array {
         let Some(member) = self.slot(role).in_sync_member(off, bytes.len() as u64) else {
             return;
         };
-        if self.config.read_only {
+        if self.note_read_error(role, &member) || self.config.read_only {
             return;
         }
         let mut io = [self.write_io(role, off, bytes, false)];

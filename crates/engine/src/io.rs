@@ -14,7 +14,7 @@
 //! which records it in the superblocks) before the caller sees the outcome, so the caller can
 //! fall back to redundancy at once. A read error does not: the read ends
 //! [`IoOutcome::ReadError`], the caller serves the range from redundancy and writes it back
-//! (see `badblocks`); only a member past [`crate::badblocks::MAX_READ_ERRORS`] is failed. A
+//! (see `badblocks`, which counts the blocks and fails a member past its limit). A
 //! read of a range recorded in the member's bad-block log ends `ReadError` without touching the
 //! device, and a successful write clears what it covers from the log. A full backing file system (ENOSPC, EDQUOT) is not a failed disk: the
 //! member stays, the operation ends [`IoOutcome::NoSpace`] and the caller fails the request. A
@@ -172,7 +172,7 @@ impl<'a> MemberIo<'a> {
                 tracing::warn!(member = %member.name(), offset = at, "backing store full: {e}");
                 None
             }
-            Err(e) if matches!(self.kind, IoKind::Read(_)) && !member.health.note_read_error() => {
+            Err(e) if matches!(self.kind, IoKind::Read(_)) => {
                 tracing::warn!(member = %member.name(), offset = at, "read error: {e}");
                 self.outcome = IoOutcome::ReadError;
                 None

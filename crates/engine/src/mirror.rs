@@ -119,6 +119,7 @@ impl Array {
                     if corrupt[i] {
                         continue;
                     }
+                    self.record_unreadable_copies(p, i, &unread);
                     return Err(self.unrecoverable(
                         p.array_offset,
                         p.len as u64,
@@ -172,6 +173,31 @@ impl Array {
             self.correct_copy(&pieces[i], role, dev_off, locked);
         }
         Ok(())
+    }
+
+    /// No copy of piece `i` (`p`) could be read: the pages of the copies whose reads failed
+    /// (`unread`: piece, role, member byte) that fail again are recorded as bad blocks there
+    /// (see `badblocks`), so they read EIO until written rather than being asked again.
+    fn record_unreadable_copies(&self, p: &Piece, i: usize, unread: &[(usize, usize, u64)]) {
+        let page = crate::badblocks::BAD_PAGE;
+        for &(_, role, dev_off) in unread.iter().filter(|u| u.0 == i) {
+            let (a, b) = (
+                dev_off / page * page,
+                (dev_off + p.len as u64).div_ceil(page) * page,
+            );
+            for off in (a..b).step_by(page as usize) {
+                let Some(member) = self.slot(role).in_sync_member(off, page) else {
+                    continue;
+                };
+                let mut buf = self.bufs.get(page as usize);
+                let mut io = [self.read_io(role, off, &mut buf)];
+                self.run_io(&mut io);
+                if io[0].outcome == IoOutcome::ReadError && !self.note_read_error(role, &member) {
+                    let why = "unreadable, and no other copy holds it";
+                    self.record_bad_blocks(role, &member, off, page, why);
+                }
+            }
+        }
     }
 
     /// A copy of piece `p` on `role` (at member byte `dev_off`) failed a read that another copy

@@ -808,6 +808,9 @@ impl Array {
             let off = at + pg as u64 * PAGE;
             for &dev in failed {
                 if let Some(m) = self.slot(dev).in_sync_member(off, PAGE) {
+                    if self.note_read_error(dev, &m) {
+                        continue;
+                    }
                     self.record_bad_blocks(
                         dev,
                         &m,

@@ -325,6 +325,11 @@ fn mirrors_correct_read_errors_and_rebuild_past_what_no_copy_holds() {
         assert!(st.missing_roles.is_empty(), "{level:?}: {st:?}");
         assert_eq!(r.eio_pages(), vec![lost], "{level:?}");
         assert_eq!(
+            r.member("m0").bad_sectors,
+            8,
+            "{level:?}: recorded on the survivor that cannot read it"
+        );
+        assert_eq!(
             r.member("s0").bad_sectors,
             8,
             "{level:?}: recorded on the new member"
@@ -543,4 +548,24 @@ fn bad_sector_case(seed: u64) {
 #[test]
 fn bad_sectors_simulated() {
     common::for_each_seed("bad_sectors_simulated", 200, bad_sector_case);
+}
+
+#[test]
+fn a_member_past_the_read_error_limit_is_failed() {
+    // md's max_read_errors (20): the 21st read error fails the member; reads stay right.
+    let r = rig(0);
+    // Member 0 holds P in a quarter of the rows: 27 of these are data pages a read meets.
+    let rows = 36u64;
+    for row in 0..rows {
+        // Member 0's chunk of every row (data or parity), one page each.
+        r.bad_sector(0, row * CHUNK + 2 * PAGE as u64);
+    }
+    let events = r.array.subscribe();
+    assert!(r.eio_pages().is_empty(), "redundancy covers every one");
+    let st = r.array.status();
+    assert_eq!(st.missing_roles, vec![0], "failed past the limit: {st:?}");
+    let m0 = r.member("m0");
+    assert_eq!(m0.read_errors, 21, "failed at the 21st");
+    assert_eq!(m0.read_errors_corrected, 20);
+    assert!(kinds(&events).contains(&"member_faulty"));
 }
