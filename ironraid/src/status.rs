@@ -126,6 +126,16 @@ pub struct MemberDetail {
     pub path: String,
     pub role: Option<usize>,
     pub state: String,
+    /// Extension: blocks found unreadable this run (corrected or recorded), and those
+    /// corrected by rebuilding the block from redundancy and rewriting it (md's "read error
+    /// corrected").
+    #[serde(default)]
+    pub read_errors: u64,
+    #[serde(default)]
+    pub read_errors_corrected: u64,
+    /// Sectors in the member's bad-block log (`mdadm --examine-badblocks` lists them).
+    #[serde(default)]
+    pub bad_sectors: u64,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -497,6 +507,9 @@ impl Detail {
                         MemberState::Journal => "journal",
                     }
                     .into(),
+                    read_errors: m.read_errors,
+                    read_errors_corrected: m.read_errors_corrected,
+                    bad_sectors: m.bad_sectors,
                 })
                 .collect(),
             sync: SyncDetail::from_engine(&s.sync),
@@ -598,6 +611,16 @@ impl Detail {
         if let Some(g) = &self.guidance {
             out.push_str(&g.mdstat_line());
         }
+        for m in self
+            .members
+            .iter()
+            .filter(|m| m.read_errors_corrected > 0 || m.bad_sectors > 0)
+        {
+            out.push_str(&format!(
+                "      {}: {} read errors corrected, {} bad sectors recorded\n",
+                m.path, m.read_errors_corrected, m.bad_sectors
+            ));
+        }
         // A journal failure already said why; other reasons (assembled read-only, journal
         // missing at assembly, redundancy exhausted) get their own line.
         if let Some(why) = &self.read_only_reason {
@@ -697,6 +720,9 @@ mod tests {
                 path: format!("/tmp/m{i}.img"),
                 role: Some(i),
                 state: "in_sync".into(),
+                read_errors: 0,
+                read_errors_corrected: 0,
+                bad_sectors: 0,
             })
             .collect();
         Detail {
@@ -771,6 +797,9 @@ mod tests {
             path: "/tmp/log.img".into(),
             role: None,
             state: "journal".into(),
+            read_errors: 0,
+            read_errors_corrected: 0,
+            bad_sectors: 0,
         });
         d.journal = Some(journal(None));
         let text = d.mdstat();

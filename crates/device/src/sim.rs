@@ -54,6 +54,9 @@ struct State {
     faults: Faults,
     dead: bool,
     stats: SimStats,
+    /// Sectors whose reads fail until they are written (a latent sector error; the drive
+    /// remaps a sector when it is written).
+    unreadable: std::collections::BTreeSet<u64>,
 }
 
 /// The power supply of several simulated devices. Armed with a count, it lets that many more
@@ -142,6 +145,7 @@ impl SimDevice {
                 faults: Faults::default(),
                 dead: false,
                 stats: SimStats::default(),
+                unreadable: std::collections::BTreeSet::new(),
             }),
             rail: None,
             delay_us: std::sync::atomic::AtomicU64::new(0),
@@ -179,6 +183,25 @@ impl SimDevice {
     /// Kill (or revive) the device: while dead every call fails.
     pub fn set_dead(&self, dead: bool) {
         self.state.lock().dead = dead;
+    }
+
+    /// Make `len_bytes` at `offset_bytes` unreadable (whole sectors around it) until written:
+    /// a latent sector error, which a drive remaps when the sector is written again.
+    pub fn set_unreadable(&self, offset_bytes: u64, len_bytes: u64) {
+        let first = offset_bytes / SECTOR_BYTES;
+        let end = (offset_bytes + len_bytes).div_ceil(SECTOR_BYTES);
+        self.state.lock().unreadable.extend(first..end);
+    }
+
+    /// Every sector reads again (the latent errors left are forgotten, as after a scrub by
+    /// the drive itself).
+    pub fn clear_unreadable(&self) {
+        self.state.lock().unreadable.clear();
+    }
+
+    /// How many sectors still fail reads.
+    pub fn unreadable_sectors(&self) -> usize {
+        self.state.lock().unreadable.len()
     }
 
     /// Power cut: unflushed writes survive whole, not at all, or torn; reads then see the medium.
@@ -260,6 +283,12 @@ impl Device for SimDevice {
             st.stats.errors_injected += 1;
             return Err(injected("read", &self.name));
         }
+        let sectors =
+            offset_bytes / SECTOR_BYTES..(offset_bytes + buf.len() as u64).div_ceil(SECTOR_BYTES);
+        if st.unreadable.range(sectors).next().is_some() {
+            st.stats.errors_injected += 1;
+            return Err(injected("unreadable sector", &self.name));
+        }
         let at = offset_bytes as usize;
         buf.copy_from_slice(&st.data[at..at + buf.len()]);
         Ok(())
@@ -288,6 +317,11 @@ impl Device for SimDevice {
             st.stats.writes_misdirected += 1;
         }
         let start = at as usize;
+        let written = at / SECTOR_BYTES..(at + buf.len() as u64).div_ceil(SECTOR_BYTES);
+        let remapped: Vec<u64> = st.unreadable.range(written).copied().collect();
+        for s in remapped {
+            st.unreadable.remove(&s);
+        }
         st.data[start..start + buf.len()].copy_from_slice(buf);
         Self::maybe_rot(st, start, buf.len());
         let stored = st.data[start..start + buf.len()].to_vec();
@@ -416,6 +450,17 @@ mod tests {
             lost > 0,
             "an unflushed write before a FUA must be able to vanish"
         );
+    }
+
+    #[test]
+    fn unreadable_sector_fails_reads_until_written() {
+        let dev = SimDevice::new("sim", 64 * 1024, 1);
+        dev.set_unreadable(8192, 4096);
+        assert!(dev.read_at(&mut [0u8; 4096], 4096).is_ok());
+        assert!(dev.read_at(&mut [0u8; 512], 8192 + 3584).is_err());
+        dev.write_at(&[7u8; 4096], 8192, false).unwrap();
+        assert_eq!(dev.unreadable_sectors(), 0);
+        assert!(dev.read_at(&mut [0u8; 4096], 8192).is_ok());
     }
 
     #[test]

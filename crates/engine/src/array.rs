@@ -138,6 +138,12 @@ pub struct MemberStatus {
     pub role: Option<usize>,
     pub state: MemberState,
     pub dev_number: u32,
+    /// Blocks found unreadable this run, corrected or recorded (see `badblocks`).
+    pub read_errors: u64,
+    /// Read errors corrected by rebuilding the block and rewriting it.
+    pub read_errors_corrected: u64,
+    /// Sectors recorded in the member's bad-block log.
+    pub bad_sectors: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -934,6 +940,9 @@ impl Array {
                 role: role.filter(|&r| !self.slots[r].is_faulty()),
                 state,
                 dev_number: m.member.dev_number,
+                read_errors: m.member.health.read_errors(),
+                read_errors_corrected: m.member.health.corrected(),
+                bad_sectors: m.member.health.bad_sectors(),
             });
         }
         let g = &self.geometry;

@@ -472,11 +472,14 @@ fn geometry_from(
 }
 
 fn new_member(dev: Arc<dyn Device>, sb: &Superblock) -> Arc<Member> {
-    Arc::new(Member {
-        dev,
-        data_offset_bytes: sb.data_offset * 512,
-        dev_number: sb.dev_number,
-    })
+    match Member::from_sb(dev.clone(), sb) {
+        Ok(m) => Arc::new(m),
+        Err(e) => {
+            // Unreadable log: run without its entries (reads there are tried on the device).
+            tracing::warn!(member = %dev.name(), "bad-block log unreadable: {e}");
+            Arc::new(Member::fresh(dev, sb))
+        }
+    }
 }
 
 /// The role table the array runs with: the freshest one, with forced members back in their

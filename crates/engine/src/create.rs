@@ -475,11 +475,7 @@ fn write_member(
         bblog.fill(0xff);
         dev.write_at(&bblog, bblog_at, false)?;
     }
-    let member = Member {
-        dev: dev.clone(),
-        data_offset_bytes: sb.data_offset * 512,
-        dev_number: sb.dev_number,
-    };
+    let member = Member::fresh(dev.clone(), sb);
     write_superblock(&member, sb)?;
     dev.flush()
 }

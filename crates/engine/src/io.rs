@@ -10,9 +10,13 @@
 //! A request's operations run through the array's [`Executor`]: in parallel on a dedicated thread
 //! pool (blocking I/O, so not the global rayon pool), inline when there is one or they are small
 //! and the members fast, or, in deterministic simulation, one after the other in an order drawn
-//! from the seed. An I/O error marks its member faulty (via [`Array::fail_role`], which records
-//! it in the superblocks) before the caller sees the outcome, so the caller can fall back to
-//! redundancy at once. A full backing file system (ENOSPC, EDQUOT) is not a failed disk: the
+//! from the seed. A write (or discard) error marks its member faulty (via [`Array::fail_role`],
+//! which records it in the superblocks) before the caller sees the outcome, so the caller can
+//! fall back to redundancy at once. A read error does not: the read ends
+//! [`IoOutcome::ReadError`], the caller serves the range from redundancy and writes it back
+//! (see `badblocks`, which counts the blocks and fails a member past its limit). A
+//! read of a range recorded in the member's bad-block log ends `ReadError` without touching the
+//! device, and a successful write clears what it covers from the log. A full backing file system (ENOSPC, EDQUOT) is not a failed disk: the
 //! member stays, the operation ends [`IoOutcome::NoSpace`] and the caller fails the request. A
 //! read whose data the [`ReadVerifier`] rejects ends [`IoOutcome::Corrupt`]: every caller then
 //! serves the range from redundancy (another copy, or reconstruction as if the member were
@@ -40,6 +44,10 @@ pub(crate) enum IoOutcome {
     Ok,
     /// The device failed it; the member has been marked faulty.
     IoError,
+    /// A read the device failed, or one of a range recorded bad: the member stays (see
+    /// `badblocks`); the caller rebuilds the range from redundancy and writes it back, or fails
+    /// the request when none is left.
+    ReadError,
     /// The device's backing store is full; the member stays in the array.
     NoSpace,
     /// The planned member is no longer the role's current, healthy member; nothing was done.
@@ -119,6 +127,13 @@ impl<'a> MemberIo<'a> {
             }
         };
         let at = member.data_offset_bytes + self.offset_bytes;
+        if let IoKind::Read(buf) = &self.kind {
+            if member.health.overlaps(self.offset_bytes, buf.len() as u64) {
+                // Recorded bad: what the device holds there is not the data.
+                self.outcome = IoOutcome::ReadError;
+                return None;
+            }
+        }
         let res = match &mut self.kind {
             IoKind::Read(buf) => member.dev.read_at(buf, at),
             IoKind::Write(buf, fua) => member.dev.write_at(buf, at, *fua),
@@ -126,6 +141,14 @@ impl<'a> MemberIo<'a> {
         };
         end(self.role, self.offset_bytes);
         match res {
+            Ok(()) if !matches!(self.kind, IoKind::Read(_)) => {
+                let len = self.len() as u64;
+                member
+                    .health
+                    .clear(member.dev.as_ref(), self.offset_bytes, len);
+                self.outcome = IoOutcome::Ok;
+                None
+            }
             Ok(()) => {
                 let verified = match (&self.kind, &array.config.read_verifier) {
                     (IoKind::Read(buf), Some(v)) => {
@@ -147,6 +170,11 @@ impl<'a> MemberIo<'a> {
             Err(e) if is_no_space(&e) => {
                 self.outcome = IoOutcome::NoSpace;
                 tracing::warn!(member = %member.name(), offset = at, "backing store full: {e}");
+                None
+            }
+            Err(e) if matches!(self.kind, IoKind::Read(_)) => {
+                tracing::warn!(member = %member.name(), offset = at, "read error: {e}");
+                self.outcome = IoOutcome::ReadError;
                 None
             }
             Err(e) => {

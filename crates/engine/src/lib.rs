@@ -7,6 +7,7 @@
 
 mod array;
 mod assemble;
+mod badblocks;
 mod bitmap;
 mod bufpool;
 mod clock;

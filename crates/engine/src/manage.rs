@@ -82,11 +82,7 @@ impl Array {
         sb.max_dev = sb.max_dev.max(meta.roles.len() as u32);
         sb.events = meta.events;
         sb.dev_roles.clone_from(&meta.roles);
-        let member = Arc::new(Member {
-            dev: dev.clone(),
-            data_offset_bytes: sb.data_offset * 512,
-            dev_number,
-        });
+        let member = Arc::new(Member::fresh(dev.clone(), &sb));
         let bblog_at = (SB_OFFSET_SECTORS as i64 + i64::from(sb.bblog_offset)) as u64 * 512;
         let mut bblog = AlignedBuf::zeroed(usize::from(sb.bblog_size) * 512);
         bblog.fill(0xff);

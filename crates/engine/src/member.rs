@@ -12,9 +12,31 @@ pub struct Member {
     pub data_offset_bytes: u64,
     /// md's permanent slot index into `dev_roles`.
     pub dev_number: u32,
+    /// Read errors seen and bad blocks recorded (see `badblocks`).
+    pub health: crate::badblocks::Health,
 }
 
 impl Member {
+    /// A member whose superblock is `sb`, with the bad blocks its log holds loaded.
+    pub(crate) fn from_sb(
+        dev: Arc<dyn Device>,
+        sb: &format::Superblock,
+    ) -> std::io::Result<Member> {
+        let member = Member::fresh(dev, sb);
+        member.health.load(member.dev.as_ref())?;
+        Ok(member)
+    }
+
+    /// A member whose superblock is `sb` and whose bad-block log is empty (just written so).
+    pub(crate) fn fresh(dev: Arc<dyn Device>, sb: &format::Superblock) -> Member {
+        Member {
+            dev,
+            data_offset_bytes: sb.data_offset * 512,
+            dev_number: sb.dev_number,
+            health: crate::badblocks::Health::new(crate::badblocks::BbLog::of(sb)),
+        }
+    }
+
     pub fn name(&self) -> &str {
         self.dev.name()
     }

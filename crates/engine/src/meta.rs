@@ -180,6 +180,12 @@ fn write_member(
     m.sb.resync_offset = resync_offset;
     m.sb.dev_roles = roles.to_vec();
     m.sb.utime = utime;
+    // md sets BAD_BLOCKS while the member's log holds entries (mdadm lists none without it).
+    if m.member.health.has_bad_blocks() {
+        m.sb.feature_map |= format::feature::BAD_BLOCKS;
+    } else {
+        m.sb.feature_map &= !format::feature::BAD_BLOCKS;
+    }
     m.member
         .dev
         .flush()

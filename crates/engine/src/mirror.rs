@@ -105,6 +105,8 @@ impl Array {
         // (repaired) and the client gets the settled bytes.
         let mut corrupt = vec![false; pieces.len()];
         let mut pending: Vec<usize> = (0..pieces.len()).collect();
+        // (piece, role, member byte) of copies whose read failed: rewritten from a good copy.
+        let mut unread: Vec<(usize, usize, u64)> = Vec::new();
         while !pending.is_empty() {
             let mut ios = Vec::new();
             let mut which = Vec::new();
@@ -117,6 +119,7 @@ impl Array {
                     if corrupt[i] {
                         continue;
                     }
+                    self.record_unreadable_copies(p, i, &unread);
                     return Err(self.unrecoverable(
                         p.array_offset,
                         p.len as u64,
@@ -139,6 +142,9 @@ impl Array {
                 .collect();
             for (op, &i) in ios.iter().zip(&which) {
                 corrupt[i] |= op.outcome == IoOutcome::Corrupt;
+                if op.outcome == IoOutcome::ReadError {
+                    unread.push((i, op.role, op.offset_bytes));
+                }
             }
             if !failed.is_empty() && self.geometry.max_degraded() == 0 {
                 let p = &pieces[failed[0]];
@@ -163,7 +169,50 @@ impl Array {
             let _guard = (!locked).then(|| self.lock_array_range(p.array_offset, p.len as u64));
             self.settle_copies(p.array_offset, p.len as u64, self.heal_mode(), Some(out))?;
         }
+        for (i, role, dev_off) in unread {
+            self.correct_copy(&pieces[i], role, dev_off, locked);
+        }
         Ok(())
+    }
+
+    /// No copy of piece `i` (`p`) could be read: the pages of the copies whose reads failed
+    /// (`unread`: piece, role, member byte) that fail again are recorded as bad blocks there
+    /// (see `badblocks`), so they read EIO until written rather than being asked again.
+    fn record_unreadable_copies(&self, p: &Piece, i: usize, unread: &[(usize, usize, u64)]) {
+        let page = crate::badblocks::BAD_PAGE;
+        for &(_, role, dev_off) in unread.iter().filter(|u| u.0 == i) {
+            let (a, b) = (
+                dev_off / page * page,
+                (dev_off + p.len as u64).div_ceil(page) * page,
+            );
+            for off in (a..b).step_by(page as usize) {
+                let Some(member) = self.slot(role).in_sync_member(off, page) else {
+                    continue;
+                };
+                let mut buf = self.bufs.get(page as usize);
+                let mut io = [self.read_io(role, off, &mut buf)];
+                self.run_io(&mut io);
+                if io[0].outcome == IoOutcome::ReadError && !self.note_read_error(role, &member) {
+                    let why = "unreadable, and no other copy holds it";
+                    self.record_bad_blocks(role, &member, off, page, why);
+                }
+            }
+        }
+    }
+
+    /// A copy of piece `p` on `role` (at member byte `dev_off`) failed a read that another copy
+    /// served: read a good copy again under the region lock (a write may have come in since)
+    /// and write it back there (see `badblocks`).
+    fn correct_copy(&self, p: &Piece, role: usize, dev_off: u64, locked: bool) {
+        let _guard = (!locked).then(|| self.lock_array_range(p.array_offset, p.len as u64));
+        let mut good = self.bufs.get(p.len);
+        if self
+            .read_other_copy(role, p.array_offset, &mut good)
+            .is_ok()
+        {
+            let set = WriteSet::repair(p.array_offset, p.len as u64);
+            self.correct_read_error(role, dev_off, &good, set);
+        }
     }
 
     /// With integrity records, the whole pages around array bytes `offset..offset + len` when

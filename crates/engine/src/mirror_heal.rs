@@ -337,7 +337,7 @@ impl Array {
         self.run_io(&mut io);
         let outcome = io[0].outcome;
         drop(io);
-        if outcome == IoOutcome::IoError {
+        if matches!(outcome, IoOutcome::IoError | IoOutcome::ReadError) {
             return;
         }
         for (i, page) in back.chunks(PAGE).enumerate() {

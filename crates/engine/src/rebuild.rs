@@ -18,6 +18,11 @@ use crate::member::FULLY_IN_SYNC;
 use crate::sync::Stop;
 use layout::Level;
 
+/// Rebuilds record what they cannot recover in pages of this many bytes.
+const PAGE: u64 = crate::badblocks::BAD_PAGE;
+/// How often one window's sources are read again while members fail meanwhile.
+const MAX_SOURCE_TRIES: usize = 4;
+
 impl Array {
     /// Assign a spare to the first role without a complete member; returns the role to rebuild.
     pub(crate) fn pick_recovery(&self) -> Option<usize> {
@@ -94,13 +99,36 @@ impl Array {
             let at = array_sector * 512;
             let _guard = self.lock_array_range(at, len);
             let mut buf = self.bufs.get(len as usize);
-            self.read_other_copy(role, at, &mut buf)?;
+            let lost = match self.read_other_copy(role, at, &mut buf) {
+                Ok(()) => Vec::new(),
+                Err(Stop::Failed(why)) if !self.is_failed() => {
+                    tracing::warn!(array = %self.name, offset = at, "rebuild span not whole ({why}): page by page");
+                    self.read_copies_by_page(role, at, off, &mut buf)
+                }
+                Err(stop) => return Err(stop),
+            };
             self.write_rebuilt(role, off, &buf)?;
+            self.record_unrebuilt(role, &lost);
             self.slots[role].advance(off + len);
         } else {
             self.slots[role].advance(off + len);
         }
         Ok(off + len)
+    }
+
+    /// Array bytes `at..` (member bytes `off..` of `role`) copied page by page from the other
+    /// copies into `buf`; returns the member bytes of the pages no copy could give (left zero).
+    fn read_copies_by_page(&self, role: usize, at: u64, off: u64, buf: &mut [u8]) -> Vec<u64> {
+        let mut lost = Vec::new();
+        for (k, page) in buf.chunks_mut(PAGE as usize).enumerate() {
+            let delta = k as u64 * PAGE;
+            if self.read_other_copy(role, at + delta, page).is_err() {
+                tracing::error!(array = %self.name, offset = at + delta, "rebuild passes an unrecoverable page");
+                page.fill(0);
+                lost.push(off + delta);
+            }
+        }
+        lost
     }
 
     /// Mirror levels walk this many per-member (or array) bytes per window.
@@ -186,7 +214,7 @@ impl Array {
         let found = self
             .read_present(at, len, heal)
             .map_err(|e| Stop::Failed(e.to_string()))?;
-        let Some((mut bufs, missing)) = found else {
+        let Some((mut bufs, missing, unread)) = found else {
             return Ok(None);
         };
         for (i, row) in (r0..r1).enumerate() {
@@ -199,6 +227,11 @@ impl Array {
         }
         self.verify_rebuilt(at, &bufs, &missing)
             .map_err(|e| Stop::Failed(e.to_string()))?;
+        if heal != crate::heal::Heal::Count {
+            for dev in unread {
+                self.correct_read_error(dev, at, &bufs[dev], WriteSet::repair(at, len as u64));
+            }
+        }
         Ok(Some(bufs))
     }
 
@@ -211,8 +244,10 @@ impl Array {
         let mid = r0 + (r1 - r0).div_ceil(2);
         std::thread::scope(|scope| {
             let mut writing: Option<std::thread::ScopedJoinHandle<'_, Result<(), Stop>>> = None;
+            let mut lost: Vec<u64> = Vec::new();
             for (a, b) in [(r0, mid), (mid, r1)].into_iter().filter(|(a, b)| a < b) {
-                let bufs = self.read_rebuild_sources(a, b)?;
+                let (bufs, gone) = self.read_rebuild_sources(a, b)?;
+                lost.extend(gone);
                 if let Some(w) = writing.take() {
                     w.join().expect("rebuild writer panicked")?;
                 }
@@ -223,16 +258,130 @@ impl Array {
                     writing = Some(scope.spawn(write));
                 }
             }
-            writing.map_or(Ok(()), |w| w.join().expect("rebuild writer panicked"))
+            writing.map_or(Ok(()), |w| w.join().expect("rebuild writer panicked"))?;
+            // After the writes (a write clears what it covers), before the in-sync point
+            // passes them: what could not be rebuilt reads as EIO, never as what was written.
+            self.record_unrebuilt(role, &lost);
+            Ok(())
         })
     }
 
-    /// [`Array::read_window`] over stripes `r0..r1`, again while members fail meanwhile.
-    fn read_rebuild_sources(&self, r0: u64, r1: u64) -> Result<Vec<PoolBuf>, Stop> {
-        for _ in 0..4 {
-            if let Some(bufs) = self.read_window(r0, r1, Heal::Repair)? {
-                return Ok(bufs);
+    /// Record pages (member bytes) the rebuild of `role` could not rebuild as bad blocks on
+    /// its new member.
+    fn record_unrebuilt(&self, role: usize, lost: &[u64]) {
+        let Some(member) = self.slots[role].usable() else {
+            return;
+        };
+        for &at in lost {
+            self.record_bad_blocks(
+                role,
+                &member,
+                at,
+                PAGE,
+                "the rebuild could not recover it from the other members",
+            );
+        }
+    }
+
+    /// [`Array::read_window`] over stripes `r0..r1`, again while members fail meanwhile. When
+    /// the window cannot be rebuilt whole (unreadable or corrupt blocks beyond redundancy), it
+    /// is read page by page: the pages that cannot be rebuilt are returned (member bytes) and
+    /// the rebuild goes on past them, as md's recovery does.
+    fn read_rebuild_sources(&self, r0: u64, r1: u64) -> Result<(Vec<PoolBuf>, Vec<u64>), Stop> {
+        for _ in 0..MAX_SOURCE_TRIES {
+            match self.read_window(r0, r1, Heal::Repair) {
+                Ok(Some(bufs)) => return Ok((bufs, Vec::new())),
+                Ok(None) => {}
+                Err(Stop::Failed(why)) if self.sources_left(r0, r1) => {
+                    tracing::warn!(array = %self.name, row = r0, "rebuild window not whole ({why}): page by page");
+                    return self.read_sources_by_page(r0, r1);
+                }
+                Err(stop) => return Err(stop),
             }
+        }
+        Err(Stop::Failed("members kept failing".into()))
+    }
+
+    /// Enough members remain over stripes `r0..r1` for the level to rebuild what is missing:
+    /// what failed there is blocks, not members.
+    pub(crate) fn sources_left(&self, r0: u64, r1: u64) -> bool {
+        let chunk = self.geometry.chunk_sectors() * 512;
+        let (at, len) = (r0 * chunk, (r1 - r0) * chunk);
+        let absent = (0..self.geometry.raid_disks())
+            .filter(|&dev| !self.slot(dev).in_sync(at, len))
+            .count();
+        !self.is_failed() && absent <= self.geometry.max_degraded()
+    }
+
+    /// Stripes `r0..r1` read and rebuilt one 4 KiB page row at a time; returns the buffers (as
+    /// [`Array::read_window`]) and the pages that could not be rebuilt (left zero).
+    pub(crate) fn read_sources_by_page(
+        &self,
+        r0: u64,
+        r1: u64,
+    ) -> Result<(Vec<PoolBuf>, Vec<u64>), Stop> {
+        let chunk = self.geometry.chunk_sectors() * 512;
+        let len = ((r1 - r0) * chunk) as usize;
+        let mut bufs: Vec<PoolBuf> = (0..self.geometry.raid_disks())
+            .map(|_| {
+                let mut b = self.bufs.get(len);
+                b.fill(0);
+                b
+            })
+            .collect();
+        let mut lost = Vec::new();
+        for at in (r0 * chunk..r1 * chunk).step_by(PAGE as usize) {
+            let i = (at - r0 * chunk) as usize;
+            match self.read_source_page(at)? {
+                Some(page) => {
+                    for (dev, b) in page.iter().enumerate() {
+                        bufs[dev][i..i + PAGE as usize].copy_from_slice(b);
+                    }
+                }
+                None => lost.push(at),
+            }
+        }
+        assert!(
+            lost.len() <= len / PAGE as usize,
+            "more lost pages than the window holds"
+        );
+        Ok((bufs, lost))
+    }
+
+    /// One page row at member byte `at`, rebuilt; `None`: it cannot be (the error is logged).
+    fn read_source_page(&self, at: u64) -> Result<Option<Vec<PoolBuf>>, Stop> {
+        let roles = self
+            .geometry
+            .stripe_roles(at / (self.geometry.chunk_sectors() * 512));
+        let heal = self.heal_mode();
+        for _ in 0..MAX_SOURCE_TRIES {
+            let (mut bufs, missing, unread) = match self.read_present(at, PAGE as usize, heal) {
+                Ok(Some(found)) => found,
+                Ok(None) => continue,
+                Err(e)
+                    if self.sources_left(
+                        at / (self.geometry.chunk_sectors() * 512),
+                        at / (self.geometry.chunk_sectors() * 512) + 1,
+                    ) =>
+                {
+                    tracing::error!(array = %self.name, offset = at, "rebuild passes an unrecoverable page: {e}");
+                    return Ok(None);
+                }
+                Err(e) => return Err(Stop::Failed(e.to_string())),
+            };
+            self.reconstruct(
+                &roles,
+                bufs.iter_mut().map(|b| &mut b[..]).collect(),
+                &missing,
+            );
+            if let Err(e) = self.verify_rebuilt(at, &bufs, &missing) {
+                tracing::error!(array = %self.name, offset = at, "rebuild passes an unrecoverable page: {e}");
+                return Ok(None);
+            }
+            for dev in unread {
+                self.correct_read_error(dev, at, &bufs[dev], WriteSet::repair(at, PAGE));
+            }
+            return Ok(Some(bufs));
         }
         Err(Stop::Failed("members kept failing".into()))
     }

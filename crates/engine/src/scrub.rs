@@ -53,8 +53,15 @@ impl Array {
         heal: Heal,
     ) -> Result<u64, Stop> {
         let chunk = (self.geometry.chunk_sectors() * 512) as usize;
-        let Some(bufs) = self.read_window(r0, r1, heal)? else {
-            return Err(Stop::Interrupted);
+        // Pages nothing can rebuild (recorded bad blocks) are passed, as a rebuild passes them:
+        // neither counted nor rewritten (a parity write there would clear a record).
+        let (bufs, lost) = match self.read_window(r0, r1, heal) {
+            Ok(Some(bufs)) => (bufs, Vec::new()),
+            Ok(None) => return Err(Stop::Interrupted),
+            Err(Stop::Failed(_)) if self.sources_left(r0, r1) => {
+                self.read_sources_by_page(r0, r1)?
+            }
+            Err(stop) => return Err(stop),
         };
         let mut bad = 0u64;
         for (i, row) in (r0..r1).enumerate() {
@@ -65,7 +72,12 @@ impl Array {
                 .collect();
             let (p, q) = self.compute_parity(&roles, &data);
             let mut row_bad = 0;
+            let row_at = row * chunk as u64;
+            let row_lost = lost.iter().any(|&at| at / chunk as u64 == row);
             for (page, want) in p.chunks(4096).enumerate() {
+                if lost.contains(&(row_at + page as u64 * 4096)) {
+                    continue;
+                }
                 let range = page * 4096..page * 4096 + want.len();
                 let q_bad = match (&q, roles.q_dev()) {
                     (Some(q), Some(qd)) => q[range.clone()] != cut(qd)[range.clone()],
@@ -75,8 +87,8 @@ impl Array {
                     row_bad += want.len() as u64 / 512;
                 }
             }
-            if row_bad > 0 && fix {
-                let at = row * chunk as u64;
+            if row_bad > 0 && fix && !row_lost {
+                let at = row_at;
                 let mut ios = vec![self.write_io(roles.p_dev(), at, &p, false)];
                 if let (Some(qd), Some(qb)) = (roles.q_dev(), q.as_ref()) {
                     ios.push(self.write_io(qd, at, qb, false));
@@ -93,7 +105,21 @@ impl Array {
     /// counts, repair and resync rewrite.
     pub(crate) fn scrub_mirror(&self, at: u64, len: u64, heal: Heal) -> Result<u64, Stop> {
         let _guard = self.lock_array_range(at, len);
-        self.settle_copies(at, len, heal, None)
-            .map_err(|e| Stop::Failed(e.to_string()))
+        match self.settle_copies(at, len, heal, None) {
+            Ok(bad) => Ok(bad),
+            Err(e) if self.is_failed() => Err(Stop::Failed(e.to_string())),
+            Err(e) => {
+                // Some pages no copy can give: pass them page by page, as a rebuild does.
+                tracing::warn!(array = %self.name, offset = at, "scrub span not whole ({e}): page by page");
+                let page = crate::badblocks::BAD_PAGE;
+                let mut bad = 0;
+                for off in (at..at + len).step_by(page as usize) {
+                    bad += self
+                        .settle_copies(off, page.min(at + len - off), heal, None)
+                        .unwrap_or(0);
+                }
+                Ok(bad)
+            }
+        }
     }
 }

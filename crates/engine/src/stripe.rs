@@ -56,12 +56,20 @@ pub(crate) enum WritePlan {
 
 /// How to go on after some reads of a plan failed.
 fn replan_after(ios: &[MemberIo<'_>]) -> Outcome {
-    if ios.iter().any(|io| io.outcome == IoOutcome::Corrupt) {
+    // Corrupt or unreadable: the degraded path rebuilds the chunk (and writes it back).
+    if ios
+        .iter()
+        .any(|io| matches!(io.outcome, IoOutcome::Corrupt | IoOutcome::ReadError))
+    {
         Outcome::Degrade
     } else {
         Outcome::Replan
     }
 }
+
+/// What [`Array::read_present`] read: every member's buffer, the members missing over the
+/// range, and those of them whose read failed.
+pub(crate) type Present = (Vec<PoolBuf>, Vec<usize>, Vec<usize>);
 
 /// Every chunk of one column interval of a stripe, reconstructed where a member is missing.
 pub(crate) struct RowBufs {
@@ -412,8 +420,20 @@ impl Array {
                 WritePlan::Degraded
             };
         }
-        let rmw_ok = data().all(|(d, here)| here || !dirty[d]);
-        let rcw_ok = parity_present == 0 || data().all(|(d, here)| here || full[d]);
+        // A chunk recorded bad there is written but cannot be read: a plan that must read it
+        // is out (a full write of the block is what clears the record).
+        let bad = |dev: usize| {
+            self.slot(dev)
+                .member()
+                .is_some_and(|m| m.health.overlaps(at, len))
+        };
+        let parity_bad = std::iter::once(roles.p_dev())
+            .chain(roles.q_dev())
+            .any(|dev| present(dev) && bad(dev));
+        let rmw_ok =
+            data().all(|(d, here)| !dirty[d] || (here && !bad(roles.data_dev(d)))) && !parity_bad;
+        let rcw_ok = parity_present == 0
+            || data().all(|(d, here)| (here && !bad(roles.data_dev(d))) || full[d]);
         let rmw_reads = dirty.iter().filter(|&&x| x).count() + parity_present;
         // With no parity left to write, RCW reads only what it writes back partly.
         let rcw_reads = (0..dirty.len())
@@ -758,7 +778,7 @@ impl Array {
         len: usize,
     ) -> Result<Option<RowBufs>> {
         let heal = self.heal_mode();
-        let Some((mut dev_bufs, missing)) = self.read_present(at, len, heal)? else {
+        let Some((mut dev_bufs, missing, unread)) = self.read_present(at, len, heal)? else {
             return Ok(None);
         };
         self.reconstruct(
@@ -767,6 +787,9 @@ impl Array {
             &missing,
         );
         self.verify_rebuilt(at, &dev_bufs, &missing)?;
+        for dev in unread {
+            self.correct_read_error(dev, at, &dev_bufs[dev], WriteSet::repair(at, len as u64));
+        }
         let mut slots: Vec<Option<PoolBuf>> = dev_bufs.into_iter().map(Some).collect();
         let data = (0..self.geometry.data_disks())
             .map(|d| slots[roles.data_dev(d)].take().expect("data chunk"))
@@ -777,17 +800,15 @@ impl Array {
     }
 
     /// Read every member that is in sync over `len` bytes at `at` (one I/O each). Returns the
-    /// buffers (those of missing members left unfilled) and the missing members; `Ok(None)` if
-    /// a member failed meanwhile (it is faulty now: plan again).
+    /// buffers (those of missing members left unfilled), the missing members, and those of
+    /// them whose read failed (the caller writes their rebuilt bytes back, see `badblocks`);
+    /// `Ok(None)` if a member failed meanwhile (it is faulty now: plan again). Unreadable
+    /// chunks beyond the level's redundancy are found page by page and recorded as bad blocks
+    /// on their members before the error returns.
     /// With integrity records, members that read back corrupt are healed page by page
     /// ([`Array::heal`], as `heal` says); without, a corrupt member counts as missing over the
     /// whole range.
-    pub(crate) fn read_present(
-        &self,
-        at: u64,
-        len: usize,
-        heal: Heal,
-    ) -> Result<Option<(Vec<PoolBuf>, Vec<usize>)>> {
+    pub(crate) fn read_present(&self, at: u64, len: usize, heal: Heal) -> Result<Option<Present>> {
         let n = self.geometry.raid_disks();
         let mut missing: Vec<usize> = (0..n)
             .filter(|&dev| !self.slot(dev).in_sync(at, len as u64))
@@ -809,16 +830,27 @@ impl Array {
         self.run_io(&mut ios);
         let mut replan = false;
         let mut corrupt = Vec::new();
+        let mut unread = Vec::new();
         for io in &ios {
             match io.outcome {
                 IoOutcome::Ok => {}
                 IoOutcome::Corrupt => corrupt.push(io.role),
+                IoOutcome::ReadError => unread.push(io.role),
                 _ => replan = true,
             }
         }
         drop(ios);
         if replan {
             return Ok(None);
+        }
+        missing.extend(&unread);
+        if !unread.is_empty() && missing.len() > self.geometry.max_degraded() {
+            self.record_unreadable(at, len, &missing, &unread);
+            return Err(self.unrecoverable(
+                at,
+                len as u64,
+                "unreadable sectors beyond the level's redundancy",
+            ));
         }
         if self.integrity.is_some() && !corrupt.is_empty() {
             self.heal(at, &mut bufs, &missing, &corrupt, heal)?;
@@ -834,7 +866,48 @@ impl Array {
             ));
         }
         missing.sort_unstable();
-        Ok(Some((bufs, missing)))
+        Ok(Some((bufs, missing, unread)))
+    }
+
+    /// Chunks of `unread` members over `at..at + len` could not be read and, with the other
+    /// `missing` ones, exceed the redundancy: find the pages that really fail (reading them one
+    /// by one) and record those the row cannot rebuild as bad blocks on their members.
+    fn record_unreadable(&self, at: u64, len: usize, missing: &[usize], unread: &[usize]) {
+        let pages = (len as u64).div_ceil(PAGE);
+        let others = missing.len() - unread.len();
+        let mut failing: Vec<Vec<usize>> = vec![Vec::new(); pages as usize];
+        for &dev in unread {
+            for (pg, failed) in failing.iter_mut().enumerate() {
+                let off = at + pg as u64 * PAGE;
+                let n = PAGE.min(at + len as u64 - off) as usize;
+                let mut buf = self.bufs.get(n);
+                let mut io = [self.read_io(dev, off, &mut buf)];
+                self.run_io(&mut io);
+                if io[0].outcome == IoOutcome::ReadError {
+                    failed.push(dev);
+                }
+            }
+        }
+        for (pg, failed) in failing.iter().enumerate() {
+            if others + failed.len() <= self.geometry.max_degraded() {
+                continue;
+            }
+            let off = at + pg as u64 * PAGE;
+            for &dev in failed {
+                if let Some(m) = self.slot(dev).in_sync_member(off, PAGE) {
+                    if self.note_read_error(dev, &m) {
+                        continue;
+                    }
+                    self.record_bad_blocks(
+                        dev,
+                        &m,
+                        off,
+                        PAGE,
+                        "unreadable, and the row cannot rebuild it",
+                    );
+                }
+            }
+        }
     }
 
     /// Rebuild the chunks of `missing` devices (at most the level's tolerance) in place;

@@ -64,6 +64,10 @@ struct Rig {
     wipe_bitmap: bool,
     /// Canary only: the guide of a guided array names nothing.
     blind_guide: bool,
+    /// A member with a sector that fails reads until written (this round's fault: nothing is
+    /// failed on top of it). Drawn from its own stream so the other draws stay as they were.
+    bad_sector: Option<String>,
+    bad_rng: ChaCha8Rng,
 }
 
 /// Which consistency policy the simulated array uses.
@@ -247,6 +251,8 @@ impl Rig {
             boots: 0,
             wipe_bitmap: false,
             blind_guide: false,
+            bad_sector: None,
+            bad_rng: ChaCha8Rng::seed_from_u64(seed ^ 0xbad_5ec7),
         }
     }
 
@@ -322,8 +328,10 @@ impl Rig {
             s.power_cut();
             s.set_dead(false);
             s.set_faults(Faults::default());
+            s.clear_unreadable();
         }
         self.dead.clear();
+        self.bad_sector = None;
         self.rail.restore();
         if self.wipe_bitmap {
             for s in &self.sims {
@@ -561,6 +569,7 @@ fn fail_or_add(rig: &mut Rig, array: &Array, rng: &mut ChaCha8Rng) {
     match rng.gen_range(0..3) {
         0 if st.missing_roles.is_empty()
             && rig.dead.is_empty()
+            && rig.bad_sector.is_none()
             && !rig.hole_risk()
             && in_sync.len() > 1 =>
         {
@@ -883,7 +892,46 @@ fn maybe_flaky(rig: &mut Rig, array: &Array, rng: &mut ChaCha8Rng, mode: Mode) {
         });
         // Counts as this round's failure: nothing else is failed on top of it.
         rig.dead.push(name);
+        return;
     }
+    // Or a latent sector error on a healthy array: read errors are corrected from redundancy
+    // and the member stays (issue 21 item 7); every read must still return what was written.
+    if mode == Mode::Failures && healthy && !rig.hole_risk() && rig.bad_rng.gen_bool(0.3) {
+        let in_sync: Vec<String> = array
+            .status()
+            .members
+            .into_iter()
+            .filter(|m| m.state == engine::MemberState::InSync)
+            .map(|m| m.name)
+            .collect();
+        let name = &in_sync[rig.bad_rng.gen_range(0..in_sync.len())];
+        let Some(sim) = rig.sims.iter().find(|s| s.name() == name) else {
+            return;
+        };
+        let Ok(sb) = engine::read_superblock(sim.as_ref()) else {
+            return;
+        };
+        let pages = rig.shape.member_data_bytes as u64 / 4096;
+        let at = sb.data_offset * 512 + rig.bad_rng.gen_range(0..pages) * 4096;
+        sim.set_unreadable(at, 4096);
+        rig.bad_sector = Some(sim.name().to_string());
+    }
+}
+
+/// A member with one unreadable sector on a healthy array stays in the array (its read
+/// errors are corrected), unless the power went (then every call failed).
+fn assert_bad_sector_kept(rig: &Rig, array: &Array) {
+    let Some(name) = &rig.bad_sector else { return };
+    if rig.rail.is_off() {
+        return;
+    }
+    let st = array.status();
+    let m = st.members.iter().find(|m| &m.name == name);
+    assert!(
+        m.is_some_and(|m| m.state == engine::MemberState::InSync),
+        "{name} (one bad sector) left the array: {:?}",
+        st.members
+    );
 }
 
 fn crash_case_with(seed: u64, level: Level, mode: Mode, policy: Policy, wipe_bitmap: bool) {
@@ -912,6 +960,7 @@ fn crash_case_full(
     for round in 0..rounds {
         maybe_flaky(&mut rig, &array, &mut rng, mode);
         workload(&mut rig, &mut array, &mut model, &mut rng, mode);
+        assert_bad_sector_kept(&rig, &array);
         // Mirror levels may also come back without one member (when none is missing yet).
         let healthy = array.status().missing_roles.is_empty() && rig.dead.is_empty();
         drop(array);

@@ -66,6 +66,7 @@
 //! data_offset, RAID0_LAYOUT only with level 0, PPL combinations, reshape → unsupported).
 #![forbid(unsafe_code)]
 
+mod badblocks;
 mod bitmap;
 mod create;
 pub mod ext4_guide;
@@ -75,6 +76,9 @@ mod journal;
 mod used_map;
 mod util;
 
+pub use badblocks::{
+    decode_bad_blocks, encode_bad_blocks, BadRange, BBLOG_MAX_ENTRIES, BBLOG_MAX_LEN,
+};
 pub use bitmap::{
     bit_is_set, bitmap_bytes_on_disk, bitmap_chunks, count_dirty, default_bitmap_chunk,
     min_bitmap_chunk, state as bitmap_state, BitmapSuper, BITMAP_HEADER_BYTES, BITMAP_MAGIC,
