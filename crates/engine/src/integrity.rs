@@ -18,7 +18,11 @@
 //! Tables go to disk at every member flush ([`Integrity::write_tables`], called by
 //! `Array::flush_members` before the flush): the records of everything a flush makes durable
 //! are durable with it (design rule P6). Each write-out stamps a new epoch (larger than the
-//! block's copies carry); at load the newer valid copy wins and the other is rewritten.
+//! block's copies carry); at load the newer valid copy wins and the other is rewritten. Copies
+//! go out one after the other, each flushed before the next, so a cut tears at most one of
+//! them; a block with a valid copy on one member only (every block of a 2-way mirror, blocks
+//! whose other holders are missing or rebuilding) is written with FUA, so a cut never leaves
+//! it without a valid copy, which would lose the records of data flushed long before.
 
 use crate::member::{Member, Slot};
 use crate::record_cache::{CacheStats, Page, RecordCache};
@@ -411,9 +415,25 @@ impl Integrity {
         }
     }
 
+    /// Does table block (`subject`, any index) have a valid copy at load on more than one
+    /// member? Only copies on usable, complete holders count: [`Integrity::read_tables`] skips
+    /// the others.
+    fn held_twice(&self, subject: usize) -> bool {
+        (0..self.zone.copies)
+            .filter(|&c| {
+                let slot = &self.slots[self.zone.holder(subject, c)];
+                slot.usable().is_some() && slot.is_complete()
+            })
+            .count()
+            > 1
+    }
+
     /// Write every changed table block to each copy's holder that is usable, copy by copy.
-    /// The last copy is not flushed here (the caller flushes). Returns the holders whose write
-    /// or flush failed (to be failed by the caller), with the error.
+    /// The last copy is not flushed here (the caller flushes). A block with a valid copy on
+    /// one member only (a 2-way mirror, a degraded array) is written with FUA: a cut may tear
+    /// unflushed writes, and a torn only copy would take the records of data flushed long
+    /// before with it. Returns the holders whose write or flush failed (to be failed by the
+    /// caller), with the error.
     pub fn write_tables(&self) -> Vec<(usize, Arc<Member>, std::io::Error)> {
         let slots = &self.slots[..];
         let _one = self.writing.lock();
@@ -423,8 +443,9 @@ impl Integrity {
         }
         let base = self.epoch.load(Ordering::Acquire) + 1;
         let mut failed: Vec<(usize, Arc<Member>, std::io::Error)> = Vec::new();
-        // Per holder and copy, runs of consecutive table blocks go out as one write.
-        let mut runs: Vec<(usize, usize, u64, Vec<u8>)> = Vec::new();
+        // Per holder and copy, runs of consecutive table blocks go out as one write (FUA where
+        // the block has no second copy to fall back on).
+        let mut runs: Vec<(usize, usize, u64, Vec<u8>, bool)> = Vec::new();
         let mut taken = Vec::with_capacity(dirty.len());
         for &(subject, index) in &dirty {
             // A block's epoch grows past what its copies carry, whatever the other blocks do.
@@ -433,18 +454,20 @@ impl Integrity {
             });
             self.epoch.fetch_max(epoch, Ordering::AcqRel);
             taken.push(((subject, index), gen, epoch));
+            let fua = !self.held_twice(subject);
             for copy in 0..self.zone.copies {
                 let holder = self.zone.holder(subject, copy);
                 let bytes = self.table_of(subject, index, copy, epoch, &recs).encode();
                 match runs.last_mut() {
-                    Some((h, c, first, buf))
+                    Some((h, c, first, buf, f))
                         if *h == holder
                             && *c == copy
+                            && *f == fua
                             && *first + (buf.len() / RECORD_BLOCK) as u64 == index =>
                     {
                         buf.extend_from_slice(&bytes)
                     }
-                    _ => runs.push((holder, copy, index, bytes)),
+                    _ => runs.push((holder, copy, index, bytes, fua)),
                 }
             }
         }
@@ -453,7 +476,7 @@ impl Integrity {
         runs.sort_by_key(|r| (r.1, r.0, r.2));
         let mut written: Vec<Arc<Member>> = Vec::new();
         let mut current_copy = 0;
-        for (holder, copy, first, bytes) in runs {
+        for (holder, copy, first, bytes, fua) in runs {
             if copy != current_copy {
                 for m in written.drain(..) {
                     if let Err(e) = m.dev.flush() {
@@ -472,7 +495,7 @@ impl Integrity {
                 continue;
             }
             let at = m.data_offset_bytes + self.zone.table_sector(copy, first) * 512;
-            match m.dev.write_at(&AlignedBuf::copy_from(&bytes), at, false) {
+            match m.dev.write_at(&AlignedBuf::copy_from(&bytes), at, fua) {
                 Ok(()) => {
                     self.counts
                         .written
@@ -628,10 +651,16 @@ impl Integrity {
 
     /// Records for a table block with no valid copy: a mirror's twin records the same blocks,
     /// so its table is as good as a copy (a 2-way mirror keeps one copy per member, so a lost
-    /// member takes its twin's only copy); else the subject's blocks as they are.
+    /// member takes its twin's only copy); else the subject's blocks as they are. A twin's
+    /// resident page that came from no valid copy either (epoch 0, never written out) is no
+    /// copy: it may be a stand-in rebuilt without the member.
     fn orphan_records(&self, subject: usize, index: u64) -> Vec<u32> {
         for &twin in &self.twins[subject] {
-            if let Some(recs) = self.cache.get((twin, index), |p| p.recs.clone()) {
+            if let Some(recs) = self
+                .cache
+                .get((twin, index), |p| (p.epoch > 0).then(|| p.recs.clone()))
+                .flatten()
+            {
                 return recs;
             }
             let copies = (0..self.zone.copies)
@@ -699,7 +728,8 @@ impl Integrity {
     }
 
     /// No copy of a table block is valid: take its records from the subject's blocks as they
-    /// are (a later check compares them with the rest of their rows).
+    /// are, or, with the subject gone, from a complete twin's (a mirror's twin holds the same
+    /// blocks at the same offsets); a later check compares them with the rest of their rows.
     fn rebuild_table(&self, subject: usize, index: u64) -> Vec<u32> {
         self.counts.rebuilt.fetch_add(1, Ordering::Relaxed);
         tracing::warn!(
@@ -710,7 +740,13 @@ impl Integrity {
         let mut recs = vec![self.zero_record; RECORDS_PER_TABLE];
         let first = index * PER;
         let n = PER.min(self.zone.blocks - first);
-        let Some(m) = self.slots[subject].usable() else {
+        let twin = || {
+            self.twins[subject].iter().find_map(|&t| {
+                let slot = &self.slots[t];
+                slot.is_complete().then(|| slot.usable()).flatten()
+            })
+        };
+        let Some(m) = self.slots[subject].usable().or_else(twin) else {
             return recs;
         };
         let mut buf = AlignedBuf::zeroed((n * BLOCK) as usize);
