@@ -611,7 +611,13 @@ fn build(
         integrity,
         read_only_reason: journal.read_only_reason,
     })?;
-    if journal.write_back && !array.is_read_only() {
+    if !array.is_read_only() {
+        // A log that was replayed but could not be written again: what it held goes out to
+        // the members (data without parity from memory) before it is recorded faulty and
+        // before anything is served.
+        array.settle_journal()?;
+    }
+    if journal.write_back && !array.is_read_only() && array.journal_healthy() {
         if let Err(e) = array.set_journal_mode(true) {
             tracing::warn!(array = %array.name(), "journal starts in write-through instead of write-back: {e}");
         }

@@ -19,6 +19,7 @@ mod heal;
 mod integrity;
 mod io;
 mod journal;
+mod journal_fail;
 mod manage;
 mod member;
 mod meta;

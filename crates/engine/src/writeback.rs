@@ -244,6 +244,24 @@ impl Array {
         Ok(())
     }
 
+    /// Write out every cached row and wait for write-outs under way elsewhere (their row's
+    /// claim is taken after them): when this returns, nothing is cached or being written out
+    /// (unless a write-out failed: then its row is cached again and this fails).
+    pub(crate) fn write_out_pending(&self) -> Result<()> {
+        let Some(j) = self.policy.journal() else {
+            return Ok(());
+        };
+        for row in j.pending_rows() {
+            let r = self.stripes.get(row);
+            drop(r.claim(r.st.lock()));
+            let res = self.write_out_row(row);
+            r.release();
+            self.stripes.put(row);
+            res?;
+        }
+        Ok(())
+    }
+
     /// Switch the journal between write-through and write-back (md's `journal_mode`).
     /// Leaving write-back writes out everything cached first.
     pub fn set_journal_mode(&self, write_back: bool) -> Result<()> {
