@@ -743,6 +743,8 @@ impl Array {
             self.flush_members();
             j.reclaim_now(self);
         }
+        // The log may have failed in the reclaim: it is recorded so before the stop is.
+        self.settle_journal()?;
         if let Some(bm) = self.policy.bitmap() {
             // Everything written is durable: the bits of every quiet chunk may go now, as md
             // clears its bitmap at a clean stop (chunks still to resync keep theirs).

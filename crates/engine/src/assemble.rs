@@ -191,7 +191,12 @@ fn place(found: Vec<Found>, best: &Superblock) -> Result<Placement> {
         forced: Vec::new(),
     };
     for (dev, sb) in found {
-        if sb.events + 1 < best.events {
+        // The journal's superblock falls behind when commits fail on a log that is failing;
+        // its log is no less valid for that (its tail is recorded on it alone): a log the
+        // role table still names is replayed whatever its events say.
+        let named_journal = sb.role() == DevRole::Journal
+            && best.role_of(sb.dev_number) == DevRole::Journal;
+        if sb.events + 1 < best.events && !named_journal {
             tracing::warn!(member = %dev.name(), events = sb.events, freshest = best.events, "stale member left out (events behind)");
             p.left_out.push(((dev, sb), LeftOut::Stale));
             continue;

@@ -886,7 +886,17 @@ pub(crate) fn recover(
     if read_only {
         // Nothing may be written, and nothing older than the log holds may be served: a start
         // that would need the replay is refused (md replays before it serves).
-        let lacking = lacking_pages(&scan, geometry, slots).map_err(|e| fail(e.to_string()))?;
+        let plan = plan_replay(&scan, geometry);
+        let lacking = lacking_pages(&plan, geometry, slots).map_err(|e| fail(e.to_string()))?;
+        if lacking == 0 {
+            if let Some(i) = integrity {
+                // The members hold what the chain wrote, but the records of it may not have
+                // reached the tables before the cut: in memory they say what replay would.
+                for (role, offset, bytes) in &plan.runs {
+                    i.set_block(*role, *offset, bytes);
+                }
+            }
+        }
         if lacking > 0 {
             return Err(fail(format!(
                 "its journal holds {lacking} pages of acknowledged writes that the members do \
@@ -1286,8 +1296,7 @@ fn replay(
 /// must not serve without them). A page of a missing member is not counted when the stripe's
 /// other pages are there: reads rebuild it from them. Data without parity counts unless its
 /// member holds it already.
-fn lacking_pages(scan: &Scan, geometry: &Geometry, slots: &[Slot]) -> std::io::Result<u64> {
-    let plan = plan_replay(scan, geometry);
+fn lacking_pages(plan: &ReplayPlan, geometry: &Geometry, slots: &[Slot]) -> std::io::Result<u64> {
     let mut lacking = 0u64;
     let differs = |role: usize, offset: u64, bytes: &[u8]| -> std::io::Result<u64> {
         let Some(m) = slots[role].usable() else {

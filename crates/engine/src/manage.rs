@@ -164,7 +164,15 @@ impl Array {
     }
 
     /// Remove a faulty member or a spare from the array (an active member must fail first).
+    /// A failed journal goes only once its cache is written out (`journal_fail.rs`).
     pub fn remove_member(&self, name: &str) -> Result<()> {
+        if self
+            .policy
+            .journal()
+            .is_some_and(|j| j.member().name() == name)
+        {
+            self.settle_journal()?;
+        }
         let mut meta = self.meta.lock();
         let idx = meta
             .members

@@ -275,6 +275,25 @@ impl Rig {
     }
 
     fn boot_with(&mut self, left_out: &[usize], force: bool) -> engine::Result<Array> {
+        self.boot_opts(left_out, force, false, None)
+    }
+
+    /// The array's journal device (journal policies): the newest one.
+    fn journal_sim(&self) -> Option<Arc<SimDevice>> {
+        self.sims
+            .iter()
+            .rev()
+            .find(|s| s.name().starts_with("journal"))
+            .cloned()
+    }
+
+    fn boot_opts(
+        &mut self,
+        left_out: &[usize],
+        force: bool,
+        read_only: bool,
+        add_journal: Option<Arc<SimDevice>>,
+    ) -> engine::Result<Array> {
         let given: Vec<Arc<SimDevice>> = self
             .sims
             .iter()
@@ -286,13 +305,17 @@ impl Rig {
             })
             .map(|(_, s)| s.clone())
             .collect();
-        let config = self.config();
+        let config = ArrayConfig {
+            read_only,
+            ..self.config()
+        };
         let array = assemble(
             devs(&given),
             AssembleOptions {
                 name: None,
                 config,
                 force,
+                add_journal: add_journal.map(|j| j as Arc<dyn Device>),
                 ..Default::default()
             },
         )?;
@@ -434,9 +457,20 @@ fn workload(
     rig.rail.cut_after(rng.gen_range(0..800));
     let size = model.current.len();
     let steps = rng.gen_range(10..50);
-    for _ in 0..steps {
+    // Journal policies: now and then the log fails at a drawn step, by the administrator's
+    // `fail` or by I/O errors at whichever log write or flush comes next (a client write, a
+    // write-back caching, a write-out's parity, a group flush, a tail record).
+    let log_fails = (rig.policy.journal() && rng.gen_bool(0.3))
+        .then(|| (rng.gen_range(0..steps), rng.gen_range(0..3)));
+    for step in 0..steps {
         if rig.rail.is_off() {
             return;
+        }
+        if let Some((_, how)) = log_fails.filter(|&(at, _)| at == step) {
+            fail_log(rig, array, how);
+            if rig.rail.is_off() {
+                return;
+            }
         }
         match rng.gen_range(0..100) {
             0..=44 => {
@@ -449,6 +483,11 @@ fn workload(
                 match array.write(off as u64, &data, fua) {
                     _ if rig.rail.is_off() => return,
                     Ok(()) => model.complete(off, &data, fua),
+                    Err(engine::EngineError::ReadOnly { .. }) if journal_down(array) => {
+                        if !refused(rig, array, model, off, len) {
+                            return;
+                        }
+                    }
                     Err(e) => panic!("write {off}+{len} failed with power on: {e}"),
                 }
             }
@@ -476,11 +515,19 @@ fn workload(
                 match array.write_zeroes(off as u64, len as u64, fua, true) {
                     _ if rig.rail.is_off() => return,
                     Ok(()) => model.complete(off, &zeroes, fua),
+                    Err(engine::EngineError::ReadOnly { .. }) if journal_down(array) => {
+                        if !refused(rig, array, model, off, len) {
+                            return;
+                        }
+                    }
                     Err(e) => panic!("write_zeroes {off}+{len} failed with power on: {e}"),
                 }
             }
             57..=64 => match array.flush() {
                 Ok(()) if !rig.rail.is_off() => model.flushed(),
+                Err(e) if !rig.rail.is_off() && journal_down(array) => {
+                    panic!("a flush after the log failed, with power on: {e}")
+                }
                 _ => return,
             },
             65..=79 => {
@@ -527,6 +574,63 @@ fn workload(
             _ if mode == Mode::Failures => fail_or_add(rig, array, rng),
             _ => {}
         }
+    }
+}
+
+/// A write refused once the log failed may have landed in part: the rows whose batches were
+/// logged (or cached) before the failure are acknowledged to nobody, yet they go home. What
+/// reads back now is what a flush makes durable (a cut before it may leave the older bytes).
+/// False when the power went meanwhile.
+fn refused(rig: &Rig, array: &Array, model: &mut CrashModel, off: usize, len: usize) -> bool {
+    let mut back = vec![0u8; len];
+    match array.read(off as u64, &mut back) {
+        _ if rig.rail.is_off() => false,
+        Ok(()) => {
+            model.complete(off, &back, false);
+            true
+        }
+        Err(e) => panic!("read {off}+{len} after a refused write, with power on: {e}"),
+    }
+}
+
+/// Writes are refused because the journal failed (or the array started without it).
+fn journal_down(array: &Array) -> bool {
+    array
+        .status()
+        .read_only_reason
+        .is_some_and(|r| r.contains("journal"))
+}
+
+/// The log fails: 0, the administrator's `fail` (returns once its cache is written out and
+/// the members flushed); 1, the device dies (the next log I/O fails); 2, its writes fail half
+/// the time from now on.
+fn fail_log(rig: &mut Rig, array: &Array, how: u32) {
+    let Some(log) = rig.journal_sim() else {
+        return;
+    };
+    match how {
+        0 => {
+            let res = array.fail_member(log.name());
+            if let (Err(e), false) = (res, rig.rail.is_off()) {
+                if !array.is_read_only() {
+                    panic!("failing the log with power on: {e}");
+                }
+            }
+            if !rig.rail.is_off() && !array.is_read_only() {
+                let j = array.status().journal.expect("journal");
+                assert_eq!(j.state, "failed", "after `fail` returned: {j:?}");
+                assert_eq!(j.cache_bytes, 0, "after `fail` returned: {j:?}");
+            }
+        }
+        1 => log.set_dead(true),
+        _ => log.set_faults(Faults {
+            write_error: 0.5,
+            ..Faults::default()
+        }),
+    }
+    if how > 0 {
+        // Broken until the next power cycle: a restart before that leaves it out.
+        rig.dead.push(log.name().to_string());
     }
 }
 
@@ -596,11 +700,14 @@ fn fail_or_add(rig: &mut Rig, array: &Array, rng: &mut ChaCha8Rng) {
 /// After a cut: boot, check what survived, finish background work, check redundancy.
 /// `partial_sync`: run only this many background windows, leaving the resync (or rebuild)
 /// unfinished for the next round to cut into; `None`: finish it and check redundancy.
+/// `probe_read_only`: first start read-only, which must serve what the model allows or
+/// refuse because the members lack what the log holds.
 fn recover(
     rig: &mut Rig,
     model: &mut CrashModel,
     left_out: &[usize],
     partial_sync: Option<usize>,
+    probe_read_only: bool,
 ) -> Array {
     rig.crash();
     if rig.policy.journal() && rig.boots.is_multiple_of(3) {
@@ -609,6 +716,9 @@ fn recover(
         rig.rail.cut_after(rig.boots % 40);
         let _ = rig.boot(left_out);
         rig.crash();
+    }
+    if probe_read_only {
+        probe_read_only_start(rig, model, left_out);
     }
     let (array, forced) = match rig.boot(left_out) {
         Ok(a) => (a, false),
@@ -621,11 +731,19 @@ fn recover(
         }
         Err(e) => panic!("assembly after the cut failed: {e}"),
     };
+    let replaced = rig.policy.journal() && array.is_read_only();
+    let (array, forced) = if replaced {
+        (replace_failed_journal(rig, model, array, left_out), true)
+    } else {
+        (array, forced)
+    };
+    // A new journal owes a full resync: finish it before anything else is checked.
+    let partial_sync = partial_sync.filter(|_| !replaced);
     if rig.policy.guided() {
         guide(rig, &array, model);
     }
     let before = read_all(&array);
-    if rig.policy.journal() {
+    if rig.policy.journal() && !replaced {
         // The write hole is closed at assembly, before any resync: replaying the log left
         // every stripe's parity in agreement with its data. (Forcing is needed only when an
         // administrator's resync was still owed, which the journal does not replace.)
@@ -659,6 +777,60 @@ fn recover(
         }
     }
     model.settle(after);
+    array
+}
+
+/// A read-only start after the cut: it serves only what the model allows (it replays nothing,
+/// so it starts only when the members hold what the log does, or when the log is recorded
+/// faulty, which happens only once its cache is on the members), or it refuses.
+fn probe_read_only_start(rig: &mut Rig, model: &CrashModel, left_out: &[usize]) {
+    match rig.boot_opts(left_out, false, true, None) {
+        Ok(ro) => {
+            if let Err(e) = model.check(&read_all(&ro)) {
+                panic!("a read-only start after the cut served older data: {e}");
+            }
+        }
+        Err(_) if rig.rail.is_off() => unreachable!("the power is on after a crash"),
+        Err(e) => {
+            let msg = e.to_string();
+            assert!(
+                msg.contains("without --read-only") || msg.contains("write hole"),
+                "a read-only start refused for another reason: {msg}"
+            );
+        }
+    }
+}
+
+/// The log was recorded faulty before the cut (so its cache was on the members first): the
+/// array started read-only and serves every flushed write. A new journal (a full resync)
+/// lets the case go on.
+fn replace_failed_journal(
+    rig: &mut Rig,
+    model: &mut CrashModel,
+    array: Array,
+    left_out: &[usize],
+) -> Array {
+    let before = read_all(&array);
+    if let Err(e) = model.check(&before) {
+        panic!("the log was recorded faulty, and the read-only start lost flushed data: {e}");
+    }
+    model.settle(before);
+    drop(array);
+    let old = rig.journal_sim().expect("a journal device");
+    if !rig.removed.iter().any(|r| r == old.name()) {
+        rig.removed.push(old.name().to_string());
+    }
+    let name = format!("journal{}", rig.sims.len());
+    let new = Arc::new(
+        SimDevice::new(&name, JOURNAL_BYTES, rig.seed ^ rig.sims.len() as u64)
+            .on_rail(rig.rail.clone()),
+    );
+    // Forced: a degraded array's journal is replaced only so (its stripes are whole here:
+    // nothing was written after the log was settled but rebuilds and repairs).
+    let array = rig
+        .boot_opts(left_out, true, false, Some(new.clone()))
+        .unwrap_or_else(|e| panic!("a new journal for the array: {e}"));
+    rig.sims.push(new);
     array
 }
 
@@ -845,7 +1017,8 @@ fn crash_case_full(
         // Some rounds leave the resync half done: the next round writes below its checkpoint,
         // stops cleanly and is cut again.
         let partial = (round + 1 < rounds && rng.gen_bool(0.5)).then(|| rng.gen_range(0..24));
-        array = recover(&mut rig, &mut model, &left_out, partial);
+        let probe = policy.journal() && rng.gen_bool(0.3);
+        array = recover(&mut rig, &mut model, &left_out, partial, probe);
     }
     check_degraded_reads(&mut rig, array, &model, &mut rng);
 }
