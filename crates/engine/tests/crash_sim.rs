@@ -64,6 +64,14 @@ struct Rig {
     wipe_bitmap: bool,
     /// Canary only: the guide of a guided array names nothing.
     blind_guide: bool,
+    /// Journal policies: workloads may fail the log (not in the write-hole runs, which lose
+    /// members after the cut on purpose).
+    log_failures: bool,
+    /// The log failed in this round: the cache is written out from memory without a log, so
+    /// a cut in that write-out leaves stripes torn that nothing replays, exactly md's write
+    /// hole. Losing a member as well is beyond what the array can survive (md's too): the
+    /// workload fails none until recovery is done.
+    log_failed: bool,
 }
 
 /// Which consistency policy the simulated array uses.
@@ -247,6 +255,8 @@ impl Rig {
             boots: 0,
             wipe_bitmap: false,
             blind_guide: false,
+            log_failures: false,
+            log_failed: false,
         }
     }
 
@@ -336,7 +346,7 @@ impl Rig {
     /// Would failing a member now lose writes that were in flight at the last crash?
     fn hole_risk(&self) -> bool {
         // The journal replays what was in flight: nothing is left for a resync to repair.
-        self.resync_pending && !self.policy.journal()
+        (self.resync_pending && !self.policy.journal()) || self.log_failed
     }
 
     /// Power off now: every device loses or tears what it had not flushed.
@@ -460,8 +470,10 @@ fn workload(
     // Journal policies: now and then the log fails at a drawn step, by the administrator's
     // `fail` or by I/O errors at whichever log write or flush comes next (a client write, a
     // write-back caching, a write-out's parity, a group flush, a tail record).
-    let log_fails = (rig.policy.journal() && rng.gen_bool(0.3))
-        .then(|| (rng.gen_range(0..steps), rng.gen_range(0..3)));
+    let log_fails = (rig.log_failures && rig.policy.journal() && rng.gen_bool(0.3))
+        .then(|| (rng.gen_range(0..steps), rng.gen_range(0..3)))
+        // Not on top of a member failing already (see `Rig::log_failed`).
+        .filter(|_| rig.dead.is_empty() && array.status().missing_roles.is_empty());
     for step in 0..steps {
         if rig.rail.is_off() {
             return;
@@ -608,6 +620,7 @@ fn fail_log(rig: &mut Rig, array: &Array, how: u32) {
     let Some(log) = rig.journal_sim() else {
         return;
     };
+    rig.log_failed = true;
     match how {
         0 => {
             let res = array.fail_member(log.name());
@@ -731,6 +744,8 @@ fn recover(
         }
         Err(e) => panic!("assembly after the cut failed: {e}"),
     };
+    // A log that failed is replayed or replaced by now: the write hole is closed again.
+    rig.log_failed = false;
     let replaced = rig.policy.journal() && array.is_read_only();
     let (array, forced) = if replaced {
         (replace_failed_journal(rig, model, array, left_out), true)
@@ -996,6 +1011,7 @@ fn crash_case_full(
     let mut rig = Rig::with_policy(seed, level, policy, &mut rng);
     rig.wipe_bitmap = wipe_bitmap;
     rig.blind_guide = blind_guide;
+    rig.log_failures = true;
     let mut array = rig.boot(&[]).expect("first assembly");
     let mut model = CrashModel::new(vec![0u8; array.size_bytes() as usize]);
     let rounds = rng.gen_range(1..=4);
