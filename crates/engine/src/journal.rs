@@ -220,6 +220,12 @@ pub(crate) struct CachedRow {
     seqs: Vec<u64>,
     need: u64,
     since: Instant,
+    /// Found by recovery (data the log held without parity). Its stripe may be torn on the
+    /// members: a log that failed has its cache written out without logging parity, and a
+    /// cut in that write-out leaves data and parity disagreeing with nothing to replay. So
+    /// its write-out computes parity from the whole row (reconstruct-write), never by
+    /// read-modify-write from the parity on the members.
+    pub recovered: bool,
 }
 
 impl CachedRow {
@@ -600,6 +606,7 @@ impl Journal {
                 seqs: Vec::new(),
                 need: 0,
                 since: Instant::now(),
+                recovered: false,
             }
         });
         entry.need += grow;
@@ -988,6 +995,7 @@ fn cached_rows_of(geometry: &Geometry, data_only: DataOnly) -> BTreeMap<u64, Cac
                 seqs: Vec::new(),
                 need: 0,
                 since: Instant::now(),
+                recovered: true,
             })
             .pages
             .insert((pos.offset_sectors * 512, pos.data_index), page);

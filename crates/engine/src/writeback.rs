@@ -135,8 +135,10 @@ impl Array {
             // bytes of the cached chunks and the parity) or the rest of the row.
             let is_dirty: Vec<bool> = (0..m).map(|d| dirty_idx.contains(&d)).collect();
             let full: Vec<bool> = (0..m).map(|d| cached.covers_chunk(d, a, b)).collect();
-            let rmw = match self.plan_write(&roles, at, n, &is_dirty, &full, false) {
-                WritePlan::Rmw => self
+            let plan = self.plan_write(&roles, at, n, &is_dirty, &full, false);
+            let rmw = match plan {
+                // A row recovery found may be torn on the members (see `CachedRow::recovered`).
+                WritePlan::Rmw if !cached.recovered => self
                     .rmw_compute(&roles, at, len, &dirty_idx, |d, buf| {
                         cached.overlay(d, a, buf)
                     })
