@@ -283,6 +283,15 @@ impl CachedRow {
     }
 }
 
+/// Ends a ticket (see [`Journal::take_ticket`]) when dropped.
+struct TicketGuard<'a>(&'a Journal);
+
+impl Drop for TicketGuard<'_> {
+    fn drop(&mut self) {
+        self.0.end_ticket();
+    }
+}
+
 /// How a reservation in the ring may be served.
 #[derive(Clone, Copy)]
 enum Space {
@@ -320,13 +329,8 @@ impl Journal {
         let seqs = self
             .write_units(array, units, space)?
             .expect("normal and write-out reservations wait for room");
-        // A ticket: its member writes may go out. Taken under the lock that the failure is
-        // set under, so a settling of a failed log either sees it or this sees the failure.
-        let mut st = self.st.lock();
-        if let Some(why) = &st.failed {
-            return Err(self.read_only(array, why));
-        }
-        st.tickets += 1;
+        // Its member writes may go out (the ticket ends in `written_home`).
+        self.take_ticket(array)?;
         Ok(seqs)
     }
 
@@ -597,6 +601,10 @@ impl Journal {
         let Some(seqs) = self.write_units(array, units, Space::Cache { grow })? else {
             return Ok(false);
         };
+        // A ticket while the pages go into the cache: a failed log's settling waits for it
+        // before it writes the cache out, so it cannot miss these pages.
+        self.take_ticket(array)?;
+        let _ticket = TicketGuard(self);
         let mut c = self.cache.lock();
         let c = &mut *c;
         let entry = c.rows.entry(row).or_insert_with(|| {
@@ -688,7 +696,25 @@ impl Journal {
         for seq in seqs {
             st.unit(seq).home = true;
         }
-        assert!(st.tickets > 0, "a write went home without a ticket");
+        drop(st);
+        self.end_ticket();
+    }
+
+    /// A ticket: work that relies on the log (member writes of logged units, pages going into
+    /// the cache) may go on. Taken under the lock the failure is set under, so a settling of a
+    /// failed log either waits for it or this sees the failure.
+    fn take_ticket(&self, array: &Array) -> Result<()> {
+        let mut st = self.st.lock();
+        if let Some(why) = &st.failed {
+            return Err(self.read_only(array, why));
+        }
+        st.tickets += 1;
+        Ok(())
+    }
+
+    fn end_ticket(&self) {
+        let mut st = self.st.lock();
+        assert!(st.tickets > 0, "a ticket ended twice");
         st.tickets -= 1;
         self.cv.notify_all();
     }

@@ -7,9 +7,10 @@
 //! the log is the only durable copy of it. The order from then on:
 //! 1. `Journal::fail` (any thread, under any claim): new writes are refused; nothing else.
 //! 2. [`Array::settle_journal`] (a thread that holds no row claim: a client flush, the
-//!    administrator's `fail`, the journal daemon, assembly): every cached row is written out
-//!    from memory (parity computed, not logged), the member writes that were past the log when
-//!    it failed are waited for, and the members are flushed;
+//!    administrator's `fail`, the journal daemon, a stop, assembly): first the member writes
+//!    that were past the log when it failed (and pages on their way into the cache) are
+//!    waited for, then every cached row is written out from memory (parity computed, not
+//!    logged), and the members are flushed;
 //! 3. only then is the log recorded faulty in the superblocks (events bump).
 //!
 //! Invariants: a log recorded faulty holds nothing the members lack durably, so it is never
@@ -20,13 +21,18 @@
 //! * a write whose member writes lost their FUA to the log (write-through) and that finds the
 //!   log failed once they are done flushes the members before it is acknowledged (see
 //!   `commit.rs`).
+//! A flush or write that found the log healthy at its last check is acknowledged on the log's
+//! durability; that log is still the array's journal on disk until step 3, so nothing it
+//! acknowledged is lost. Commits that fail on a failing log leave its superblock's events
+//! behind; assembly still replays a log the role table names (`assemble.rs`, `place`), and a
+//! lost log's slot is never given to a new one.
 //!
-//! md's raid5-cache, for comparison: a log I/O error fails the journal device at once (its
-//! superblocks record it faulty), and the stripes still cached are written to the members
-//! from memory afterwards; a crash in between loses them (reference §6.6: "at risk if the
-//! host also crashes"), and a journal recorded faulty is not replayed. Here the recording
-//! waits for the write-out instead, so the log stays the array's journal until it holds
-//! nothing the members lack.
+//! md's raid5-cache, for comparison (reference §6.6): a failing journal makes the array
+//! refuse new writes, and the stripes still cached go to the RAID disks from memory; the
+//! journal device is marked faulty meanwhile, and write-back data acknowledged but not yet on
+//! the RAID disks is at risk if the host also crashes (a faulty journal is not replayed).
+//! Here the log stays the array's journal on disk until it holds nothing the members lack,
+//! so a crash before that replays it.
 
 use crate::array::Array;
 use crate::error::Result;
@@ -59,8 +65,10 @@ impl Array {
         if j.settled() {
             return Ok(());
         }
-        self.write_out_pending()?;
+        // No ticket is given once the log has failed: when those out end, nothing more can
+        // go into the cache or past the log.
         j.wait_tickets();
+        self.write_out_pending()?;
         self.flush_members();
         if self.is_failed() {
             return Err(self.unrecoverable(
