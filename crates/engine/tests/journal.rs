@@ -690,3 +690,72 @@ fn an_fua_write_in_flight_when_the_log_fails_is_durable_on_the_members() {
         "an acknowledged FUA write was lost"
     );
 }
+
+/// Item 2: a log whose writes fail misses the superblock commits that follow (here two member
+/// changes), so its superblock falls behind the members'. It is still the array's journal
+/// (nothing recorded it faulty: its cache was never written out), so the next start replays
+/// it rather than leaving it out as stale.
+#[test]
+fn a_failing_log_whose_superblock_fell_behind_is_still_replayed() {
+    let rig = Rig::new(Level::Raid6, 5, 4 << 20);
+    let array = rig
+        .boot(rig.all(), AssembleOptions::default())
+        .expect("assemble");
+    array.set_journal_mode(true).expect("write-back");
+    let written = partial_rows(&array, 120);
+    rig.log.set_faults(device::Faults {
+        write_error: 1.0,
+        ..device::Faults::default()
+    });
+    assert!(array.write(0, &pattern(1, 4096), false).is_err());
+    array.fail_member("m4").expect("fail a member");
+    array.remove_member("m4").expect("remove it");
+    drop(array);
+    cut(&rig);
+    rig.log.set_faults(device::Faults::default());
+    let sb = engine::read_superblock(rig.log.as_ref()).expect("log sb");
+    let m0 = engine::read_superblock(rig.members[0].as_ref()).expect("member sb");
+    assert!(sb.events + 1 < m0.events, "{} vs {}", sb.events, m0.events);
+    let again = rig
+        .boot(rig.all(), AssembleOptions::default())
+        .expect("reassemble");
+    assert!(again.status().journal.expect("journal").replayed.units > 1);
+    assert_reads(&again, &written, "in the log whose superblock fell behind");
+}
+
+/// A new journal takes a new slot: the lost log coming back later is not the array's journal
+/// (its stale chain is never replayed over newer data).
+#[test]
+fn a_replaced_log_coming_back_is_not_replayed() {
+    let rig = Rig::new(Level::Raid5, 4, 4 << 20);
+    let array = rig
+        .boot(rig.all(), AssembleOptions::default())
+        .expect("assemble");
+    let old = pattern(130, 64 << 10);
+    array.write(0, &old, true).expect("write");
+    drop(array);
+    cut(&rig);
+    // The log is lost; a new one replaces it and newer data is written.
+    let new_log = Arc::new(SimDevice::new("log2", 4 << 20, 7));
+    let array = rig
+        .boot(
+            devs(&rig.members),
+            AssembleOptions {
+                add_journal: Some(new_log.clone()),
+                force: true,
+                ..AssembleOptions::default()
+            },
+        )
+        .expect("add a journal");
+    let newer = pattern(131, 64 << 10);
+    array.write(0, &newer, true).expect("write");
+    while array.sync_step() != engine::SyncAction::Idle {}
+    array.close().expect("clean stop");
+    drop(array);
+    // The old log device comes back alone.
+    let again = rig
+        .boot(rig.all(), AssembleOptions::default())
+        .expect("assemble with the old log");
+    assert!(again.is_read_only(), "the old log is not the array's journal");
+    assert!(read(&again, 0, newer.len()) == newer, "a stale log was replayed");
+}
