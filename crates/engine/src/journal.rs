@@ -1464,11 +1464,17 @@ impl Array {
         };
         let clock = self.sync.clock.clone();
         let mut last = clock.now();
+        let mut warned = false;
         self.until_stopped(std::time::Duration::from_millis(50), || {
             if j.failed().is_some() && !j.settled() {
-                // Nobody flushed since the log failed: write its cache out now.
-                if let Err(e) = self.settle_journal() {
-                    tracing::warn!(array = %self.name, "the failed journal's cache is not written out yet: {e}");
+                // Nobody flushed since the log failed: write its cache out now (and again at
+                // every tick while that fails, saying so once).
+                match self.settle_journal() {
+                    Err(e) if !warned => {
+                        warned = true;
+                        tracing::warn!(array = %self.name, "the failed journal's cache is not written out yet: {e}");
+                    }
+                    _ => {}
                 }
             }
             // Write-back: rows go home when the cache fills, when their data has waited a
