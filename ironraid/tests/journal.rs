@@ -1038,11 +1038,19 @@ impl Machine {
     /// Power cut under a running daemon: every device loses what it was not asked to keep,
     /// then the daemon dies with the machine; then power comes back.
     fn cut(&mut self, d: common::Daemon) {
-        for v in self.members.iter_mut().chain(std::iter::once(&mut self.log)) {
+        for v in self
+            .members
+            .iter_mut()
+            .chain(std::iter::once(&mut self.log))
+        {
             v.cut();
         }
         d.kill9();
-        for v in self.members.iter_mut().chain(std::iter::once(&mut self.log)) {
+        for v in self
+            .members
+            .iter_mut()
+            .chain(std::iter::once(&mut self.log))
+        {
             v.unmount();
             v.power_on();
         }
@@ -1117,7 +1125,11 @@ fn read_only_start_after_a_power_cut_never_serves_older_data() {
     env.stop(d);
     let d = env.run_with(&["--read-only"], &machine.all());
     let out = qemu_io_many(&env.uri(), true, &fua_pieces("read"));
-    assert_eq!(pieces_wrong(&out), 0, "read-only after a clean stop:\n{out}");
+    assert_eq!(
+        pieces_wrong(&out),
+        0,
+        "read-only after a clean stop:\n{out}"
+    );
     env.stop(d);
 }
 
@@ -1132,10 +1144,7 @@ fn write_back_log_failed_then_power_cut_keeps_flushed_data() {
     let src = env.dir.path().join("src.img");
     random_file(&src, 16 << 20, 21);
     let d = env.run(&machine.all());
-    sh(
-        "nbdcopy",
-        &["--flush", src.to_str().unwrap(), &env.uri()],
-    );
+    sh("nbdcopy", &["--flush", src.to_str().unwrap(), &env.uri()]);
     let log = machine.log.path();
     env.ok(&["fail", &env.name, log.to_str().unwrap()]);
     let det = env.detail();

@@ -194,8 +194,8 @@ fn place(found: Vec<Found>, best: &Superblock) -> Result<Placement> {
         // The journal's superblock falls behind when commits fail on a log that is failing;
         // its log is no less valid for that (its tail is recorded on it alone): a log the
         // role table still names is replayed whatever its events say.
-        let named_journal = sb.role() == DevRole::Journal
-            && best.role_of(sb.dev_number) == DevRole::Journal;
+        let named_journal =
+            sb.role() == DevRole::Journal && best.role_of(sb.dev_number) == DevRole::Journal;
         if sb.events + 1 < best.events && !named_journal {
             tracing::warn!(member = %dev.name(), events = sb.events, freshest = best.events, "stale member left out (events behind)");
             p.left_out.push(((dev, sb), LeftOut::Stale));
@@ -838,11 +838,7 @@ fn open_journal(
 
 /// The superblock of a new journal device for an array whose journal was lost: the array's
 /// fields, the slot of the old journal (or a free one), an empty log.
-fn new_journal_sb(
-    best: &Superblock,
-    meta: &mut Meta,
-    dev: &dyn Device,
-) -> Result<Superblock> {
+fn new_journal_sb(best: &Superblock, meta: &mut Meta, dev: &dyn Device) -> Result<Superblock> {
     let sectors = dev.len_bytes() / 512;
     if sectors < best.data_offset + crate::journal::MIN_LOG_SECTORS {
         return Err(EngineError::Assemble {

@@ -677,7 +677,10 @@ fn an_fua_write_in_flight_when_the_log_fails_is_durable_on_the_members() {
         std::thread::yield_now();
     }
     gate.set(false);
-    writer.join().expect("writer").expect("FUA write acknowledged");
+    writer
+        .join()
+        .expect("writer")
+        .expect("FUA write acknowledged");
     // Power goes the moment the acknowledgement is out.
     cut(&rig);
     failer.join().expect("failer").expect("fail the log");
@@ -756,6 +759,12 @@ fn a_replaced_log_coming_back_is_not_replayed() {
     let again = rig
         .boot(rig.all(), AssembleOptions::default())
         .expect("assemble with the old log");
-    assert!(again.is_read_only(), "the old log is not the array's journal");
-    assert!(read(&again, 0, newer.len()) == newer, "a stale log was replayed");
+    assert!(
+        again.is_read_only(),
+        "the old log is not the array's journal"
+    );
+    assert!(
+        read(&again, 0, newer.len()) == newer,
+        "a stale log was replayed"
+    );
 }
