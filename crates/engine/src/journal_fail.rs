@@ -21,6 +21,7 @@
 //! * a write whose member writes lost their FUA to the log (write-through) and that finds the
 //!   log failed once they are done flushes the members before it is acknowledged (see
 //!   `commit.rs`).
+//!
 //! A flush or write that found the log healthy at its last check is acknowledged on the log's
 //! durability; that log is still the array's journal on disk until step 3, so nothing it
 //! acknowledged is lost. Commits that fail on a failing log leave its superblock's events
