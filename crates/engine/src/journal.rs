@@ -920,16 +920,8 @@ pub(crate) fn recover(
         // Nothing may be written, and nothing older than the log holds may be served: a start
         // that would need the replay is refused (md replays before it serves).
         let plan = plan_replay(&scan, geometry);
-        let lacking = lacking_pages(&plan, geometry, slots).map_err(|e| fail(e.to_string()))?;
-        if lacking == 0 {
-            if let Some(i) = integrity {
-                // The members hold what the chain wrote, but the records of it may not have
-                // reached the tables before the cut: in memory they say what replay would.
-                for (role, offset, bytes) in &plan.runs {
-                    i.set_block(*role, *offset, bytes);
-                }
-            }
-        }
+        let lacking = lacking_pages(&plan, geometry, slots, integrity)
+            .map_err(|e| fail(e.to_string()))?;
         if lacking > 0 {
             return Err(fail(format!(
                 "its journal holds {lacking} pages of acknowledged writes that the members do \
@@ -1329,8 +1321,14 @@ fn replay(
 /// Pages a replay of the chain would write that the members do not hold (a read-only start
 /// must not serve without them). A page of a missing member is not counted when the stripe's
 /// other pages are there: reads rebuild it from them. Data without parity counts unless its
-/// member holds it already.
-fn lacking_pages(plan: &ReplayPlan, geometry: &Geometry, slots: &[Slot]) -> std::io::Result<u64> {
+/// member holds it already. With integrity, a page whose record does not match it counts too
+/// (replay would set the record; a read-only start writes no table).
+fn lacking_pages(
+    plan: &ReplayPlan,
+    geometry: &Geometry,
+    slots: &[Slot],
+    integrity: Option<&crate::integrity::Integrity>,
+) -> std::io::Result<u64> {
     let mut lacking = 0u64;
     let differs = |role: usize, offset: u64, bytes: &[u8]| -> std::io::Result<u64> {
         let Some(m) = slots[role].usable() else {
@@ -1345,7 +1343,13 @@ fn lacking_pages(plan: &ReplayPlan, geometry: &Geometry, slots: &[Slot]) -> std:
             .count() as u64)
     };
     for (role, offset, bytes) in &plan.runs {
-        lacking += differs(*role, *offset, bytes)?;
+        let unrecorded = integrity.map_or(0, |i| {
+            (0..bytes.len())
+                .step_by(PAGE)
+                .filter(|&at| !i.verify(*role, offset + at as u64, &bytes[at..at + PAGE]))
+                .count() as u64
+        });
+        lacking += differs(*role, *offset, bytes)?.max(unrecorded);
     }
     let chunk_sectors = geometry.chunk_sectors();
     for (byte, page) in &plan.data_only {
