@@ -768,3 +768,40 @@ fn a_replaced_log_coming_back_is_not_replayed() {
         "a stale log was replayed"
     );
 }
+
+/// Item 2: a log that can still be read at the next start but no longer written. Its chain is
+/// replayed, the data it held without parity (write-back) goes out to the members from memory,
+/// and only then is it recorded faulty: the array starts read-only with everything flushed.
+#[test]
+fn a_log_readable_but_not_writable_at_the_next_start_is_replayed_then_dropped() {
+    let rig = Rig::new(Level::Raid5, 4, 4 << 20);
+    let array = rig
+        .boot(rig.all(), AssembleOptions::default())
+        .expect("assemble");
+    array.set_journal_mode(true).expect("write-back");
+    let written = partial_rows(&array, 140);
+    array.flush().expect("flush");
+    drop(array);
+    cut(&rig);
+    rig.log.set_faults(device::Faults {
+        write_error: 1.0,
+        ..device::Faults::default()
+    });
+    let again = rig
+        .boot(rig.all(), AssembleOptions::default())
+        .expect("starts with the log replayed");
+    let j = again.status().journal.expect("journal");
+    assert_eq!(j.state, "failed", "{j:?}");
+    assert!(j.replayed.data_only_pages > 0, "{j:?}");
+    assert_eq!(j.cache_bytes, 0, "{j:?}");
+    assert!(again.status().read_only);
+    assert_reads(&again, &written, "replayed from a log that cannot be written");
+    drop(again);
+    cut(&rig);
+    rig.log.set_faults(device::Faults::default());
+    let last = rig
+        .boot(rig.all(), AssembleOptions::default())
+        .expect("reassemble");
+    assert!(last.is_read_only(), "the log was recorded faulty");
+    assert_reads(&last, &written, "after the log was dropped");
+}
