@@ -166,11 +166,13 @@ impl Array {
     /// Remove a faulty member or a spare from the array (an active member must fail first).
     /// A failed journal goes only once its cache is written out (`journal_fail.rs`).
     pub fn remove_member(&self, name: &str) -> Result<()> {
-        if self
-            .policy
-            .journal()
-            .is_some_and(|j| j.member().name() == name)
-        {
+        if let Some(j) = self.policy.journal().filter(|j| j.member().name() == name) {
+            if j.failed().is_none() {
+                return Err(EngineError::InvalidArgument(format!(
+                    "{name} is the working journal of {}; fail it first",
+                    self.name
+                )));
+            }
             self.settle_journal()?;
         }
         let mut meta = self.meta.lock();
