@@ -920,8 +920,8 @@ pub(crate) fn recover(
         // Nothing may be written, and nothing older than the log holds may be served: a start
         // that would need the replay is refused (md replays before it serves).
         let plan = plan_replay(&scan, geometry);
-        let lacking = lacking_pages(&plan, geometry, slots, integrity)
-            .map_err(|e| fail(e.to_string()))?;
+        let lacking =
+            lacking_pages(&plan, geometry, slots, integrity).map_err(|e| fail(e.to_string()))?;
         if lacking > 0 {
             return Err(fail(format!(
                 "its journal holds {lacking} pages of acknowledged writes that the members do \

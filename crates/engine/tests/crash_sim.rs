@@ -478,9 +478,9 @@ fn workload(
         && rig.policy.journal()
         && rig.policy != Policy::JournalWriteBackIntegrity
         && rng.gen_bool(0.3))
-        .then(|| (rng.gen_range(0..steps), rng.gen_range(0..3)))
-        // Not on top of a member failing already (see `Rig::log_failed`).
-        .filter(|_| rig.dead.is_empty() && array.status().missing_roles.is_empty());
+    .then(|| (rng.gen_range(0..steps), rng.gen_range(0..3)))
+    // Not on top of a member failing already (see `Rig::log_failed`).
+    .filter(|_| rig.dead.is_empty() && array.status().missing_roles.is_empty());
     for step in 0..steps {
         if rig.rail.is_off() {
             return;

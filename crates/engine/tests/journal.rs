@@ -795,7 +795,11 @@ fn a_log_readable_but_not_writable_at_the_next_start_is_replayed_then_dropped() 
     assert!(j.replayed.data_only_pages > 0, "{j:?}");
     assert_eq!(j.cache_bytes, 0, "{j:?}");
     assert!(again.status().read_only);
-    assert_reads(&again, &written, "replayed from a log that cannot be written");
+    assert_reads(
+        &again,
+        &written,
+        "replayed from a log that cannot be written",
+    );
     drop(again);
     cut(&rig);
     rig.log.set_faults(device::Faults::default());
