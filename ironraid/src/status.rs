@@ -302,6 +302,11 @@ pub struct JournalDetail {
     pub reclaims: u64,
     /// Why the journal failed (null: it works). Writes are refused once it has.
     pub failed: Option<String>,
+    /// "active"; "failing": the log failed and what it covered is being written out to the
+    /// members (a stop or crash now leaves the log to be replayed at the next start);
+    /// "failed": that is done, the members are flushed and the log is recorded faulty.
+    #[serde(default = "active")]
+    pub state: String,
     /// What recovery replayed at assembly.
     pub replayed: ReplayedDetail,
 }
@@ -335,6 +340,7 @@ impl JournalDetail {
             flushes: j.flushes,
             reclaims: j.reclaims,
             failed: j.failed.clone(),
+            state: j.state.to_string(),
             replayed: ReplayedDetail {
                 units: r.units,
                 torn_units: r.torn_units,
@@ -369,10 +375,26 @@ impl JournalDetail {
         }
         if let Some(why) = &self.failed {
             line.push_str(&format!("\n      journal FAILED: {why}"));
+            if self.state == "failing" {
+                line.push_str(&format!(
+                    "\n      journal failing: writing out {} of cache and flushing the members; \
+                     until that ends a stop leaves the log to be replayed",
+                    crate::size::human(self.cache_bytes)
+                ));
+            } else {
+                line.push_str(
+                    "\n      journal recorded faulty: its cache was written out and the members \
+                     flushed first",
+                );
+            }
         }
         line.push('\n');
         line
     }
+}
+
+fn active() -> String {
+    "active".into()
 }
 
 fn plural(n: u64) -> &'static str {
@@ -779,6 +801,7 @@ mod tests {
             flushes: 17,
             reclaims: 2,
             failed: failed.map(str::to_string),
+            state: if failed.is_some() { "failed" } else { "active" }.into(),
             replayed: ReplayedDetail {
                 units: 9,
                 torn_units: 0,
@@ -867,6 +890,7 @@ mod tests {
                 "flushes": 17,
                 "reclaims": 2,
                 "failed": "gone",
+                "state": "failed",
                 "replayed": {
                     "units": 9,
                     "torn_units": 0,

@@ -893,3 +893,279 @@ fn dropping_the_journal_of_a_crashed_degraded_array_keeps_acknowledged_data() {
         env.stop(d);
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Power cuts (issue 21, items 2 and 5): members and log that keep only what was flushed.
+// ---------------------------------------------------------------------------------------------
+
+/// A disk with a volatile write cache: a file served by nbdkit through its cache filter in
+/// write-back mode (writes wait in the filter's cache until a flush or an FUA write), mounted
+/// as a file by nbdfuse. A power cut kills nbdkit: its cache is gone, the file keeps what was
+/// flushed to it.
+struct Volatile {
+    backing: PathBuf,
+    sock: PathBuf,
+    mnt: PathBuf,
+    tmp: PathBuf,
+    nbdkit: Option<Child>,
+    nbdfuse: Option<Child>,
+}
+
+impl Volatile {
+    fn new(env: &Env, name: &str, bytes: u64) -> Volatile {
+        let base = env.dir.path();
+        let mut v = Volatile {
+            backing: env.file(&format!("{name}.backing"), bytes),
+            sock: base.join(format!("{name}.sock")),
+            mnt: base.join(format!("{name}.fuse")),
+            tmp: base.join(format!("{name}.cache")),
+            nbdkit: None,
+            nbdfuse: None,
+        };
+        std::fs::create_dir_all(&v.mnt).unwrap();
+        std::fs::create_dir_all(&v.tmp).unwrap();
+        v.power_on();
+        v
+    }
+
+    /// The device, as the array sees it.
+    fn path(&self) -> PathBuf {
+        self.mnt.join("nbd")
+    }
+
+    fn power_on(&mut self) {
+        let _ = std::fs::remove_file(&self.sock);
+        let log = std::fs::File::create(self.tmp.join("nbdkit.log")).unwrap();
+        self.nbdkit = Some(
+            Command::new("nbdkit")
+                .env("TMPDIR", &self.tmp)
+                .args(["-f", "-U", self.sock.to_str().unwrap(), "--filter=cache"])
+                .arg("file")
+                .arg(format!("file={}", self.backing.display()))
+                .args(["cache=writeback", "cache-on-read=false"])
+                .stdout(Stdio::null())
+                .stderr(log)
+                .spawn()
+                .expect("spawn nbdkit"),
+        );
+        wait_for(&self.sock);
+        self.nbdfuse = Some(
+            Command::new("nbdfuse")
+                .arg(&self.mnt)
+                .arg(format!("nbd+unix:///?socket={}", self.sock.display()))
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("spawn nbdfuse"),
+        );
+        wait_for(&self.path());
+    }
+
+    /// The power goes: what nbdkit's cache held is lost.
+    fn cut(&mut self) {
+        if let Some(mut k) = self.nbdkit.take() {
+            let _ = k.kill();
+            let _ = k.wait();
+        }
+    }
+
+    fn unmount(&mut self) {
+        let _ = Command::new("fusermount3")
+            .args(["-u", "-z"])
+            .arg(&self.mnt)
+            .status();
+        if let Some(mut f) = self.nbdfuse.take() {
+            let _ = f.kill();
+            let _ = f.wait();
+        }
+    }
+}
+
+impl Drop for Volatile {
+    fn drop(&mut self) {
+        self.cut();
+        self.unmount();
+    }
+}
+
+/// Four volatile members and a volatile log, on one power supply.
+struct Machine {
+    members: Vec<Volatile>,
+    log: Volatile,
+}
+
+impl Machine {
+    /// A 4-member RAID5 (64 KiB chunks) with its journal in `mode`, on volatile devices.
+    fn new(name: &str, mode: &str) -> Option<(Env, Machine)> {
+        if !require_tools(&[
+            "nbdkit",
+            "nbdfuse",
+            "fusermount3",
+            "/dev/fuse",
+            "qemu-io",
+            "nbdcopy",
+        ]) {
+            return None;
+        }
+        let mut env = Env::new(name, 0, 0);
+        let members: Vec<Volatile> = (0..4)
+            .map(|i| Volatile::new(&env, &format!("m{i}"), MEMBER))
+            .collect();
+        let log = Volatile::new(&env, "log", 16 << 20);
+        env.members = members.iter().map(Volatile::path).collect();
+        env.create(
+            "5",
+            &[
+                "--chunk",
+                "64K",
+                "--consistency-policy",
+                "journal",
+                "--journal",
+                log.path().to_str().unwrap(),
+                "--journal-mode",
+                mode,
+            ],
+        );
+        Some((env, Machine { members, log }))
+    }
+
+    fn all(&self) -> Vec<PathBuf> {
+        let mut all: Vec<PathBuf> = self.members.iter().map(Volatile::path).collect();
+        all.push(self.log.path());
+        all
+    }
+
+    /// Power cut under a running daemon: every device loses what it was not asked to keep,
+    /// then the daemon dies with the machine; then power comes back.
+    fn cut(&mut self, d: common::Daemon) {
+        for v in self
+            .members
+            .iter_mut()
+            .chain(std::iter::once(&mut self.log))
+        {
+            v.cut();
+        }
+        d.kill9();
+        for v in self
+            .members
+            .iter_mut()
+            .chain(std::iter::once(&mut self.log))
+        {
+            v.unmount();
+            v.power_on();
+        }
+    }
+}
+
+/// qemu-io on one connection running every command in `cmds`; its output.
+fn qemu_io_many(uri: &str, read_only: bool, cmds: &[String]) -> String {
+    let mut c = Command::new("qemu-io");
+    if read_only {
+        c.arg("-r");
+    }
+    c.args(["-f", "raw", uri]);
+    for cmd in cmds {
+        c.args(["-c", cmd]);
+    }
+    let out = c.output().expect("spawn qemu-io");
+    String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr)
+}
+
+/// 256 FUA writes of 64 KiB, each with its own pattern, as qemu-io commands (`op` is
+/// `write -f` or `read`).
+fn fua_pieces(op: &str) -> Vec<String> {
+    (0..256u64)
+        .map(|i| {
+            let at = (i * 37 % 256) * (64 << 10);
+            format!("{op} -P {} {at} 64k", 1 + i % 250)
+        })
+        .collect()
+}
+
+fn pieces_wrong(out: &str) -> usize {
+    out.matches("Pattern verification failed").count()
+}
+
+/// Item 5: acknowledged FUA writes, then a power cut: the members lack what the log holds. A
+/// read-only start must not serve the older bytes: it refuses and says to start normally,
+/// which replays the log; read-only after that serves everything.
+#[test]
+fn read_only_start_after_a_power_cut_never_serves_older_data() {
+    let Some((env, mut machine)) = Machine::new("jrocut", "write-through") else {
+        return;
+    };
+    let d = env.run(&machine.all());
+    let out = qemu_io_many(&env.uri(), false, &fua_pieces("write -f"));
+    assert!(!out.contains("failed"), "{out}");
+    machine.cut(d);
+
+    match env.try_run_with(&["--read-only"], &machine.all()) {
+        Ok(d) => {
+            let out = qemu_io_many(&env.uri(), true, &fua_pieces("read"));
+            assert_eq!(
+                pieces_wrong(&out),
+                0,
+                "a read-only start served older data than was acknowledged:\n{out}"
+            );
+            env.stop(d);
+        }
+        Err(log) => assert!(
+            log.contains("without --read-only") && log.contains("journal"),
+            "the refusal must say what to do:\n{log}"
+        ),
+    }
+    let d = env.run(&machine.all());
+    let det = env.detail();
+    assert!(
+        det["journal"]["replayed"]["pages"].as_u64().unwrap() > 0,
+        "{det:#}"
+    );
+    let out = qemu_io_many(&env.uri(), true, &fua_pieces("read"));
+    assert_eq!(pieces_wrong(&out), 0, "after the replay:\n{out}");
+    env.stop(d);
+    let d = env.run_with(&["--read-only"], &machine.all());
+    let out = qemu_io_many(&env.uri(), true, &fua_pieces("read"));
+    assert_eq!(
+        pieces_wrong(&out),
+        0,
+        "read-only after a clean stop:\n{out}"
+    );
+    env.stop(d);
+}
+
+/// Item 2: write-back, 16 MiB copied and flushed, the log failed by the administrator, the
+/// power cut right after `fail` returns: nothing flushed is lost, and `detail` said the log is
+/// failed (its cache written out) before the cut.
+#[test]
+fn write_back_log_failed_then_power_cut_keeps_flushed_data() {
+    let Some((env, mut machine)) = Machine::new("jwbcut", "write-back") else {
+        return;
+    };
+    let src = env.dir.path().join("src.img");
+    random_file(&src, 16 << 20, 21);
+    let d = env.run(&machine.all());
+    sh("nbdcopy", &["--flush", src.to_str().unwrap(), &env.uri()]);
+    let log = machine.log.path();
+    env.ok(&["fail", &env.name, log.to_str().unwrap()]);
+    let det = env.detail();
+    machine.cut(d);
+    assert_eq!(det["journal"]["state"], "failed", "{det:#}");
+    assert_eq!(det["journal"]["cache_bytes"], 0, "{det:#}");
+    assert_eq!(det["state"], "read-only", "{det:#}");
+
+    // The log is recorded faulty: the array starts read-only, with every flushed byte.
+    let d = env.run(&machine.all());
+    let back = env.dir.path().join("back.img");
+    sh("nbdcopy", &[&env.uri(), back.to_str().unwrap()]);
+    let (a, b) = (std::fs::read(&src).unwrap(), std::fs::read(&back).unwrap());
+    let lost: Vec<usize> = (0..a.len() / (64 << 10))
+        .filter(|&i| a[i << 16..(i + 1) << 16] != b[i << 16..(i + 1) << 16])
+        .collect();
+    assert!(
+        lost.is_empty(),
+        "{} flushed 64 KiB pieces lost (first at {:?})",
+        lost.len(),
+        lost.first().map(|i| i << 16)
+    );
+    env.stop(d);
+}

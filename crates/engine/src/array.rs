@@ -448,11 +448,14 @@ impl Array {
 
     /// Make every write that completed before this call durable: on the members, or in the
     /// journal, where every acknowledged write already is.
+    /// A failed journal covers nothing: its cache is written out and the members flushed
+    /// first (see `journal_fail.rs`).
     pub fn flush(&self) -> Result<()> {
         let watched = self.watch_flush_begin();
         self.stripes.hurry_all();
-        let logged = self.policy.journal().is_some_and(|j| j.failed().is_none());
+        let logged = self.journal_healthy();
         if !logged {
+            self.settle_journal()?;
             self.flush_members();
         }
         // A member that failed meanwhile was skipped: its failure must be on disk first.
@@ -460,8 +463,19 @@ impl Array {
         if self.is_failed() {
             return Err(self.unrecoverable(0, self.size_bytes(), "too many members failed"));
         }
+        if logged && !self.journal_healthy() {
+            // The log failed while this flush relied on it: no acknowledgement before what it
+            // covered is on the members.
+            self.settle_journal()?;
+            self.flush_members();
+        }
         self.watch_flush_end(watched);
         Ok(())
+    }
+
+    /// Is there a journal, and has it not failed?
+    pub(crate) fn journal_healthy(&self) -> bool {
+        self.policy.journal().is_some_and(|j| j.failed().is_none())
     }
 
     /// Flush every member in a role; a member whose flush fails is failed. Changed integrity
@@ -739,6 +753,8 @@ impl Array {
             self.flush_members();
             j.reclaim_now(self);
         }
+        // The log may have failed in the reclaim: it is recorded so before the stop is.
+        self.settle_journal()?;
         if let Some(bm) = self.policy.bitmap() {
             // Everything written is durable: the bits of every quiet chunk may go now, as md
             // clears its bitmap at a clean stop (chunks still to resync keep theirs).
@@ -853,11 +869,11 @@ impl Array {
         self.failures_in_commit.fetch_sub(1, Ordering::SeqCst);
     }
 
-    /// The journal device failed: writes are refused from now on (the journal's own state
-    /// says so); record it faulty in every superblock, so that the next assembly knows the
-    /// log is gone.
+    /// The journal device failed and what it covered is durable on the members (see
+    /// `journal_fail.rs`): record it faulty in every superblock, so that the next assembly
+    /// knows the log is gone.
     pub(crate) fn journal_failed(&self, member: &Arc<Member>, why: &str) {
-        tracing::error!(array = %self.name, journal = %member.name(), "journal failed: {why}; the array is read-only now");
+        tracing::error!(array = %self.name, journal = %member.name(), "journal failed: {why}; its cache is written out and the members flushed; the array is read-only now");
         let mut meta = self.meta.lock();
         meta.retire(member.dev_number, ROLE_FAULTY);
         let failed = meta.commit();
@@ -874,9 +890,10 @@ impl Array {
     /// Fail a member by name (administrator's `fail`).
     pub fn fail_member(&self, name: &str) -> Result<()> {
         if let Some(j) = self.policy.journal().filter(|j| j.member().name() == name) {
-            // md lets the journal be failed too: the array goes read-only.
+            // md lets the journal be failed too: the array goes read-only. Returns once what
+            // the log covered is durable on the members and the log is recorded faulty.
             j.fail(self, "failed by administrator");
-            return Ok(());
+            return self.settle_journal();
         }
         let role = self
             .slots

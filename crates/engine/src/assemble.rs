@@ -191,7 +191,12 @@ fn place(found: Vec<Found>, best: &Superblock) -> Result<Placement> {
         forced: Vec::new(),
     };
     for (dev, sb) in found {
-        if sb.events + 1 < best.events {
+        // The journal's superblock falls behind when commits fail on a log that is failing;
+        // its log is no less valid for that (its tail is recorded on it alone): a log the
+        // role table still names is replayed whatever its events say.
+        let named_journal =
+            sb.role() == DevRole::Journal && best.role_of(sb.dev_number) == DevRole::Journal;
+        if sb.events + 1 < best.events && !named_journal {
             tracing::warn!(member = %dev.name(), events = sb.events, freshest = best.events, "stale member left out (events behind)");
             p.left_out.push(((dev, sb), LeftOut::Stale));
             continue;
@@ -614,7 +619,13 @@ fn build(
         integrity,
         read_only_reason: journal.read_only_reason,
     })?;
-    if journal.write_back && !array.is_read_only() {
+    if !array.is_read_only() {
+        // A log that was replayed but could not be written again: what it held goes out to
+        // the members (data without parity from memory) before it is recorded faulty and
+        // before anything is served.
+        array.settle_journal()?;
+    }
+    if journal.write_back && !array.is_read_only() && array.journal_healthy() {
         if let Err(e) = array.set_journal_mode(true) {
             tracing::warn!(array = %array.name(), "journal starts in write-through instead of write-back: {e}");
         }
@@ -775,7 +786,7 @@ fn open_journal(
         }
         (Some(found), None) => found,
         (None, Some(dev)) => {
-            let sb = new_journal_sb(best, meta, dev.as_ref(), name)?;
+            let sb = new_journal_sb(best, meta, dev.as_ref())?;
             crate::journal::write_empty_log(dev.as_ref(), &sb)
                 .and_then(|()| crate::meta::write_superblock(&new_member(dev.clone(), &sb), &sb))
                 .map_err(|e| EngineError::Assemble {
@@ -830,25 +841,7 @@ fn open_journal(
 
 /// The superblock of a new journal device for an array whose journal was lost: the array's
 /// fields, the slot of the old journal (or a free one), an empty log.
-fn new_journal_sb(
-    best: &Superblock,
-    meta: &mut Meta,
-    dev: &dyn Device,
-    name: &str,
-) -> Result<Superblock> {
-    let used: Vec<u32> = meta.members.iter().map(|m| m.member.dev_number).collect();
-    let slot = meta
-        .roles
-        .iter()
-        .position(|&r| r == format::ROLE_JOURNAL)
-        .or_else(|| {
-            (0..meta.roles.len())
-                .find(|&i| !used.contains(&(i as u32)) && meta.roles[i] >= format::ROLE_MAX)
-        })
-        .ok_or_else(|| EngineError::Assemble {
-            member: format!("array '{name}'"),
-            reason: "no free slot in the role table for a journal".into(),
-        })?;
+fn new_journal_sb(best: &Superblock, meta: &mut Meta, dev: &dyn Device) -> Result<Superblock> {
     let sectors = dev.len_bytes() / 512;
     if sectors < best.data_offset + crate::journal::MIN_LOG_SECTORS {
         return Err(EngineError::Assemble {
@@ -856,9 +849,31 @@ fn new_journal_sb(
             reason: format!("too small for a journal: {} bytes", dev.len_bytes()),
         });
     }
+    // The lost journal's slot is recorded faulty and never reused: a journal the role table
+    // names is replayed even when its superblock is behind (see `place`), so the old device
+    // coming back must not find its slot naming a journal again.
+    let old: Vec<usize> = (0..meta.roles.len())
+        .filter(|&i| meta.roles[i] == format::ROLE_JOURNAL)
+        .collect();
+    for &i in &old {
+        meta.roles[i] = format::ROLE_FAULTY;
+    }
+    let used: Vec<u32> = meta.members.iter().map(|m| m.member.dev_number).collect();
+    let free = (0..meta.roles.len()).find(|&i| {
+        !used.contains(&(i as u32)) && meta.roles[i] >= format::ROLE_MAX && !old.contains(&i)
+    });
+    let slot = free.unwrap_or_else(|| {
+        meta.roles.push(format::ROLE_FAULTY);
+        meta.roles.len() - 1
+    });
+    let max_dev = meta.roles.len() as u32;
+    for m in meta.members.iter_mut() {
+        m.sb.max_dev = m.sb.max_dev.max(max_dev);
+    }
     meta.roles[slot] = format::ROLE_JOURNAL;
     let mut sb = best.clone();
     sb.dev_number = slot as u32;
+    sb.max_dev = sb.max_dev.max(max_dev);
     sb.device_uuid = *uuid::Uuid::new_v4().as_bytes();
     sb.data_size = sectors - best.data_offset;
     sb.recovery_offset = 0;

@@ -8,7 +8,8 @@
 //! 2. the used-region map marks the regions written as used (durably), then the consistency
 //!    policy's `before_writes` hook runs (the bitmap sets and flushes its bits
 //!    here, the journal logs and waits for the log);
-//! 3. the writes run;
+//! 3. the writes run (without FUA when the journal logged them; if the log failed meanwhile,
+//!    the members are flushed before those that asked for FUA return);
 //! 4. a member failure that any of these writes (or writes planned past a member already failing)
 //!    skipped is durable in the superblocks before this returns, so before any acknowledgement;
 //! 5. writes that hit a full backing store leave the range inconsistent, which the policy
@@ -125,15 +126,22 @@ impl Array {
             }
         }
         let ticket = self.policy.before_writes(self, set, image)?;
+        let mut fua_to_log = false;
         if ticket.is_some() {
             // Logged durably: the member writes need no FUA of their own.
             for io in ios.iter_mut() {
                 if let IoKind::Write(_, fua) = &mut io.kind {
+                    fua_to_log |= *fua;
                     *fua = false;
                 }
             }
         }
         self.run_io(ios);
+        if fua_to_log && !self.journal_healthy() {
+            // The log their FUA was left to failed while they ran: they are durable on the
+            // members before anything acknowledges them (the log may never be read again).
+            self.flush_members();
+        }
         self.wait_failures_durable();
         let no_space = ios.iter().any(|io| io.outcome == IoOutcome::NoSpace);
         if no_space {

@@ -23,8 +23,12 @@
 //!
 //! A client's acknowledged write is in the log durably, so a client flush needs no member
 //! flush, and FUA needs none either. If the log device fails, new writes are refused (the array
-//! turns read-only) and the journal is recorded faulty in the superblocks; writes already logged
-//! complete; nothing unlogged reaches a member.
+//! turns read-only); writes already logged complete; nothing unlogged reaches a member except
+//! the write-back cache, which is written out from memory; the journal is recorded faulty in
+//! the superblocks only once that is durable on the members (`journal_fail.rs`).
+//!
+//! A read-only start replays nothing, so it starts only if the members hold everything the
+//! chain would replay (compared page by page); otherwise it is refused with what to do.
 
 use crate::array::Array;
 use crate::error::{EngineError, Result};
@@ -104,7 +108,15 @@ struct LogState {
     /// Every unit with a smaller sequence number is durable in the log.
     durable_seq: u64,
     flushing: bool,
+    /// The log failed (why): no new writes from then on. See [`Array::settle_journal`].
     failed: Option<String>,
+    /// After a failure: the cache is written out, the members flushed, and the log recorded
+    /// faulty in the superblocks (only then: until this, a crash leaves the log to be
+    /// replayed at the next start).
+    settled: bool,
+    /// Groups of member writes past the log (their units durable) whose member writes have not
+    /// finished: a failed log is recorded faulty only when none is left.
+    tickets: usize,
     /// Sectors kept free for writing out what the write-back cache holds (its parity).
     flush_reserve: u64,
 }
@@ -163,6 +175,9 @@ pub struct JournalStatus {
     pub flushes: u64,
     pub reclaims: u64,
     pub failed: Option<String>,
+    /// `active`; `failing`: the log failed, writes are refused, and what it covered is being
+    /// written out to the members; `failed`: that is done and the log is recorded faulty.
+    pub state: &'static str,
     pub replayed: Replayed,
 }
 
@@ -174,6 +189,9 @@ pub(crate) struct Journal {
     cv: Condvar,
     /// One reclaim at a time.
     reclaim: Mutex<()>,
+    /// One settling of a failed log at a time (others wait for it: a flush must not return
+    /// before the write-out it needs).
+    settling: Mutex<()>,
     logged_bytes: AtomicU64,
     flushes: AtomicU64,
     reclaims: AtomicU64,
@@ -202,6 +220,12 @@ pub(crate) struct CachedRow {
     seqs: Vec<u64>,
     need: u64,
     since: Instant,
+    /// Found by recovery (data the log held without parity). Its stripe may be torn on the
+    /// members: a log that failed has its cache written out without logging parity, and a
+    /// cut in that write-out leaves data and parity disagreeing with nothing to replay. So
+    /// its write-out computes parity from the whole row (reconstruct-write), never by
+    /// read-modify-write from the parity on the members.
+    pub recovered: bool,
 }
 
 impl CachedRow {
@@ -259,6 +283,15 @@ impl CachedRow {
     }
 }
 
+/// Ends a ticket (see [`Journal::take_ticket`]) when dropped.
+struct TicketGuard<'a>(&'a Journal);
+
+impl Drop for TicketGuard<'_> {
+    fn drop(&mut self) {
+        self.0.end_ticket();
+    }
+}
+
 /// How a reservation in the ring may be served.
 #[derive(Clone, Copy)]
 enum Space {
@@ -296,6 +329,8 @@ impl Journal {
         let seqs = self
             .write_units(array, units, space)?
             .expect("normal and write-out reservations wait for room");
+        // Its member writes may go out (the ticket ends in `written_home`).
+        self.take_ticket(array)?;
         Ok(seqs)
     }
 
@@ -334,15 +369,18 @@ impl Journal {
         }
         let res = write_ring_at(&self.member, self.log, start, &pieces);
         self.logged_bytes.fetch_add(total * 512, Ordering::Relaxed);
+        if let Err(e) = &res {
+            // Failed before the units count as logged: a group flush must never count a
+            // unit that is not in the log as durable (units after it would be acknowledged
+            // and then not replayed, the chain ending at the missing one).
+            self.fail(array, &format!("log write failed: {e}"));
+        }
         {
             let mut st = self.st.lock();
             for seq in seqs.clone() {
                 st.unit(seq).logged = true;
             }
             self.cv.notify_all();
-        }
-        if let Err(e) = res {
-            self.fail(array, &format!("log write failed: {e}"));
         }
         self.wait_durable(array, seqs.end)?;
         Ok(Some(seqs))
@@ -563,6 +601,10 @@ impl Journal {
         let Some(seqs) = self.write_units(array, units, Space::Cache { grow })? else {
             return Ok(false);
         };
+        // A ticket while the pages go into the cache: a failed log's settling waits for it
+        // before it writes the cache out, so it cannot miss these pages.
+        self.take_ticket(array)?;
+        let _ticket = TicketGuard(self);
         let mut c = self.cache.lock();
         let c = &mut *c;
         let entry = c.rows.entry(row).or_insert_with(|| {
@@ -572,6 +614,7 @@ impl Journal {
                 seqs: Vec::new(),
                 need: 0,
                 since: Instant::now(),
+                recovered: false,
             }
         });
         entry.need += grow;
@@ -647,13 +690,64 @@ impl Journal {
         rows.into_iter().map(|(_, row, age)| (row, age)).collect()
     }
 
-    /// The member writes of these units completed.
+    /// The member writes of these units completed (their ticket from [`Journal::log`] ends).
     pub fn written_home(&self, seqs: Range<u64>) {
         let mut st = self.st.lock();
         for seq in seqs {
             st.unit(seq).home = true;
         }
+        drop(st);
+        self.end_ticket();
+    }
+
+    /// A ticket: work that relies on the log (member writes of logged units, pages going into
+    /// the cache) may go on. Taken under the lock the failure is set under, so a settling of a
+    /// failed log either waits for it or this sees the failure.
+    fn take_ticket(&self, array: &Array) -> Result<()> {
+        let mut st = self.st.lock();
+        if let Some(why) = &st.failed {
+            return Err(self.read_only(array, why));
+        }
+        st.tickets += 1;
+        Ok(())
+    }
+
+    fn end_ticket(&self) {
+        let mut st = self.st.lock();
+        assert!(st.tickets > 0, "a ticket ended twice");
+        st.tickets -= 1;
         self.cv.notify_all();
+    }
+
+    /// Wait until no member writes past the log are running.
+    pub(crate) fn wait_tickets(&self) {
+        let mut st = self.st.lock();
+        while st.tickets > 0 {
+            self.cv.wait(&mut st);
+        }
+    }
+
+    pub(crate) fn settling(&self) -> parking_lot::MutexGuard<'_, ()> {
+        self.settling.lock()
+    }
+
+    pub(crate) fn settled(&self) -> bool {
+        self.st.lock().settled
+    }
+
+    pub(crate) fn mark_settled(&self) {
+        let mut st = self.st.lock();
+        assert!(st.failed.is_some(), "only a failed log settles");
+        st.settled = true;
+    }
+
+    /// Rows with cached pages or a write-out under way.
+    pub(crate) fn pending_rows(&self) -> Vec<u64> {
+        let c = self.cache.lock();
+        let mut rows: Vec<u64> = c.rows.keys().chain(c.writing.iter()).copied().collect();
+        rows.sort_unstable();
+        rows.dedup();
+        rows
     }
 
     /// Sectors a reclaim would free now (units home from the tail on, the newest kept).
@@ -719,7 +813,9 @@ impl Journal {
         write_superblock(&m.member, &m.sb)
     }
 
-    /// The log device failed: no new writes; record it in the superblocks.
+    /// The log device failed: no new writes from now on. Nothing is recorded yet: until
+    /// [`Array::settle_journal`] has written out what the log covered, the log stays the
+    /// array's journal on disk, so a crash meanwhile replays it at the next start.
     pub fn fail(&self, array: &Array, why: &str) {
         {
             let mut st = self.st.lock();
@@ -729,7 +825,7 @@ impl Journal {
             st.failed = Some(format!("journal {} failed: {why}", self.member.name()));
             self.cv.notify_all();
         }
-        array.journal_failed(&self.member, why);
+        array.journal_failing(&self.member, why);
     }
 
     fn read_only(&self, array: &Array, why: &str) -> EngineError {
@@ -757,6 +853,11 @@ impl Journal {
             flushes: self.flushes.load(Ordering::Relaxed),
             reclaims: self.reclaims.load(Ordering::Relaxed),
             failed: st.failed.clone(),
+            state: match (&st.failed, st.settled) {
+                (None, _) => "active",
+                (Some(_), false) => "failing",
+                (Some(_), true) => "failed",
+            },
             replayed: self.replayed.clone(),
         }
     }
@@ -765,7 +866,9 @@ impl Journal {
 /// Recovery at assembly (reference §6.5): replay the consistent chain from `journal_tail`,
 /// write every logged stripe home, start a new chain. `sb` is the log device's superblock
 /// (its `recovery_offset` is `journal_tail`; updated here). With `read_only`, nothing is
-/// written: the chain is only measured.
+/// written: the chain is measured, and the start is refused if the members lack any of it.
+/// A log that is read and replayed but cannot be written comes back failed (see
+/// `Array::settle_journal`).
 pub(crate) fn recover(
     member: Arc<Member>,
     sb: &mut Superblock,
@@ -804,79 +907,60 @@ pub(crate) fn recover(
             (0, u64::from(rand::random::<u32>()))
         }
     };
+    let mut chain = NewChain {
+        units: VecDeque::new(),
+        head: next_start,
+        next_seq,
+        next_start,
+    };
     let mut cache = WbCache::default();
-    let mut units = VecDeque::new();
-    let mut head = next_start;
     let mut flush_reserve = 0;
-    if !read_only {
+    let mut failed = None;
+    if read_only {
+        // Nothing may be written, and nothing older than the log holds may be served: a start
+        // that would need the replay is refused (md replays before it serves).
+        let plan = plan_replay(&scan, geometry);
+        let lacking =
+            lacking_pages(&plan, geometry, slots, integrity).map_err(|e| fail(e.to_string()))?;
+        if lacking > 0 {
+            return Err(fail(format!(
+                "its journal holds {lacking} pages of acknowledged writes that the members do \
+                 not hold yet, and a read-only start cannot replay them (it would serve the \
+                 older data): start the array once without --read-only (the log is replayed \
+                 onto the members), stop it, then start it read-only"
+            )));
+        }
+    } else {
         let (pages, data_only) =
             replay(&scan, geometry, slots, integrity).map_err(|e| fail(e.to_string()))?;
         replayed.pages = pages;
         replayed.data_only_pages = data_only.len() as u64;
-        // The new chain starts with the data that had no parity yet (write-back), logged again
-        // as it was and kept in the cache (md re-logs it the same way): only once that is
-        // durable may the tail leave the old chain. The write-back reserve kept room for it.
-        let mut rows: BTreeMap<u64, CachedRow> = BTreeMap::new();
-        for (byte, page) in data_only {
-            let pos = geometry.locate(byte / 512);
-            rows.entry(pos.stripe)
-                .or_insert_with(|| CachedRow {
-                    pages: BTreeMap::new(),
-                    seqs: Vec::new(),
-                    need: 0,
-                    since: Instant::now(),
-                })
-                .pages
-                .insert((pos.offset_sectors * 512, pos.data_index), page);
+        let mut rows = cached_rows_of(geometry, data_only);
+        if let Err(why) = chain.start(&member, log, seed, geometry, &mut rows, sb) {
+            // What the log held is on the members (and its data without parity in memory):
+            // the log is failed, and the array writes that data out and records the log
+            // faulty before it serves anything (see `Array::settle_journal`).
+            tracing::error!(journal = %member.name(), "the log was replayed but cannot be written: {why}");
+            failed = Some(format!(
+                "journal {} failed at assembly: {why}",
+                member.name()
+            ));
         }
-        let mut seq = next_seq;
-        for (&row, r) in rows.iter_mut() {
-            for (meta, pages) in data_units(geometry, seed, row, &r.pages) {
-                let meta = MetaBlock {
-                    seq,
-                    position: head,
-                    ..meta
-                };
-                let block = meta.encode(seed);
-                let pieces: Vec<&[u8]> = std::iter::once(&block[..]).chain(pages).collect();
-                write_ring_at(&member, log, head, &pieces)
-                    .map_err(|e| fail(format!("cannot log write-back data again: {e}")))?;
-                units.push_back(Unit {
-                    seq,
-                    start: head,
-                    sectors: meta.unit_sectors(),
-                    logged: true,
-                    home: false,
-                });
-                r.seqs.push(seq);
-                head = (head + meta.unit_sectors()) % log;
-                seq += 1;
-            }
+        for r in rows.values_mut() {
             r.need = write_out_need(r.columns(), geometry);
             flush_reserve += r.need;
             cache.bytes += r.pages.len() * PAGE;
         }
-        if units.is_empty() {
-            let block = MetaBlock::empty(next_seq, next_start).encode(seed);
-            write_ring_at(
-                &member,
-                log,
-                next_start,
-                &[&AlignedBuf::copy_from(&block)[..]],
-            )
-            .map_err(|e| fail(format!("cannot start the new log: {e}")))?;
-        }
-        member
-            .dev
-            .flush()
-            .map_err(|e| fail(format!("cannot start the new log: {e}")))?;
-        sb.recovery_offset = next_start;
-        write_superblock(&member, sb)
-            .map_err(|e| fail(format!("cannot record the journal tail: {e}")))?;
         cache.rows = rows;
     }
+    let NewChain {
+        mut units,
+        mut head,
+        ..
+    } = chain;
     if units.is_empty() {
-        // The new chain's first block: the empty meta block (written above unless read-only).
+        // The new chain's first block: the empty meta block (written by `start` unless
+        // read-only or failed).
         units.push_back(Unit {
             seq: next_seq,
             start: next_start,
@@ -894,7 +978,9 @@ pub(crate) fn recover(
         next_seq: next,
         durable_seq: next,
         flushing: false,
-        failed: None,
+        failed,
+        settled: false,
+        tickets: 0,
         flush_reserve,
     };
     let cached_rows = cache.rows.len();
@@ -905,6 +991,7 @@ pub(crate) fn recover(
         st: Mutex::new(st),
         cv: Condvar::new(),
         reclaim: Mutex::new(()),
+        settling: Mutex::new(()),
         logged_bytes: AtomicU64::new(0),
         flushes: AtomicU64::new(0),
         reclaims: AtomicU64::new(0),
@@ -913,6 +1000,90 @@ pub(crate) fn recover(
         cache: Mutex::new(cache),
         cached_rows: std::sync::atomic::AtomicUsize::new(cached_rows),
     })
+}
+
+/// The data pages recovery found without parity, as cached rows (not logged yet).
+fn cached_rows_of(geometry: &Geometry, data_only: DataOnly) -> BTreeMap<u64, CachedRow> {
+    let mut rows: BTreeMap<u64, CachedRow> = BTreeMap::new();
+    for (byte, page) in data_only {
+        let pos = geometry.locate(byte / 512);
+        rows.entry(pos.stripe)
+            .or_insert_with(|| CachedRow {
+                pages: BTreeMap::new(),
+                seqs: Vec::new(),
+                need: 0,
+                since: Instant::now(),
+                recovered: true,
+            })
+            .pages
+            .insert((pos.offset_sectors * 512, pos.data_index), page);
+    }
+    rows
+}
+
+/// The chain recovery starts after the old one.
+struct NewChain {
+    units: VecDeque<Unit>,
+    head: u64,
+    next_seq: u64,
+    next_start: u64,
+}
+
+impl NewChain {
+    /// Start the new chain with the data that had no parity yet (write-back), logged again as
+    /// it was and kept in the cache (md re-logs it the same way): only once that is durable
+    /// may the tail leave the old chain. The write-back reserve kept room for it. Then the
+    /// tail moves to the new chain's start.
+    fn start(
+        &mut self,
+        member: &Member,
+        log: u64,
+        seed: u32,
+        geometry: &Geometry,
+        rows: &mut BTreeMap<u64, CachedRow>,
+        sb: &mut Superblock,
+    ) -> std::result::Result<(), String> {
+        let mut seq = self.next_seq;
+        for (&row, r) in rows.iter_mut() {
+            for (meta, pages) in data_units(geometry, seed, row, &r.pages) {
+                let meta = MetaBlock {
+                    seq,
+                    position: self.head,
+                    ..meta
+                };
+                let block = meta.encode(seed);
+                let pieces: Vec<&[u8]> = std::iter::once(&block[..]).chain(pages).collect();
+                write_ring_at(member, log, self.head, &pieces)
+                    .map_err(|e| format!("cannot log write-back data again: {e}"))?;
+                self.units.push_back(Unit {
+                    seq,
+                    start: self.head,
+                    sectors: meta.unit_sectors(),
+                    logged: true,
+                    home: false,
+                });
+                r.seqs.push(seq);
+                self.head = (self.head + meta.unit_sectors()) % log;
+                seq += 1;
+            }
+        }
+        if self.units.is_empty() {
+            let block = MetaBlock::empty(self.next_seq, self.next_start).encode(seed);
+            write_ring_at(
+                member,
+                log,
+                self.next_start,
+                &[&AlignedBuf::copy_from(&block)[..]],
+            )
+            .map_err(|e| format!("cannot start the new log: {e}"))?;
+        }
+        member
+            .dev
+            .flush()
+            .map_err(|e| format!("cannot start the new log: {e}"))?;
+        sb.recovery_offset = self.next_start;
+        write_superblock(member, sb).map_err(|e| format!("cannot record the journal tail: {e}"))
+    }
 }
 
 /// Write the concatenation of `pieces` at ring sector `start` of a log of `log` sectors,
@@ -1090,6 +1261,15 @@ impl Scan {
 /// A member write recovery makes: role, per-member byte offset, page.
 type HomeWrite<'a> = (usize, u64, &'a [u8]);
 
+/// What replaying a chain writes: runs of consecutive pages per member (role, per-member byte
+/// offset, bytes; later units win), the number of pages logged with parity, and the data
+/// pages that had none (array byte offset, page).
+struct ReplayPlan {
+    runs: Vec<(usize, u64, Vec<u8>)>,
+    pages: u64,
+    data_only: DataOnly,
+}
+
 /// Write the logged stripes home in log order; returns the pages written and the data pages
 /// that had no parity (array byte offset, page).
 /// Pages written home also set their integrity records (a missing member's included: the
@@ -1100,6 +1280,92 @@ fn replay(
     slots: &[Slot],
     integrity: Option<&crate::integrity::Integrity>,
 ) -> std::io::Result<(u64, DataOnly)> {
+    let ReplayPlan {
+        runs,
+        pages,
+        data_only,
+    } = plan_replay(scan, geometry);
+    let mut touched = vec![false; slots.len()];
+    for (role, offset, bytes) in runs {
+        if let Some(i) = integrity {
+            i.set_block(role, offset, &bytes);
+        }
+        if let Some(m) = slots[role].usable() {
+            m.dev.write_at(
+                &AlignedBuf::copy_from(&bytes),
+                m.data_offset_bytes + offset,
+                false,
+            )?;
+            touched[role] = true;
+        }
+    }
+    if let Some(i) = integrity {
+        // The records of what was written home are durable before the tail leaves the log
+        // that holds it.
+        if let Some((_, m, e)) = i.write_tables().into_iter().next() {
+            return Err(std::io::Error::other(format!(
+                "{}: integrity table write failed: {e}",
+                m.name()
+            )));
+        }
+        touched.iter_mut().for_each(|t| *t = true);
+    }
+    for (role, _) in touched.iter().enumerate().filter(|(_, t)| **t) {
+        if let Some(m) = slots[role].usable() {
+            m.dev.flush()?;
+        }
+    }
+    Ok((pages, data_only))
+}
+
+/// Pages a replay of the chain would write that the members do not hold (a read-only start
+/// must not serve without them). A page of a missing member is not counted when the stripe's
+/// other pages are there: reads rebuild it from them. Data without parity counts unless its
+/// member holds it already. With integrity, a page whose record does not match it counts too
+/// (replay would set the record; a read-only start writes no table).
+fn lacking_pages(
+    plan: &ReplayPlan,
+    geometry: &Geometry,
+    slots: &[Slot],
+    integrity: Option<&crate::integrity::Integrity>,
+) -> std::io::Result<u64> {
+    let mut lacking = 0u64;
+    let differs = |role: usize, offset: u64, bytes: &[u8]| -> std::io::Result<u64> {
+        let Some(m) = slots[role].usable() else {
+            return Ok(0);
+        };
+        let mut held = AlignedBuf::zeroed(bytes.len());
+        m.dev.read_at(&mut held, m.data_offset_bytes + offset)?;
+        Ok(held
+            .chunks(PAGE)
+            .zip(bytes.chunks(PAGE))
+            .filter(|(a, b)| a != b)
+            .count() as u64)
+    };
+    for (role, offset, bytes) in &plan.runs {
+        let unrecorded = integrity.map_or(0, |i| {
+            (0..bytes.len())
+                .step_by(PAGE)
+                .filter(|&at| !i.verify(*role, offset + at as u64, &bytes[at..at + PAGE]))
+                .count() as u64
+        });
+        lacking += differs(*role, *offset, bytes)?.max(unrecorded);
+    }
+    let chunk_sectors = geometry.chunk_sectors();
+    for (byte, page) in &plan.data_only {
+        let pos = geometry.locate(byte / 512);
+        let role = geometry.stripe_roles(pos.stripe).data_dev(pos.data_index);
+        let offset = (pos.stripe * chunk_sectors + pos.offset_sectors) * 512;
+        lacking += match slots[role].usable() {
+            Some(_) => differs(role, offset, page)?,
+            None => 1,
+        };
+    }
+    Ok(lacking)
+}
+
+/// The member writes a replay of the chain makes, in log order (see [`ReplayPlan`]).
+fn plan_replay(scan: &Scan, geometry: &Geometry) -> ReplayPlan {
     let chunk_sectors = geometry.chunk_sectors();
     // Data pages waiting for their stripe's parity, by per-member sector of the column.
     let mut pending: BTreeMap<u64, Vec<(u64, &[u8])>> = BTreeMap::new();
@@ -1164,42 +1430,16 @@ fn replay(
             _ => runs.push((role, offset, page.to_vec())),
         }
     }
-    let mut touched = vec![false; slots.len()];
-    for (role, offset, bytes) in runs {
-        if let Some(i) = integrity {
-            i.set_block(role, offset, &bytes);
-        }
-        if let Some(m) = slots[role].usable() {
-            m.dev.write_at(
-                &AlignedBuf::copy_from(&bytes),
-                m.data_offset_bytes + offset,
-                false,
-            )?;
-            touched[role] = true;
-        }
-    }
-    if let Some(i) = integrity {
-        // The records of what was written home are durable before the tail leaves the log
-        // that holds it.
-        if let Some((_, m, e)) = i.write_tables().into_iter().next() {
-            return Err(std::io::Error::other(format!(
-                "{}: integrity table write failed: {e}",
-                m.name()
-            )));
-        }
-        touched.iter_mut().for_each(|t| *t = true);
-    }
-    for (role, _) in touched.iter().enumerate().filter(|(_, t)| **t) {
-        if let Some(m) = slots[role].usable() {
-            m.dev.flush()?;
-        }
-    }
     let data_only = pending
         .into_values()
         .flatten()
         .map(|(sector, page)| (sector * 512, AlignedBuf::copy_from(page)))
         .collect();
-    Ok((pages, data_only))
+    ReplayPlan {
+        runs,
+        pages,
+        data_only,
+    }
 }
 
 /// The reclaim thread reclaims when a quarter of the ring could be freed (md's threshold, so
@@ -1214,6 +1454,9 @@ impl Array {
     /// this on its own; the deterministic simulation calls it instead).
     pub fn journal_pass(&self) {
         if let Some(j) = self.policy.journal() {
+            if let Err(e) = self.settle_journal() {
+                tracing::warn!(array = %self.name, "the failed journal's cache is not written out yet: {e}");
+            }
             self.write_out_oldest();
             j.reclaim_now(self);
         }
@@ -1225,7 +1468,19 @@ impl Array {
         };
         let clock = self.sync.clock.clone();
         let mut last = clock.now();
+        let mut warned = false;
         self.until_stopped(std::time::Duration::from_millis(50), || {
+            if j.failed().is_some() && !j.settled() {
+                // Nobody flushed since the log failed: write its cache out now (and again at
+                // every tick while that fails, saying so once).
+                match self.settle_journal() {
+                    Err(e) if !warned => {
+                        warned = true;
+                        tracing::warn!(array = %self.name, "the failed journal's cache is not written out yet: {e}");
+                    }
+                    _ => {}
+                }
+            }
             // Write-back: rows go home when the cache fills, when their data has waited a
             // while, and all of them once the array writes through (mode switched, degraded).
             let degraded = self.slots.iter().any(|s| !s.is_complete());

@@ -20,6 +20,7 @@ mod heal;
 mod integrity;
 mod io;
 mod journal;
+mod journal_fail;
 mod manage;
 mod member;
 mod meta;

@@ -160,7 +160,17 @@ impl Array {
     }
 
     /// Remove a faulty member or a spare from the array (an active member must fail first).
+    /// A failed journal goes only once its cache is written out (`journal_fail.rs`).
     pub fn remove_member(&self, name: &str) -> Result<()> {
+        if let Some(j) = self.policy.journal().filter(|j| j.member().name() == name) {
+            if j.failed().is_none() {
+                return Err(EngineError::InvalidArgument(format!(
+                    "{name} is the working journal of {}; fail it first",
+                    self.name
+                )));
+            }
+            self.settle_journal()?;
+        }
         let mut meta = self.meta.lock();
         let idx = meta
             .members

@@ -135,8 +135,10 @@ impl Array {
             // bytes of the cached chunks and the parity) or the rest of the row.
             let is_dirty: Vec<bool> = (0..m).map(|d| dirty_idx.contains(&d)).collect();
             let full: Vec<bool> = (0..m).map(|d| cached.covers_chunk(d, a, b)).collect();
-            let rmw = match self.plan_write(&roles, at, n, &is_dirty, &full, false) {
-                WritePlan::Rmw => self
+            let plan = self.plan_write(&roles, at, n, &is_dirty, &full, false);
+            let rmw = match plan {
+                // A row recovery found may be torn on the members (see `CachedRow::recovered`).
+                WritePlan::Rmw if !cached.recovered => self
                     .rmw_compute(&roles, at, len, &dirty_idx, |d, buf| {
                         cached.overlay(d, a, buf)
                     })
@@ -234,6 +236,24 @@ impl Array {
             return Ok(());
         };
         for (row, _) in j.cached_rows_by_age() {
+            let r = self.stripes.get(row);
+            drop(r.claim(r.st.lock()));
+            let res = self.write_out_row(row);
+            r.release();
+            self.stripes.put(row);
+            res?;
+        }
+        Ok(())
+    }
+
+    /// Write out every cached row and wait for write-outs under way elsewhere (their row's
+    /// claim is taken after them): when this returns, nothing is cached or being written out
+    /// (unless a write-out failed: then its row is cached again and this fails).
+    pub(crate) fn write_out_pending(&self) -> Result<()> {
+        let Some(j) = self.policy.journal() else {
+            return Ok(());
+        };
+        for row in j.pending_rows() {
             let r = self.stripes.get(row);
             drop(r.claim(r.st.lock()));
             let res = self.write_out_row(row);

@@ -469,3 +469,343 @@ fn reads_during_a_write_out_see_the_cached_data() {
     assert!(read(&array, 0, 8192) == data && read(&array, CHUNK, 8192) == data);
     common_check_parity(&array);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Issue 21, items 2 and 5: a log that fails, and read-only starts after a cut.
+// ---------------------------------------------------------------------------------------------
+
+/// Power off every device of the rig: what was not flushed is lost, kept or torn.
+fn cut(rig: &Rig) {
+    for m in &rig.members {
+        m.power_cut();
+    }
+    rig.log.power_cut();
+    rig.log.set_dead(false);
+}
+
+fn boot_read_only(rig: &Rig) -> engine::Result<Array> {
+    assemble(
+        rig.all(),
+        AssembleOptions {
+            config: ArrayConfig {
+                io_threads: 4,
+                read_only: true,
+                ..ArrayConfig::default()
+            },
+            ..AssembleOptions::default()
+        },
+    )
+}
+
+/// Writes of 16 KiB into eight different rows, none filling its row: in write-back mode all of
+/// them stay in the cache. Returns (offset, data) of each.
+fn partial_rows(array: &Array, seed: u64) -> Vec<(u64, Vec<u8>)> {
+    let row = 3 * CHUNK;
+    (0..8u64)
+        .map(|i| {
+            let at = (i * 5 + 1) * row + (i % 3) * CHUNK + 8192;
+            let data = pattern(seed + i, 16 << 10);
+            array.write(at, &data, false).expect("write");
+            (at, data)
+        })
+        .collect()
+}
+
+fn assert_reads(array: &Array, written: &[(u64, Vec<u8>)], what: &str) {
+    for (at, data) in written {
+        assert!(read(array, *at, data.len()) == *data, "{what}: {at} lost");
+    }
+}
+
+/// Item 5: FUA writes are in the log (durable) but their member writes were not flushed when
+/// the power went. A read-only start must not serve the members' older bytes: it refuses,
+/// saying how to replay the log, and a normal start then replays it.
+#[test]
+fn a_read_only_start_never_serves_older_bytes_than_the_log_holds() {
+    let rig = Rig::new(Level::Raid5, 4, 4 << 20);
+    let array = rig
+        .boot(rig.all(), AssembleOptions::default())
+        .expect("assemble");
+    let written: Vec<(u64, Vec<u8>)> = (0..24u64)
+        .map(|i| {
+            let at = (i * 7 % 24) * (64 << 10);
+            let data = pattern(500 + i, 64 << 10);
+            array.write(at, &data, true).expect("FUA write");
+            (at, data)
+        })
+        .collect();
+    drop(array);
+    cut(&rig);
+    match boot_read_only(&rig) {
+        Ok(ro) => {
+            // Acceptable only if it serves what was acknowledged.
+            for (at, data) in &written {
+                assert!(
+                    read(&ro, *at, data.len()) == *data,
+                    "a read-only start served older bytes at {at} than the log holds"
+                );
+            }
+        }
+        Err(e) => {
+            let msg = e.to_string();
+            assert!(
+                msg.contains("read-only") && msg.contains("journal"),
+                "the refusal must say why and what to do: {msg}"
+            );
+        }
+    }
+    // A normal start replays the log; a read-only start after a clean stop is fine.
+    let again = rig
+        .boot(rig.all(), AssembleOptions::default())
+        .expect("reassemble");
+    assert!(again.status().journal.expect("journal").replayed.pages > 0);
+    assert_reads(&again, &written, "after replay");
+    again.close().expect("clean stop");
+    drop(again);
+    let ro = boot_read_only(&rig).expect("read-only after a clean stop");
+    assert_reads(&ro, &written, "read-only after a clean stop");
+}
+
+/// Item 2: an administrator's `fail` of the log returns only once the write-back cache is on
+/// the members durably: a cut right after it loses nothing that was flushed.
+#[test]
+fn failing_the_log_writes_the_cache_out_before_it_returns() {
+    let rig = Rig::new(Level::Raid5, 4, 4 << 20);
+    let array = rig
+        .boot(rig.all(), AssembleOptions::default())
+        .expect("assemble");
+    array.set_journal_mode(true).expect("write-back");
+    let written = partial_rows(&array, 40);
+    assert!(array.status().journal.expect("journal").cache_bytes > 0);
+    array.flush().expect("flush");
+    array.fail_member("log").expect("fail the log");
+    let j = array.status().journal.expect("journal");
+    assert_eq!(j.state, "failed", "{j:?}");
+    assert_eq!(j.cache_bytes, 0, "{j:?}");
+    drop(array);
+    cut(&rig);
+    let again = rig
+        .boot(rig.all(), AssembleOptions::default())
+        .expect("reassemble");
+    assert_reads(&again, &written, "after fail and cut");
+}
+
+/// Item 2: the log fails by I/O error (seen by a write, which is refused). A flush after that
+/// returns only once the cache is written out and the members flushed.
+#[test]
+fn a_flush_after_the_log_failed_writes_the_cache_out() {
+    let rig = Rig::new(Level::Raid5, 4, 4 << 20);
+    let array = rig
+        .boot(rig.all(), AssembleOptions::default())
+        .expect("assemble");
+    array.set_journal_mode(true).expect("write-back");
+    let written = partial_rows(&array, 60);
+    rig.log.set_dead(true);
+    assert!(matches!(
+        array.write(0, &pattern(1, 4096), false),
+        Err(EngineError::ReadOnly { .. })
+    ));
+    let j = array.status().journal.expect("journal");
+    assert_eq!(j.state, "failing", "{j:?}");
+    array.flush().expect("flush after the log failed");
+    assert_eq!(array.status().journal.expect("journal").state, "failed");
+    drop(array);
+    cut(&rig);
+    let again = rig
+        .boot(rig.all(), AssembleOptions::default())
+        .expect("reassemble");
+    assert!(again.is_read_only(), "the log was recorded faulty");
+    assert_reads(&again, &written, "flushed after the log failed");
+}
+
+/// Item 2: the log failed by I/O error and the power went before anything was written out:
+/// the log is still readable at the next start, so it is replayed, not dropped.
+#[test]
+fn a_failed_log_still_readable_at_the_next_start_is_replayed() {
+    let rig = Rig::new(Level::Raid5, 4, 4 << 20);
+    let array = rig
+        .boot(rig.all(), AssembleOptions::default())
+        .expect("assemble");
+    array.set_journal_mode(true).expect("write-back");
+    let written = partial_rows(&array, 80);
+    array.flush().expect("flush");
+    rig.log.set_dead(true);
+    assert!(array.write(0, &pattern(1, 4096), false).is_err());
+    drop(array);
+    cut(&rig);
+    let again = rig
+        .boot(rig.all(), AssembleOptions::default())
+        .expect("reassemble");
+    assert_reads(&again, &written, "in the failed log");
+    assert!(again.status().journal.expect("journal").replayed.units > 0);
+}
+
+/// Item 2, write-through: an FUA write whose units are durable in the log and whose member
+/// writes are in flight when the log fails is acknowledged only once its member writes are
+/// durable (they went out without FUA: the log held them).
+#[test]
+fn an_fua_write_in_flight_when_the_log_fails_is_durable_on_the_members() {
+    let rig = Rig::new(Level::Raid5, 4, 4 << 20);
+    let gate = Arc::new(Gate::default());
+    let mut all: Vec<Arc<dyn Device>> = rig
+        .members
+        .iter()
+        .map(|m| {
+            Arc::new(Gated {
+                inner: m.clone(),
+                gate: gate.clone(),
+            }) as Arc<dyn Device>
+        })
+        .collect();
+    all.push(rig.log.clone());
+    let array = Arc::new(rig.boot(all, AssembleOptions::default()).expect("assemble"));
+    // The run's first write records "active" (superblock writes pass the gate too).
+    array.write(0, &pattern(1, 4096), false).expect("write");
+    array.flush().expect("flush");
+    gate.set(true);
+    let data = pattern(90, 3 * CHUNK as usize);
+    let writer = {
+        let (a, d) = (array.clone(), data.clone());
+        std::thread::spawn(move || a.write(6 * CHUNK, &d, true))
+    };
+    gate.await_held();
+    let failer = {
+        let a = array.clone();
+        std::thread::spawn(move || a.fail_member("log"))
+    };
+    while array.status().journal.expect("journal").failed.is_none() {
+        std::thread::yield_now();
+    }
+    gate.set(false);
+    writer
+        .join()
+        .expect("writer")
+        .expect("FUA write acknowledged");
+    // Power goes the moment the acknowledgement is out.
+    cut(&rig);
+    failer.join().expect("failer").expect("fail the log");
+    drop(array);
+    let again = rig
+        .boot(rig.all(), AssembleOptions::default())
+        .expect("reassemble");
+    assert!(
+        read(&again, 6 * CHUNK, data.len()) == data,
+        "an acknowledged FUA write was lost"
+    );
+}
+
+/// Item 2: a log whose writes fail misses the superblock commits that follow (here two member
+/// changes), so its superblock falls behind the members'. It is still the array's journal
+/// (nothing recorded it faulty: its cache was never written out), so the next start replays
+/// it rather than leaving it out as stale.
+#[test]
+fn a_failing_log_whose_superblock_fell_behind_is_still_replayed() {
+    let rig = Rig::new(Level::Raid6, 5, 4 << 20);
+    let array = rig
+        .boot(rig.all(), AssembleOptions::default())
+        .expect("assemble");
+    array.set_journal_mode(true).expect("write-back");
+    let written = partial_rows(&array, 120);
+    rig.log.set_faults(device::Faults {
+        write_error: 1.0,
+        ..device::Faults::default()
+    });
+    assert!(array.write(0, &pattern(1, 4096), false).is_err());
+    array.fail_member("m4").expect("fail a member");
+    array.remove_member("m4").expect("remove it");
+    drop(array);
+    cut(&rig);
+    rig.log.set_faults(device::Faults::default());
+    let sb = engine::read_superblock(rig.log.as_ref()).expect("log sb");
+    let m0 = engine::read_superblock(rig.members[0].as_ref()).expect("member sb");
+    assert!(sb.events + 1 < m0.events, "{} vs {}", sb.events, m0.events);
+    let again = rig
+        .boot(rig.all(), AssembleOptions::default())
+        .expect("reassemble");
+    assert!(again.status().journal.expect("journal").replayed.units > 1);
+    assert_reads(&again, &written, "in the log whose superblock fell behind");
+}
+
+/// A new journal takes a new slot: the lost log coming back later is not the array's journal
+/// (its stale chain is never replayed over newer data).
+#[test]
+fn a_replaced_log_coming_back_is_not_replayed() {
+    let rig = Rig::new(Level::Raid5, 4, 4 << 20);
+    let array = rig
+        .boot(rig.all(), AssembleOptions::default())
+        .expect("assemble");
+    let old = pattern(130, 64 << 10);
+    array.write(0, &old, true).expect("write");
+    drop(array);
+    cut(&rig);
+    // The log is lost; a new one replaces it and newer data is written.
+    let new_log = Arc::new(SimDevice::new("log2", 4 << 20, 7));
+    let array = rig
+        .boot(
+            devs(&rig.members),
+            AssembleOptions {
+                add_journal: Some(new_log.clone()),
+                force: true,
+                ..AssembleOptions::default()
+            },
+        )
+        .expect("add a journal");
+    let newer = pattern(131, 64 << 10);
+    array.write(0, &newer, true).expect("write");
+    while array.sync_step() != engine::SyncAction::Idle {}
+    array.close().expect("clean stop");
+    drop(array);
+    // The old log device comes back alone.
+    let again = rig
+        .boot(rig.all(), AssembleOptions::default())
+        .expect("assemble with the old log");
+    assert!(
+        again.is_read_only(),
+        "the old log is not the array's journal"
+    );
+    assert!(
+        read(&again, 0, newer.len()) == newer,
+        "a stale log was replayed"
+    );
+}
+
+/// Item 2: a log that can still be read at the next start but no longer written. Its chain is
+/// replayed, the data it held without parity (write-back) goes out to the members from memory,
+/// and only then is it recorded faulty: the array starts read-only with everything flushed.
+#[test]
+fn a_log_readable_but_not_writable_at_the_next_start_is_replayed_then_dropped() {
+    let rig = Rig::new(Level::Raid5, 4, 4 << 20);
+    let array = rig
+        .boot(rig.all(), AssembleOptions::default())
+        .expect("assemble");
+    array.set_journal_mode(true).expect("write-back");
+    let written = partial_rows(&array, 140);
+    array.flush().expect("flush");
+    drop(array);
+    cut(&rig);
+    rig.log.set_faults(device::Faults {
+        write_error: 1.0,
+        ..device::Faults::default()
+    });
+    let again = rig
+        .boot(rig.all(), AssembleOptions::default())
+        .expect("starts with the log replayed");
+    let j = again.status().journal.expect("journal");
+    assert_eq!(j.state, "failed", "{j:?}");
+    assert!(j.replayed.data_only_pages > 0, "{j:?}");
+    assert_eq!(j.cache_bytes, 0, "{j:?}");
+    assert!(again.status().read_only);
+    assert_reads(
+        &again,
+        &written,
+        "replayed from a log that cannot be written",
+    );
+    drop(again);
+    cut(&rig);
+    rig.log.set_faults(device::Faults::default());
+    let last = rig
+        .boot(rig.all(), AssembleOptions::default())
+        .expect("reassemble");
+    assert!(last.is_read_only(), "the log was recorded faulty");
+    assert_reads(&last, &written, "after the log was dropped");
+}
