@@ -589,6 +589,15 @@ fn workload(
                             Err(_) if rig.rail.is_off() => return,
                             Err(e) => panic!("forced start: {e}"),
                         };
+                        if array.status().torn_rows_exposed > 0 {
+                            // As in `recover`: the rows the bitmap says may be torn read only
+                            // once a rebuild and the resync after it have run.
+                            give_spare(rig, array);
+                            rig.settle_sync(array);
+                            if rig.rail.is_off() {
+                                return;
+                            }
+                        }
                         match array.read(0, &mut model.current) {
                             Ok(()) => model.settle(model.current.clone()),
                             Err(_) if rig.rail.is_off() => return,
