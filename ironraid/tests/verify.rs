@@ -59,27 +59,33 @@ fn verify_rewrites_the_parity_its_ranges_cover_and_only_that() {
     // Rows 20 and 30 hold no damage: nothing found, nothing rewritten.
     let r = verify_json(&env, &[&(20 * ROW).to_string(), "4K"]);
     assert_eq!(r["mismatch_sectors"], 0, "{r:#}");
-    assert_eq!(r["bytes_verified"], ROW, "one row read: {r:#}");
+    assert_eq!(
+        r["bytes_verified"],
+        3 * 4096,
+        "one 4 KiB page row read: {r:#}"
+    );
     assert_eq!(r["repaired"], true, "{r:#}");
 
-    // Row 5 by a range inside it, row 9 (and 30) from a ranges file: one call.
+    // Row 5 by a range over its damaged page (the third of each chunk), row 9 (and 30) from a
+    // ranges file: one call.
     let ranges = env.dir.path().join("ranges");
     std::fs::write(
         &ranges,
-        format!("# ranges\n{} 512\n{} 1K\n", 9 * ROW + 4096, 30 * ROW),
+        format!("# ranges\n{} 512\n{} 1K\n", 9 * ROW + 8192, 30 * ROW),
     )
     .unwrap();
     let r = verify_json(
         &env,
         &[
-            &(5 * ROW + CHUNK).to_string(),
+            &(5 * ROW + CHUNK + 8192).to_string(),
             "8K",
             "--ranges",
             ranges.to_str().unwrap(),
         ],
     );
     assert_eq!(r["ranges"], 3, "{r:#}");
-    assert_eq!(r["bytes_verified"], 3 * ROW, "{r:#}");
+    // Page rows: two in row 5, one in row 9 and one in row 30, of 3 data pages each.
+    assert_eq!(r["bytes_verified"], 4 * 3 * 4096, "{r:#}");
     // 16 flipped bytes in one 4 KiB page of each damaged row: 8 sectors each, as md counts.
     assert_eq!(r["mismatch_sectors"], 16, "{r:#}");
     assert_eq!(r["integrity"], Value::Null);
@@ -93,7 +99,7 @@ fn verify_rewrites_the_parity_its_ranges_cover_and_only_that() {
 
     // The text form says what it did.
     damage_parity(&env, 7);
-    let text = env.ok(&["verify", &env.name, &(7 * ROW).to_string(), "512"]);
+    let text = env.ok(&["verify", &env.name, &(7 * ROW + 8192).to_string(), "512"]);
     assert!(
         text.contains("8 sectors of redundancy disagreed: rewritten from the data"),
         "{text}"

@@ -209,27 +209,35 @@ impl Array {
         r1: u64,
         heal: Heal,
     ) -> Result<Option<Vec<PoolBuf>>, Stop> {
-        let chunk = (self.geometry.chunk_sectors() * 512) as usize;
-        let (at, len) = (r0 * chunk as u64, (r1 - r0) as usize * chunk);
+        let chunk = self.geometry.chunk_sectors() * 512;
+        self.read_span(r0 * chunk, (r1 - r0) * chunk, heal)
+    }
+
+    /// [`Array::read_window`] over member bytes `at..at + len`: whole rows or parts of rows
+    /// (whole pages), each row's missing blocks reconstructed from the same bytes of the others.
+    pub(crate) fn read_span(
+        &self,
+        at: u64,
+        len: u64,
+        heal: Heal,
+    ) -> Result<Option<Vec<PoolBuf>>, Stop> {
+        let chunk = self.geometry.chunk_sectors() * 512;
         let found = self
-            .read_present(at, len, heal)
+            .read_present(at, len as usize, heal)
             .map_err(|e| Stop::Failed(e.to_string()))?;
         let Some((mut bufs, missing, unread)) = found else {
             return Ok(None);
         };
-        for (i, row) in (r0..r1).enumerate() {
+        for (row, r) in row_pieces(at, len, chunk) {
             let roles = self.geometry.stripe_roles(row);
-            let slices = bufs
-                .iter_mut()
-                .map(|b| &mut b[i * chunk..(i + 1) * chunk])
-                .collect();
+            let slices = bufs.iter_mut().map(|b| &mut b[r.clone()]).collect();
             self.reconstruct(&roles, slices, &missing);
         }
         self.verify_rebuilt(at, &bufs, &missing)
             .map_err(|e| Stop::Failed(e.to_string()))?;
         if heal != crate::heal::Heal::Count {
             for dev in unread {
-                self.correct_read_error(dev, at, &bufs[dev], WriteSet::repair(at, len as u64));
+                self.correct_read_error(dev, at, &bufs[dev], WriteSet::repair(at, len));
             }
         }
         Ok(Some(bufs))
@@ -466,4 +474,24 @@ impl Array {
         self.slots[role].advance(to);
         Some(Ok(to))
     }
+}
+
+/// Member bytes `at..at + len` cut at row boundaries (`chunk` bytes of each member): each row
+/// with its piece's range in a buffer that starts at `at`.
+pub(crate) fn row_pieces(
+    at: u64,
+    len: u64,
+    chunk: u64,
+) -> impl Iterator<Item = (u64, std::ops::Range<usize>)> {
+    let end = at + len;
+    let mut pos = at;
+    std::iter::from_fn(move || {
+        (pos < end).then(|| {
+            let row = pos / chunk;
+            let stop = ((row + 1) * chunk).min(end);
+            let piece = (pos - at) as usize..(stop - at) as usize;
+            pos = stop;
+            (row, piece)
+        })
+    })
 }

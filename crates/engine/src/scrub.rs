@@ -3,8 +3,10 @@
 //! first copy over the others. Works in the same claimed windows as recovery.
 
 use crate::array::Array;
+use crate::bufpool::PoolBuf;
 use crate::commit::WriteSet;
 use crate::heal::Heal;
+use crate::rebuild::row_pieces;
 use crate::sync::{Stop, SyncAction};
 
 impl Array {
@@ -63,19 +65,43 @@ impl Array {
             }
             Err(stop) => return Err(stop),
         };
+        self.compare_span(r0 * chunk as u64, &bufs, &lost, fix)
+    }
+
+    /// Compare parity with data over member bytes `at..at + len` (whole pages, parts of rows
+    /// allowed: a verify read's 4 KiB page rows); rewrite it where it differs if `fix`. The
+    /// caller holds the rows' claims.
+    pub(crate) fn scrub_span(&self, at: u64, len: u64, fix: bool, heal: Heal) -> Result<u64, Stop> {
+        let Some(bufs) = self.read_span(at, len, heal)? else {
+            return Err(Stop::Interrupted);
+        };
+        self.compare_span(at, &bufs, &[], fix)
+    }
+
+    /// The parity comparison of [`Array::scrub_window`] over the member bytes `bufs` hold from
+    /// `at`, row by row. `lost` pages (member bytes) are passed: neither counted nor rewritten,
+    /// nor is the rest of their row's parity (a parity write there would clear a record).
+    fn compare_span(
+        &self,
+        at: u64,
+        bufs: &[PoolBuf],
+        lost: &[u64],
+        fix: bool,
+    ) -> Result<u64, Stop> {
+        let chunk = self.geometry.chunk_sectors() * 512;
         let mut bad = 0u64;
-        for (i, row) in (r0..r1).enumerate() {
+        for (row, r) in row_pieces(at, bufs[0].len() as u64, chunk) {
             let roles = self.geometry.stripe_roles(row);
-            let cut = |dev: usize| &bufs[dev][i * chunk..(i + 1) * chunk];
+            let cut = |dev: usize| &bufs[dev][r.clone()];
             let data: Vec<&[u8]> = (0..self.geometry.data_disks())
                 .map(|d| cut(roles.data_dev(d)))
                 .collect();
             let (p, q) = self.compute_parity(&roles, &data);
             let mut row_bad = 0;
-            let row_at = row * chunk as u64;
-            let row_lost = lost.iter().any(|&at| at / chunk as u64 == row);
+            let piece_at = at + r.start as u64;
+            let row_lost = lost.iter().any(|&l| l / chunk == row);
             for (page, want) in p.chunks(4096).enumerate() {
-                if lost.contains(&(row_at + page as u64 * 4096)) {
+                if lost.contains(&(piece_at + page as u64 * 4096)) {
                     continue;
                 }
                 let range = page * 4096..page * 4096 + want.len();
@@ -88,12 +114,11 @@ impl Array {
                 }
             }
             if row_bad > 0 && fix && !row_lost {
-                let at = row_at;
-                let mut ios = vec![self.write_io(roles.p_dev(), at, &p, false)];
+                let mut ios = vec![self.write_io(roles.p_dev(), piece_at, &p, false)];
                 if let (Some(qd), Some(qb)) = (roles.q_dev(), q.as_ref()) {
-                    ios.push(self.write_io(qd, at, qb, false));
+                    ios.push(self.write_io(qd, piece_at, qb, false));
                 }
-                self.commit_writes(&WriteSet::repair(at, chunk as u64), &mut ios)
+                self.commit_writes(&WriteSet::repair(piece_at, r.len() as u64), &mut ios)
                     .map_err(|e| Stop::Failed(e.to_string()))?;
             }
             bad += row_bad;

@@ -1,10 +1,10 @@
 //! Verify reads (Denehy et al., FAST '05): a request beside read, write and flush that reads the
-//! whole stripes under array byte ranges, compares redundancy with the data and, where they
-//! disagree, rewrites parity or the other mirror copies from the data (the data wins, as in a
-//! resync). With integrity records, every block is checked against its record first (`heal`).
+//! 4 KiB page rows under array byte ranges (the same pages of every member of a stripe, md's
+//! unit of parity work), compares redundancy with the data and, where they disagree, rewrites
+//! parity or the other mirror copies from the data (the data wins, as in a resync). With integrity records, every block is checked against its record first (`heal`).
 //!
 //! The layer above (a file system's journal, an administrator, `guide`) names the ranges that
-//! may have had writes in flight; each stripe is read once however many ranges touch it. The
+//! may have had writes in flight; each page row is read once however many ranges touch it. The
 //! stripes are claimed for the time of their pass, so client I/O stays correct around it.
 
 use crate::array::Array;
@@ -18,8 +18,8 @@ use crate::sync::Stop;
 pub struct VerifyReport {
     /// Ranges asked for.
     pub ranges: usize,
-    /// Array bytes under the stripes read (each stripe counted once, however many ranges
-    /// touched it): the request's cost.
+    /// Array bytes under the page rows read (each counted once, however many ranges touched
+    /// it): the request's cost.
     pub bytes_verified: u64,
     /// Sectors whose redundancy disagreed with the data, per 4 KiB page as md counts them.
     pub mismatch_sectors: u64,
@@ -36,8 +36,8 @@ fn merge(mut v: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
 }
 
 impl Array {
-    /// Verify reads over array byte ranges `(offset, length)`: every stripe under them is read
-    /// whole, checked and, unless the array refuses writes, repaired.
+    /// Verify reads over array byte ranges `(offset, length)`: every page row under them is
+    /// read, checked and, unless the array refuses writes, repaired.
     pub fn verify(&self, ranges: &[(u64, u64)]) -> Result<VerifyReport> {
         for &(off, len) in ranges {
             self.check_range(off, len)?;
@@ -64,16 +64,16 @@ impl Array {
             ..VerifyReport::default()
         };
         if self.geometry.level().is_parity() {
-            let row_bytes = self.geometry.chunk_sectors() * 512 * self.geometry.data_disks() as u64;
-            let rows = merge(
+            let spans = merge(
                 ranges
                     .iter()
-                    .map(|&(off, len)| (off / row_bytes, (off + len).div_ceil(row_bytes)))
+                    .flat_map(|&(off, len)| self.page_rows(off, len))
                     .collect(),
             );
-            for (r0, r1) in rows {
-                report.mismatch_sectors += self.verify_rows(r0, r1, fix)?;
-                report.bytes_verified += (r1 - r0) * row_bytes;
+            let data_disks = self.geometry.data_disks() as u64;
+            for (a, b) in spans {
+                report.mismatch_sectors += self.verify_span(a, b, fix)?;
+                report.bytes_verified += (b - a) * data_disks;
             }
         } else {
             // Mirrors: every copy of the 4 KiB pages under the ranges.
@@ -121,20 +121,42 @@ impl Array {
         Ok(report)
     }
 
-    /// Stripes `r0..r1`, a window at a time, each window claimed while it is checked.
-    fn verify_rows(&self, r0: u64, r1: u64, fix: bool) -> Result<u64> {
+    /// The member bytes (whole 4 KiB pages, the same on every member) of the page rows under
+    /// array bytes `off..off + len`: md checks a stripe 4 KiB at a time (`STRIPE_SIZE`), and so
+    /// a verify read costs what was in flight, not whole chunk rows.
+    fn page_rows(&self, off: u64, len: u64) -> Vec<(u64, u64)> {
+        const PAGE: u64 = 4096;
         let chunk = self.geometry.chunk_sectors() * 512;
-        // After an unclean stop, blocks that fail their records are unflushed writes: settled
-        // as found, as the resync would (see `heal`).
+        let data_disks = self.geometry.data_disks() as u64;
+        let end = ((off + len).div_ceil(PAGE) * PAGE).min(self.size_bytes());
+        let mut at = off / PAGE * PAGE;
+        let mut spans = Vec::new();
+        while at < end {
+            let c = at / chunk;
+            let stop = ((c + 1) * chunk).min(end);
+            let member = c / data_disks * chunk + at % chunk;
+            spans.push((member, member + (stop - at)));
+            at = stop;
+        }
+        spans
+    }
+
+    /// Page rows over member bytes `a..b`, a window at a time, the window's rows claimed while
+    /// they are checked.
+    fn verify_span(&self, a: u64, b: u64, fix: bool) -> Result<u64> {
+        let chunk = self.geometry.chunk_sectors() * 512;
+        let window = self.window_rows() * chunk;
+        // After an unclean stop, blocks that fail their records in rows a crash may have torn
+        // are unflushed writes: settled as found, as the resync would (see `heal`).
         let heal = if fix { self.heal_mode() } else { Heal::Count };
         let mut bad = 0;
-        let mut row = r0;
-        while row < r1 {
-            let last = (row + self.window_rows()).min(r1);
+        let mut at = a;
+        while at < b {
+            let end = ((at / window + 1) * window).min(b);
             let mut tries = 0;
             let found = loop {
-                let guard = self.lock_stripes(row, last);
-                let res = self.scrub_window(row, last, fix, heal);
+                let guard = self.lock_stripes(at / chunk, end.div_ceil(chunk));
+                let res = self.scrub_span(at, end - at, fix, heal);
                 drop(guard);
                 match res {
                     // A member failed while being read: plan again without it.
@@ -142,10 +164,9 @@ impl Array {
                     other => break other,
                 }
             };
-            let at = row * chunk * self.geometry.data_disks() as u64;
-            let len = (last - row) * chunk * self.geometry.data_disks() as u64;
-            bad += found.map_err(|e| self.verify_failed(at, len, e))?;
-            row = last;
+            let rows = at / chunk * chunk * self.geometry.data_disks() as u64;
+            bad += found.map_err(|e| self.verify_failed(rows, end - at, e))?;
+            at = end;
         }
         Ok(bad)
     }
