@@ -33,7 +33,7 @@ pub struct Ext4Summary {
     pub home_blocks: u64,
     /// Journal blocks past the last commit that may have been written.
     pub window_blocks: u64,
-    /// Bytes in the verify set (before rounding to whole stripes).
+    /// Bytes in the verify set (before rounding to whole page rows).
     pub set_bytes: u64,
     pub ranges: usize,
 }

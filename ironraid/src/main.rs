@@ -140,7 +140,7 @@ enum Cmd {
         #[arg(long)]
         wait: bool,
     },
-    /// Verify reads: read the whole stripes under a byte range of a running array, compare
+    /// Verify reads: read the 4 KiB page rows under a byte range of a running array, compare
     /// redundancy with the data, rewrite it from the data where it disagrees, report.
     Verify {
         name: String,
