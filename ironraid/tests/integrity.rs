@@ -523,7 +523,9 @@ fn damage_while_a_resync_is_owed(
             );
             lost = Some(partner);
         }
-        let d = env.run_with(&["--speed-max", "1K"], &env.members);
+        // Both limits: above `--speed-min` (1000K by default) a resync goes on even while clients
+        // do I/O, and would reach the damage within seconds.
+        let d = env.run_with(&["--speed-min", "1K", "--speed-max", "1K"], &env.members);
         let owed = env.detail();
         assert_eq!(
             owed["sync"]["action"] == "resync" || owed["state"] == "resyncing",

@@ -157,8 +157,9 @@ impl Array {
 
     fn degraded_read(&self, row: u64, d: usize, off: u64, out: &mut [u8]) -> Result<()> {
         // With records a reconstruction is checked against them (`verify_rebuilt`); without,
-        // nothing vouches for one from a row a crash may have torn.
-        if self.integrity.is_none() && self.row_exposed(row) {
+        // only redundancy left over can vouch for one from a row a crash may have torn.
+        let exposed = self.integrity.is_none() && self.row_exposed(row);
+        if exposed && self.redundancy_left(row) == 0 {
             return Err(self.refuse_torn(row, d, off, out.len()));
         }
         let r = self.stripes.get(row);
@@ -178,6 +179,9 @@ impl Array {
                 if let Some(bufs) =
                     self.read_row(&roles, row * self.chunk_bytes() + a, (b - a) as usize)?
                 {
+                    if exposed && !self.row_agrees(&roles, &bufs) {
+                        return Err(self.refuse_torn(row, d, off, out.len()));
+                    }
                     let skip = (off - a) as usize;
                     out.copy_from_slice(&bufs.data[d][skip..skip + out.len()]);
                     // Write-back: the newest bytes may still be in the journal's cache (the
@@ -718,6 +722,24 @@ impl Array {
                 .policy
                 .next_to_resync(row * chunk, (row + 1) * chunk)
                 .is_empty()
+    }
+
+    /// Parity blocks a reconstruction of `row` does not need (RAID6 missing one member: the
+    /// other parity checks the row).
+    fn redundancy_left(&self, row: u64) -> usize {
+        let chunk = self.chunk_bytes();
+        let missing = (0..self.geometry.raid_disks())
+            .filter(|&dev| !self.slot(dev).in_sync(row * chunk, chunk))
+            .count();
+        self.geometry.max_degraded().saturating_sub(missing)
+    }
+
+    /// The row's data, reconstruction included, gives the parity read with it: the row is
+    /// consistent, not torn.
+    fn row_agrees(&self, roles: &StripeRoles, bufs: &RowBufs) -> bool {
+        let data: Vec<&[u8]> = bufs.data.iter().map(|b| &b[..]).collect();
+        let (p, q) = self.compute_parity(roles, &data);
+        p[..] == bufs.p[..] && q.as_deref() == bufs.q.as_deref()
     }
 
     /// A degraded read of data chunk `d` of an exposed row, without records to check the
