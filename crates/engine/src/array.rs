@@ -43,8 +43,9 @@ const CLOSE_DRAIN_TIMEOUT: Duration = Duration::from_secs(60);
 /// Tunables of a running array.
 #[derive(Clone, Debug)]
 pub struct ArrayConfig {
-    /// How long a partial-stripe write may wait for more writes to fill its stripe. Only applies
-    /// while other writes are in flight; FUA and flush cut it short.
+    /// The longest a stripe's leader waits for writers that are still placing pieces into its
+    /// stripe (there is no timer otherwise: it goes as soon as they have; see `stripe_cache`).
+    /// Zero: it never waits. FUA, a full stripe and a flush cut the wait short.
     pub write_hold: Duration,
     /// Upper bound on client data held in the stripe cache at once.
     pub stripe_cache_bytes: usize,

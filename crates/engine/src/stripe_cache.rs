@@ -3,14 +3,25 @@
 //! A *row* is one stripe of the layout (the chunks at the same device offset on every member).
 //! Writers split their request into pieces (one per data chunk touched) and append them to
 //! their rows' `pending` lists. The writer that finds a row without a leader becomes its
-//! leader: it waits a short, bounded time for the row to fill (clustering, like a plugged queue),
-//! waits until no batch of the row is running (`busy`), takes every pending piece as one batch,
-//! computes parity once for all of them and writes. Other writers just wait for their pieces'
-//! completion. Consequences the rest of the engine relies on:
+//! leader: it claims the row (waits until no batch of it runs: `busy`), waits while other
+//! writers are still placing pieces into it (`arriving`), takes every pending piece as one
+//! batch, computes parity once for all of them and writes. Other writers just wait for their
+//! pieces' completion.
+//!
+//! There is no timer, as in md: a stripe is held only while a submitter is still adding to it
+//! (md's plugging; here the moment between a writer entering the write path and its pieces
+//! being placed), and pieces that arrive while a batch of the row is being handled join the
+//! row's next batch (the leader waits for the claim meanwhile). So a sequential stream with
+//! many writes in flight merges by itself, and a writer with nothing to merge with goes at once.
+//! Consequences the rest of the engine relies on:
 //! * `pending` non-empty ⇒ `leader` is true (whoever set `leader` takes them), checked by assert.
+//! * `arriving` counts writers between announcing a row and placing their pieces in it; each
+//!   announcement is matched by exactly one placement (checked by assert).
 //! * At most one batch or exclusive reader per row at a time (`busy`), so reads of parity and
 //!   data inside a batch are consistent, and degraded reads see whole stripes.
-//! * The hold ends early when the row is full, a piece is FUA, or a flush hurries every row.
+//! * The wait for arriving writers is bounded by the write hold and ends early when the row is
+//!   full, a piece is FUA, or a flush hurries every row: placing pieces never blocks, so it is
+//!   normally microseconds.
 //! * Memory is bounded: client data in pending pieces is limited by a byte budget taken before
 //!   enqueueing (all of a request's budget at once, so no hold-and-wait deadlock).
 //!
@@ -18,9 +29,8 @@
 
 use parking_lot::{Condvar, Mutex, MutexGuard};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// One piece of a client write: bytes for data chunk `data_index` of a row.
 pub(crate) struct Piece {
@@ -90,8 +100,8 @@ pub(crate) struct RowState {
     pub leader: bool,
     pub busy: bool,
     pub hurry: bool,
-    /// The leader extends its hold while pieces arrive: joiners must wake it.
-    pub extending: bool,
+    /// Writers that announced pieces for this row and have not placed them yet.
+    pub arriving: usize,
 }
 
 pub(crate) struct Row {
@@ -105,15 +115,9 @@ struct Budget {
     total: usize,
 }
 
-/// How many concurrent sequential write streams the hold heuristic tracks.
-const RECENT_STREAMS: usize = 8;
-
 pub(crate) struct StripeCache {
     rows: Mutex<HashMap<u64, (Arc<Row>, usize)>>,
     budget: Budget,
-    /// Where recent writes ended, to recognise sequential streams (which are worth holding
-    /// for so that their stripes fill) from random writes (which are not).
-    recent_ends: [AtomicU64; RECENT_STREAMS],
 }
 
 impl StripeCache {
@@ -126,21 +130,7 @@ impl StripeCache {
                 cv: Condvar::new(),
                 total,
             },
-            recent_ends: std::array::from_fn(|_| AtomicU64::new(u64::MAX)),
         }
-    }
-
-    /// Does this write start where a recent one ended? Records where it ends either way.
-    /// Only such writes wait for their stripes to fill: a random write would wait for nothing.
-    pub fn continues_stream(&self, offset_bytes: u64, len: u64) -> bool {
-        let end = offset_bytes + len;
-        let hit = self
-            .recent_ends
-            .iter()
-            .position(|e| e.load(Ordering::Relaxed) == offset_bytes);
-        let slot = hit.unwrap_or((offset_bytes / len.max(1)) as usize % RECENT_STREAMS);
-        self.recent_ends[slot].store(end, Ordering::Relaxed);
-        hit.is_some()
     }
 
     /// Reserve room for `bytes` of client data (capped at the whole budget); returns the amount.
@@ -194,6 +184,10 @@ impl StripeCache {
                 st.pending.is_empty() && !st.leader && !st.busy,
                 "row {row} left the cache with work in it"
             );
+            assert_eq!(
+                st.arriving, 0,
+                "row {row} left the cache with a writer still placing pieces"
+            );
         }
     }
 
@@ -238,34 +232,31 @@ impl Row {
         self.cv.notify_all();
     }
 
-    /// Leader's wait: until `deadline`, or earlier if the row is full, hurried or has a FUA piece.
-    /// While pieces keep arriving the deadline moves to `extend` after the latest one (a stream
-    /// is still filling the stripe), but never past four times the first hold.
-    pub fn hold<'a>(
+    /// A writer will place pieces here: a leader that has claimed the row waits for them.
+    pub fn announce(&self) {
+        self.st.lock().arriving += 1;
+    }
+
+    /// Leader's wait, with the row claimed: while writers are still placing pieces into it
+    /// (the submitter is still adding, as under md's plug), until `deadline` at most; ends
+    /// early when the row is full, hurried or has a FUA piece.
+    pub fn gather<'a>(
         &'a self,
         mut st: MutexGuard<'a, RowState>,
         deadline: Instant,
-        extend: Duration,
         full: impl Fn(&[Piece]) -> bool,
     ) -> MutexGuard<'a, RowState> {
-        let cap = deadline + extend * 3;
-        let mut deadline = deadline;
-        let mut seen = st.pending.len();
-        st.extending = !extend.is_zero();
-        loop {
-            if st.hurry || st.pending.iter().any(|p| p.fua) || full(&st.pending) {
-                st.extending = false;
-                return st;
-            }
+        assert!(st.busy, "gathering into a row that is not claimed");
+        while st.arriving > 0
+            && !st.hurry
+            && !st.pending.iter().any(|p| p.fua)
+            && !full(&st.pending)
+        {
             if self.cv.wait_until(&mut st, deadline).timed_out() {
-                st.extending = false;
-                return st;
-            }
-            if st.pending.len() > seen {
-                seen = st.pending.len();
-                deadline = deadline.max((Instant::now() + extend).min(cap));
+                break;
             }
         }
+        st
     }
 }
 
