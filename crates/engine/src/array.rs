@@ -394,13 +394,24 @@ impl Array {
 
     /// Write `data` at `offset_bytes`; returns once it is on the members (durable with `fua`).
     pub fn write(&self, offset_bytes: u64, data: &[u8], fua: bool) -> Result<()> {
+        self.write_with(offset_bytes, data, fua, None)
+    }
+
+    /// [`Array::write`], of a write announced earlier (`intent`, for the same range).
+    pub(crate) fn write_with(
+        &self,
+        offset_bytes: u64,
+        data: &[u8],
+        fua: bool,
+        intent: Option<crate::intent::WriteIntent>,
+    ) -> Result<()> {
         self.check_range(offset_bytes, data.len() as u64)?;
         self.sync.note_client_io();
         self.as_client_write(|| {
             self.verify_before_use(offset_bytes, data.len() as u64, true)?;
             let watched = self.watch_begin(offset_bytes, data.len() as u64, Some(data));
             let res = if self.geometry.level().is_parity() {
-                self.parity_write(offset_bytes, data, fua)
+                self.parity_write(offset_bytes, data, fua, intent)
             } else {
                 self.mirror_write(offset_bytes, data, fua)
             };

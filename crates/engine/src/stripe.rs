@@ -27,6 +27,7 @@ use crate::bufpool::PoolBuf;
 use crate::commit::WriteSet;
 use crate::error::{EngineError, Result};
 use crate::heal::Heal;
+use crate::intent::WriteIntent;
 use crate::io::{IoOutcome, MemberIo};
 use crate::journal::StripeImage;
 use crate::stripe_cache::{covers_all, merge, BatchError, Completion, Piece, Row};
@@ -187,20 +188,36 @@ impl Array {
         res
     }
 
-    pub(crate) fn parity_write(&self, offset_bytes: u64, data: &[u8], fua: bool) -> Result<()> {
-        let reserved = self.stripes.reserve(data.len());
-        let pieces = self.parity_pieces(offset_bytes, data.len());
-        let done = Completion::new(pieces.len());
-        // Announce every row first: a leader of one of them that claims it meanwhile waits for
-        // these pieces instead of writing its batch without them.
+    /// Announce a write of `len` bytes at `offset_bytes` to every row it touches (taking a
+    /// reference to each): a leader of one of them that claims it meanwhile waits for these
+    /// pieces instead of writing its batch without them. In the order the pieces come.
+    pub(crate) fn announce_rows(&self, offset_bytes: u64, len: usize) -> Vec<(u64, Arc<Row>)> {
         let mut rows: Vec<(u64, Arc<Row>)> = Vec::new();
-        for &(row, ..) in &pieces {
+        for (row, ..) in self.parity_pieces(offset_bytes, len) {
             if rows.last().is_none_or(|(last, _)| *last != row) {
                 let r = self.stripes.get(row);
                 r.announce();
                 rows.push((row, r));
             }
         }
+        rows
+    }
+
+    /// `intent`: the same write, announced before its data arrived (see [`WriteIntent`]).
+    pub(crate) fn parity_write(
+        &self,
+        offset_bytes: u64,
+        data: &[u8],
+        fua: bool,
+        intent: Option<WriteIntent>,
+    ) -> Result<()> {
+        let reserved = self.stripes.reserve(data.len());
+        let pieces = self.parity_pieces(offset_bytes, data.len());
+        let done = Completion::new(pieces.len());
+        let rows = match intent {
+            Some(i) => i.take_rows(self, offset_bytes, data.len()),
+            None => self.announce_rows(offset_bytes, data.len()),
+        };
         let mut led = Vec::new();
         for (row, r) in &rows {
             let mine = pieces.iter().filter(|p| p.0 == *row);
@@ -259,8 +276,7 @@ impl Array {
             })
             .collect();
         let mut st = r.st.lock();
-        assert!(st.arriving > 0, "pieces placed into a row never announced");
-        st.arriving -= 1;
+        st.settle();
         st.pending.extend(copies);
         if st.leader {
             // Its leader may be waiting for us.

@@ -3,20 +3,22 @@
 //! A *row* is one stripe of the layout (the chunks at the same device offset on every member).
 //! Writers split their request into pieces (one per data chunk touched) and append them to
 //! their rows' `pending` lists. The writer that finds a row without a leader becomes its
-//! leader: it claims the row (waits until no batch of it runs: `busy`), waits while other
-//! writers are still placing pieces into it (`arriving`), takes every pending piece as one
+//! leader: it claims the row (waits until no batch of it runs: `busy`), waits for the writers
+//! that are placing pieces into it at that moment (`arriving`), takes every pending piece as one
 //! batch, computes parity once for all of them and writes. Other writers just wait for their
 //! pieces' completion.
 //!
 //! There is no timer, as in md: a stripe is held only while a submitter is still adding to it
-//! (md's plugging; here the moment between a writer entering the write path and its pieces
-//! being placed), and pieces that arrive while a batch of the row is being handled join the
+//! (md's plugging; here from a writer entering the write path, or from a frontend announcing a
+//! write whose payload it is still receiving (`WriteIntent`), until its pieces are placed), and
+//! pieces that arrive while a batch of the row is being handled join the
 //! row's next batch (the leader waits for the claim meanwhile). So a sequential stream with
 //! many writes in flight merges by itself, and a writer with nothing to merge with goes at once.
 //! Consequences the rest of the engine relies on:
 //! * `pending` non-empty ⇒ `leader` is true (whoever set `leader` takes them), checked by assert.
-//! * `arriving` counts writers between announcing a row and placing their pieces in it; each
-//!   announcement is matched by exactly one placement (checked by assert).
+//! * `arriving` counts writers between announcing a row and placing their pieces in it (or
+//!   withdrawing); each announcement is settled exactly once (checked by assert), and
+//!   `settled` counts the settlements.
 //! * At most one batch or exclusive reader per row at a time (`busy`), so reads of parity and
 //!   data inside a batch are consistent, and degraded reads see whole stripes.
 //! * The wait for arriving writers is bounded by the write hold and ends early when the row is
@@ -102,6 +104,9 @@ pub(crate) struct RowState {
     pub hurry: bool,
     /// Writers that announced pieces for this row and have not placed them yet.
     pub arriving: usize,
+    /// Announcements settled so far (pieces placed, or the announcement withdrawn): a leader
+    /// counts on it how many of the writers arriving when it began have come since.
+    pub settled: u64,
 }
 
 pub(crate) struct Row {
@@ -204,6 +209,15 @@ impl StripeCache {
     }
 }
 
+impl RowState {
+    /// One announced writer has placed its pieces, or will not.
+    pub fn settle(&mut self) {
+        assert!(self.arriving > 0, "a row settled more often than announced");
+        self.arriving -= 1;
+        self.settled += 1;
+    }
+}
+
 impl Row {
     /// Wait until no batch or exclusive reader runs, then claim the row.
     pub fn claim<'a>(&'a self, mut st: MutexGuard<'a, RowState>) -> MutexGuard<'a, RowState> {
@@ -237,9 +251,17 @@ impl Row {
         self.st.lock().arriving += 1;
     }
 
-    /// Leader's wait, with the row claimed: while writers are still placing pieces into it
-    /// (the submitter is still adding, as under md's plug), until `deadline` at most; ends
-    /// early when the row is full, hurried or has a FUA piece.
+    /// An announced writer will not place pieces after all (its request failed before).
+    pub fn unannounce(&self) {
+        let mut st = self.st.lock();
+        st.settle();
+        self.cv.notify_all();
+    }
+
+    /// Leader's wait, with the row claimed: for the writers that are placing pieces into it
+    /// now (the submitter is still adding, as under md's plug), until `deadline` at most; ends
+    /// early when the row is full, hurried or has a FUA piece. Writers that announce themselves
+    /// later join the next batch: a stream that keeps coming cannot hold this one back.
     pub fn gather<'a>(
         &'a self,
         mut st: MutexGuard<'a, RowState>,
@@ -247,7 +269,8 @@ impl Row {
         full: impl Fn(&[Piece]) -> bool,
     ) -> MutexGuard<'a, RowState> {
         assert!(st.busy, "gathering into a row that is not claimed");
-        while st.arriving > 0
+        let awaited = st.settled + st.arriving as u64;
+        while st.settled < awaited
             && !st.hurry
             && !st.pending.iter().any(|p| p.fua)
             && !full(&st.pending)
