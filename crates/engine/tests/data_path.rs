@@ -375,6 +375,54 @@ fn small_writes_do_not_wait_for_the_hold() {
     common::check_redundancy(&sa);
 }
 
+/// A write announced before its data has arrived (a frontend still receiving the payload, see
+/// `WriteIntent`) holds a leader that claims its stripe meanwhile: the two writes go out as
+/// one batch, P written once. An intent dropped unused lets the leader go at once.
+#[test]
+fn an_announced_write_joins_the_batch_it_was_announced_to() {
+    const CHUNK: u64 = 64 << 10;
+    const HOLD: std::time::Duration = std::time::Duration::from_secs(10);
+    let config = engine::ArrayConfig {
+        write_hold: HOLD,
+        ..common::config()
+    };
+    let (_sims, probes, array, data_offset) = probed_raid5(4, CHUNK, 16 << 20, false, config);
+    let array = Arc::new(array);
+    let stripe_bytes = 3 * CHUNK;
+    array.write(40 * stripe_bytes, &[0u8; 4096], false).unwrap();
+    let row = 2u64;
+    let base = row * stripe_bytes;
+    let p_dev = array.geometry().stripe_roles(row).p_dev();
+    let (start, end) = (data_offset + row * CHUNK, data_offset + (row + 1) * CHUNK);
+    let p_before = probes[p_dev].writes_into(start, end);
+    let waits_for = |intent: engine::WriteIntent, use_it: bool| {
+        let started = std::time::Instant::now();
+        std::thread::scope(|s| {
+            let a = array.clone();
+            let leader = s.spawn(move || a.write(base, &[1; 4096], false).unwrap());
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            assert!(
+                !leader.is_finished(),
+                "the stripe's leader went without the announced write"
+            );
+            if use_it {
+                array.write_intended(intent, &[2; 4096], false).unwrap();
+            } else {
+                drop(intent);
+            }
+            leader.join().unwrap();
+        });
+        assert!(started.elapsed() < HOLD / 2, "the leader waited for the hold");
+    };
+    waits_for(array.intend_write(base + 4096, 4096), true);
+    let p_writes = probes[p_dev].writes_into(start, end) - p_before;
+    assert_eq!(p_writes, 1, "P written {p_writes} times for a write and an announced one");
+    let mut back = vec![0u8; 8192];
+    array.read(base, &mut back).unwrap();
+    assert!(back[..4096].iter().all(|&b| b == 1) && back[4096..].iter().all(|&b| b == 2));
+    waits_for(array.intend_write(base + 4096, 4096), false);
+}
+
 #[test]
 fn healthy_reads_go_straight_to_one_member() {
     let sa = sim_array(Level::Raid6, None, 6, 64 << 10, 8 << 20, 5);
