@@ -22,8 +22,10 @@
 //! * At most one batch or exclusive reader per row at a time (`busy`), so reads of parity and
 //!   data inside a batch are consistent, and degraded reads see whole stripes.
 //! * The wait for arriving writers is bounded by the write hold and ends early when the row is
-//!   full, a piece is FUA, or a flush hurries every row: placing pieces never blocks, so it is
-//!   normally microseconds.
+//!   full, a piece is FUA, or a flush hurries every row. Placing pieces never blocks, so it is
+//!   normally microseconds (or a payload's arrival, for a `WriteIntent`); the bound covers an
+//!   announced writer that waits for something else first (the byte budget, a sector lock, a
+//!   CPU), so no chain of waits can close on itself.
 //! * Memory is bounded: client data in pending pieces is limited by a byte budget taken before
 //!   enqueueing (all of a request's budget at once, so no hold-and-wait deadlock).
 //!

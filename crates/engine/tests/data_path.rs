@@ -329,7 +329,10 @@ fn merge_case(piece_bytes: u64, integrity: bool) {
     );
     let mut back = vec![0u8; (4096 + WRITERS * piece_bytes) as usize];
     array.read(base, &mut back).unwrap();
-    assert!(back[..4096].iter().all(|&b| b == 0xee), "{case}: held write");
+    assert!(
+        back[..4096].iter().all(|&b| b == 0xee),
+        "{case}: held write"
+    );
     for (i, piece) in back[4096..].chunks(piece_bytes as usize).enumerate() {
         assert!(
             piece.iter().all(|&b| b == i as u8 + 1),
@@ -412,11 +415,17 @@ fn an_announced_write_joins_the_batch_it_was_announced_to() {
             }
             leader.join().unwrap();
         });
-        assert!(started.elapsed() < HOLD / 2, "the leader waited for the hold");
+        assert!(
+            started.elapsed() < HOLD / 2,
+            "the leader waited for the hold"
+        );
     };
     waits_for(array.intend_write(base + 4096, 4096), true);
     let p_writes = probes[p_dev].writes_into(start, end) - p_before;
-    assert_eq!(p_writes, 1, "P written {p_writes} times for a write and an announced one");
+    assert_eq!(
+        p_writes, 1,
+        "P written {p_writes} times for a write and an announced one"
+    );
     let mut back = vec![0u8; 8192];
     array.read(base, &mut back).unwrap();
     assert!(back[..4096].iter().all(|&b| b == 1) && back[4096..].iter().all(|&b| b == 2));

@@ -146,7 +146,11 @@ fn write_hints_come_back_with_their_payload_or_are_dropped() {
     wait_until(|| t.server.active_connections() == 0);
     assert_eq!(b.hints_given.load(Ordering::SeqCst), 3);
     assert_eq!(b.hints_used.load(Ordering::SeqCst), 1);
-    assert_eq!(b.hints_live.load(Ordering::SeqCst), 0, "a hint outlived its request");
+    assert_eq!(
+        b.hints_live.load(Ordering::SeqCst),
+        0,
+        "a hint outlived its request"
+    );
     assert!(b.snapshot()[..512].iter().all(|&x| x == 0x11));
 }
 
