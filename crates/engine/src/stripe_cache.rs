@@ -11,9 +11,10 @@
 //! There is no timer, as in md: a stripe is held only while a submitter is still adding to it
 //! (md's plugging; here from a writer entering the write path, or from a frontend announcing a
 //! write whose payload it is still receiving (`WriteIntent`), until its pieces are placed), and
-//! pieces that arrive while a batch of the row is being handled join the
-//! row's next batch (the leader waits for the claim meanwhile). So a sequential stream with
-//! many writes in flight merges by itself, and a writer with nothing to merge with goes at once.
+//! pieces that arrive while a batch of the row is being handled join the row's next batch (the
+//! leader waits for the claim meanwhile). So a sequential stream with many writes in flight
+//! merges by itself, and a writer with nothing to merge with goes at once. The wait uses real
+//! time only as its bound; a single-threaded (deterministic) run never has a writer arriving.
 //! Consequences the rest of the engine relies on:
 //! * `pending` non-empty ⇒ `leader` is true (whoever set `leader` takes them), checked by assert.
 //! * `arriving` counts writers between announcing a row and placing their pieces in it (or
@@ -262,8 +263,11 @@ impl Row {
 
     /// Leader's wait, with the row claimed: for the writers that are placing pieces into it
     /// now (the submitter is still adding, as under md's plug), until `deadline` at most; ends
-    /// early when the row is full, hurried or has a FUA piece. Writers that announce themselves
-    /// later join the next batch: a stream that keeps coming cannot hold this one back.
+    /// early when the row is full, hurried or has a FUA piece. It waits for as many settlements
+    /// as there are writers arriving now (one announced later may settle first and count in
+    /// place of a slower one: a cheaper approximation than tracking each by name). Writers that
+    /// announce themselves later join the next batch: a stream that keeps coming cannot hold
+    /// this one back.
     pub fn gather<'a>(
         &'a self,
         mut st: MutexGuard<'a, RowState>,
