@@ -29,9 +29,9 @@
 //! Writes from inside the engine (resync, rebuild) are whole sectors and the engine orders them
 //! itself; this layer only has to order the patches it invents.
 
-use engine::Array;
+use engine::{Array, WriteIntent};
 use nbd::proto::{STATE_HOLE, STATE_ZERO};
-use nbd::{Backend, BlockSizes};
+use nbd::{Backend, BlockSizes, WriteHint};
 use std::io;
 use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
@@ -247,6 +247,26 @@ impl Backend for ArrayBackend {
             return self.0.write(offset, data, fua).map_err(io::Error::from);
         }
         patch_write(&*self.0, offset, data, fua)
+    }
+
+    /// Whole-sector writes are announced to the array's stripes while their payload arrives
+    /// (md's plug: a stripe the next request of a stream will fill is not written half first).
+    fn write_coming(&self, offset: u64, len: u64) -> Option<WriteHint> {
+        is_aligned(offset, len).then(|| WriteHint(Box::new(self.0.intend_write(offset, len))))
+    }
+
+    fn write_hinted(&self, hint: WriteHint, offset: u64, data: &[u8], fua: bool) -> io::Result<()> {
+        let Ok(intent) = hint.0.downcast::<WriteIntent>() else {
+            unreachable!("ironraid's write hints are write intents");
+        };
+        if data.is_empty() || !is_aligned(offset, data.len() as u64) {
+            drop(intent);
+            return self.write(offset, data, fua);
+        }
+        let _held = SECTOR_LOCKS.lock(&LockSet::for_write(offset, data.len() as u64));
+        self.0
+            .write_intended(*intent, data, fua)
+            .map_err(io::Error::from)
     }
 
     fn flush(&self) -> io::Result<()> {

@@ -67,7 +67,9 @@ enum Cmd {
         /// Do not use O_DIRECT on members.
         #[arg(long)]
         no_direct: bool,
-        /// Microseconds a partial-stripe write may wait for more writes to fill its stripe.
+        /// Upper bound, in microseconds, on how long a partial stripe waits for writers still
+        /// placing pieces into it (no timer otherwise: it is written as soon as they have; 0:
+        /// never waits).
         #[arg(long, default_value_t = 2000)]
         write_hold_us: u64,
         /// Rebuild/resync/check rate kept even while clients do I/O, per second (default 1000K).

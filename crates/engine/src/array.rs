@@ -43,8 +43,9 @@ const CLOSE_DRAIN_TIMEOUT: Duration = Duration::from_secs(60);
 /// Tunables of a running array.
 #[derive(Clone, Debug)]
 pub struct ArrayConfig {
-    /// How long a partial-stripe write may wait for more writes to fill its stripe. Only applies
-    /// while other writes are in flight; FUA and flush cut it short.
+    /// The longest a stripe's leader waits for writers that are still placing pieces into its
+    /// stripe (there is no timer otherwise: it goes as soon as they have; see `stripe_cache`).
+    /// Zero: it never waits. FUA, a full stripe and a flush cut the wait short.
     pub write_hold: Duration,
     /// Upper bound on client data held in the stripe cache at once.
     pub stripe_cache_bytes: usize,
@@ -403,13 +404,24 @@ impl Array {
 
     /// Write `data` at `offset_bytes`; returns once it is on the members (durable with `fua`).
     pub fn write(&self, offset_bytes: u64, data: &[u8], fua: bool) -> Result<()> {
+        self.write_with(offset_bytes, data, fua, None)
+    }
+
+    /// [`Array::write`], of a write announced earlier (`intent`, for the same range).
+    pub(crate) fn write_with(
+        &self,
+        offset_bytes: u64,
+        data: &[u8],
+        fua: bool,
+        intent: Option<crate::intent::WriteIntent>,
+    ) -> Result<()> {
         self.check_range(offset_bytes, data.len() as u64)?;
         self.sync.note_client_io();
         self.as_client_write(|| {
             self.verify_before_use(offset_bytes, data.len() as u64, true)?;
             let watched = self.watch_begin(offset_bytes, data.len() as u64, Some(data));
             let res = if self.geometry.level().is_parity() {
-                self.parity_write(offset_bytes, data, fua)
+                self.parity_write(offset_bytes, data, fua, intent)
             } else {
                 self.mirror_write(offset_bytes, data, fua)
             };

@@ -27,10 +27,12 @@ use crate::bufpool::PoolBuf;
 use crate::commit::WriteSet;
 use crate::error::{EngineError, Result};
 use crate::heal::Heal;
+use crate::intent::WriteIntent;
 use crate::io::{IoOutcome, MemberIo};
 use crate::journal::StripeImage;
-use crate::stripe_cache::{covers_all, merge, BatchError, Completion, Piece};
+use crate::stripe_cache::{covers_all, merge, BatchError, Completion, Piece, Row};
 use layout::{Level, StripeRoles};
+use std::sync::Arc;
 use std::time::Instant;
 
 /// Journal pages and integrity records cover this many bytes.
@@ -203,61 +205,48 @@ impl Array {
         res
     }
 
-    pub(crate) fn parity_write(&self, offset_bytes: u64, data: &[u8], fua: bool) -> Result<()> {
+    /// Announce a write of `len` bytes at `offset_bytes` to every row it touches (taking a
+    /// reference to each): a leader of one of them that claims it meanwhile waits for these
+    /// pieces instead of writing its batch without them. In the order the pieces come.
+    pub(crate) fn announce_rows(&self, offset_bytes: u64, len: usize) -> Vec<(u64, Arc<Row>)> {
+        let mut rows: Vec<(u64, Arc<Row>)> = Vec::new();
+        for (row, ..) in self.parity_pieces(offset_bytes, len) {
+            if rows.last().is_none_or(|(last, _)| *last != row) {
+                let r = self.stripes.get(row);
+                r.announce();
+                rows.push((row, r));
+            }
+        }
+        rows
+    }
+
+    /// `intent`: the same write, announced before its data arrived (see [`WriteIntent`]).
+    pub(crate) fn parity_write(
+        &self,
+        offset_bytes: u64,
+        data: &[u8],
+        fua: bool,
+        intent: Option<WriteIntent>,
+    ) -> Result<()> {
         let reserved = self.stripes.reserve(data.len());
         let pieces = self.parity_pieces(offset_bytes, data.len());
         let done = Completion::new(pieces.len());
-        let sequential = self
-            .stripes
-            .continues_stream(offset_bytes, data.len() as u64);
-        let others = self
-            .inflight_writes
-            .load(std::sync::atomic::Ordering::Acquire)
-            > 1;
-        let now = Instant::now();
-        let held = now + self.config.write_hold;
-        let deadline = if sequential && others { held } else { now };
-        let mut rows: Vec<u64> = Vec::new();
+        let rows = match intent {
+            Some(i) => i.take_rows(self, offset_bytes, data.len()),
+            None => self.announce_rows(offset_bytes, data.len()),
+        };
         let mut led = Vec::new();
-        let mut i = 0;
-        while i < pieces.len() {
-            let row = pieces[i].0;
-            let r = self.stripes.get(row);
-            rows.push(row);
-            let mut st = r.st.lock();
-            while i < pieces.len() && pieces[i].0 == row {
-                let (_, d, off, len, at) = pieces[i];
-                let mut bytes = self.bufs.get(len);
-                bytes.copy_from_slice(&data[at..at + len]);
-                st.pending.push(Piece {
-                    data_index: d,
-                    offset: off,
-                    data: bytes,
-                    fua,
-                    done: done.clone(),
-                });
-                i += 1;
-            }
-            if !st.leader {
-                st.leader = true;
-                // A stripe with a batch in flight has writers converging on it: worth waiting
-                // (the leader waits for that batch anyway) for more to join.
-                led.push((row, r.clone(), if st.busy { held } else { deadline }));
-            } else if st.extending || covers_all(&st.pending, self.geometry.data_disks()) {
-                // Wake the holding leader: the stripe is full, or its stream is still coming.
-                r.cv.notify_all();
+        for (row, r) in &rows {
+            let mine = pieces.iter().filter(|p| p.0 == *row);
+            if self.place(r, mine, data, fua, &done) {
+                led.push((*row, r));
             }
         }
-        let extend = if sequential && others {
-            self.config.write_hold
-        } else {
-            std::time::Duration::ZERO
-        };
-        for (row, r, until) in led {
-            self.lead_batch(row, &r, until, extend);
+        for (row, r) in led {
+            self.lead_batch(row, r);
         }
         let res = done.wait();
-        for row in rows {
+        for (row, _) in rows {
             self.stripes.put(row);
         }
         self.stripes.unreserve(reserved);
@@ -277,20 +266,58 @@ impl Array {
         })
     }
 
-    /// `extend`: non-zero for a sequential stream, whose hold follows the pieces still arriving.
-    fn lead_batch(
+    /// Place a request's pieces of one announced row (`(row, data index, offset in chunk,
+    /// length, offset in request)`, copied out of `data`). True: the row had no leader and the
+    /// caller now leads it.
+    fn place<'p>(
         &self,
-        row: u64,
-        r: &crate::stripe_cache::Row,
-        deadline: Instant,
-        extend: std::time::Duration,
-    ) {
+        r: &Row,
+        pieces: impl Iterator<Item = &'p (u64, usize, u64, usize, usize)>,
+        data: &[u8],
+        fua: bool,
+        done: &Arc<Completion>,
+    ) -> bool {
+        // Copied before the lock is taken: a leader waiting for this row waits for the copy
+        // anyway (it counts us as arriving), other writers need not.
+        let copies: Vec<Piece> = pieces
+            .map(|&(_, d, off, len, at)| {
+                let mut bytes = self.bufs.get(len);
+                bytes.copy_from_slice(&data[at..at + len]);
+                Piece {
+                    data_index: d,
+                    offset: off,
+                    data: bytes,
+                    fua,
+                    done: done.clone(),
+                }
+            })
+            .collect();
+        let mut st = r.st.lock();
+        st.settle();
+        st.pending.extend(copies);
+        if st.leader {
+            // Its leader may be waiting for us.
+            r.cv.notify_all();
+            return false;
+        }
+        st.leader = true;
+        true
+    }
+
+    /// Claim the row, gather what writers are still placing into it (up to the write hold),
+    /// take every pending piece as one batch and write it.
+    fn lead_batch(&self, row: u64, r: &Row) {
         let m = self.geometry.data_disks();
-        let st = r.hold(r.st.lock(), deadline, extend, |p| covers_all(p, m));
-        let mut st = r.claim(st);
+        let st = r.claim(r.st.lock());
+        let deadline = Instant::now() + self.config.write_hold;
+        let mut st = r.gather(st, deadline, |p| covers_all(p, m));
         assert!(
             st.leader,
             "row {row}: leader lost its role before taking the batch"
+        );
+        assert!(
+            !st.pending.is_empty(),
+            "row {row}: a leader without pieces (its own are pending until it takes them)"
         );
         let batch = std::mem::take(&mut st.pending);
         st.leader = false;

@@ -3,14 +3,30 @@
 //! A *row* is one stripe of the layout (the chunks at the same device offset on every member).
 //! Writers split their request into pieces (one per data chunk touched) and append them to
 //! their rows' `pending` lists. The writer that finds a row without a leader becomes its
-//! leader: it waits a short, bounded time for the row to fill (clustering, like a plugged queue),
-//! waits until no batch of the row is running (`busy`), takes every pending piece as one batch,
-//! computes parity once for all of them and writes. Other writers just wait for their pieces'
-//! completion. Consequences the rest of the engine relies on:
+//! leader: it claims the row (waits until no batch of it runs: `busy`), waits for the writers
+//! that are placing pieces into it at that moment (`arriving`), takes every pending piece as one
+//! batch, computes parity once for all of them and writes. Other writers just wait for their
+//! pieces' completion.
+//!
+//! There is no timer, as in md: a stripe is held only while a submitter is still adding to it
+//! (md's plugging; here from a writer entering the write path, or from a frontend announcing a
+//! write whose payload it is still receiving (`WriteIntent`), until its pieces are placed), and
+//! pieces that arrive while a batch of the row is being handled join the row's next batch (the
+//! leader waits for the claim meanwhile). So a sequential stream with many writes in flight
+//! merges by itself, and a writer with nothing to merge with goes at once. The wait uses real
+//! time only as its bound; a single-threaded (deterministic) run never has a writer arriving.
+//! Consequences the rest of the engine relies on:
 //! * `pending` non-empty ⇒ `leader` is true (whoever set `leader` takes them), checked by assert.
+//! * `arriving` counts writers between announcing a row and placing their pieces in it (or
+//!   withdrawing); each announcement is settled exactly once (checked by assert), and
+//!   `settled` counts the settlements.
 //! * At most one batch or exclusive reader per row at a time (`busy`), so reads of parity and
 //!   data inside a batch are consistent, and degraded reads see whole stripes.
-//! * The hold ends early when the row is full, a piece is FUA, or a flush hurries every row.
+//! * The wait for arriving writers is bounded by the write hold and ends early when the row is
+//!   full, a piece is FUA, or a flush hurries every row. Placing pieces never blocks, so it is
+//!   normally microseconds (or a payload's arrival, for a `WriteIntent`); the bound covers an
+//!   announced writer that waits for something else first (the byte budget, a sector lock, a
+//!   CPU), so no chain of waits can close on itself.
 //! * Memory is bounded: client data in pending pieces is limited by a byte budget taken before
 //!   enqueueing (all of a request's budget at once, so no hold-and-wait deadlock).
 //!
@@ -18,9 +34,8 @@
 
 use parking_lot::{Condvar, Mutex, MutexGuard};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// One piece of a client write: bytes for data chunk `data_index` of a row.
 pub(crate) struct Piece {
@@ -90,8 +105,11 @@ pub(crate) struct RowState {
     pub leader: bool,
     pub busy: bool,
     pub hurry: bool,
-    /// The leader extends its hold while pieces arrive: joiners must wake it.
-    pub extending: bool,
+    /// Writers that announced pieces for this row and have not placed them yet.
+    pub arriving: usize,
+    /// Announcements settled so far (pieces placed, or the announcement withdrawn): a leader
+    /// counts on it how many of the writers arriving when it began have come since.
+    pub settled: u64,
 }
 
 pub(crate) struct Row {
@@ -105,15 +123,9 @@ struct Budget {
     total: usize,
 }
 
-/// How many concurrent sequential write streams the hold heuristic tracks.
-const RECENT_STREAMS: usize = 8;
-
 pub(crate) struct StripeCache {
     rows: Mutex<HashMap<u64, (Arc<Row>, usize)>>,
     budget: Budget,
-    /// Where recent writes ended, to recognise sequential streams (which are worth holding
-    /// for so that their stripes fill) from random writes (which are not).
-    recent_ends: [AtomicU64; RECENT_STREAMS],
 }
 
 impl StripeCache {
@@ -126,21 +138,7 @@ impl StripeCache {
                 cv: Condvar::new(),
                 total,
             },
-            recent_ends: std::array::from_fn(|_| AtomicU64::new(u64::MAX)),
         }
-    }
-
-    /// Does this write start where a recent one ended? Records where it ends either way.
-    /// Only such writes wait for their stripes to fill: a random write would wait for nothing.
-    pub fn continues_stream(&self, offset_bytes: u64, len: u64) -> bool {
-        let end = offset_bytes + len;
-        let hit = self
-            .recent_ends
-            .iter()
-            .position(|e| e.load(Ordering::Relaxed) == offset_bytes);
-        let slot = hit.unwrap_or((offset_bytes / len.max(1)) as usize % RECENT_STREAMS);
-        self.recent_ends[slot].store(end, Ordering::Relaxed);
-        hit.is_some()
     }
 
     /// Reserve room for `bytes` of client data (capped at the whole budget); returns the amount.
@@ -194,6 +192,10 @@ impl StripeCache {
                 st.pending.is_empty() && !st.leader && !st.busy,
                 "row {row} left the cache with work in it"
             );
+            assert_eq!(
+                st.arriving, 0,
+                "row {row} left the cache with a writer still placing pieces"
+            );
         }
     }
 
@@ -207,6 +209,15 @@ impl StripeCache {
                 r.cv.notify_all();
             }
         }
+    }
+}
+
+impl RowState {
+    /// One announced writer has placed its pieces, or will not.
+    pub fn settle(&mut self) {
+        assert!(self.arriving > 0, "a row settled more often than announced");
+        self.arriving -= 1;
+        self.settled += 1;
     }
 }
 
@@ -238,34 +249,43 @@ impl Row {
         self.cv.notify_all();
     }
 
-    /// Leader's wait: until `deadline`, or earlier if the row is full, hurried or has a FUA piece.
-    /// While pieces keep arriving the deadline moves to `extend` after the latest one (a stream
-    /// is still filling the stripe), but never past four times the first hold.
-    pub fn hold<'a>(
+    /// A writer will place pieces here: a leader that has claimed the row waits for them.
+    pub fn announce(&self) {
+        self.st.lock().arriving += 1;
+    }
+
+    /// An announced writer will not place pieces after all (its request failed before).
+    pub fn unannounce(&self) {
+        let mut st = self.st.lock();
+        st.settle();
+        self.cv.notify_all();
+    }
+
+    /// Leader's wait, with the row claimed: for the writers that are placing pieces into it
+    /// now (the submitter is still adding, as under md's plug), until `deadline` at most; ends
+    /// early when the row is full, hurried or has a FUA piece. It waits for as many settlements
+    /// as there are writers arriving now (one announced later may settle first and count in
+    /// place of a slower one: a cheaper approximation than tracking each by name). Writers that
+    /// announce themselves later join the next batch: a stream that keeps coming cannot hold
+    /// this one back.
+    pub fn gather<'a>(
         &'a self,
         mut st: MutexGuard<'a, RowState>,
         deadline: Instant,
-        extend: Duration,
         full: impl Fn(&[Piece]) -> bool,
     ) -> MutexGuard<'a, RowState> {
-        let cap = deadline + extend * 3;
-        let mut deadline = deadline;
-        let mut seen = st.pending.len();
-        st.extending = !extend.is_zero();
-        loop {
-            if st.hurry || st.pending.iter().any(|p| p.fua) || full(&st.pending) {
-                st.extending = false;
-                return st;
-            }
+        assert!(st.busy, "gathering into a row that is not claimed");
+        let awaited = st.settled + st.arriving as u64;
+        while st.settled < awaited
+            && !st.hurry
+            && !st.pending.iter().any(|p| p.fua)
+            && !full(&st.pending)
+        {
             if self.cv.wait_until(&mut st, deadline).timed_out() {
-                st.extending = false;
-                return st;
-            }
-            if st.pending.len() > seen {
-                seen = st.pending.len();
-                deadline = deadline.max((Instant::now() + extend).min(cap));
+                break;
             }
         }
+        st
     }
 }
 

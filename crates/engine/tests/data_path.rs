@@ -143,11 +143,13 @@ impl Device for Probe {
     }
 }
 
-/// A RAID5 of `n` probed members, each `member_bytes`, and the members' data offset in bytes.
+/// A RAID5 of `n` probed members, each `member_bytes` (with CRC32C records when `integrity`),
+/// and the members' data offset in bytes.
 fn probed_raid5(
     n: usize,
     chunk_bytes: u64,
     member_bytes: u64,
+    integrity: bool,
     config: engine::ArrayConfig,
 ) -> (Vec<Arc<SimDevice>>, Vec<Arc<Probe>>, engine::Array, u64) {
     let sims: Vec<Arc<SimDevice>> = (0..n)
@@ -178,7 +180,7 @@ fn probed_raid5(
         discard: false,
         journal: None,
         journal_write_back: false,
-        integrity: false,
+        integrity,
         guided: false,
     })
     .expect("create");
@@ -214,7 +216,7 @@ fn concurrent_writes_to_one_stripe_share_one_parity_update() {
         write_hold: std::time::Duration::from_secs(2),
         ..common::config()
     };
-    let (sims, probes, array, data_offset) = probed_raid5(5, CHUNK, 16 << 20, config);
+    let (sims, probes, array, data_offset) = probed_raid5(5, CHUNK, 16 << 20, false, config);
     let array = Arc::new(array);
     let stripe_bytes = WRITERS * CHUNK;
     // The first write marks the array dirty (a superblock write per member); get it done first.
@@ -266,6 +268,168 @@ fn concurrent_writes_to_one_stripe_share_one_parity_update() {
         layout: None,
     };
     common::check_redundancy(&sa);
+}
+
+/// Fifteen writers send consecutive pieces of one data chunk while a batch of its stripe is in
+/// flight (a sequential stream at queue depth 16): they join the stripe's next batch, which is
+/// one read-modify-write or reconstruct-write for all of them, so the data member and P are
+/// written once each for the fifteen (unmerged: fifteen times). With integrity records, 1 KiB
+/// pieces are widened to whole 4 KiB pages before planning: still one write per member.
+#[test]
+fn queued_sequential_small_writes_merge_into_one_stripe_write() {
+    for (piece_bytes, integrity) in [(4096u64, false), (1024, false), (1024, true)] {
+        merge_case(piece_bytes, integrity);
+    }
+}
+
+fn merge_case(piece_bytes: u64, integrity: bool) {
+    const CHUNK: u64 = 64 << 10;
+    // With the held 4 KiB, 64 KiB of 4 KiB pieces: all in data chunk 0.
+    const WRITERS: u64 = 15;
+    let (sims, probes, array, data_offset) =
+        probed_raid5(4, CHUNK, 16 << 20, integrity, common::config());
+    let array = Arc::new(array);
+    let stripe_bytes = 3 * CHUNK;
+    // The first write marks the array dirty (a superblock write per member); get it done first.
+    array.write(40 * stripe_bytes, &[0u8; 4096], false).unwrap();
+    let row = 2u64;
+    let roles = array.geometry().stripe_roles(row);
+    let (start, end) = (data_offset + row * CHUNK, data_offset + (row + 1) * CHUNK);
+    let (p_before, d_before) = (
+        probes[roles.p_dev()].writes_into(start, end),
+        probes[roles.data_dev(0)].writes_into(start, end),
+    );
+    let held = &probes[roles.data_dev(0)];
+    held.close(start, end);
+    let base = row * stripe_bytes;
+    std::thread::scope(|s| {
+        let a = array.clone();
+        s.spawn(move || a.write(base, &[0xee; 4096], false).unwrap());
+        held.wait_blocked();
+        for i in 0..WRITERS {
+            let a = array.clone();
+            s.spawn(move || {
+                let at = base + 4096 + i * piece_bytes;
+                a.write(at, &vec![i as u8 + 1; piece_bytes as usize], false)
+                    .unwrap()
+            });
+        }
+        // Let every writer queue behind the held batch.
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        held.open();
+    });
+    let p_writes = probes[roles.p_dev()].writes_into(start, end) - p_before;
+    let d_writes = probes[roles.data_dev(0)].writes_into(start, end) - d_before;
+    let case = format!("{piece_bytes}-byte pieces, integrity {integrity}");
+    assert_eq!(
+        (p_writes, d_writes),
+        (2, 2),
+        "{case}: (P, data) written ({p_writes}, {d_writes}) times for 1 held write + \
+         {WRITERS} queued writers; expected (2, 2): the held write's, then one merged batch"
+    );
+    let mut back = vec![0u8; (4096 + WRITERS * piece_bytes) as usize];
+    array.read(base, &mut back).unwrap();
+    assert!(
+        back[..4096].iter().all(|&b| b == 0xee),
+        "{case}: held write"
+    );
+    for (i, piece) in back[4096..].chunks(piece_bytes as usize).enumerate() {
+        assert!(
+            piece.iter().all(|&b| b == i as u8 + 1),
+            "{case}: piece {i} is not its writer's"
+        );
+    }
+    let sa = common::SimArray {
+        sims,
+        array: Arc::try_unwrap(array).ok().unwrap(),
+        level: Level::Raid5,
+        layout: None,
+    };
+    common::check_redundancy(&sa);
+}
+
+/// The write hold is an upper bound, not a timer: sequential sub-stripe streams with other
+/// writes in flight (which cannot fill their stripes) finish long before one hold would pass.
+#[test]
+fn small_writes_do_not_wait_for_the_hold() {
+    const HOLD: std::time::Duration = std::time::Duration::from_secs(5);
+    let config = engine::ArrayConfig {
+        write_hold: HOLD,
+        ..common::config()
+    };
+    let sa = common::sim_array_with(Level::Raid5, None, 4, 64 << 10, 16 << 20, 9, config);
+    let started = std::time::Instant::now();
+    std::thread::scope(|s| {
+        for stream in 0..4u64 {
+            let a = &sa.array;
+            s.spawn(move || {
+                for i in 0..8u64 {
+                    let at = stream * (1 << 20) + i * 4096;
+                    a.write(at, &[stream as u8 + 1; 4096], false).unwrap();
+                }
+            });
+        }
+    });
+    let took = started.elapsed();
+    assert!(
+        took < HOLD / 2,
+        "4 streams of 8 sequential 4 KiB writes took {took:?} with a {HOLD:?} hold"
+    );
+    common::check_redundancy(&sa);
+}
+
+/// A write announced before its data has arrived (a frontend still receiving the payload, see
+/// `WriteIntent`) holds a leader that claims its stripe meanwhile: the two writes go out as
+/// one batch, P written once. An intent dropped unused lets the leader go at once.
+#[test]
+fn an_announced_write_joins_the_batch_it_was_announced_to() {
+    const CHUNK: u64 = 64 << 10;
+    const HOLD: std::time::Duration = std::time::Duration::from_secs(10);
+    let config = engine::ArrayConfig {
+        write_hold: HOLD,
+        ..common::config()
+    };
+    let (_sims, probes, array, data_offset) = probed_raid5(4, CHUNK, 16 << 20, false, config);
+    let array = Arc::new(array);
+    let stripe_bytes = 3 * CHUNK;
+    array.write(40 * stripe_bytes, &[0u8; 4096], false).unwrap();
+    let row = 2u64;
+    let base = row * stripe_bytes;
+    let p_dev = array.geometry().stripe_roles(row).p_dev();
+    let (start, end) = (data_offset + row * CHUNK, data_offset + (row + 1) * CHUNK);
+    let p_before = probes[p_dev].writes_into(start, end);
+    let waits_for = |intent: engine::WriteIntent, use_it: bool| {
+        let started = std::time::Instant::now();
+        std::thread::scope(|s| {
+            let a = array.clone();
+            let leader = s.spawn(move || a.write(base, &[1; 4096], false).unwrap());
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            assert!(
+                !leader.is_finished(),
+                "the stripe's leader went without the announced write"
+            );
+            if use_it {
+                array.write_intended(intent, &[2; 4096], false).unwrap();
+            } else {
+                drop(intent);
+            }
+            leader.join().unwrap();
+        });
+        assert!(
+            started.elapsed() < HOLD / 2,
+            "the leader waited for the hold"
+        );
+    };
+    waits_for(array.intend_write(base + 4096, 4096), true);
+    let p_writes = probes[p_dev].writes_into(start, end) - p_before;
+    assert_eq!(
+        p_writes, 1,
+        "P written {p_writes} times for a write and an announced one"
+    );
+    let mut back = vec![0u8; 8192];
+    array.read(base, &mut back).unwrap();
+    assert!(back[..4096].iter().all(|&b| b == 1) && back[4096..].iter().all(|&b| b == 2));
+    waits_for(array.intend_write(base + 4096, 4096), false);
 }
 
 #[test]

@@ -53,6 +53,10 @@ impl Default for BlockSizes {
     }
 }
 
+/// What a backend made of a WRITE announced before its payload arrived
+/// ([`Backend::write_coming`]); opaque to the server, which only hands it back or drops it.
+pub struct WriteHint(pub Box<dyn std::any::Any + Send>);
+
 /// A block device served over NBD.
 ///
 /// All methods are blocking; the server calls them from its per-connection
@@ -76,6 +80,20 @@ pub trait Backend: Send + Sync + 'static {
     fn read(&self, offset: u64, buf: &mut [u8]) -> io::Result<()>;
     /// Writes `data` at `offset`; durable before returning if `fua`.
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> io::Result<()>;
+    /// A WRITE of `len` bytes at `offset` has been read up to its payload, which is still
+    /// arriving (offset and length not validated yet). A backend that gathers writes, as a
+    /// plugged queue or a RAID stripe cache does, may get ready for it: the hint comes back with
+    /// the payload in [`Backend::write_hinted`], or is dropped if the request goes no further.
+    /// The default gives none.
+    fn write_coming(&self, offset: u64, len: u64) -> Option<WriteHint> {
+        let _ = (offset, len);
+        None
+    }
+    /// [`Backend::write`] of a request that [`Backend::write_coming`] gave `hint` for.
+    fn write_hinted(&self, hint: WriteHint, offset: u64, data: &[u8], fua: bool) -> io::Result<()> {
+        drop(hint);
+        self.write(offset, data, fua)
+    }
     /// Makes every write completed before this call durable, whatever
     /// connection it came from (the server advertises `CAN_MULTI_CONN`).
     fn flush(&self) -> io::Result<()>;

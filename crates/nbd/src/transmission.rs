@@ -40,7 +40,7 @@ use std::time::Instant;
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, warn};
 
-use crate::backend::{errno_for, Backend, BlockSizes};
+use crate::backend::{errno_for, Backend, BlockSizes, WriteHint};
 use crate::budget::{Budget, PayloadGrant};
 use crate::buf::AlignedBuf;
 use crate::codec::{self, Request};
@@ -189,6 +189,8 @@ struct Job {
     payload: Option<AlignedBuf>,
     /// Payload bytes held until the reply is written.
     grant: Option<PayloadGrant>,
+    /// The backend's hint for a WRITE, taken before its payload was read.
+    hint: Option<WriteHint>,
 }
 
 enum Next {
@@ -353,12 +355,18 @@ impl Conn {
         };
         let mut payload = None;
         let mut grant = None;
+        let mut hint = None;
         if req.command == CMD_WRITE {
             if req.length > self.ctx.params.max_payload {
                 debug!("closing: write of {} bytes exceeds maximum", req.length);
                 return Next::Stop;
             }
             grant = Some(self.grant(req.length));
+            // The payload may take a while to arrive: let the backend get ready for it.
+            hint = self
+                .ctx
+                .backend
+                .write_coming(req.offset, u64::from(req.length));
             let mut buf = AlignedBuf::new(req.length as usize);
             if let Err(e) = rd.r.read_exact(buf.as_mut_slice()) {
                 debug!("closing: write payload not received: {e}");
@@ -386,6 +394,7 @@ impl Conn {
                     cmd,
                     payload,
                     grant,
+                    hint,
                 })
             }
         }
@@ -410,7 +419,7 @@ impl Conn {
     /// Runs `job` against the backend and writes its reply.
     fn run(&self, job: Job) {
         let start = Instant::now();
-        let (head, data) = execute(&self.ctx, &job.req, job.cmd, job.payload);
+        let (head, data) = execute(&self.ctx, &job.req, job.cmd, job.payload, job.hint);
         let ns = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
         self.last_exec_ns.store(ns, Ordering::Relaxed);
         self.reply(&head, data.as_ref().map(|d| d.as_slice()));
@@ -490,13 +499,15 @@ fn execute(
     req: &Request,
     cmd: Command,
     payload: Option<AlignedBuf>,
+    hint: Option<WriteHint>,
 ) -> (Vec<u8>, Option<AlignedBuf>) {
     let b = &*ctx.backend;
     let h = req.handle;
     let r = match cmd {
         Command::Read { offset, len, df } => return read(ctx, h, offset, len, df),
-        Command::Write { offset, fua, .. } => match payload {
-            Some(p) if !p.is_empty() => b.write(offset, p.as_slice(), fua),
+        Command::Write { offset, fua, .. } => match (payload, hint) {
+            (Some(p), Some(h)) if !p.is_empty() => b.write_hinted(h, offset, p.as_slice(), fua),
+            (Some(p), None) if !p.is_empty() => b.write(offset, p.as_slice(), fua),
             _ => Ok(()),
         },
         Command::Flush => b.flush(),

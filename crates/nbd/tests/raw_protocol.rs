@@ -125,6 +125,35 @@ fn write_longer_than_max_disconnects() {
     read_ok(&mut c, 2);
 }
 
+/// The backend hears of a WRITE before its payload (`write_coming`) and gets the hint back with
+/// the payload; a hint whose payload never comes, or whose request is refused, is dropped.
+#[test]
+fn write_hints_come_back_with_their_payload_or_are_dropped() {
+    let (b, t) = server();
+    let mut c = RawClient::connect(&t.sock, "d", false);
+    c.request(CMD_WRITE, 0, 1, 0, 512);
+    c.s.write_all(&[0x11; 512]).unwrap();
+    assert_eq!(c.simple_reply(), (0, 1));
+    // Refused after its payload was read (DF is for READ only).
+    c.request(CMD_WRITE, CMD_FLAG_DF, 2, 0, 512);
+    c.s.write_all(&[0x22; 512]).unwrap();
+    assert_eq!(c.simple_reply(), (EINVAL, 2));
+    // Cut short.
+    c.request(CMD_WRITE, 0, 3, 4096, 4096);
+    c.s.write_all(&[0x33; 1000]).unwrap();
+    c.s.shutdown(Shutdown::Write).unwrap();
+    assert!(c.is_closed());
+    wait_until(|| t.server.active_connections() == 0);
+    assert_eq!(b.hints_given.load(Ordering::SeqCst), 3);
+    assert_eq!(b.hints_used.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        b.hints_live.load(Ordering::SeqCst),
+        0,
+        "a hint outlived its request"
+    );
+    assert!(b.snapshot()[..512].iter().all(|&x| x == 0x11));
+}
+
 #[test]
 fn write_payload_cut_short_writes_nothing() {
     let (b, t) = server();

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use nbd::codec::{self, Request};
 use nbd::proto::*;
-use nbd::{Backend, BlockSizes, Export, Limits, Server};
+use nbd::{Backend, BlockSizes, Export, Limits, Server, WriteHint};
 
 /// A `Vec<u8>` behind a mutex.
 pub struct MemBackend {
@@ -24,6 +24,19 @@ pub struct MemBackend {
     pub delay: Duration,
     pub writes: AtomicUsize,
     pub flushes: AtomicUsize,
+    /// Write hints given (`write_coming`), handed back with their payload, and alive now.
+    pub hints_given: AtomicUsize,
+    pub hints_used: AtomicUsize,
+    pub hints_live: Arc<AtomicUsize>,
+}
+
+/// A hint that counts itself out of `MemBackend::hints_live` when dropped.
+struct Hint(Arc<AtomicUsize>);
+
+impl Drop for Hint {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl MemBackend {
@@ -40,6 +53,9 @@ impl MemBackend {
             delay: Duration::ZERO,
             writes: AtomicUsize::new(0),
             flushes: AtomicUsize::new(0),
+            hints_given: AtomicUsize::new(0),
+            hints_used: AtomicUsize::new(0),
+            hints_live: Arc::new(AtomicUsize::new(0)),
         }
     }
 
@@ -89,6 +105,18 @@ impl Backend for MemBackend {
         self.data.lock().unwrap()[r].copy_from_slice(data);
         self.writes.fetch_add(1, Ordering::SeqCst);
         Ok(())
+    }
+    fn write_coming(&self, _offset: u64, _len: u64) -> Option<WriteHint> {
+        self.hints_given.fetch_add(1, Ordering::SeqCst);
+        self.hints_live.fetch_add(1, Ordering::SeqCst);
+        Some(WriteHint(Box::new(Hint(self.hints_live.clone()))))
+    }
+    fn write_hinted(&self, hint: WriteHint, offset: u64, data: &[u8], fua: bool) -> io::Result<()> {
+        assert!(hint.0.is::<Hint>(), "a hint this backend did not give");
+        self.hints_used.fetch_add(1, Ordering::SeqCst);
+        let res = self.write(offset, data, fua);
+        drop(hint);
+        res
     }
     fn flush(&self) -> io::Result<()> {
         self.pause();

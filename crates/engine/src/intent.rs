@@ -1,0 +1,87 @@
+//! Announcing a write before its data has arrived: the frontend's half of md's plugging.
+//!
+//! A frontend that has read a write request's header and is still receiving its payload knows
+//! more is coming for those stripes, as a submitter under md's plug does. With a
+//! [`WriteIntent`] it says so: the rows the write will touch count it as arriving (see
+//! `stripe_cache`), so a leader of one of them waits for its pieces (up to the write hold)
+//! instead of writing a partial stripe that the next request of a stream would have filled.
+//! The intent is consumed by [`Array::write_intended`], whose pieces then take its place; if
+//! the request never gets that far (payload lost, request refused), dropping the intent
+//! withdraws the announcement. Invariant: every row announced by an intent is either handed to
+//! the write or unannounced and released on drop, exactly once.
+
+use crate::array::Array;
+use crate::error::Result;
+use crate::stripe_cache::Row;
+use std::sync::Arc;
+
+/// A write announced to the stripes it will touch (parity levels; empty for the others and
+/// for ranges a write would refuse).
+pub struct WriteIntent {
+    array: Arc<Array>,
+    offset_bytes: u64,
+    len_bytes: u64,
+    /// Announced rows not yet handed over, each with a reference taken on it.
+    rows: Vec<(u64, Arc<Row>)>,
+}
+
+impl Array {
+    /// Announce a write of `len_bytes` at `offset_bytes` whose data is still on its way.
+    pub fn intend_write(self: &Arc<Self>, offset_bytes: u64, len_bytes: u64) -> WriteIntent {
+        let announced = self.geometry.level().is_parity()
+            && len_bytes > 0
+            && !self.is_read_only()
+            && self.check_range(offset_bytes, len_bytes).is_ok();
+        let rows = if announced {
+            self.announce_rows(offset_bytes, len_bytes as usize)
+        } else {
+            Vec::new()
+        };
+        WriteIntent {
+            array: self.clone(),
+            offset_bytes,
+            len_bytes,
+            rows,
+        }
+    }
+
+    /// [`Array::write`] of the write `intent` announced (same offset and length).
+    pub fn write_intended(&self, intent: WriteIntent, data: &[u8], fua: bool) -> Result<()> {
+        assert!(
+            std::ptr::eq(&*intent.array, self),
+            "a write intent used on another array"
+        );
+        let offset_bytes = intent.offset_bytes;
+        self.write_with(offset_bytes, data, fua, Some(intent))
+    }
+}
+
+impl WriteIntent {
+    /// Hand the announced rows to the write of `len` bytes at `offset_bytes` on `array`.
+    pub(crate) fn take_rows(
+        mut self,
+        array: &Array,
+        offset_bytes: u64,
+        len: usize,
+    ) -> Vec<(u64, Arc<Row>)> {
+        assert_eq!(
+            (self.offset_bytes, self.len_bytes),
+            (offset_bytes, len as u64),
+            "a write intent used for another range"
+        );
+        if self.rows.is_empty() {
+            // Not announced when made (a level, range or state that did not call for it).
+            return array.announce_rows(offset_bytes, len);
+        }
+        std::mem::take(&mut self.rows)
+    }
+}
+
+impl Drop for WriteIntent {
+    fn drop(&mut self) {
+        for (row, r) in self.rows.drain(..) {
+            r.unannounce();
+            self.array.stripes.put(row);
+        }
+    }
+}
