@@ -10,10 +10,9 @@
 
 mod common;
 
-use common::{member, member_state, require_tools, sh, Env};
+use common::{member, member_state, require_tools, sh, Env, FuseExport};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Output};
 
 const MEMBER: u64 = 16 << 20;
 const PAGE: u64 = 4096;
@@ -54,9 +53,7 @@ esac
 
 /// A member disk with a sector that fails reads until written.
 struct FlakyDisk {
-    nbdkit: Child,
-    nbdfuse: Child,
-    mnt: PathBuf,
+    export: FuseExport,
     bad: PathBuf,
     backing: PathBuf,
 }
@@ -71,38 +68,17 @@ impl FlakyDisk {
             .replace("@BAD@", &bad.display().to_string());
         std::fs::write(&script, text).unwrap();
         sh("chmod", &["+x", script.to_str().unwrap()]);
-        let sock = dir.join("flaky.sock");
-        let nbdkit = Command::new("nbdkit")
-            .args(["-f", "-U", sock.to_str().unwrap(), "sh"])
-            .arg(&script)
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(dir.join("nbdkit.log")).unwrap())
-            .spawn()
-            .expect("spawn nbdkit");
-        wait_for(&sock);
-        let mnt = dir.join("flaky");
-        std::fs::create_dir_all(&mnt).unwrap();
-        let nbdfuse = Command::new("nbdfuse")
-            .arg(&mnt)
-            .arg(format!("nbd+unix:///?socket={}", sock.display()))
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(dir.join("nbdfuse.log")).unwrap())
-            .spawn()
-            .expect("spawn nbdfuse");
-        let disk = FlakyDisk {
-            nbdkit,
-            nbdfuse,
-            mnt,
+        let export = FuseExport::start(dir, "flaky", &["sh".into(), script.display().to_string()]);
+        FlakyDisk {
+            export,
             bad,
             backing: backing.to_path_buf(),
-        };
-        wait_for(&disk.path());
-        disk
+        }
     }
 
     /// The member as the array sees it.
     fn path(&self) -> PathBuf {
-        self.mnt.join("nbd")
+        self.export.path()
     }
 
     /// Bytes `at..at + len` of the disk fail reads until written whole.
@@ -116,30 +92,6 @@ impl FlakyDisk {
 
     fn still_bad(&self) -> bool {
         self.bad.exists()
-    }
-}
-
-impl Drop for FlakyDisk {
-    fn drop(&mut self) {
-        let _ = Command::new("fusermount3")
-            .arg("-u")
-            .arg(&self.mnt)
-            .status();
-        let _ = self.nbdfuse.wait();
-        let _ = self.nbdkit.kill();
-        let _ = self.nbdkit.wait();
-    }
-}
-
-fn wait_for(path: &Path) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !path.exists() {
-        assert!(
-            Instant::now() < deadline,
-            "{} did not appear",
-            path.display()
-        );
-        std::thread::sleep(Duration::from_millis(20));
     }
 }
 

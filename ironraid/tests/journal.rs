@@ -6,12 +6,13 @@
 mod common;
 mod journal_log;
 
-use common::{canon, mdadm_field, member_state, random_file, require_tools, sh, Env};
+use common::{
+    canon, mdadm_field, member_state, random_file, require_tools, sh, wait_for, Env, FuseExport,
+};
 use journal_log::{decode_log, log_super, model_parity, newest_pages, Model, PAGE};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
 
 const MEMBER: u64 = 64 << 20;
 const LOG: u64 = 32 << 20;
@@ -665,49 +666,31 @@ fn journal_failed_by_administrator_then_dropped() {
 /// error filter (every request fails with EIO while `trigger` exists), mounted as a file by
 /// nbdfuse. (device-mapper's `error` target would do too, where the kernel has it.)
 struct FailingLog {
-    nbdkit: Child,
-    nbdfuse: Child,
-    mnt: PathBuf,
+    export: FuseExport,
     trigger: PathBuf,
 }
 
 impl FailingLog {
     fn new(env: &Env, bytes: u64) -> FailingLog {
         let img = env.file("log-backing.img", bytes);
-        let sock = env.dir.path().join("nbdkit.sock");
         let trigger = env.dir.path().join("log-fails");
-        let nbdkit = Command::new("nbdkit")
-            .args(["-f", "-U", sock.to_str().unwrap(), "--filter=error", "file"])
-            .arg(format!("file={}", img.display()))
-            .args(["error=EIO", "error-rate=100%"])
-            .arg(format!("error-file={}", trigger.display()))
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(env.dir.path().join("nbdkit.log")).unwrap())
-            .spawn()
-            .expect("spawn nbdkit");
-        wait_for(&sock);
-        let mnt = env.dir.path().join("logfuse");
-        std::fs::create_dir_all(&mnt).unwrap();
-        let nbdfuse = Command::new("nbdfuse")
-            .arg(&mnt)
-            .arg(format!("nbd+unix:///?socket={}", sock.display()))
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(env.dir.path().join("nbdfuse.log")).unwrap())
-            .spawn()
-            .expect("spawn nbdfuse");
-        let log = FailingLog {
-            nbdkit,
-            nbdfuse,
-            mnt,
+        let args = [
+            "--filter=error".to_string(),
+            "file".into(),
+            format!("file={}", img.display()),
+            "error=EIO".into(),
+            "error-rate=100%".into(),
+            format!("error-file={}", trigger.display()),
+        ];
+        FailingLog {
+            export: FuseExport::start(env.dir.path(), "logfuse", &args),
             trigger,
-        };
-        wait_for(&log.path());
-        log
+        }
     }
 
     /// The log device, as the array sees it.
     fn path(&self) -> PathBuf {
-        self.mnt.join("nbd")
+        self.export.path()
     }
 
     fn fail(&self, on: bool) {
@@ -716,30 +699,6 @@ impl FailingLog {
         } else {
             std::fs::remove_file(&self.trigger).unwrap();
         }
-    }
-}
-
-impl Drop for FailingLog {
-    fn drop(&mut self) {
-        let _ = Command::new("fusermount3")
-            .arg("-u")
-            .arg(&self.mnt)
-            .status();
-        let _ = self.nbdfuse.wait();
-        let _ = self.nbdkit.kill();
-        let _ = self.nbdkit.wait();
-    }
-}
-
-fn wait_for(path: &Path) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !path.exists() {
-        assert!(
-            Instant::now() < deadline,
-            "{} did not appear",
-            path.display()
-        );
-        std::thread::sleep(Duration::from_millis(20));
     }
 }
 

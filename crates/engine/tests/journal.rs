@@ -413,14 +413,8 @@ impl Device for Gated {
     }
 }
 
-/// Write-back: a row taken out of the cache for its write-out is not on its members until the
-/// write-out's member writes complete. A read meanwhile must still see the acknowledged bytes
-/// (it once went straight to the member, found the row no longer cached, and read the old
-/// bytes: zeros after a restart whose write-outs ran under a client's reads).
-#[test]
-fn reads_during_a_write_out_see_the_cached_data() {
-    let rig = Rig::new(Level::Raid5, 4, 4 << 20);
-    let gate = Arc::new(Gate::default());
+/// The rig's members behind `gate`, and its log (not gated).
+fn gated_members(rig: &Rig, gate: &Arc<Gate>) -> Vec<Arc<dyn Device>> {
     let mut all: Vec<Arc<dyn Device>> = rig
         .members
         .iter()
@@ -432,6 +426,18 @@ fn reads_during_a_write_out_see_the_cached_data() {
         })
         .collect();
     all.push(rig.log.clone());
+    all
+}
+
+/// Write-back: a row taken out of the cache for its write-out is not on its members until the
+/// write-out's member writes complete. A read meanwhile must still see the acknowledged bytes
+/// (it once went straight to the member, found the row no longer cached, and read the old
+/// bytes: zeros after a restart whose write-outs ran under a client's reads).
+#[test]
+fn reads_during_a_write_out_see_the_cached_data() {
+    let rig = Rig::new(Level::Raid5, 4, 4 << 20);
+    let gate = Arc::new(Gate::default());
+    let all = gated_members(&rig, &gate);
     let array = Arc::new(rig.boot(all, AssembleOptions::default()).expect("assemble"));
     array.set_journal_mode(true).expect("write-back");
     // Pages of two data chunks of row 0, short of a full row: they stay cached.
@@ -647,17 +653,7 @@ fn a_failed_log_still_readable_at_the_next_start_is_replayed() {
 fn an_fua_write_in_flight_when_the_log_fails_is_durable_on_the_members() {
     let rig = Rig::new(Level::Raid5, 4, 4 << 20);
     let gate = Arc::new(Gate::default());
-    let mut all: Vec<Arc<dyn Device>> = rig
-        .members
-        .iter()
-        .map(|m| {
-            Arc::new(Gated {
-                inner: m.clone(),
-                gate: gate.clone(),
-            }) as Arc<dyn Device>
-        })
-        .collect();
-    all.push(rig.log.clone());
+    let all = gated_members(&rig, &gate);
     let array = Arc::new(rig.boot(all, AssembleOptions::default()).expect("assemble"));
     // The run's first write records "active" (superblock writes pass the gate too).
     array.write(0, &pattern(1, 4096), false).expect("write");

@@ -335,3 +335,74 @@ impl Drop for Loop {
         let _ = Command::new("losetup").args(["-d", &self.0]).status();
     }
 }
+
+/// Wait (up to 20 s) for `path` to appear: a socket a server binds, a file a mount shows.
+pub fn wait_for(path: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !path.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "{} did not appear",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A device that misbehaves on demand: an nbdkit export (a plugin with its filters) served on a
+/// Unix socket and mounted as a file by nbdfuse, which the array takes as a member or a log.
+pub struct FuseExport {
+    nbdkit: Child,
+    nbdfuse: Child,
+    mnt: PathBuf,
+}
+
+impl FuseExport {
+    /// `nbdkit -f -U DIR/NAME.sock ARGS...`, mounted at `DIR/NAME` (logs `DIR/NAME-*.log`).
+    pub fn start(dir: &Path, name: &str, args: &[String]) -> FuseExport {
+        let sock = dir.join(format!("{name}.sock"));
+        let log =
+            |what: &str| std::fs::File::create(dir.join(format!("{name}-{what}.log"))).unwrap();
+        let nbdkit = Command::new("nbdkit")
+            .args(["-f", "-U", sock.to_str().unwrap()])
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(log("nbdkit"))
+            .spawn()
+            .expect("spawn nbdkit");
+        wait_for(&sock);
+        let mnt = dir.join(name);
+        std::fs::create_dir_all(&mnt).unwrap();
+        let nbdfuse = Command::new("nbdfuse")
+            .arg(&mnt)
+            .arg(format!("nbd+unix:///?socket={}", sock.display()))
+            .stdout(Stdio::null())
+            .stderr(log("nbdfuse"))
+            .spawn()
+            .expect("spawn nbdfuse");
+        let export = FuseExport {
+            nbdkit,
+            nbdfuse,
+            mnt,
+        };
+        wait_for(&export.path());
+        export
+    }
+
+    /// The device, as a file.
+    pub fn path(&self) -> PathBuf {
+        self.mnt.join("nbd")
+    }
+}
+
+impl Drop for FuseExport {
+    fn drop(&mut self) {
+        let _ = Command::new("fusermount3")
+            .arg("-u")
+            .arg(&self.mnt)
+            .status();
+        let _ = self.nbdfuse.wait();
+        let _ = self.nbdkit.kill();
+        let _ = self.nbdkit.wait();
+    }
+}
