@@ -70,21 +70,8 @@ fn rig_with(level: Level, n: usize, spares: usize, integrity: bool) -> Rig {
     let members = sims(n, "m", 11);
     let spare_sims = sims(spares, "s", 77);
     let created = engine::create(&engine::CreateSpec {
-        name: "bb".into(),
-        level,
-        layout: None,
-        chunk_bytes: CHUNK,
-        members: devs(&members),
-        spares: devs(&spare_sims),
-        size_bytes: None,
-        assume_clean: true,
-        force: false,
-        bitmap: None,
-        discard: false,
-        journal: None,
-        journal_write_back: false,
         integrity,
-        guided: false,
+        ..common::clean_spec("bb", level, None, CHUNK, devs(&members), devs(&spare_sims))
     })
     .expect("create");
     let all: Vec<Arc<SimDevice>> = members.iter().chain(&spare_sims).cloned().collect();
@@ -406,24 +393,14 @@ fn bad_sector_case(seed: u64) {
         })
         .collect();
     let spare = Arc::new(SimDevice::new("s0", 2 << 20, seed ^ 0x5bad));
-    let created = engine::create(&engine::CreateSpec {
-        name: "bbsim".into(),
+    let created = common::create_clean(
+        "bbsim",
         level,
         layout,
-        chunk_bytes: chunk,
-        members: devs(&members),
-        spares: devs(std::slice::from_ref(&spare)),
-        size_bytes: None,
-        assume_clean: true,
-        force: false,
-        bitmap: None,
-        discard: false,
-        journal: None,
-        journal_write_back: false,
-        integrity: false,
-        guided: false,
-    })
-    .expect("create");
+        chunk,
+        devs(&members),
+        devs(std::slice::from_ref(&spare)),
+    );
     let all: Vec<Arc<SimDevice>> = members.iter().chain([&spare]).cloned().collect();
     let boot = |boots: u64| {
         assemble(

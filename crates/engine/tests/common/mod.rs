@@ -204,16 +204,17 @@ pub fn redundancy_error(sa: &SimArray) -> Option<String> {
     None
 }
 
-/// `create` an array named `name` over `members` (and `spares`), known clean from the start.
-pub fn create_clean(
+/// What `create` takes for an array named `name` over `members` (and `spares`), known clean
+/// from the start, with no bitmap, journal or records (tests change fields with `..`).
+pub fn clean_spec(
     name: &str,
     level: Level,
     layout: Option<u32>,
     chunk_bytes: u64,
     members: Vec<Arc<dyn Device>>,
     spares: Vec<Arc<dyn Device>>,
-) -> engine::Created {
-    create(&CreateSpec {
+) -> CreateSpec {
+    CreateSpec {
         name: name.into(),
         level,
         layout,
@@ -229,6 +230,25 @@ pub fn create_clean(
         journal_write_back: false,
         integrity: false,
         guided: false,
-    })
+    }
+}
+
+/// `create` an array named `name` over `members` (and `spares`), known clean from the start.
+pub fn create_clean(
+    name: &str,
+    level: Level,
+    layout: Option<u32>,
+    chunk_bytes: u64,
+    members: Vec<Arc<dyn Device>>,
+    spares: Vec<Arc<dyn Device>>,
+) -> engine::Created {
+    create(&clean_spec(
+        name,
+        level,
+        layout,
+        chunk_bytes,
+        members,
+        spares,
+    ))
     .expect("create")
 }
