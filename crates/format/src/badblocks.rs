@@ -59,16 +59,25 @@ pub fn encode_bad_blocks(ranges: &[BadRange], shift: u8, log_bytes: usize) -> Op
 }
 
 /// Decode a log: every entry up to the first all-ones one (at most one page's worth), as
-/// absolute sectors.
+/// absolute sectors. Entries a `shift` from a damaged or foreign superblock would put past the
+/// sector space are left out rather than wrapped.
 pub fn decode_bad_blocks(log: &[u8], shift: u8) -> Vec<BadRange> {
+    let Some(unit) = 1u64.checked_shl(u32::from(shift)) else {
+        return Vec::new();
+    };
     log.chunks_exact(ENTRY_BYTES)
         .take(BBLOG_MAX_ENTRIES)
         .map(|e| u64::from_le_bytes(e.try_into().expect("8-byte chunk")))
         .take_while(|&e| e != END)
         .filter(|&e| e & 0x3ff != 0)
-        .map(|e| BadRange {
-            start_sector: (e >> 10) << shift,
-            len_sectors: (e & 0x3ff) << shift,
+        .filter_map(|e| {
+            let start_sector = (e >> 10).checked_mul(unit)?;
+            let len_sectors = (e & 0x3ff).checked_mul(unit)?;
+            start_sector.checked_add(len_sectors)?;
+            Some(BadRange {
+                start_sector,
+                len_sectors,
+            })
         })
         .collect()
 }
@@ -112,5 +121,24 @@ mod tests {
         assert!(encode_bad_blocks(&many, 0, 4096).is_none());
         let shifted = encode_bad_blocks(&many[..2], 3, 4096).expect("fits");
         assert_eq!(decode_bad_blocks(&shifted, 3), many[..2].to_vec());
+    }
+
+    #[test]
+    fn a_shift_past_the_sector_space_decodes_nothing_it_would_wrap() {
+        let log = encode_bad_blocks(
+            &[BadRange {
+                start_sector: 1 << 40,
+                len_sectors: 8,
+            }],
+            0,
+            4096,
+        )
+        .expect("fits");
+        assert!(decode_bad_blocks(&log, 64).is_empty());
+        assert!(
+            decode_bad_blocks(&log, 30).is_empty(),
+            "start << 30 overflows"
+        );
+        assert_eq!(decode_bad_blocks(&log, 0).len(), 1);
     }
 }
