@@ -117,6 +117,16 @@ impl Health {
         self.bad.lock().iter().any(|&(a, b)| a < end && off < b)
     }
 
+    /// Is all of data-area bytes `off..off + len` recorded bad?
+    pub fn covers(&self, off: u64, len: u64) -> bool {
+        self.has_bad.load(Ordering::Acquire)
+            && self
+                .bad
+                .lock()
+                .iter()
+                .any(|&(a, b)| a <= off && off + len <= b)
+    }
+
     pub fn has_bad_blocks(&self) -> bool {
         self.has_bad.load(Ordering::Acquire)
     }

@@ -15,6 +15,7 @@ use crate::commit::WriteSet;
 use crate::heal::Heal;
 use crate::io::{IoKind, MemberIo};
 use crate::member::FULLY_IN_SYNC;
+use crate::stripe::Torn;
 use crate::sync::Stop;
 use layout::Level;
 
@@ -221,26 +222,8 @@ impl Array {
         len: u64,
         heal: Heal,
     ) -> Result<Option<Vec<PoolBuf>>, Stop> {
-        let chunk = self.geometry.chunk_sectors() * 512;
-        let found = self
-            .read_present(at, len as usize, heal)
-            .map_err(|e| Stop::Failed(e.to_string()))?;
-        let Some((mut bufs, missing, unread)) = found else {
-            return Ok(None);
-        };
-        for (row, r) in row_pieces(at, len, chunk) {
-            let roles = self.geometry.stripe_roles(row);
-            let slices = bufs.iter_mut().map(|b| &mut b[r.clone()]).collect();
-            self.reconstruct(&roles, slices, &missing);
-        }
-        self.verify_rebuilt(at, &bufs, &missing)
-            .map_err(|e| Stop::Failed(e.to_string()))?;
-        if heal != crate::heal::Heal::Count {
-            for dev in unread {
-                self.correct_read_error(dev, at, &bufs[dev], WriteSet::repair(at, len));
-            }
-        }
-        Ok(Some(bufs))
+        self.read_rebuilt(at, len as usize, heal, Torn::Pass)
+            .map_err(|e| Stop::Failed(e.to_string()))
     }
 
     /// Rebuild `role`'s chunks of stripes `r0..r1` (claimed by the caller), in two halves
@@ -275,19 +258,48 @@ impl Array {
     }
 
     /// Record pages (member bytes) the rebuild of `role` could not rebuild as bad blocks on
-    /// its new member.
+    /// its new member. Where the page was data a crash may have torn, the row's parity is
+    /// recorded bad too: it was computed with the lost bytes as they were before or after the
+    /// crash, nobody knows which, so a reconstruction from it is a guess as well (writes of
+    /// the row's other data then leave it as it is; a write of the lost data makes it whole).
     fn record_unrebuilt(&self, role: usize, lost: &[u64]) {
-        let Some(member) = self.slots[role].usable() else {
-            return;
-        };
-        for &at in lost {
-            self.record_bad_blocks(
-                role,
-                &member,
-                at,
-                PAGE,
-                "the rebuild could not recover it from the other members",
-            );
+        for (at, len) in page_runs(lost) {
+            if let Some(member) = self.slots[role].usable() {
+                self.record_bad_blocks(
+                    role,
+                    &member,
+                    at,
+                    len,
+                    "the rebuild could not recover it from the other members",
+                );
+            }
+            if self.geometry.level().is_parity() && self.integrity.is_none() {
+                self.record_torn_parity(role, at, len);
+            }
+        }
+    }
+
+    /// The parity of the rows of member bytes `at..at + len` a crash may have torn where
+    /// `role` holds data, recorded bad.
+    fn record_torn_parity(&self, role: usize, at: u64, len: u64) {
+        let chunk = self.geometry.chunk_sectors() * 512;
+        for (row, r) in row_pieces(at, len, chunk) {
+            let roles = self.geometry.stripe_roles(row);
+            let holds_data = (0..self.geometry.data_disks()).any(|d| roles.data_dev(d) == role);
+            if !holds_data || !self.row_exposed(row) {
+                continue;
+            }
+            for dev in std::iter::once(roles.p_dev()).chain(roles.q_dev()) {
+                if let Some(member) = self.slots[dev].usable() {
+                    self.record_bad_blocks(
+                        dev,
+                        &member,
+                        at + r.start as u64,
+                        r.len() as u64,
+                        "parity of a row a crash may have torn whose lost data it covers",
+                    );
+                }
+            }
         }
     }
 
@@ -358,38 +370,17 @@ impl Array {
 
     /// One page row at member byte `at`, rebuilt; `None`: it cannot be (the error is logged).
     fn read_source_page(&self, at: u64) -> Result<Option<Vec<PoolBuf>>, Stop> {
-        let roles = self
-            .geometry
-            .stripe_roles(at / (self.geometry.chunk_sectors() * 512));
-        let heal = self.heal_mode();
+        let row = at / (self.geometry.chunk_sectors() * 512);
         for _ in 0..MAX_SOURCE_TRIES {
-            let (mut bufs, missing, unread) = match self.read_present(at, PAGE as usize, heal) {
-                Ok(Some(found)) => found,
+            match self.read_rebuilt(at, PAGE as usize, self.heal_mode(), Torn::Pass) {
+                Ok(Some(bufs)) => return Ok(Some(bufs)),
                 Ok(None) => continue,
-                Err(e)
-                    if self.sources_left(
-                        at / (self.geometry.chunk_sectors() * 512),
-                        at / (self.geometry.chunk_sectors() * 512) + 1,
-                    ) =>
-                {
+                Err(e) if self.sources_left(row, row + 1) => {
                     tracing::error!(array = %self.name, offset = at, "rebuild passes an unrecoverable page: {e}");
                     return Ok(None);
                 }
                 Err(e) => return Err(Stop::Failed(e.to_string())),
-            };
-            self.reconstruct(
-                &roles,
-                bufs.iter_mut().map(|b| &mut b[..]).collect(),
-                &missing,
-            );
-            if let Err(e) = self.verify_rebuilt(at, &bufs, &missing) {
-                tracing::error!(array = %self.name, offset = at, "rebuild passes an unrecoverable page: {e}");
-                return Ok(None);
             }
-            for dev in unread {
-                self.correct_read_error(dev, at, &bufs[dev], WriteSet::repair(at, PAGE));
-            }
-            return Ok(Some(bufs));
         }
         Err(Stop::Failed("members kept failing".into()))
     }
@@ -478,6 +469,18 @@ impl Array {
 
 /// Member bytes `at..at + len` cut at row boundaries (`chunk` bytes of each member): each row
 /// with its piece's range in a buffer that starts at `at`.
+/// Sorted page offsets as runs of contiguous pages: (start, length).
+fn page_runs(pages: &[u64]) -> Vec<(u64, u64)> {
+    let mut runs: Vec<(u64, u64)> = Vec::new();
+    for &at in pages {
+        match runs.last_mut() {
+            Some((start, len)) if *start + *len == at => *len += PAGE,
+            _ => runs.push((at, PAGE)),
+        }
+    }
+    runs
+}
+
 pub(crate) fn row_pieces(
     at: u64,
     len: u64,

@@ -49,11 +49,26 @@ pub(crate) enum Outcome {
 }
 
 /// How an interval of a stripe is written (see [`Array::plan_write`]).
+/// What a reconstruction from a row a crash may have torn is for (see [`Array::torn_guess`]).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Torn {
+    /// A client would be served it: refused, an unrecoverable read, counted and announced.
+    Refuse,
+    /// A rebuild, resync or verify would write it: an unrecoverable read the caller passes
+    /// (a rebuild records it bad on the new member).
+    Pass,
+    /// A write carries it into the parity it recomputes; the row stays exposed.
+    Carry,
+}
+
 pub(crate) enum WritePlan {
     Rmw,
     Rcw,
     /// Read every usable member, reconstruct the missing chunks, recompute all parity.
     Degraded,
+    /// Write the data only: every parity chunk there is recorded bad, and so is a data chunk
+    /// it would have to be recomputed from (see `record_unrebuilt`).
+    DataOnly,
 }
 
 /// How to go on after some reads of a plan failed.
@@ -71,6 +86,9 @@ fn replan_after(ios: &[MemberIo<'_>]) -> Outcome {
 
 /// What [`Array::read_present`] read: every member's buffer, the members missing over the
 /// range, and those of them whose read failed.
+const TORN_REASON: &str =
+    "the block must be rebuilt from a row a crash may have torn (resync pending while degraded)";
+
 pub(crate) type Present = (Vec<PoolBuf>, Vec<usize>, Vec<usize>);
 
 /// Every chunk of one column interval of a stripe, reconstructed where a member is missing.
@@ -157,13 +175,27 @@ impl Array {
         Ok(())
     }
 
-    fn degraded_read(&self, row: u64, d: usize, off: u64, out: &mut [u8]) -> Result<()> {
-        // With records a reconstruction is checked against them (`verify_rebuilt`); without,
-        // only redundancy left over can vouch for one from a row a crash may have torn.
-        let exposed = self.integrity.is_none() && self.row_exposed(row);
-        if exposed && self.redundancy_left(row) == 0 {
-            return Err(self.refuse_torn(row, d, off, out.len()));
+    /// Read `out` from `dev` at `skip` bytes into member bytes `at..` (whole pages when
+    /// records check them); false if the member is not in sync there or the read failed.
+    fn read_own_chunk(&self, dev: usize, at: u64, skip: u64, out: &mut [u8]) -> bool {
+        let len = match self.integrity {
+            Some(_) => (skip + out.len() as u64).div_ceil(PAGE) * PAGE,
+            None => skip + out.len() as u64,
+        };
+        if !self.slot(dev).in_sync(at, len) {
+            return false;
         }
+        let mut buf = self.bufs.get(len as usize);
+        let mut io = [self.read_io(dev, at, &mut buf)];
+        if !self.run_io(&mut io) {
+            return false;
+        }
+        drop(io);
+        out.copy_from_slice(&buf[skip as usize..skip as usize + out.len()]);
+        true
+    }
+
+    fn degraded_read(&self, row: u64, d: usize, off: u64, out: &mut [u8]) -> Result<()> {
         let r = self.stripes.get(row);
         let st = r.claim(r.st.lock());
         drop(st);
@@ -177,13 +209,17 @@ impl Array {
         };
         let res = (|| {
             let roles = self.geometry.stripe_roles(row);
+            let at = row * self.chunk_bytes() + a;
+            // A block whose member is there is read from it: what else ails its row (a
+            // damaged or missing member) is not this read's concern.
+            if self.read_own_chunk(roles.data_dev(d), at, off - a, out) {
+                if let Some(j) = self.policy.journal() {
+                    j.overlay(row, d, off, out);
+                }
+                return Ok(());
+            }
             for _ in 0..MAX_REPLANS {
-                if let Some(bufs) =
-                    self.read_row(&roles, row * self.chunk_bytes() + a, (b - a) as usize)?
-                {
-                    if exposed && !self.row_agrees(&roles, &bufs) {
-                        return Err(self.refuse_torn(row, d, off, out.len()));
-                    }
+                if let Some(bufs) = self.read_row(&roles, at, (b - a) as usize, Torn::Refuse)? {
                     let skip = (off - a) as usize;
                     out.copy_from_slice(&bufs.data[d][skip..skip + out.len()]);
                     // Write-back: the newest bytes may still be in the journal's cache (the
@@ -403,6 +439,7 @@ impl Array {
                 WritePlan::Degraded => self.degraded_write(&ctx)?,
                 WritePlan::Rmw => self.rmw_write(&ctx)?,
                 WritePlan::Rcw => self.rcw_write(&ctx)?,
+                WritePlan::DataOnly => self.data_only_write(&ctx)?,
             };
             match outcome {
                 Outcome::Done => return Ok(()),
@@ -458,6 +495,7 @@ impl Array {
                 .member()
                 .is_some_and(|m| m.health.overlaps(at, len))
         };
+
         let parity_bad = std::iter::once(roles.p_dev())
             .chain(roles.q_dev())
             .any(|dev| present(dev) && bad(dev));
@@ -470,12 +508,27 @@ impl Array {
         let rcw_reads = (0..dirty.len())
             .filter(|&d| !full[d] && (parity_present > 0 || dirty[d]))
             .count();
+        let parity_lost = || {
+            std::iter::once(roles.p_dev())
+                .chain(roles.q_dev())
+                .all(|dev| present(dev) && self.recorded_bad(dev, at, len))
+        };
+        let data_writable =
+            || data().all(|(d, here)| !dirty[d] || (here && (full[d] || !bad(roles.data_dev(d)))));
         match (rmw_ok, rcw_ok) {
             (true, true) if rmw_reads < rcw_reads => WritePlan::Rmw,
             (_, true) => WritePlan::Rcw,
             (true, false) => WritePlan::Rmw,
+            (false, false) if parity_lost() && data_writable() => WritePlan::DataOnly,
             (false, false) => WritePlan::Degraded,
         }
+    }
+
+    /// Whether `dev`'s member has all of `at..at + len` recorded bad.
+    fn recorded_bad(&self, dev: usize, at: u64, len: u64) -> bool {
+        self.slot(dev)
+            .member()
+            .is_some_and(|m| m.health.covers(at, len))
     }
 
     fn rcw_write(&self, c: &Interval<'_>) -> Result<Outcome> {
@@ -524,6 +577,35 @@ impl Array {
             .collect();
         let (p, q) = self.compute_parity(c.roles, &refs);
         self.write_row(c, at, &c.dirty_of(&refs), &p, q.as_deref())?;
+        Ok(Outcome::Done)
+    }
+
+    /// [`WritePlan::DataOnly`]: the dirty data chunks, their old bytes read where the batch
+    /// does not cover them whole; the parity stays as it is, recorded bad.
+    fn data_only_write(&self, c: &Interval<'_>) -> Result<Outcome> {
+        let len = (c.b - c.a) as usize;
+        let at = c.row * self.chunk_bytes() + c.a;
+        let dirty: Vec<usize> = (0..c.dirty.len()).filter(|&d| c.dirty[d]).collect();
+        let mut bufs: Vec<PoolBuf> = dirty.iter().map(|_| self.bufs.get(len)).collect();
+        let mut ios: Vec<MemberIo<'_>> = bufs
+            .iter_mut()
+            .zip(&dirty)
+            .filter(|(_, &d)| !c.full[d])
+            .map(|(b, &d)| self.read_io(c.roles.data_dev(d), at, b))
+            .collect();
+        if !ios.is_empty() && !self.run_io(&mut ios) {
+            return Ok(replan_after(&ios));
+        }
+        drop(ios);
+        for (b, &d) in bufs.iter_mut().zip(&dirty) {
+            c.overlay(d, b);
+        }
+        let mut ios: Vec<MemberIo<'_>> = bufs
+            .iter()
+            .zip(&dirty)
+            .map(|(b, &d)| self.write_io(c.roles.data_dev(d), at, b, c.fua))
+            .collect();
+        self.commit_stripe_writes(&WriteSet::stripe(at, len as u64), &mut ios, None)?;
         Ok(Outcome::Done)
     }
 
@@ -596,7 +678,10 @@ impl Array {
 
     fn degraded_write(&self, c: &Interval<'_>) -> Result<Outcome> {
         let at = c.row * self.chunk_bytes() + c.a;
-        let Some(mut bufs) = self.read_row(c.roles, at, (c.b - c.a) as usize)? else {
+        // The write leaves the row exposed as it was (its bit stays set): what it rebuilds
+        // here is not served, only carried into the parity.
+        let len = (c.b - c.a) as usize;
+        let Some(mut bufs) = self.read_row(c.roles, at, len, Torn::Carry)? else {
             return Ok(Outcome::Replan);
         };
         for (d, buf) in bufs.data.iter_mut().enumerate() {
@@ -741,7 +826,7 @@ impl Array {
     }
 
     /// Whether `row` is one of [`Array::exposed_rows`].
-    fn row_exposed(&self, row: u64) -> bool {
+    pub(crate) fn row_exposed(&self, row: u64) -> bool {
         let chunk = self.chunk_bytes();
         self.policy.bitmap().is_some()
             && self.resync_owed()
@@ -751,22 +836,45 @@ impl Array {
                 .is_empty()
     }
 
-    /// Parity blocks a reconstruction of `row` does not need (RAID6 missing one member: the
-    /// other parity checks the row).
-    fn redundancy_left(&self, row: u64) -> usize {
-        let chunk = self.chunk_bytes();
-        let missing = (0..self.geometry.raid_disks())
-            .filter(|&dev| !self.slot(dev).in_sync(row * chunk, chunk))
-            .count();
-        self.geometry.max_degraded().saturating_sub(missing)
-    }
-
-    /// The row's data, reconstruction included, gives the parity read with it: the row is
-    /// consistent, not torn.
-    fn row_agrees(&self, roles: &StripeRoles, bufs: &RowBufs) -> bool {
-        let data: Vec<&[u8]> = bufs.data.iter().map(|b| &b[..]).collect();
-        let (p, q) = self.compute_parity(roles, &data);
-        p[..] == bufs.p[..] && q.as_deref() == bufs.q.as_deref()
+    /// The first row of `bufs` (every member's bytes from `at`, the `missing` ones
+    /// reconstructed) whose reconstruction of a data chunk nothing vouches for although a
+    /// crash may have torn the row: integrity records check reconstructions themselves
+    /// (`verify_rebuilt`); without them only a parity left over that agrees can. Returns the
+    /// row and the data index of the guessed chunk.
+    pub(crate) fn torn_guess(
+        &self,
+        at: u64,
+        bufs: &[PoolBuf],
+        missing: &[usize],
+    ) -> Option<(u64, usize)> {
+        if self.integrity.is_some() || missing.is_empty() {
+            return None;
+        }
+        let spare_parity = missing.len() < self.geometry.max_degraded();
+        for (row, r) in crate::rebuild::row_pieces(at, bufs[0].len() as u64, self.chunk_bytes()) {
+            if !self.row_exposed(row) {
+                continue;
+            }
+            let roles = self.geometry.stripe_roles(row);
+            let Some(d) =
+                (0..self.geometry.data_disks()).find(|&d| missing.contains(&roles.data_dev(d)))
+            else {
+                continue;
+            };
+            let cut = |dev: usize| &bufs[dev][r.clone()];
+            let data: Vec<&[u8]> = (0..self.geometry.data_disks())
+                .map(|d| cut(roles.data_dev(d)))
+                .collect();
+            let agrees = spare_parity && {
+                let (p, q) = self.compute_parity(&roles, &data);
+                p[..] == *cut(roles.p_dev())
+                    && roles.q_dev().is_none_or(|qd| q.as_deref() == Some(cut(qd)))
+            };
+            if !agrees {
+                return Some((row, d));
+            }
+        }
+        None
     }
 
     /// A degraded read of data chunk `d` of an exposed row, without records to check the
@@ -785,16 +893,13 @@ impl Array {
                 &self.name,
                 None,
                 format!(
-                    "array bytes {at}+{len} must be rebuilt from a row a crash may have left                      mid-write, not resynced yet, on a degraded array: read refused ({} so far)",
+                    "array bytes {at}+{len} must be rebuilt from a row a crash may have left \
+                     mid-write, not resynced yet, on a degraded array: read refused ({} so far)",
                     n + 1
                 ),
             );
         }
-        self.unrecoverable(
-            at,
-            len as u64,
-            "the block must be rebuilt from a row a crash may have torn (resync pending while degraded)",
-        )
+        self.unrecoverable(at, len as u64, TORN_REASON)
     }
 
     /// P (and Q) of a stripe's data chunks, given in data-index order.
@@ -818,27 +923,18 @@ impl Array {
         (p, Some(q))
     }
 
-    /// Read every usable member of a stripe over `len` bytes at `at` and rebuild what is
-    /// missing. `Ok(None)`: a member failed while reading (it is faulty now); plan again.
+    /// One row's chunks over `at..at + len` (member bytes), the missing ones reconstructed
+    /// ([`Array::read_rebuilt`]).
     pub(crate) fn read_row(
         &self,
         roles: &StripeRoles,
         at: u64,
         len: usize,
+        torn: Torn,
     ) -> Result<Option<RowBufs>> {
-        let heal = self.heal_mode();
-        let Some((mut dev_bufs, missing, unread)) = self.read_present(at, len, heal)? else {
+        let Some(dev_bufs) = self.read_rebuilt(at, len, self.heal_mode(), torn)? else {
             return Ok(None);
         };
-        self.reconstruct(
-            roles,
-            dev_bufs.iter_mut().map(|b| &mut b[..]).collect(),
-            &missing,
-        );
-        self.verify_rebuilt(at, &dev_bufs, &missing)?;
-        for dev in unread {
-            self.correct_read_error(dev, at, &dev_bufs[dev], WriteSet::repair(at, len as u64));
-        }
         let mut slots: Vec<Option<PoolBuf>> = dev_bufs.into_iter().map(Some).collect();
         let data = (0..self.geometry.data_disks())
             .map(|d| slots[roles.data_dev(d)].take().expect("data chunk"))
@@ -846,6 +942,46 @@ impl Array {
         let p = slots[roles.p_dev()].take().expect("P chunk");
         let q = roles.q_dev().map(|qd| slots[qd].take().expect("Q chunk"));
         Ok(Some(RowBufs { data, p, q }))
+    }
+
+    /// Every member's bytes over `at..at + len` (member bytes; whole rows or parts of rows),
+    /// the missing chunks of each row reconstructed from the same bytes of the others and
+    /// checked (against integrity records; against a crash's torn rows as `torn` says), the
+    /// unreadable ones written back (unless only counting). `Ok(None)`: a member failed
+    /// meanwhile; plan again.
+    pub(crate) fn read_rebuilt(
+        &self,
+        at: u64,
+        len: usize,
+        heal: Heal,
+        torn: Torn,
+    ) -> Result<Option<Vec<PoolBuf>>> {
+        let Some((mut bufs, missing, unread)) = self.read_present(at, len, heal)? else {
+            return Ok(None);
+        };
+        for (row, r) in crate::rebuild::row_pieces(at, len as u64, self.chunk_bytes()) {
+            let roles = self.geometry.stripe_roles(row);
+            let slices = bufs.iter_mut().map(|b| &mut b[r.clone()]).collect();
+            self.reconstruct(&roles, slices, &missing);
+        }
+        if torn != Torn::Carry {
+            if let Some((row, d)) = self.torn_guess(at, &bufs, &missing) {
+                let off = at.max(row * self.chunk_bytes()) % self.chunk_bytes();
+                return Err(match torn {
+                    Torn::Refuse => self.refuse_torn(row, d, off, len),
+                    _ => {
+                        self.unrecoverable(self.array_offset(row, d, off), len as u64, TORN_REASON)
+                    }
+                });
+            }
+        }
+        self.verify_rebuilt(at, &bufs, &missing)?;
+        if heal != Heal::Count {
+            for dev in unread {
+                self.correct_read_error(dev, at, &bufs[dev], WriteSet::repair(at, len as u64));
+            }
+        }
+        Ok(Some(bufs))
     }
 
     /// Read every member that is in sync over `len` bytes at `at` (one I/O each). Returns the
@@ -944,7 +1080,8 @@ impl Array {
             let off = at + pg as u64 * PAGE;
             for &dev in failed {
                 if let Some(m) = self.slot(dev).in_sync_member(off, PAGE) {
-                    if self.note_read_error(dev, &m) {
+                    // Recorded already: a known bad block, not a new read error.
+                    if m.health.covers(off, PAGE) || self.note_read_error(dev, &m) {
                         continue;
                     }
                     self.record_bad_blocks(

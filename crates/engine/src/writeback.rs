@@ -26,7 +26,7 @@ use crate::commit::WriteSet;
 use crate::error::Result;
 use crate::io::MemberIo;
 use crate::journal::{CachedRow, StripeImage};
-use crate::stripe::WritePlan;
+use crate::stripe::{Torn, WritePlan};
 use crate::stripe_cache::{merge, Piece};
 use device::AlignedBuf;
 use layout::StripeRoles;
@@ -202,7 +202,7 @@ impl Array {
             return Ok(full.iter().map(|_| self.bufs.get(len)).collect());
         }
         for _ in 0..MAX_REPLANS {
-            if let Some(bufs) = self.read_row(roles, at, len)? {
+            if let Some(bufs) = self.read_row(roles, at, len, Torn::Carry)? {
                 return Ok(bufs.data);
             }
         }

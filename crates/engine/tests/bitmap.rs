@@ -392,29 +392,22 @@ fn concurrent_writes_to_new_chunks_share_bitmap_writes() {
     );
 }
 
-/// After a cut and before the resync, a member fails (issue 21, item 6). A block that must be
-/// rebuilt from a row whose bit is set (a write in flight may have torn it) reads EIO instead
-/// of a guess; a block read straight from its member, and a block rebuilt from a row whose bit
-/// is clear, read right. Status counts the exposed rows and the refusals, and the failure
-/// raises an event naming the risk. Canary: before the refusal the torn row's rebuilt block
-/// read back with no error.
-#[test]
-fn degraded_reads_of_rows_a_cut_may_have_torn_are_refused() {
+const CHUNK: u64 = 64 << 10;
+const ROW: u64 = 3 * CHUNK;
+
+/// A RAID5 ×4 whose rows 2 and 5 hold 0x11, restarted after a cut caught a 4 KiB write into
+/// row 5 in flight: row 5's bit is set, row 2's clear, nothing resynced yet.
+/// Left-symmetric ×4: row r's parity is on member 3 - r % 4, data k on the members after it:
+/// row 5 has d0 on sim3, d1 on sim0, d2 on sim1 and P on sim2; row 2 has d2 on sim0.
+fn cut_through_row_5() -> (Vec<Arc<SimDevice>>, Array) {
     let (s, a) = quiet_array(Level::Raid5, 4);
-    let chunk = 64u64 << 10;
-    let row_bytes = 3 * chunk;
-    // Left-symmetric ×4: row r's parity is on member 3 - r % 4, data k on the members after it.
-    // Row 5: d0 on sim3, d1 on sim0. Row 2: d2 on sim0.
-    a.write(2 * row_bytes, &vec![0x11; row_bytes as usize], false)
-        .unwrap();
-    a.write(5 * row_bytes, &vec![0x11; row_bytes as usize], false)
-        .unwrap();
+    a.write(2 * ROW, &vec![0x11; ROW as usize], false).unwrap();
+    a.write(5 * ROW, &vec![0x11; ROW as usize], false).unwrap();
     a.flush().unwrap();
     a.bitmap_pass();
     a.bitmap_pass();
     assert!(set_bits(&s[0]).is_empty());
-    // A write into row 5 that the cut catches in flight.
-    a.write(5 * row_bytes, &[0x22; 4096], false).unwrap();
+    a.write(5 * ROW, &[0x22; 4096], false).unwrap();
     for d in &s {
         d.power_cut();
     }
@@ -426,6 +419,18 @@ fn degraded_reads_of_rows_a_cut_may_have_torn_are_refused() {
         0,
         "not degraded: nothing exposed"
     );
+    (s, a)
+}
+
+/// After a cut and before the resync, a member fails (issue 21, item 6). A block that must be
+/// rebuilt from a row whose bit is set (a write in flight may have torn it) reads EIO instead
+/// of a guess; a block read straight from its member, and a block rebuilt from a row whose bit
+/// is clear, read right. Status counts the exposed rows and the refusals, and the failure
+/// raises an event naming the risk. Canary: before the refusal the torn row's rebuilt block
+/// read back with no error.
+#[test]
+fn degraded_reads_of_rows_a_cut_may_have_torn_are_refused() {
+    let (_s, a) = cut_through_row_5();
     let events = a.subscribe();
     a.fail_member("sim0").unwrap();
     let st = a.status();
@@ -436,21 +441,94 @@ fn degraded_reads_of_rows_a_cut_may_have_torn_are_refused() {
         "no event names the risk: {ev:?}"
     );
     let mut page = vec![0u8; 4096];
-    let refused = a.read(5 * row_bytes + chunk, &mut page);
+    let refused = a.read(5 * ROW + CHUNK, &mut page);
     assert!(
         refused.is_err(),
         "row 5's d1 was rebuilt from a row the cut may have torn and served"
     );
     assert_eq!(a.status().torn_reads_refused, 1);
-    a.read(5 * row_bytes, &mut page).unwrap();
+    a.read(5 * ROW, &mut page).unwrap();
     assert!(
         page.chunks(512)
             .all(|s| s.iter().all(|&b| b == 0x11) || s.iter().all(|&b| b == 0x22)),
         "d0 of row 5 is read straight from its member: old or new, sector by sector"
     );
-    a.read(2 * row_bytes + 2 * chunk, &mut page).unwrap();
+    a.read(2 * ROW + 2 * CHUNK, &mut page).unwrap();
     assert!(
         page.iter().all(|&b| b == 0x11),
         "row 2's bit is clear: its rebuilt block is served"
     );
+}
+
+/// The torn row of the test above rebuilt onto a spare (issue 21, item 6): the new member gets
+/// the lost block recorded bad, not the guess, and so does the row's parity, so the block
+/// reads EIO after the rebuild and the resync as before it, and after a restart; the row's
+/// other data stays writable, a write of the lost block makes that page whole, and the rest
+/// of the array is rebuilt. Canary: before, the rebuild wrote the reconstruction to the spare
+/// and it read back with no error.
+#[test]
+fn a_rebuild_records_blocks_of_rows_a_cut_may_have_torn_as_bad() {
+    let (s, a) = cut_through_row_5();
+    a.fail_member("sim0").unwrap();
+    let spare = Arc::new(SimDevice::new("spare", MEMBER, 99));
+    a.add_member(spare.clone() as Arc<dyn Device>, false)
+        .unwrap();
+    settle(&a);
+    let st = a.status();
+    assert!(st.missing_roles.is_empty(), "{st:?}");
+    let bad = |name: &str| {
+        a.status()
+            .members
+            .iter()
+            .find(|m| m.name == name)
+            .map_or(0, |m| m.bad_sectors)
+    };
+    assert_eq!(
+        bad("spare"),
+        CHUNK / 512,
+        "row 5's d1 recorded bad on the spare"
+    );
+    assert_eq!(bad("sim2"), CHUNK / 512, "row 5's parity recorded bad");
+    let lost = 5 * ROW + CHUNK;
+    let mut page = vec![0u8; 4096];
+    assert!(
+        a.read(lost, &mut page).is_err(),
+        "row 5's d1 was rebuilt from a row the cut may have torn and served"
+    );
+    for _ in 0..25 {
+        assert!(a.read(lost, &mut page).is_err());
+    }
+    assert!(
+        a.status().missing_roles.is_empty(),
+        "reads of recorded blocks are not new read errors: no member fails for them"
+    );
+    a.read(2 * ROW + 2 * CHUNK, &mut page).unwrap();
+    assert!(page.iter().all(|&b| b == 0x11), "row 2's d2 rebuilt");
+    let sibling = 5 * ROW + 2 * CHUNK;
+    a.write(sibling, &[0x33; 4096], false).unwrap();
+    a.read(sibling, &mut page).unwrap();
+    assert!(page.iter().all(|&b| b == 0x33), "row 5's d2 stays writable");
+    a.write(lost, &[0x44; 4096], false).unwrap();
+    a.read(lost, &mut page).unwrap();
+    assert!(
+        page.iter().all(|&b| b == 0x44),
+        "a written block reads back"
+    );
+    assert!(
+        a.read(lost + 4096, &mut page).is_err(),
+        "the rest of the lost block still reads EIO"
+    );
+    a.request_action("check").unwrap();
+    settle(&a);
+    assert_eq!(a.status().sync.mismatch_sectors, 0);
+    a.close().unwrap();
+    drop(a);
+    let members = vec![s[3].clone(), spare, s[1].clone(), s[2].clone()];
+    let a = boot(&members);
+    assert!(
+        a.read(lost + 4096, &mut page).is_err(),
+        "the records outlive a restart"
+    );
+    a.read(lost, &mut page).unwrap();
+    assert!(page.iter().all(|&b| b == 0x44));
 }
