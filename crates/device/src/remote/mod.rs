@@ -374,15 +374,30 @@ impl NbdDevice {
         Ok(())
     }
 
-    fn write_pieces(&self, data: &[u8], offset_bytes: u64, fua: bool) -> io::Result<()> {
+    /// The concatenation of `bufs` as requests of at most `max_request` bytes, each gathered
+    /// once into the copy the replay log keeps and the socket is written from.
+    fn write_gathered(&self, bufs: &[&[u8]], offset_bytes: u64, fua: bool) -> io::Result<()> {
         self.check_writable()?;
-        check_range(self, offset_bytes, data.len() as u64);
+        let total: usize = bufs.iter().map(|b| b.len()).sum();
+        check_range(self, offset_bytes, total as u64);
         let native_fua = fua && self.export.has(FLAG_SEND_FUA);
+        let mut rest = bufs.iter().copied().filter(|b| !b.is_empty());
+        let mut current: &[u8] = &[];
         let mut done = 0usize;
-        for piece in data.chunks(self.max_request as usize) {
-            let written = Written::Data(Arc::from(piece));
+        while done < total {
+            let len = (total - done).min(self.max_request as usize);
+            let mut piece = Vec::with_capacity(len);
+            while piece.len() < len {
+                if current.is_empty() {
+                    current = rest.next().expect("the pieces add up to total");
+                }
+                let n = current.len().min(len - piece.len());
+                piece.extend_from_slice(&current[..n]);
+                current = &current[n..];
+            }
+            let written = Written::Data(Arc::new(piece));
             self.logged_write(offset_bytes + done as u64, written, native_fua)?;
-            done += piece.len();
+            done += len;
         }
         self.after_write(fua)
     }
@@ -409,7 +424,11 @@ impl Device for NbdDevice {
     }
 
     fn write_at(&self, buf: &[u8], offset_bytes: u64, fua: bool) -> io::Result<()> {
-        self.write_pieces(buf, offset_bytes, fua)
+        self.write_gathered(&[buf], offset_bytes, fua)
+    }
+
+    fn write_vectored_at(&self, bufs: &[&[u8]], offset_bytes: u64, fua: bool) -> io::Result<()> {
+        self.write_gathered(bufs, offset_bytes, fua)
     }
 
     fn flush(&self) -> io::Result<()> {

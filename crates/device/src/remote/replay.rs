@@ -17,12 +17,12 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 /// Bytes of write data the log holds before the device flushes on its own.
-pub const MAX_LOG_BYTES: u64 = 64 << 20;
+pub const MAX_LOG_BYTES: u64 = 16 << 20;
 
 /// What a logged write put on the export.
 #[derive(Clone)]
 pub enum Written {
-    Data(Arc<[u8]>),
+    Data(Arc<Vec<u8>>),
     Zeroes(u32),
 }
 
@@ -116,7 +116,7 @@ mod tests {
     #[test]
     fn a_flush_covers_only_writes_acknowledged_before_it() {
         let mut log = ReplayLog::default();
-        let a = log.push(0, Written::Data(Arc::from(vec![1u8; 512])));
+        let a = log.push(0, Written::Data(Arc::new(vec![1u8; 512])));
         let b = log.push(512, Written::Zeroes(512));
         log.complete(a);
         let covered = log.covered_by_flush();

@@ -12,7 +12,7 @@
 use super::uri::{NbdUri, Transport};
 use nbd::codec::{self, Request};
 use nbd::proto::*;
-use std::io::{self, Read, Write};
+use std::io::{self, IoSlice, IoSliceMut, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
@@ -101,11 +101,26 @@ impl Read for Stream {
     }
 }
 
+impl Stream {
+    fn read_vectored(&mut self, bufs: &mut [IoSliceMut<'_>]) -> io::Result<usize> {
+        match self {
+            Stream::Unix(s) => s.read_vectored(bufs),
+            Stream::Tcp(s) => s.read_vectored(bufs),
+        }
+    }
+}
+
 impl Write for Stream {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         match self {
             Stream::Unix(s) => s.write(buf),
             Stream::Tcp(s) => s.write(buf),
+        }
+    }
+    fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        match self {
+            Stream::Unix(s) => s.write_vectored(bufs),
+            Stream::Tcp(s) => s.write_vectored(bufs),
         }
     }
     fn flush(&mut self) -> io::Result<()> {
@@ -164,17 +179,33 @@ impl Conn {
             offset,
             length,
         });
-        self.stream.write_all(&header)?;
-        if let Payload::Write(data) = &payload {
-            assert_eq!(
-                data.len(),
-                length as usize,
-                "write payload is the request length"
-            );
-            self.stream.write_all(data)?;
+        match &payload {
+            Payload::Write(data) => {
+                assert_eq!(
+                    data.len(),
+                    length as usize,
+                    "write payload is the request length"
+                );
+                write_both(&mut self.stream, &header, data)?;
+            }
+            _ => self.stream.write_all(&header)?,
         }
         let mut reply = [0u8; SIMPLE_REPLY_LEN];
-        self.stream.read_exact(&mut reply)?;
+        let (buf, early) = match payload {
+            Payload::Read(buf) => {
+                assert_eq!(
+                    buf.len(),
+                    length as usize,
+                    "read buffer is the request length"
+                );
+                let early = read_reply_and_data(&mut self.stream, &mut reply, buf)?;
+                (Some(buf), early)
+            }
+            _ => {
+                self.stream.read_exact(&mut reply)?;
+                (None, 0)
+            }
+        };
         let reply =
             codec::parse_simple_reply(&reply).map_err(|e| protocol_error(format!("reply: {e}")))?;
         if reply.handle != handle {
@@ -185,15 +216,13 @@ impl Conn {
             .into());
         }
         if reply.error != 0 {
+            if early > 0 {
+                return Err(protocol_error("data after an error reply").into());
+            }
             return Err(Failure::Server(reply.error));
         }
-        if let Payload::Read(buf) = payload {
-            assert_eq!(
-                buf.len(),
-                length as usize,
-                "read buffer is the request length"
-            );
-            self.stream.read_exact(buf)?;
+        if let Some(buf) = buf {
+            self.stream.read_exact(&mut buf[early..])?;
         }
         Ok(())
     }
@@ -209,6 +238,38 @@ impl Conn {
         });
         let _ = self.stream.write_all(&header);
     }
+}
+
+/// Header and payload in as few system calls as the socket takes (one, usually).
+fn write_both(s: &mut Stream, header: &[u8], data: &[u8]) -> io::Result<()> {
+    let mut sent = 0usize;
+    while sent < header.len() {
+        let iov = [IoSlice::new(&header[sent..]), IoSlice::new(data)];
+        match s.write_vectored(&iov) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => sent += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    s.write_all(&data[sent - header.len()..])
+}
+
+/// The reply header, and in the same system calls whatever of the read's data already
+/// arrived (nothing follows a reply on a connection with one request in flight, so this never
+/// takes bytes that are not this reply's). Returns the data bytes received.
+fn read_reply_and_data(s: &mut Stream, reply: &mut [u8], data: &mut [u8]) -> io::Result<usize> {
+    let mut got = 0usize;
+    while got < reply.len() {
+        let mut iov = [IoSliceMut::new(&mut reply[got..]), IoSliceMut::new(data)];
+        match s.read_vectored(&mut iov) {
+            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(got - reply.len())
 }
 
 fn read_u16(b: &[u8], at: usize) -> u16 {
