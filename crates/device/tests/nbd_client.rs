@@ -130,6 +130,50 @@ fn reads_writes_zeroes_and_splits_over_a_real_server() {
     });
 }
 
+/// `nbd://HOST:PORT/EXPORT` over TCP, a named export (nbdkit's `-e`).
+#[test]
+fn tcp_uri_with_a_named_export() {
+    if !require_tools(&["nbdkit"]) {
+        return;
+    }
+    // A port the kernel just handed out and took back: free unless something races for it.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut child = Command::new("nbdkit")
+        .args([
+            "-f",
+            "-i",
+            "127.0.0.1",
+            "-p",
+            &port.to_string(),
+            "-e",
+            "disk one",
+        ])
+        .args(["memory", "4M"])
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("spawn nbdkit");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "nbdkit did not listen on {port}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let uri = format!("nbd://127.0.0.1:{port}/disk%20one");
+    let dev = NbdDevice::open(&uri, opts(2000, 2000)).unwrap();
+    assert_eq!(dev.len_bytes(), 4 << 20);
+    let data = pattern(65536, 9);
+    dev.write_at(&data, 4096, false).unwrap();
+    let mut back = vec![0u8; 65536];
+    dev.read_at(&mut back, 4096).unwrap();
+    assert!(back == data);
+    drop(dev);
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
 /// Canary: with the replay in `recover` removed, the read after the restart returns zeroes.
 #[test]
 fn unflushed_writes_are_resent_after_the_server_restarts() {
