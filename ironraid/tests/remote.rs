@@ -366,3 +366,27 @@ fn scribble_member(env: &Env, i: usize, at: u64) {
     f.write_all(&[0x5a; 4096]).unwrap();
     f.sync_all().unwrap();
 }
+
+/// Another ironraid's export as a member: our client against our own server (block sizes,
+/// multi-conn, FUA and flush as the server advertises them), fio verify and a check through
+/// the outer array.
+#[test]
+fn an_ironraid_export_serves_as_a_member_of_another_array() {
+    if !require_tools(&["fio"]) {
+        return;
+    }
+    let inner = Env::new("inner", 2, MEMBER);
+    inner.create("1", &[]);
+    let inner_daemon = inner.run_all();
+    let mut outer = Env::new("outer", 2, MEMBER);
+    outer.members[1] = PathBuf::from(inner.uri());
+    outer.create("1", &[]);
+    let d = outer.run_all();
+    fio_ok(fio(&outer, "randwrite", "32M", 4).spawn().unwrap());
+    assert_eq!(outer.action_wait("check"), 0);
+    let detail = outer.detail();
+    assert_eq!(state_of(&detail, &inner.uri()), "in_sync", "{detail:#}");
+    outer.stop(d);
+    assert_eq!(inner.action_wait("check"), 0);
+    inner.stop(inner_daemon);
+}
