@@ -130,6 +130,47 @@ fn reads_writes_zeroes_and_splits_over_a_real_server() {
     });
 }
 
+/// A server without multi-conn, FUA or WRITE_ZEROES: one connection shared by every thread,
+/// FUA as a write plus a flush, zeroing by writing zeroes; the data comes out the same.
+#[test]
+fn fallbacks_without_multi_conn_fua_or_write_zeroes() {
+    if !require_tools(&["nbdkit"]) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let srv = Server::start(
+        dir.path(),
+        &[
+            "--filter=multi-conn",
+            "--filter=nozero",
+            "--filter=fua",
+            "memory",
+            "8M",
+            "multi-conn-mode=disable",
+            "zeromode=none",
+        ],
+    );
+    let dev = NbdDevice::open(&srv.uri(), opts(2000, 2000)).unwrap();
+    assert_eq!(dev.max_connections(), 1);
+    std::thread::scope(|s| {
+        for t in 0..4u8 {
+            let dev = &dev;
+            s.spawn(move || {
+                let d = pattern(65536, t);
+                let at = u64::from(t) << 20;
+                dev.write_at(&d, at, true).unwrap();
+                dev.discard_zeroes(at + 4096, 8192).unwrap();
+                let mut b = vec![0u8; 65536];
+                dev.read_at(&mut b, at).unwrap();
+                assert!(b[..4096] == d[..4096], "thread {t}");
+                assert!(b[4096..12288].iter().all(|&x| x == 0), "thread {t}");
+                assert!(b[12288..] == d[12288..], "thread {t}");
+            });
+        }
+    });
+    dev.flush().unwrap();
+}
+
 /// `nbd://HOST:PORT/EXPORT` over TCP, a named export (nbdkit's `-e`).
 #[test]
 fn tcp_uri_with_a_named_export() {
