@@ -8,10 +8,11 @@
 //! which the next `run` reports.
 
 use crate::backend::ArrayBackend;
+use crate::member::Opener;
 use crate::rundir;
 use crate::server::{control_loop, Ctx};
 use anyhow::{anyhow, bail, Context};
-use device::{Device, FileDevice, OpenMode};
+use device::{OpenMode, RemoteOptions};
 use engine::{Array, ArrayConfig, AssembleOptions};
 use std::os::unix::net::UnixStream as StdUnixStream;
 use std::path::{Path, PathBuf};
@@ -42,16 +43,22 @@ pub struct RunArgs {
     pub guide_timeout: Duration,
     /// Integrity records kept in memory at most.
     pub integrity_cache_bytes: usize,
+    /// Timeouts and retries of NBD members (`read_only` is taken from `read_only` above).
+    pub remote: RemoteOptions,
 }
 
 impl RunArgs {
-    fn open_mode(&self) -> OpenMode {
-        if self.read_only {
+    fn opener(&self) -> Opener {
+        let mode = if self.read_only {
             OpenMode::ReadOnly
         } else if self.buffered {
             OpenMode::Buffered
         } else {
             OpenMode::ReadWrite
+        };
+        Opener {
+            mode,
+            remote: self.remote,
         }
     }
 }
@@ -71,31 +78,15 @@ fn parse_listen(addr: &str) -> anyhow::Result<Listen> {
     bail!("--nbd {addr}: expected unix:PATH or tcp:HOST:PORT")
 }
 
-/// Open and lock members for a running array.
-pub fn open_members(paths: &[PathBuf], mode: OpenMode) -> anyhow::Result<Vec<Arc<dyn Device>>> {
-    let mut devs: Vec<Arc<dyn Device>> = Vec::new();
-    for p in paths {
-        let path = std::fs::canonicalize(p)
-            .with_context(|| format!("{}: cannot open member", p.display()))?;
-        let dev = FileDevice::open(&path, mode)
-            .with_context(|| format!("{}: cannot open member", p.display()))?;
-        dev.lock_exclusive()
-            .map_err(|e| anyhow!("{e} (is another ironraid running this array?)"))?;
-        tracing::debug!(member = %path.display(), direct = dev.uses_direct_io(), "member opened");
-        devs.push(Arc::new(dev));
-    }
-    Ok(devs)
-}
-
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
     let listens: Vec<Listen> = args
         .nbd
         .iter()
         .map(|a| parse_listen(a))
         .collect::<anyhow::Result<_>>()?;
-    let mode = args.open_mode();
-    let devs = open_members(&args.members, mode)?;
-    let add_journal = open_members(args.add_journal.as_slice(), mode)?.pop();
+    let opener = args.opener();
+    let devs = opener.open_all(&args.members)?;
+    let add_journal = opener.open_all(args.add_journal.as_slice())?.pop();
     let config = ArrayConfig {
         read_only: args.read_only,
         write_hold: args.write_hold,
@@ -154,7 +145,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         name.clone(),
         ctl_path.clone(),
         listens,
-        mode,
+        opener,
     ));
     let closed = res.and_then(|()| {
         tracing::info!(array = %name, "flushing and marking clean");
@@ -219,7 +210,7 @@ async fn serve(
     name: String,
     ctl_path: PathBuf,
     listens: Vec<Listen>,
-    mode: OpenMode,
+    opener: Opener,
 ) -> anyhow::Result<()> {
     let backend = Arc::new(ArrayBackend(array.clone()));
     let export = nbd::Export {
@@ -258,7 +249,7 @@ async fn serve(
             }
         }
     }
-    let (ctl_task, mut stop_rx) = start_control(&ctl_path, array, addrs, mode)?;
+    let (ctl_task, mut stop_rx) = start_control(&ctl_path, array, addrs, opener)?;
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
         _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: stopping"),
@@ -283,7 +274,7 @@ fn start_control(
     ctl_path: &Path,
     array: Arc<Array>,
     addrs: Vec<String>,
-    mode: OpenMode,
+    opener: Opener,
 ) -> anyhow::Result<(tokio::task::JoinHandle<()>, watch::Receiver<bool>)> {
     let ctl = UnixListener::bind(ctl_path)
         .with_context(|| format!("cannot listen on {}", ctl_path.display()))?;
@@ -293,7 +284,7 @@ fn start_control(
         array,
         addrs,
         stop,
-        mode,
+        opener,
     });
     Ok((tokio::spawn(control_loop(ctl, ctx)), stop_rx))
 }

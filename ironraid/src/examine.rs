@@ -1,12 +1,14 @@
 //! `ironraid examine`: what each member's superblock says, as text or JSON.
 
+use crate::member::Opener;
 use crate::size;
 use anyhow::{anyhow, bail, Context};
-use device::{Device, FileDevice, OpenMode};
+use device::{Device, OpenMode};
 use format::{DevRole, Superblock};
 use layout::{Geometry, GeometrySpec, Level};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 #[derive(Serialize)]
 struct Examined {
@@ -82,7 +84,7 @@ fn journal_log_sectors(sb: &Superblock) -> u64 {
 }
 
 /// Read and check the meta block at the journal tail of `d` (a journal device).
-fn tail_block(d: &FileDevice, sb: &Superblock) -> TailBlock {
+fn tail_block(d: &dyn Device, sb: &Superblock) -> TailBlock {
     let tail = sb.recovery_offset;
     let invalid = |problem: String| TailBlock {
         valid: false,
@@ -165,10 +167,11 @@ fn has_bitmap(sb: &Superblock) -> bool {
     sb.feature_map & format::feature::BITMAP_OFFSET != 0
 }
 
-fn open_member(p: &Path) -> anyhow::Result<(FileDevice, Superblock)> {
-    let d = FileDevice::open(p, OpenMode::ReadOnly)
+fn open_member(p: &Path) -> anyhow::Result<(Arc<dyn Device>, Superblock)> {
+    let d = Opener::new(OpenMode::ReadOnly)
+        .open(p)
         .with_context(|| format!("{}: cannot open", p.display()))?;
-    let sb = engine::read_superblock(&d).map_err(|e| anyhow!("{}: {e}", p.display()))?;
+    let sb = engine::read_superblock(d.as_ref()).map_err(|e| anyhow!("{}: {e}", p.display()))?;
     Ok((d, sb))
 }
 
@@ -207,7 +210,7 @@ pub fn examine(members: &[PathBuf], json: bool) -> anyhow::Result<()> {
             open_member(p).map(|(d, sb)| {
                 let mut e = describe(&p.display().to_string(), &sb);
                 if e.journal_tail_sectors.is_some() {
-                    e.journal_tail_block = Some(tail_block(&d, &sb));
+                    e.journal_tail_block = Some(tail_block(d.as_ref(), &sb));
                 }
                 e
             })
@@ -255,7 +258,8 @@ fn describe_bitmap(p: &Path) -> anyhow::Result<ExaminedBitmap> {
             format::BITMAP_OFFSET_SECTORS
         );
     }
-    let (bm, bits) = engine::read_bitmap(&d).map_err(|e| anyhow!("{}: {e}", p.display()))?;
+    let (bm, bits) =
+        engine::read_bitmap(d.as_ref()).map_err(|e| anyhow!("{}: {e}", p.display()))?;
     let mut state: Vec<&str> = Vec::new();
     if bm.is_stale() {
         state.push("stale");

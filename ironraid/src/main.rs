@@ -8,6 +8,7 @@ mod daemon;
 mod examine;
 mod guide;
 mod manage;
+mod member;
 mod monitor;
 mod rundir;
 mod server;
@@ -19,10 +20,9 @@ mod watch;
 
 use anyhow::{anyhow, bail, Context};
 use clap::{ArgAction, Parser, Subcommand};
-use device::{Device, FileDevice, OpenMode};
+use device::{Device, OpenMode, RemoteOptions};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::Duration;
 
 #[derive(Parser)]
@@ -107,6 +107,16 @@ enum Cmd {
         /// members.
         #[arg(long, value_parser = size_arg, default_value = "64M")]
         integrity_cache: u64,
+        /// NBD members: a request on which the server makes no progress for this long is
+        /// retried on a fresh connection (5s, 500ms, 1m).
+        #[arg(long, value_parser = member::parse_duration, default_value = "5s")]
+        member_timeout: Duration,
+        /// NBD members: how long a failing request is retried on fresh connections (every
+        /// unflushed write re-sent first) before the member is failed like a disk.
+        #[arg(long, value_parser = member::parse_duration, default_value = "10s")]
+        member_retry: Duration,
+        /// Files, block devices or NBD URIs (nbd://HOST[:PORT]/EXPORT,
+        /// nbd+unix:///EXPORT?socket=PATH).
         #[arg(required = true)]
         members: Vec<PathBuf>,
     },
@@ -318,8 +328,15 @@ fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
             assume_data_journal,
             guide_timeout,
             integrity_cache,
+            member_timeout,
+            member_retry,
             members,
         } => daemon::run(daemon::RunArgs {
+            remote: RemoteOptions {
+                timeout: member_timeout,
+                retry: member_retry,
+                ..RemoteOptions::default()
+            },
             integrity_cache_bytes: integrity_cache as usize,
             guide,
             assume_data_journal,
@@ -434,19 +451,8 @@ fn create(a: CreateArgs) -> anyhow::Result<String> {
     if a.preallocate {
         space::preallocate(&all_paths)?;
     }
-    let open = |paths: &[PathBuf]| -> anyhow::Result<Vec<Arc<dyn Device>>> {
-        paths
-            .iter()
-            .map(|p| {
-                let path = std::fs::canonicalize(p)
-                    .with_context(|| format!("{}: cannot open member", p.display()))?;
-                let d = FileDevice::open(&path, OpenMode::Buffered)
-                    .with_context(|| format!("{}: cannot open member", p.display()))?;
-                d.lock_exclusive().map_err(|e| anyhow!("{e}"))?;
-                Ok(Arc::new(d) as Arc<dyn Device>)
-            })
-            .collect()
-    };
+    let opener = member::Opener::new(OpenMode::Buffered);
+    let open = |paths: &[PathBuf]| opener.open_all(paths);
     let members = open(&a.members)?;
     // Members that carry an md superblock are an old array's (`create --force` over them is
     // md's way to re-create an array whose superblocks were lost): their data is kept, as it
@@ -676,6 +682,7 @@ fn demo(dir: Option<PathBuf>) -> anyhow::Result<()> {
         assume_data_journal: false,
         guide_timeout: engine::DEFAULT_GUIDE_TIMEOUT,
         integrity_cache_bytes: engine::ArrayConfig::default().integrity_cache_bytes,
+        remote: RemoteOptions::default(),
     })
 }
 

@@ -1,19 +1,10 @@
 //! Member management and rate limits on a running array: `fail`, `remove`, `add`, `speed`.
 
 use crate::control::{self, Request};
+use crate::member::{self, name as member_name};
 use crate::{expect_ok, size};
 use anyhow::anyhow;
-use std::path::{Path, PathBuf};
-
-/// The name the daemon knows a member by: its canonical path. A member that no longer exists
-/// (a pulled disk, a deleted file) keeps the absolute form of what was given.
-fn member_name(p: &Path) -> String {
-    std::fs::canonicalize(p)
-        .or_else(|_| std::path::absolute(p))
-        .unwrap_or_else(|_| PathBuf::from(p))
-        .display()
-        .to_string()
-}
+use std::path::Path;
 
 pub fn fail(name: &str, member: &Path) -> anyhow::Result<()> {
     let member = member_name(member);
@@ -26,15 +17,16 @@ pub fn remove(name: &str, member: &Path) -> anyhow::Result<()> {
 }
 
 pub fn add(name: &str, member: &Path, force: bool) -> anyhow::Result<()> {
-    let canonical = std::fs::canonicalize(member)
-        .map_err(|e| anyhow!("{}: cannot open member: {e}", member.display()))?;
-    expect_ok(control::call(
-        name,
-        &Request::Add {
-            member: canonical.display().to_string(),
-            force,
-        },
-    )?)
+    // The daemon opens it; a path must exist here (the daemon may run elsewhere in the tree).
+    let member = if member::is_remote(member) {
+        member.display().to_string()
+    } else {
+        std::fs::canonicalize(member)
+            .map_err(|e| anyhow!("{}: cannot open member: {e}", member.display()))?
+            .display()
+            .to_string()
+    };
+    expect_ok(control::call(name, &Request::Add { member, force })?)
 }
 
 /// Set the limits given (none: only show them), then print both.

@@ -2,12 +2,11 @@
 //! line, except `monitor`, which keeps the connection and streams one event per line.
 
 use crate::control::{EventLine, Request, Response, MAX_REQUEST_BYTES};
-use crate::daemon::open_members;
+use crate::member::Opener;
 use crate::status::Detail;
 use crate::verify::VerifyResult;
-use device::OpenMode;
 use engine::{Array, Event};
-use std::path::PathBuf;
+use std::path::Path;
 use std::sync::mpsc::RecvTimeoutError;
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,7 +22,7 @@ pub struct Ctx {
     pub addrs: Vec<String>,
     pub stop: watch::Sender<bool>,
     /// How members are opened (for `add`).
-    pub mode: OpenMode,
+    pub opener: Opener,
 }
 
 pub async fn control_loop(listener: UnixListener, ctx: Arc<Ctx>) {
@@ -90,11 +89,9 @@ async fn handle(req: Request, ctx: &Ctx) -> Response {
             blocking(move || array.remove_member(&member).map_err(anyhow::Error::from)).await
         }
         Request::Add { member, force } => {
-            let mode = ctx.mode;
+            let opener = ctx.opener;
             blocking(move || {
-                let dev = open_members(&[PathBuf::from(&member)], mode)?
-                    .pop()
-                    .expect("one member opened");
+                let dev = opener.open(Path::new(&member))?;
                 array.add_member(dev, force).map_err(anyhow::Error::from)
             })
             .await

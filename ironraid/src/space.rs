@@ -25,6 +25,9 @@ struct MemberFile {
 fn by_file_system(paths: &[PathBuf]) -> anyhow::Result<BTreeMap<u64, Vec<MemberFile>>> {
     let mut groups: BTreeMap<u64, Vec<MemberFile>> = BTreeMap::new();
     for p in paths {
+        if crate::member::is_remote(p) {
+            continue;
+        }
         let md =
             std::fs::metadata(p).with_context(|| format!("{}: cannot open member", p.display()))?;
         if !md.is_file() {

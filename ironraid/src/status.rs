@@ -570,10 +570,15 @@ impl Detail {
             line1 = format!("{} : active (read-only) {}", self.name, self.level);
         }
         for m in &self.members {
-            let base = std::path::Path::new(&m.path)
-                .file_name()
-                .map(|f| f.to_string_lossy().to_string())
-                .unwrap_or_default();
+            // mdstat names a disk by its base name; a URI's base name would hide the export.
+            let base = if device::is_nbd_uri(&m.path) {
+                m.path.clone()
+            } else {
+                std::path::Path::new(&m.path)
+                    .file_name()
+                    .map(|f| f.to_string_lossy().to_string())
+                    .unwrap_or_default()
+            };
             let tag = match m.state.as_str() {
                 "faulty" => "(F)",
                 "spare" => "(S)",

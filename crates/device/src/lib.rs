@@ -9,6 +9,9 @@
 //!   (the kernel writes back and invalidates cached pages around direct I/O), so the choice is
 //!   per request and invisible to the caller. `flush` is `fdatasync`; a FUA write is
 //!   `pwritev2(RWF_DSYNC)`.
+//! * [`NbdDevice`]: an NBD export (`nbd://HOST[:PORT]/EXPORT`, `nbd+unix:///EXPORT?socket=PATH`)
+//!   through our own client, with per-request timeouts, reconnects that re-send every unflushed
+//!   write, and a bounded retry window after which it fails like a local I/O error.
 //! * [`SimDevice`]: an in-memory device that injects faults from a seed: I/O errors, power cuts
 //!   (unflushed writes lost or torn at sector granularity), lost writes, misdirected writes and
 //!   bit rot. Same seed and same sequence of calls ⇒ same outcome.
@@ -19,10 +22,12 @@
 
 mod aligned;
 mod file;
+pub mod remote;
 mod sim;
 
 pub use aligned::AlignedBuf;
 pub use file::{FileDevice, OpenMode};
+pub use remote::{is_nbd_uri, NbdDevice, RemoteOptions};
 pub use sim::{Faults, PowerRail, SimDevice, SimStats};
 
 use std::io;

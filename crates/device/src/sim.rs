@@ -11,6 +11,14 @@
 //! (stored at another sector), and bit rot (one bit of a written range flips). A device can also be
 //! killed outright. All draws happen under the device's lock in call order, so a run whose calls to
 //! each device happen in a fixed order is reproduced exactly by its seed.
+//!
+//! Network faults model a remote member (`NbdDevice`) as the engine sees it. A connection that
+//! drops or times out and comes back within the retry window is invisible (the client re-sends
+//! what the server may have lost); what reaches the engine is a drop past the window: the call
+//! fails and the device stays dead. A write caught by it may not have reached the server, may
+//! have landed whole with its reply lost, or may have landed in part (a server that writes a
+//! large request in pieces, reset between them) — drawn per drop, never reported as done.
+//! Latency is `set_delay`; reordering is the caller's (the crash simulation's) to draw.
 
 use crate::{check_range, Device, SECTOR_BYTES};
 use parking_lot::Mutex;
@@ -26,6 +34,8 @@ pub struct Faults {
     pub lost_write: f64,
     pub misdirected_write: f64,
     pub bit_rot: f64,
+    /// A remote member's connection lost past the retry window (see the module notes).
+    pub network_drop: f64,
 }
 
 /// Counters of what the device did and injected.
@@ -38,6 +48,7 @@ pub struct SimStats {
     pub writes_lost: u64,
     pub writes_misdirected: u64,
     pub bits_flipped: u64,
+    pub network_drops: u64,
 }
 
 struct Pending {
@@ -252,6 +263,39 @@ impl SimDevice {
         self.state.lock().stats
     }
 
+    /// Draw a network drop past the retry window: the device is dead from now on.
+    fn network_drop(st: &mut State) -> bool {
+        if st.dead || st.faults.network_drop <= 0.0 || !st.rng.gen_bool(st.faults.network_drop) {
+            return false;
+        }
+        st.dead = true;
+        st.stats.errors_injected += 1;
+        st.stats.network_drops += 1;
+        true
+    }
+
+    /// What a write caught by a drop left on the server: nothing, all of it (the reply was
+    /// lost), or its first sectors. Never durable by itself (a flush never covered it).
+    fn land_unacknowledged(st: &mut State, buf: &[u8], offset_bytes: u64) {
+        let sectors = buf.len() / SECTOR_BYTES as usize;
+        let landed_sectors = match st.rng.gen_range(0..3) {
+            0 => 0,
+            1 => sectors,
+            _ => st.rng.gen_range(0..=sectors),
+        };
+        let len = landed_sectors * SECTOR_BYTES as usize;
+        if len == 0 {
+            return;
+        }
+        let at = offset_bytes as usize;
+        st.data[at..at + len].copy_from_slice(&buf[..len]);
+        st.pending.push(Pending {
+            offset_bytes,
+            bytes: buf[..len].to_vec(),
+            fua: false,
+        });
+    }
+
     fn maybe_rot(st: &mut State, at: usize, len: usize) {
         if len > 0 && st.faults.bit_rot > 0.0 && st.rng.gen_bool(st.faults.bit_rot) {
             let byte = at + st.rng.gen_range(0..len);
@@ -279,6 +323,9 @@ impl Device for SimDevice {
         let mut st = self.state.lock();
         let st = &mut *st;
         st.stats.reads += 1;
+        if Self::network_drop(st) {
+            return Err(injected("network drop on read", &self.name));
+        }
         if st.dead || (st.faults.read_error > 0.0 && st.rng.gen_bool(st.faults.read_error)) {
             st.stats.errors_injected += 1;
             return Err(injected("read", &self.name));
@@ -302,6 +349,10 @@ impl Device for SimDevice {
         let mut st = self.state.lock();
         let st = &mut *st;
         st.stats.writes += 1;
+        if Self::network_drop(st) {
+            Self::land_unacknowledged(st, buf, offset_bytes);
+            return Err(injected("network drop on write", &self.name));
+        }
         if st.dead || (st.faults.write_error > 0.0 && st.rng.gen_bool(st.faults.write_error)) {
             st.stats.errors_injected += 1;
             return Err(injected("write", &self.name));
@@ -343,6 +394,10 @@ impl Device for SimDevice {
         let mut st = self.state.lock();
         let st = &mut *st;
         st.stats.flushes += 1;
+        if Self::network_drop(st) {
+            // The server may still have flushed; what is durable stays as it was either way.
+            return Err(injected("network drop on flush", &self.name));
+        }
         if st.dead {
             st.stats.errors_injected += 1;
             return Err(injected("flush", &self.name));
@@ -461,6 +516,39 @@ mod tests {
         dev.write_at(&[7u8; 4096], 8192, false).unwrap();
         assert_eq!(dev.unreadable_sectors(), 0);
         assert!(dev.read_at(&mut [0u8; 4096], 8192).is_ok());
+    }
+
+    /// Past the first drop every call fails; the write it caught is one of: absent, whole, a
+    /// prefix; all three show up across seeds.
+    #[test]
+    fn a_network_drop_kills_the_device_and_leaves_the_write_unknown() {
+        let mut seen = [false; 3];
+        for seed in 0..64 {
+            let dev = SimDevice::new("net", 1 << 16, seed);
+            dev.set_faults(Faults {
+                network_drop: 1.0,
+                ..Faults::default()
+            });
+            assert!(dev.write_at(&[7u8; 4096], 0, false).is_err());
+            let got = dev.contents()[..4096]
+                .iter()
+                .take_while(|&&b| b == 7)
+                .count();
+            assert!(got % 512 == 0, "landed {got} bytes: not whole sectors");
+            seen[match got {
+                0 => 0,
+                4096 => 1,
+                _ => 2,
+            }] = true;
+            dev.set_faults(Faults::default());
+            assert!(
+                dev.read_at(&mut [0u8; 512], 0).is_err(),
+                "dead after the drop"
+            );
+            assert!(dev.flush().is_err());
+            assert_eq!(dev.stats().network_drops, 1);
+        }
+        assert_eq!(seen, [true; 3], "absent, whole and partial outcomes");
     }
 
     #[test]

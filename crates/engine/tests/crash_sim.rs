@@ -68,6 +68,10 @@ struct Rig {
     /// failed on top of it). Drawn from its own stream so the other draws stay as they were.
     bad_sector: Option<String>,
     bad_rng: ChaCha8Rng,
+    /// Whether a flaky member is a disk (transient errors) or a remote member whose connection
+    /// drops past its retry window (a write it catches may have landed, whole or in part); its
+    /// own stream, so the other draws stay as they were.
+    net_rng: ChaCha8Rng,
     /// Journal policies: workloads may fail the log (not in the write-hole runs, which lose
     /// members after the cut on purpose).
     log_failures: bool,
@@ -261,6 +265,7 @@ impl Rig {
             blind_guide: false,
             bad_sector: None,
             bad_rng: ChaCha8Rng::seed_from_u64(seed ^ 0xbad_5ec7),
+            net_rng: ChaCha8Rng::seed_from_u64(seed ^ 0x4e7_d40b),
             log_failures: false,
             log_failed: false,
         }
@@ -1081,18 +1086,27 @@ fn check_degraded_reads(rig: &mut Rig, array: Array, model: &CrashModel, rng: &m
     degraded.close().expect("clean stop");
 }
 
-/// Failures mode: sometimes one member turns flaky for a round (transient read and write
-/// errors, each of which fails the member).
+/// Failures mode: sometimes one member turns flaky for a round: a disk with transient read and
+/// write errors, or a remote member whose connection drops for good (each error fails the
+/// member; a write caught by a drop may have landed, whole or in part, and is never reported).
 fn maybe_flaky(rig: &mut Rig, array: &Array, rng: &mut ChaCha8Rng, mode: Mode) {
     let healthy = array.status().missing_roles.is_empty() && rig.dead.is_empty();
     if mode == Mode::Failures && healthy && !rig.hole_risk() && rng.gen_bool(0.3) {
         let i = rng.gen_range(0..rig.shape.members);
         let name = rig.sims[i].name().to_string();
-        rig.sims[i].set_faults(Faults {
-            read_error: 0.05,
-            write_error: 0.05,
-            ..Faults::default()
-        });
+        let faults = if rig.net_rng.gen_bool(0.5) {
+            Faults {
+                network_drop: 0.05,
+                ..Faults::default()
+            }
+        } else {
+            Faults {
+                read_error: 0.05,
+                write_error: 0.05,
+                ..Faults::default()
+            }
+        };
+        rig.sims[i].set_faults(faults);
         // Counts as this round's failure: nothing else is failed on top of it.
         rig.dead.push(name);
         return;

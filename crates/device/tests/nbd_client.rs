@@ -1,0 +1,291 @@
+//! The NBD member client against a real server (nbdkit): data round trips, and what a
+//! reconnect must and must not bring back.
+//!
+//! nbdkit's `memory` plugin forgets everything when it restarts, like a server that lost its
+//! cache: a write the client still holds unflushed must come back by replay; a flushed one is
+//! the server's to keep, and the client holds it no more.
+
+use device::{Device, NbdDevice, RemoteOptions};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use testkit::require_tools;
+
+/// An nbdkit on a Unix socket that can be killed and started again with the same arguments.
+struct Server {
+    sock: PathBuf,
+    args: Vec<String>,
+    child: Option<Child>,
+}
+
+impl Server {
+    fn start(dir: &Path, args: &[&str]) -> Server {
+        let mut s = Server {
+            sock: dir.join("s.sock"),
+            args: args.iter().map(|a| a.to_string()).collect(),
+            child: None,
+        };
+        s.restart();
+        s
+    }
+
+    fn restart(&mut self) {
+        assert!(self.child.is_none(), "already running");
+        let _ = std::fs::remove_file(&self.sock);
+        let child = Command::new("nbdkit")
+            .arg("-f")
+            .arg("-U")
+            .arg(&self.sock)
+            .args(&self.args)
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("spawn nbdkit");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::os::unix::net::UnixStream::connect(&self.sock).is_err() {
+            let exited = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten());
+            assert!(
+                exited.is_none(),
+                "nbdkit {:?} exited: {exited:?}",
+                self.args
+            );
+            assert!(Instant::now() < deadline, "nbdkit did not listen");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn kill(&mut self) {
+        let mut c = self.child.take().expect("running");
+        c.kill().unwrap();
+        c.wait().unwrap();
+    }
+
+    fn uri(&self) -> String {
+        format!("nbd+unix:///?socket={}", self.sock.display())
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if self.child.is_some() {
+            self.kill();
+        }
+    }
+}
+
+fn opts(timeout_ms: u64, retry_ms: u64) -> RemoteOptions {
+    RemoteOptions {
+        timeout: Duration::from_millis(timeout_ms),
+        retry: Duration::from_millis(retry_ms),
+        ..RemoteOptions::default()
+    }
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31) ^ seed)
+        .collect()
+}
+
+#[test]
+fn reads_writes_zeroes_and_splits_over_a_real_server() {
+    if !require_tools(&["nbdkit"]) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // A server maximum of 64K makes the 1 MiB requests below go out in pieces.
+    let srv = Server::start(
+        dir.path(),
+        &["--filter=blocksize", "memory", "16M", "maxlen=65536"],
+    );
+    let dev = NbdDevice::open(&srv.uri(), opts(2000, 2000)).unwrap();
+    assert_eq!(dev.len_bytes(), 16 << 20);
+    assert!(dev.max_connections() > 1, "nbdkit memory offers multi-conn");
+    let data = pattern(1 << 20, 7);
+    dev.write_at(&data, 512, true).unwrap();
+    let mut back = vec![0u8; 1 << 20];
+    dev.read_at(&mut back, 512).unwrap();
+    assert!(back == data);
+    dev.discard_zeroes(4096, 8192).unwrap();
+    dev.read_at(&mut back, 512).unwrap();
+    assert!(back[3584..3584 + 8192].iter().all(|&b| b == 0));
+    assert!(back[..3584] == data[..3584]);
+    dev.flush().unwrap();
+    // Many threads at once share the pool.
+    std::thread::scope(|s| {
+        for t in 0..8u8 {
+            let dev = &dev;
+            s.spawn(move || {
+                let d = pattern(65536, t);
+                let at = (2 << 20) + u64::from(t) * 65536;
+                dev.write_at(&d, at, false).unwrap();
+                let mut b = vec![0u8; 65536];
+                dev.read_at(&mut b, at).unwrap();
+                assert!(b == d, "thread {t}");
+            });
+        }
+    });
+}
+
+/// A server without multi-conn, FUA or WRITE_ZEROES: one connection shared by every thread,
+/// FUA as a write plus a flush, zeroing by writing zeroes; the data comes out the same.
+#[test]
+fn fallbacks_without_multi_conn_fua_or_write_zeroes() {
+    if !require_tools(&["nbdkit"]) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let srv = Server::start(
+        dir.path(),
+        &[
+            "--filter=multi-conn",
+            "--filter=nozero",
+            "--filter=fua",
+            "memory",
+            "8M",
+            "multi-conn-mode=disable",
+            "zeromode=none",
+        ],
+    );
+    let dev = NbdDevice::open(&srv.uri(), opts(2000, 2000)).unwrap();
+    assert_eq!(dev.max_connections(), 1);
+    std::thread::scope(|s| {
+        for t in 0..4u8 {
+            let dev = &dev;
+            s.spawn(move || {
+                let d = pattern(65536, t);
+                let at = u64::from(t) << 20;
+                dev.write_at(&d, at, true).unwrap();
+                dev.discard_zeroes(at + 4096, 8192).unwrap();
+                let mut b = vec![0u8; 65536];
+                dev.read_at(&mut b, at).unwrap();
+                assert!(b[..4096] == d[..4096], "thread {t}");
+                assert!(b[4096..12288].iter().all(|&x| x == 0), "thread {t}");
+                assert!(b[12288..] == d[12288..], "thread {t}");
+            });
+        }
+    });
+    dev.flush().unwrap();
+}
+
+/// `nbd://HOST:PORT/EXPORT` over TCP, a named export (nbdkit's `-e`).
+#[test]
+fn tcp_uri_with_a_named_export() {
+    if !require_tools(&["nbdkit"]) {
+        return;
+    }
+    // A port the kernel just handed out and took back: free unless something races for it.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut child = Command::new("nbdkit")
+        .args([
+            "-f",
+            "-i",
+            "127.0.0.1",
+            "-p",
+            &port.to_string(),
+            "-e",
+            "disk one",
+        ])
+        .args(["memory", "4M"])
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("spawn nbdkit");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "nbdkit did not listen on {port}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let uri = format!("nbd://127.0.0.1:{port}/disk%20one");
+    let dev = NbdDevice::open(&uri, opts(2000, 2000)).unwrap();
+    assert_eq!(dev.len_bytes(), 4 << 20);
+    let data = pattern(65536, 9);
+    dev.write_at(&data, 4096, false).unwrap();
+    let mut back = vec![0u8; 65536];
+    dev.read_at(&mut back, 4096).unwrap();
+    assert!(back == data);
+    drop(dev);
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
+/// Canary: with the replay in `recover` removed, the read after the restart returns zeroes.
+#[test]
+fn unflushed_writes_are_resent_after_the_server_restarts() {
+    if !require_tools(&["nbdkit"]) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut srv = Server::start(dir.path(), &["memory", "8M"]);
+    let dev = NbdDevice::open(&srv.uri(), opts(2000, 10_000)).unwrap();
+    let flushed = pattern(4096, 1);
+    let unflushed = pattern(8192, 2);
+    dev.write_at(&flushed, 0, false).unwrap();
+    dev.flush().unwrap();
+    dev.write_at(&unflushed, 1 << 20, false).unwrap();
+    srv.kill();
+    srv.restart();
+    let mut back = vec![0u8; 8192];
+    dev.read_at(&mut back, 1 << 20).unwrap();
+    assert!(
+        back == unflushed,
+        "an unflushed write was lost on reconnect"
+    );
+    // The flushed write was the server's to keep: the client no longer held it.
+    let mut first = vec![0u8; 4096];
+    dev.read_at(&mut first, 0).unwrap();
+    assert!(
+        first.iter().all(|&b| b == 0),
+        "a flushed write was replayed"
+    );
+}
+
+#[test]
+fn a_server_gone_past_the_retry_window_fails_requests_for_good() {
+    if !require_tools(&["nbdkit"]) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut srv = Server::start(dir.path(), &["memory", "8M"]);
+    let dev = NbdDevice::open(&srv.uri(), opts(500, 1000)).unwrap();
+    srv.kill();
+    let t = Instant::now();
+    let err = dev.write_at(&[1u8; 512], 0, false).unwrap_err();
+    let waited = t.elapsed();
+    assert!(
+        waited >= Duration::from_millis(900),
+        "gave up after {waited:?}"
+    );
+    assert!(waited < Duration::from_secs(5), "retried for {waited:?}");
+    assert!(err.to_string().contains("retries"), "{err}");
+    // Failed for good, as a dead disk: even a server back now does not revive this device.
+    srv.restart();
+    let t = Instant::now();
+    assert!(dev.read_at(&mut [0u8; 512], 0).is_err());
+    assert!(t.elapsed() < Duration::from_millis(100));
+}
+
+/// A server that stalls (no progress for longer than the timeout) is the same as a gone one;
+/// canary: without socket timeouts the read waits the full 5 s delay and succeeds.
+#[test]
+fn a_stalled_request_times_out_and_fails_past_the_window() {
+    if !require_tools(&["nbdkit"]) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let srv = Server::start(
+        dir.path(),
+        &["--filter=delay", "memory", "8M", "delay-read=5"],
+    );
+    let dev = NbdDevice::open(&srv.uri(), opts(300, 1000)).unwrap();
+    let t = Instant::now();
+    assert!(dev.read_at(&mut [0u8; 512], 0).is_err());
+    let waited = t.elapsed();
+    assert!(waited < Duration::from_secs(3), "waited {waited:?}");
+}

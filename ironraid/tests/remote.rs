@@ -1,0 +1,392 @@
+//! Remote members: arrays whose members are nbdkit exports (file plugin, Unix sockets), driven
+//! by real clients (fio's nbd engine, qemu-io), with nbdkit's `delay` and `error` filters and
+//! killed servers standing in for a slow, failing or flapping network disk.
+
+mod common;
+
+use common::*;
+use serde_json::Value;
+use std::io::{Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const MIB: u64 = 1 << 20;
+const MEMBER: u64 = 64 * MIB;
+
+/// nbdkit serving one member file on a Unix socket; restartable with the same arguments.
+struct Export {
+    sock: PathBuf,
+    args: Vec<String>,
+    log: PathBuf,
+    child: Option<Child>,
+}
+
+impl Export {
+    /// `nbdkit -f -U SOCK FILTERS... file FILE PARAMS...` for `file`.
+    fn start(file: &Path, filters: &[&str], params: &[&str]) -> Export {
+        let mut args: Vec<String> = filters.iter().map(|f| format!("--filter={f}")).collect();
+        args.push("file".into());
+        args.push(file.display().to_string());
+        args.extend(params.iter().map(|p| p.to_string()));
+        let mut e = Export {
+            sock: file.with_extension("sock"),
+            log: file.with_extension("nbdkit.log"),
+            args,
+            child: None,
+        };
+        e.restart();
+        e
+    }
+
+    fn restart(&mut self) {
+        assert!(self.child.is_none(), "nbdkit already running");
+        let _ = std::fs::remove_file(&self.sock);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .unwrap();
+        let child = Command::new("nbdkit")
+            .arg("-f")
+            .arg("-U")
+            .arg(&self.sock)
+            .args(&self.args)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn nbdkit");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::os::unix::net::UnixStream::connect(&self.sock).is_err() {
+            let exited = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten());
+            assert!(
+                exited.is_none(),
+                "nbdkit {:?} exited: {exited:?}",
+                self.args
+            );
+            assert!(
+                Instant::now() < deadline,
+                "nbdkit {:?} did not listen",
+                self.args
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// SIGKILL: the server is gone with whatever it held.
+    fn kill(&mut self) {
+        let mut c = self.child.take().expect("nbdkit running");
+        c.kill().unwrap();
+        c.wait().unwrap();
+    }
+
+    fn uri(&self) -> String {
+        format!("nbd+unix:///?socket={}", self.sock.display())
+    }
+}
+
+impl Drop for Export {
+    fn drop(&mut self) {
+        if self.child.is_some() {
+            self.kill();
+        }
+    }
+}
+
+/// An Env whose members are nbdkit exports of its member files; member `special` (if any)
+/// gets `filters` and `params`.
+fn remote_env(
+    name: &str,
+    n: usize,
+    special: Option<usize>,
+    filters: &[&str],
+    params: &[&str],
+) -> (Env, Vec<Export>) {
+    let mut env = Env::new(name, n, MEMBER);
+    let exports: Vec<Export> = env
+        .members
+        .iter()
+        .enumerate()
+        .map(|(i, f)| {
+            if Some(i) == special {
+                Export::start(f, filters, params)
+            } else {
+                Export::start(f, &[], &[])
+            }
+        })
+        .collect();
+    env.members = exports.iter().map(|e| PathBuf::from(e.uri())).collect();
+    (env, exports)
+}
+
+/// fio through the array's NBD export: `rw` over `size` bytes with crc32c verification.
+fn fio(env: &Env, rw: &str, size: &str, seed: u32) -> Command {
+    let mut c = Command::new("fio");
+    c.args([
+        "--name=remote",
+        "--ioengine=nbd",
+        &format!("--uri={}", env.uri()),
+        &format!("--rw={rw}"),
+        "--bs=64k",
+        &format!("--size={size}"),
+        "--iodepth=8",
+        "--verify=crc32c",
+        "--do_verify=1",
+        "--verify_fatal=1",
+        &format!("--randseed={seed}"),
+    ])
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
+    c
+}
+
+fn fio_ok(child: Child) {
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "fio failed ({}):\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("err= 0"), "{text}");
+}
+
+fn member_states(d: &Value) -> Vec<(String, String)> {
+    d["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            (
+                m["path"].as_str().unwrap().to_string(),
+                m["state"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+fn state_of(d: &Value, uri: &str) -> String {
+    member_states(d)
+        .into_iter()
+        .find(|(p, _)| p == uri)
+        .map(|(_, s)| s)
+        .unwrap_or_else(|| format!("absent from {d:#}"))
+}
+
+/// Create, examine, run, fio verify, check: a RAID5 whose every member is an nbdkit export.
+#[test]
+fn an_array_of_remote_members_serves_verified_data() {
+    if !require_tools(&["nbdkit", "fio", "mdadm"]) {
+        return;
+    }
+    let (env, _exports) = remote_env("remote5", 4, None, &[], &[]);
+    let uuid = env.create("5", &[]);
+    // examine over NBD agrees with mdadm --examine of the export's backing file.
+    let over_nbd = env.examine(&env.members[1]);
+    let backing = env.dir.path().join("m1.img");
+    let md = sh("mdadm", &["--examine", backing.to_str().unwrap()]);
+    assert_eq!(mdadm_field(&md, "Array UUID"), uuid);
+    assert_eq!(over_nbd["uuid"], uuid);
+    assert_eq!(
+        over_nbd["events"].as_u64().unwrap().to_string(),
+        mdadm_field(&md, "Events")
+    );
+    assert_eq!(mdadm_field(&md, "Device Role"), "Active device 1");
+    assert_eq!(over_nbd["role"], 1);
+    let text = env.ok(&["examine", env.members[1].to_str().unwrap()]);
+    assert!(text.contains(&uuid), "{text}");
+
+    let d = env.run_all();
+    let detail = env.detail();
+    let uris: Vec<String> = env
+        .members
+        .iter()
+        .map(|m| m.display().to_string())
+        .collect();
+    let paths: Vec<String> = member_states(&detail).into_iter().map(|(p, _)| p).collect();
+    assert_eq!(paths, uris, "members are named by their URIs");
+    let status = env.ok(&["status"]);
+    assert!(status.contains(&uris[0]), "{status}");
+    fio_ok(fio(&env, "randwrite", "96M", 1).spawn().unwrap());
+    assert_eq!(env.action_wait("check"), 0);
+    assert!(member_states(&env.detail())
+        .iter()
+        .all(|(_, s)| s == "in_sync"));
+    env.stop(d);
+}
+
+/// One member slow (nbdkit delay filter), then failing every request (error filter, switched on
+/// by its trigger file) under fio's load: the array degrades, fio sees no error and verifies
+/// every block; the member, healthy again, is added back, rebuilt, and a check agrees.
+#[test]
+fn a_slow_then_failing_member_degrades_the_array_under_load_without_client_errors() {
+    if !require_tools(&["nbdkit", "fio"]) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let trigger = dir.path().join("fail-now");
+    let error_file = format!("error-file={}", trigger.display());
+    let (env, _exports) = remote_env(
+        "remoteslow",
+        4,
+        Some(2),
+        &["error", "delay"],
+        &[
+            "delay-read=5ms",
+            "delay-write=5ms",
+            "error-rate=100%",
+            &error_file,
+        ],
+    );
+    env.create("5", &[]);
+    let d = env.run_all();
+    let slow = env.members[2].display().to_string();
+    let mut load = fio(&env, "randwrite", "128M", 2).spawn().unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(
+        load.try_wait().unwrap().is_none(),
+        "fio ended before the member failed"
+    );
+    std::fs::write(&trigger, b"").unwrap();
+    fio_ok(load);
+    let detail = env.wait_detail("the failing member to be failed", 30, |d| {
+        state_of(d, &slow) == "faulty"
+    });
+    assert_eq!(detail["state"], "degraded", "{detail:#}");
+    // Everything reads back right from the survivors.
+    fio_ok(fio(&env, "read", "128M", 2).spawn().unwrap());
+    std::fs::remove_file(&trigger).unwrap();
+    env.ok(&["remove", &env.name, &slow]);
+    env.ok(&["add", &env.name, &slow]);
+    env.wait_detail("the rebuild onto the member", 120, |d| {
+        d["sync"]["action"] == "idle" && member_states(d).iter().all(|(_, s)| s == "in_sync")
+    });
+    assert_eq!(env.action_wait("check"), 0);
+    env.stop(d);
+}
+
+/// A member's nbdkit killed under load and started again within `--member-retry`: the client
+/// reconnects, re-sends what was not flushed, and the member is never failed.
+#[test]
+fn a_member_server_restarted_within_the_retry_window_is_kept() {
+    if !require_tools(&["nbdkit", "fio"]) {
+        return;
+    }
+    let (env, mut exports) = remote_env("remoteflap", 4, None, &[], &[]);
+    env.create("5", &[]);
+    let d = env.run_with(&["--member-retry", "30s"], &env.members);
+    let mut load = fio(&env, "randwrite", "128M", 3).spawn().unwrap();
+    std::thread::sleep(Duration::from_millis(700));
+    exports[1].kill();
+    std::thread::sleep(Duration::from_secs(2));
+    exports[1].restart();
+    assert!(
+        load.try_wait().unwrap().is_none(),
+        "fio ended before the server came back"
+    );
+    fio_ok(load);
+    let detail = env.detail();
+    assert!(
+        member_states(&detail).iter().all(|(_, s)| s == "in_sync"),
+        "{detail:#}"
+    );
+    assert_eq!(detail["state"], "active", "{detail:#}");
+    assert_eq!(env.action_wait("check"), 0);
+    let log = env.stop(d);
+    assert!(
+        log.contains("reconnected"),
+        "the kill went unnoticed:\n{log}"
+    );
+}
+
+/// A member's nbdkit gone past `--member-retry`: the member is failed (the client's write
+/// succeeds on the survivors), and once its server is back it is added back and recovers only
+/// what the bitmap says it missed: a page changed behind the array's back in a chunk nobody
+/// wrote meanwhile is not rewritten (a full rebuild would have), the chunk written while it
+/// was out is.
+#[test]
+fn a_member_server_gone_past_the_retry_window_is_failed_then_readded_by_bitmap() {
+    if !require_tools(&["nbdkit", "qemu-io"]) {
+        return;
+    }
+    let (env, mut exports) = remote_env("remotegone", 4, None, &[], &[]);
+    env.create(
+        "5",
+        &["--consistency-policy", "bitmap", "--bitmap-chunk", "1M"],
+    );
+    let retry = ["--member-retry", "1s", "--member-timeout", "1s"];
+    let d = env.run_with(&retry, &env.members);
+    let uri = env.uri();
+    let io = |cmd: &str| sh("qemu-io", &["-f", "raw", &uri, "-c", cmd]);
+    assert!(io("write -P 0x11 0 150M").contains("wrote"));
+    env.stop(d); // a clean stop clears the bits
+    let d = env.run_with(&retry, &env.members);
+    let gone = env.members[2].display().to_string();
+    exports[2].kill();
+    assert!(io("write -P 0x22 60M 1M").contains("wrote"));
+    let detail = env.wait_detail("the gone member to be failed", 30, |d| {
+        state_of(d, &gone) == "faulty"
+    });
+    assert_eq!(detail["state"], "degraded", "{detail:#}");
+    // Member byte 40M of m2 (array 120M, a bitmap chunk not written while it was out).
+    scribble_member(&env, 2, 40 * MIB);
+    exports[2].restart();
+    env.ok(&["remove", &env.name, &gone]);
+    env.ok(&["add", &env.name, &gone]);
+    let done = env.wait_detail("the re-add's recovery", 60, |d| {
+        d["sync"]["action"] == "idle" && member_states(d).iter().all(|(_, s)| s == "in_sync")
+    });
+    assert_eq!(done["sync"]["last_action"], "recover", "{done:#}");
+    assert_eq!(
+        env.action_wait("check"),
+        8,
+        "only the page changed behind the array's back (in a clean chunk) may disagree"
+    );
+    env.action_wait("repair");
+    assert_eq!(env.action_wait("check"), 0);
+    let out = io("read -P 0x22 60M 1M");
+    assert!(!out.contains("Pattern verification failed"), "{out}");
+    let out = io("read -P 0x11 0 60M");
+    assert!(!out.contains("Pattern verification failed"), "{out}");
+    env.stop(d);
+}
+
+/// Change a page of member `i`'s backing file at data byte `at`, behind the array's back.
+fn scribble_member(env: &Env, i: usize, at: u64) {
+    let file = env.dir.path().join(format!("m{i}.img"));
+    let sectors = env.examine(&file)["data_offset_sectors"].as_u64().unwrap();
+    let mut f = std::fs::OpenOptions::new().write(true).open(&file).unwrap();
+    f.seek(SeekFrom::Start(sectors * 512 + at)).unwrap();
+    f.write_all(&[0x5a; 4096]).unwrap();
+    f.sync_all().unwrap();
+}
+
+/// Another ironraid's export as a member: our client against our own server (block sizes,
+/// multi-conn, FUA and flush as the server advertises them), fio verify and a check through
+/// the outer array.
+#[test]
+fn an_ironraid_export_serves_as_a_member_of_another_array() {
+    if !require_tools(&["fio"]) {
+        return;
+    }
+    let inner = Env::new("inner", 2, MEMBER);
+    inner.create("1", &[]);
+    let inner_daemon = inner.run_all();
+    let mut outer = Env::new("outer", 2, MEMBER);
+    outer.members[1] = PathBuf::from(inner.uri());
+    outer.create("1", &[]);
+    let d = outer.run_all();
+    fio_ok(fio(&outer, "randwrite", "32M", 4).spawn().unwrap());
+    assert_eq!(outer.action_wait("check"), 0);
+    let detail = outer.detail();
+    assert_eq!(state_of(&detail, &inner.uri()), "in_sync", "{detail:#}");
+    outer.stop(d);
+    assert_eq!(inner.action_wait("check"), 0);
+    inner.stop(inner_daemon);
+}
