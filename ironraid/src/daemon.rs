@@ -42,6 +42,8 @@ pub struct RunArgs {
     pub guide_timeout: Duration,
     /// Integrity records kept in memory at most.
     pub integrity_cache_bytes: usize,
+    /// Where to serve Prometheus metrics (`tcp:HOST:PORT` or `unix:PATH`).
+    pub metrics: Option<String>,
 }
 
 impl RunArgs {
@@ -82,7 +84,7 @@ pub fn open_members(paths: &[PathBuf], mode: OpenMode) -> anyhow::Result<Vec<Arc
         dev.lock_exclusive()
             .map_err(|e| anyhow!("{e} (is another ironraid running this array?)"))?;
         tracing::debug!(member = %path.display(), direct = dev.uses_direct_io(), "member opened");
-        devs.push(Arc::new(dev));
+        devs.push(crate::iostats::Counted::wrap(Arc::new(dev)));
     }
     Ok(devs)
 }
@@ -155,6 +157,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         ctl_path.clone(),
         listens,
         mode,
+        args.metrics.clone(),
     ));
     let closed = res.and_then(|()| {
         tracing::info!(array = %name, "flushing and marking clean");
@@ -220,6 +223,7 @@ async fn serve(
     ctl_path: PathBuf,
     listens: Vec<Listen>,
     mode: OpenMode,
+    metrics: Option<String>,
 ) -> anyhow::Result<()> {
     let backend = Arc::new(ArrayBackend(array.clone()));
     let export = nbd::Export {
@@ -258,13 +262,34 @@ async fn serve(
             }
         }
     }
-    let (ctl_task, mut stop_rx) = start_control(&ctl_path, array, addrs, mode)?;
+    let metrics_task = match metrics {
+        Some(addr) => {
+            let listener = crate::metrics::bind(&addr).await?;
+            if let crate::metrics::Listener::Unix(_, p) = &listener {
+                unix_paths.push(p.clone());
+            }
+            let source = crate::metrics::Source {
+                array: array.clone(),
+                server: server.clone(),
+                addrs: addrs.clone(),
+            };
+            Some(tokio::spawn(crate::metrics::serve(listener, source)))
+        }
+        None => None,
+    };
+    let (ctl_task, mut stop_rx) = start_control(&ctl_path, array, addrs.clone(), mode)?;
+    // Everything is bound and answering: NBD, metrics, the control socket.
+    crate::systemd::notify(&format!(
+        "READY=1\nSTATUS=serving array {name} on {}",
+        addrs.join(" ")
+    ));
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
         _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: stopping"),
         _ = sigterm.recv() => tracing::info!("SIGTERM: stopping"),
         _ = stop_rx.changed() => tracing::info!("stop requested"),
     }
+    crate::systemd::notify("STOPPING=1");
     server.shutdown();
     while let Some(r) = tasks.join_next().await {
         if let Ok(Err(e)) = r {
@@ -272,6 +297,9 @@ async fn serve(
         }
     }
     ctl_task.abort();
+    if let Some(t) = metrics_task {
+        t.abort();
+    }
     for p in unix_paths {
         let _ = std::fs::remove_file(p);
     }
