@@ -108,7 +108,7 @@ fn oneshot_test_reports_every_array_and_mails_through_sendmail() {
     create_named(&env, "5", "bad", &bad, &[]);
     create_named(&env, "1", "dead", &dead, &[]);
     let good = env.run_all();
-    let _bad = run_other(&env, "bad", &bad);
+    let mut bad_d = run_other(&env, "bad", &bad);
     let mut dead_d = run_other(&env, "dead", &dead);
     env.ok(&["fail", "bad", &canon(&bad[2])]);
     dead_d.kill().unwrap();
@@ -159,6 +159,8 @@ fn oneshot_test_reports_every_array_and_mails_through_sendmail() {
         m[2]
     );
     env.stop(good);
+    env.ok(&["stop", "bad"]);
+    assert!(bad_d.wait().unwrap().success());
 }
 
 #[test]
