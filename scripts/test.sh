@@ -29,6 +29,7 @@ have fusermount3 || need_pkgs+=(fuse3)
 have nbdfuse || need_pkgs+=(nbdfuse)
 have losetup || need_pkgs+=(mount)
 have curl || need_pkgs+=(curl)
+have systemd-analyze || need_pkgs+=(systemd)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   echo "== installing ${need_pkgs[*]}"
   if [ "$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi

@@ -6,10 +6,23 @@ mod common;
 use common::*;
 use std::os::unix::fs::{FileExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 const MIB: u64 = 1 << 20;
+
+/// Kills a process it owns if the test ends early (a failed assertion), so no daemon outlives
+/// the test holding its output pipe.
+struct Reap(std::process::Child);
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
 
 /// A `sendmail` that files each message it is given with `-t` as `mail.N` in `dir`.
 fn fake_sendmail(dir: &Path) -> PathBuf {
@@ -55,7 +68,7 @@ fn path_with(bin: &Path) -> String {
 }
 
 /// Start a second array `name` over `members` in `env`'s run directory; waits until it serves.
-fn run_other(env: &Env, name: &str, members: &[PathBuf]) -> Child {
+fn run_other(env: &Env, name: &str, members: &[PathBuf]) -> Reap {
     let mut c = env.cmd();
     c.arg("run")
         .args(members)
@@ -69,7 +82,7 @@ fn run_other(env: &Env, name: &str, members: &[PathBuf]) -> Child {
         assert!(Instant::now() < deadline, "{name} did not start");
         std::thread::sleep(Duration::from_millis(20));
     }
-    child
+    Reap(child)
 }
 
 fn create_named(env: &Env, level: &str, name: &str, members: &[PathBuf], extra: &[&str]) {
@@ -111,8 +124,8 @@ fn oneshot_test_reports_every_array_and_mails_through_sendmail() {
     let mut bad_d = run_other(&env, "bad", &bad);
     let mut dead_d = run_other(&env, "dead", &dead);
     env.ok(&["fail", "bad", &canon(&bad[2])]);
-    dead_d.kill().unwrap();
-    dead_d.wait().unwrap();
+    dead_d.0.kill().unwrap();
+    dead_d.0.wait().unwrap();
     let bin = fake_sendmail(env.dir.path());
     let out = env
         .cmd()
@@ -160,7 +173,7 @@ fn oneshot_test_reports_every_array_and_mails_through_sendmail() {
     );
     env.stop(good);
     env.ok(&["stop", "bad"]);
-    assert!(bad_d.wait().unwrap().success());
+    assert!(bad_d.0.wait().unwrap().success());
 }
 
 #[test]
@@ -199,14 +212,15 @@ fn scan_follows_new_arrays_dead_daemons_and_integrity_repairs() {
     .unwrap();
     let out_path = env.dir.path().join("monitor.out");
     let err_path = env.dir.path().join("monitor.err");
-    let mut mon = env
-        .cmd()
-        .env("PATH", path_with(&bin))
-        .args(["monitor", "--scan", "--config", cfg.to_str().unwrap()])
-        .stdout(std::fs::File::create(&out_path).unwrap())
-        .stderr(std::fs::File::create(&err_path).unwrap())
-        .spawn()
-        .unwrap();
+    let mut mon = Reap(
+        env.cmd()
+            .env("PATH", path_with(&bin))
+            .args(["monitor", "--scan", "--config", cfg.to_str().unwrap()])
+            .stdout(std::fs::File::create(&out_path).unwrap())
+            .stderr(std::fs::File::create(&err_path).unwrap())
+            .spawn()
+            .unwrap(),
+    );
     let wait_out = |what: &str| {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
@@ -263,10 +277,10 @@ fn scan_follows_new_arrays_dead_daemons_and_integrity_repairs() {
     // The late array stops cleanly.
     let mut late_d = late_d;
     env.ok(&["stop", "late"]);
-    late_d.wait().unwrap();
+    late_d.0.wait().unwrap();
     let text = wait_out("\"array_stopped\",\"array\":\"late\"");
-    mon.kill().unwrap();
-    mon.wait().unwrap();
+    mon.0.kill().unwrap();
+    mon.0.wait().unwrap();
     let kinds: Vec<String> = events(&text)
         .into_iter()
         .map(|(e, a, _)| format!("{e} {a}"))
