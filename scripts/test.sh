@@ -37,6 +37,9 @@ if [ ${#need_pkgs[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_pkgs[@]}" >/dev/null
 fi
 
+# The install test builds the Debian package (tests/install.rs); without cargo-deb it fails.
+have cargo-deb || cargo install -q --locked cargo-deb || echo "cargo-deb could not be installed" >&2
+
 echo "== style: cargo fmt, clippy, banned markers"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -q -- -D warnings

@@ -7,6 +7,7 @@ mod config;
 mod control;
 mod daemon;
 mod examine;
+mod generate;
 mod guide;
 mod iostats;
 mod manage;
@@ -237,6 +238,9 @@ enum Cmd {
     Stop { name: String },
     /// Create a 4-member RAID5 over sparse files in DIR and serve it.
     Demo { dir: Option<PathBuf> },
+    /// Write the man pages and shell completions into DIR (for packaging).
+    #[command(hide = true)]
+    Generate { dir: PathBuf },
 }
 
 #[derive(clap::Args)]
@@ -425,6 +429,10 @@ fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
         Cmd::JournalMode { name, mode } => manage::journal_mode(&name, mode.as_deref()),
         Cmd::Stop { name } => stop(&name),
         Cmd::Demo { dir } => demo(dir),
+        Cmd::Generate { dir } => {
+            use clap::CommandFactory;
+            generate::generate(Cli::command(), &dir)
+        }
     }
 }
 
