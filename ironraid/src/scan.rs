@@ -138,6 +138,14 @@ pub fn run_scan(
     let c = config::load(config_flag)?;
     let found = read_superblocks(&config::candidate_devices(&c)?);
     let Some(which) = which else {
+        // Every daemon gets this command line: one address cannot serve several arrays.
+        if c.arrays.len() > 1 && (!args.nbd.is_empty() || args.metrics.is_some()) {
+            bail!(
+                "--nbd and --metrics would give every ARRAY of {} the same address: put nbd= and \
+                 metrics= on each ARRAY line instead",
+                c.path.display()
+            );
+        }
         return start_all(&c, &found);
     };
     let a = selected(&c, which)?;

@@ -173,6 +173,19 @@ fn run_scan_assembles_pasted_detail_scan_lines_from_scattered_members() {
     assert_eq!(got, want);
     qemu_io(&env, "r5", "read -P 0x5a 0 3M");
     qemu_io(&env, "r1", "read -P 0x1e 1M 2M");
+    // One address for every array is refused before anything starts.
+    let same = env.ironraid(&[
+        "run",
+        "--scan",
+        "--config",
+        cfg_s,
+        "--metrics",
+        "tcp:127.0.0.1:0",
+    ]);
+    assert_eq!(same.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&same.stderr).contains("put nbd= and metrics= on each ARRAY line")
+    );
     // A second scan leaves running arrays alone and succeeds.
     let again = env.ok(&["run", "--scan", "--config", cfg_s]);
     assert!(again.is_empty(), "{again}");
