@@ -30,6 +30,9 @@ type FloatGauge = Gauge<f64, AtomicU64>;
 const MAX_REQUEST_BYTES: usize = 8192;
 /// A client that has not sent its request by then is dropped.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// Scrapes answered at once; connections past that are closed unanswered, so a flood of idle
+/// connections costs a bounded number of tasks and snapshots.
+const MAX_CONCURRENT: usize = 16;
 
 /// What a scrape reads.
 #[derive(Clone)]
@@ -70,6 +73,7 @@ pub async fn bind(addr: &str) -> anyhow::Result<Listener> {
 
 /// Answer scrapes until the task is aborted.
 pub async fn serve(listener: Listener, source: Source) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONCURRENT));
     loop {
         let accepted: std::io::Result<Box<dyn Conn>> = match &listener {
             Listener::Tcp(l) => l.accept().await.map(|(s, _)| Box::new(s) as Box<dyn Conn>),
@@ -79,9 +83,13 @@ pub async fn serve(listener: Listener, source: Source) {
             tokio::time::sleep(Duration::from_millis(100)).await;
             continue;
         };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            continue;
+        };
         let source = source.clone();
         tokio::spawn(async move {
             let _ = tokio::time::timeout(REQUEST_TIMEOUT, answer(conn, &source)).await;
+            drop(slot);
         });
     }
 }

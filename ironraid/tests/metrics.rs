@@ -301,6 +301,31 @@ fn metrics_over_a_unix_socket_with_integrity_counts() {
         ),
         0.0
     );
+    // Idle connections that never send a request hold at most 16 slots; past them a scrape is
+    // closed at once rather than queued, and the slots come back when the idle clients go.
+    let idle: Vec<std::os::unix::net::UnixStream> = (0..40)
+        .map(|_| std::os::unix::net::UnixStream::connect(&sock).unwrap())
+        .collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let t = std::time::Instant::now();
+    let sock_s = sock.to_str().unwrap();
+    let url = "http://localhost/metrics";
+    let out = std::process::Command::new("curl")
+        .args(["-sSf", "--max-time", "15", "--unix-socket", sock_s, url])
+        .output()
+        .unwrap();
+    assert!(
+        !out.status.success(),
+        "a scrape past the limit is closed unanswered"
+    );
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+    drop(idle);
+    std::thread::sleep(Duration::from_millis(200));
+    let again = sh(
+        "curl",
+        &["-sSf", "--max-time", "5", "--unix-socket", sock_s, url],
+    );
+    assert!(again.contains("ironraid_md_blocks"), "{again}");
     env.stop(d);
     assert!(!sock.exists(), "the metrics socket is removed at stop");
 }
