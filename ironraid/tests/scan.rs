@@ -226,3 +226,35 @@ fn run_scan_names_what_it_cannot_find() {
     .into_owned();
     assert!(err.contains("has no DEVICE line"), "{err}");
 }
+
+#[test]
+fn an_mdadm_examine_scan_line_is_a_config_line_too() {
+    if !require_tools(&["mdadm"]) {
+        return;
+    }
+    let env = Env::new("vol", 2, 16 * MIB);
+    let uuid = env.create("1", &[]);
+    let mut args = vec!["--examine", "--scan"];
+    let paths = env.member_args();
+    args.extend(paths.iter().map(String::as_str));
+    let md_line = sh("mdadm", &args);
+    assert!(
+        md_line.starts_with("ARRAY /dev/md/vol ") && md_line.contains(&uuid),
+        "{md_line}"
+    );
+    let ours = env.ok(&["examine", "--scan", &paths[0], &paths[1]]);
+    assert!(
+        ours.starts_with(&format!("ARRAY UUID={uuid} name=vol ")),
+        "{ours}"
+    );
+    let cfg = env.dir.path().join("ironraid.conf");
+    std::fs::write(
+        &cfg,
+        format!("DEVICE {}/m*.img\n{md_line}", env.dir.path().display()),
+    )
+    .unwrap();
+    let out = env.ok(&["run", "--scan", "--config", cfg.to_str().unwrap()]);
+    let _guard = StopOnDrop(&env, vec!["vol"]);
+    assert!(out.contains("array 'vol' started from 2 members"), "{out}");
+    assert_eq!(env.detail()["state"], "clean");
+}
