@@ -28,12 +28,17 @@ have mdadm || need_pkgs+=(mdadm)
 have fusermount3 || need_pkgs+=(fuse3)
 have nbdfuse || need_pkgs+=(nbdfuse)
 have losetup || need_pkgs+=(mount)
+have curl || need_pkgs+=(curl)
+have systemd-analyze || need_pkgs+=(systemd)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   echo "== installing ${need_pkgs[*]}"
   if [ "$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_pkgs[@]}" >/dev/null
 fi
+
+# The install test builds the Debian package (tests/install.rs); without cargo-deb it fails.
+have cargo-deb || cargo install -q --locked cargo-deb || echo "cargo-deb could not be installed" >&2
 
 echo "== style: cargo fmt, clippy, banned markers"
 cargo fmt --all -- --check

@@ -45,6 +45,8 @@ pub struct RunArgs {
     pub integrity_cache_bytes: usize,
     /// Timeouts and retries of NBD members (`read_only` is taken from `read_only` above).
     pub remote: RemoteOptions,
+    /// Where to serve Prometheus metrics (`tcp:HOST:PORT` or `unix:PATH`).
+    pub metrics: Option<String>,
 }
 
 impl RunArgs {
@@ -59,6 +61,7 @@ impl RunArgs {
         Opener {
             mode,
             remote: self.remote,
+            counted: true,
         }
     }
 }
@@ -146,6 +149,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         ctl_path.clone(),
         listens,
         opener,
+        args.metrics.clone(),
     ));
     let closed = res.and_then(|()| {
         tracing::info!(array = %name, "flushing and marking clean");
@@ -211,6 +215,7 @@ async fn serve(
     ctl_path: PathBuf,
     listens: Vec<Listen>,
     opener: Opener,
+    metrics: Option<String>,
 ) -> anyhow::Result<()> {
     let backend = Arc::new(ArrayBackend(array.clone()));
     let export = nbd::Export {
@@ -249,13 +254,34 @@ async fn serve(
             }
         }
     }
-    let (ctl_task, mut stop_rx) = start_control(&ctl_path, array, addrs, opener)?;
+    let metrics_task = match metrics {
+        Some(addr) => {
+            let listener = crate::metrics::bind(&addr).await?;
+            if let crate::metrics::Listener::Unix(_, p) = &listener {
+                unix_paths.push(p.clone());
+            }
+            let source = crate::metrics::Source {
+                array: array.clone(),
+                server: server.clone(),
+                addrs: addrs.clone(),
+            };
+            Some(tokio::spawn(crate::metrics::serve(listener, source)))
+        }
+        None => None,
+    };
+    let (ctl_task, mut stop_rx) = start_control(&ctl_path, array, addrs.clone(), opener)?;
+    // Everything is bound and answering: NBD, metrics, the control socket.
+    crate::systemd::notify(&format!(
+        "READY=1\nSTATUS=serving array {name} on {}",
+        addrs.join(" ")
+    ));
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
         _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: stopping"),
         _ = sigterm.recv() => tracing::info!("SIGTERM: stopping"),
         _ = stop_rx.changed() => tracing::info!("stop requested"),
     }
+    crate::systemd::notify("STOPPING=1");
     server.shutdown();
     while let Some(r) = tasks.join_next().await {
         if let Ok(Err(e)) = r {
@@ -263,6 +289,9 @@ async fn serve(
         }
     }
     ctl_task.abort();
+    if let Some(t) = metrics_task {
+        t.abort();
+    }
     for p in unix_paths {
         let _ = std::fs::remove_file(p);
     }

@@ -3,18 +3,25 @@
 
 mod action;
 mod backend;
+mod config;
 mod control;
 mod daemon;
 mod examine;
+mod generate;
 mod guide;
+mod iostats;
 mod manage;
 mod member;
+mod metrics;
 mod monitor;
+mod monitor_scan;
 mod rundir;
+mod scan;
 mod server;
 mod size;
 mod space;
 mod status;
+mod systemd;
 mod verify;
 mod watch;
 
@@ -50,7 +57,14 @@ enum Cmd {
         bitmap: bool,
         #[arg(long)]
         json: bool,
-        #[arg(required = true)]
+        /// One ARRAY line per array found on MEMBERS (default: the config's DEVICE globs),
+        /// from the superblocks alone, like `mdadm --examine --scan`.
+        #[arg(long, conflicts_with_all = ["bitmap", "json"])]
+        scan: bool,
+        /// Config file of --scan (default $IRONRAID_CONFIG, else /etc/ironraid/ironraid.conf).
+        #[arg(long, requires = "scan")]
+        config: Option<PathBuf>,
+        #[arg(required_unless_present = "scan")]
         members: Vec<PathBuf>,
     },
     /// Assemble an array from its members and serve it over NBD, in the foreground.
@@ -115,9 +129,22 @@ enum Cmd {
         /// unflushed write re-sent first) before the member is failed like a disk.
         #[arg(long, value_parser = member::parse_duration, default_value = "10s")]
         member_retry: Duration,
+        /// Serve Prometheus metrics at /metrics: tcp:HOST:PORT or unix:PATH.
+        #[arg(long, value_name = "ADDR")]
+        metrics: Option<String>,
+        /// Assemble every ARRAY of the config from the devices its DEVICE globs allow, each as
+        /// a daemon of its own, like `mdadm --assemble --scan`.
+        #[arg(long, conflicts_with_all = ["members", "name"])]
+        scan: bool,
+        /// Config file of --scan (default $IRONRAID_CONFIG, else /etc/ironraid/ironraid.conf).
+        #[arg(long, requires = "scan")]
+        config: Option<PathBuf>,
+        /// With --scan: only this ARRAY (name or UUID), served here in the foreground.
+        #[arg(long, requires = "scan")]
+        array: Option<String>,
         /// Files, block devices or NBD URIs (nbd://HOST[:PORT]/EXPORT,
         /// nbd+unix:///EXPORT?socket=PATH).
-        #[arg(required = true)]
+        #[arg(required_unless_present = "scan")]
         members: Vec<PathBuf>,
     },
     /// Every running array, mdstat-like.
@@ -127,9 +154,13 @@ enum Cmd {
     },
     /// One running array.
     Detail {
-        name: String,
+        #[arg(required_unless_present = "scan")]
+        name: Option<String>,
         #[arg(long)]
         json: bool,
+        /// One ARRAY line per running array, for the config file.
+        #[arg(long, conflicts_with_all = ["name", "json"])]
+        scan: bool,
     },
     /// Mark a member of a running array faulty (a spare, if any, starts rebuilding).
     Fail { name: String, member: PathBuf },
@@ -185,12 +216,16 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
-    /// Print a running array's events as JSON lines until it stops.
+    /// Print a running array's events as JSON lines until it stops; with --scan, every
+    /// array's, arrays started later included.
     Monitor {
-        name: String,
+        #[arg(required_unless_present = "scan")]
+        name: Option<String>,
         /// Run PROG EVENT ARRAY [MEMBER] per event, the event's JSON in $IRONRAID_EVENT.
         #[arg(long)]
         program: Option<PathBuf>,
+        #[command(flatten)]
+        scan: monitor_scan::ScanArgs,
     },
     /// Show or set the rebuild/resync/check rate limits (md's sync_speed_min/max).
     Speed {
@@ -213,6 +248,9 @@ enum Cmd {
     Stop { name: String },
     /// Create a 4-member RAID5 over sparse files in DIR and serve it.
     Demo { dir: Option<PathBuf> },
+    /// Write the man pages and shell completions into DIR (for packaging).
+    #[command(hide = true)]
+    Generate { dir: PathBuf },
 }
 
 #[derive(clap::Args)]
@@ -304,14 +342,22 @@ fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
     match cmd {
         Cmd::Create(a) => create(a).map(|uuid| println!("{uuid}")),
         Cmd::Examine {
+            scan: true,
+            config,
+            members,
+            ..
+        } => scan::examine_scan(&members, config.as_deref()),
+        Cmd::Examine {
             bitmap: false,
             json,
             members,
+            ..
         } => examine::examine(&members, json),
         Cmd::Examine {
             bitmap: true,
             json,
             members,
+            ..
         } => examine::examine_bitmap(&members, json),
         Cmd::Run {
             name,
@@ -330,31 +376,44 @@ fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
             integrity_cache,
             member_timeout,
             member_retry,
+            metrics,
+            scan,
+            config,
+            array,
             members,
-        } => daemon::run(daemon::RunArgs {
-            remote: RemoteOptions {
-                timeout: member_timeout,
-                retry: member_retry,
-                ..RemoteOptions::default()
-            },
-            integrity_cache_bytes: integrity_cache as usize,
-            guide,
-            assume_data_journal,
-            guide_timeout: Duration::from_secs(guide_timeout),
-            add_journal,
-            drop_journal,
-            name,
-            nbd,
-            members,
-            read_only,
-            buffered: no_direct,
-            write_hold: Duration::from_micros(write_hold_us),
-            speed_min,
-            speed_max,
-            force,
-        }),
+        } => {
+            let args = daemon::RunArgs {
+                remote: RemoteOptions {
+                    timeout: member_timeout,
+                    retry: member_retry,
+                    ..RemoteOptions::default()
+                },
+                integrity_cache_bytes: integrity_cache as usize,
+                guide,
+                assume_data_journal,
+                guide_timeout: Duration::from_secs(guide_timeout),
+                add_journal,
+                drop_journal,
+                name,
+                nbd,
+                members,
+                read_only,
+                buffered: no_direct,
+                write_hold: Duration::from_micros(write_hold_us),
+                speed_min,
+                speed_max,
+                force,
+                metrics,
+            };
+            if scan {
+                scan::run_scan(config.as_deref(), array.as_deref(), args)
+            } else {
+                daemon::run(args)
+            }
+        }
         Cmd::Status { json } => status(json),
-        Cmd::Detail { name, json } => detail(&name, json),
+        Cmd::Detail { scan: true, .. } => scan::detail_scan(),
+        Cmd::Detail { name, json, .. } => detail(&name.unwrap_or_default(), json),
         Cmd::Fail { name, member } => manage::fail(&name, &member),
         Cmd::Remove { name, member } => manage::remove(&name, &member),
         Cmd::Add {
@@ -377,11 +436,20 @@ fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
             assume_data_journal,
             json,
         } => guide::guide(&name, &kind, ranges.as_deref(), assume_data_journal, json),
-        Cmd::Monitor { name, program } => monitor::monitor(&name, program.as_deref()),
+        Cmd::Monitor {
+            name: Some(name),
+            program,
+            scan,
+        } if !scan.scan => monitor::monitor(&name, program.as_deref()),
+        Cmd::Monitor { program, scan, .. } => monitor_scan::monitor_scan(program, scan),
         Cmd::Speed { name, min, max } => manage::speed(&name, min, max),
         Cmd::JournalMode { name, mode } => manage::journal_mode(&name, mode.as_deref()),
         Cmd::Stop { name } => stop(&name),
         Cmd::Demo { dir } => demo(dir),
+        Cmd::Generate { dir } => {
+            use clap::CommandFactory;
+            generate::generate(Cli::command(), &dir)
+        }
     }
 }
 
@@ -683,6 +751,7 @@ fn demo(dir: Option<PathBuf>) -> anyhow::Result<()> {
         guide_timeout: engine::DEFAULT_GUIDE_TIMEOUT,
         integrity_cache_bytes: engine::ArrayConfig::default().integrity_cache_bytes,
         remote: RemoteOptions::default(),
+        metrics: None,
     })
 }
 

@@ -34,6 +34,8 @@ pub fn name(arg: &Path) -> String {
 pub struct Opener {
     pub mode: OpenMode,
     pub remote: RemoteOptions,
+    /// Wrap each member in [`crate::iostats::Counted`] (a daemon's members, for metrics).
+    pub counted: bool,
 }
 
 impl Opener {
@@ -41,11 +43,22 @@ impl Opener {
         Opener {
             mode,
             remote: RemoteOptions::default(),
+            counted: false,
         }
     }
 
-    /// Open one member; a local one is locked (flock) so that two daemons cannot drive it.
+    /// Open one member, counted if the opener says so.
     pub fn open(&self, arg: &Path) -> anyhow::Result<Arc<dyn Device>> {
+        let dev = self.open_device(arg)?;
+        Ok(if self.counted {
+            crate::iostats::Counted::wrap(dev)
+        } else {
+            dev
+        })
+    }
+
+    /// Open one member; a local one is locked (flock) so that two daemons cannot drive it.
+    fn open_device(&self, arg: &Path) -> anyhow::Result<Arc<dyn Device>> {
         if let Some(uri) = arg.to_str().filter(|s| device::is_nbd_uri(s)) {
             let opts = RemoteOptions {
                 read_only: self.mode == OpenMode::ReadOnly,

@@ -40,7 +40,7 @@ pub fn monitor(name: &str, program: Option<&Path>) -> anyhow::Result<()> {
 /// Run `PROG EVENT ARRAY [MEMBER]` with the event's JSON in `IRONRAID_EVENT` and wait for it.
 /// Its output goes to stderr, so stdout stays one JSON object per line. A failing hook is
 /// reported and the monitor goes on.
-fn run_hook(prog: &Path, ev: &EventLine, json: &str) {
+pub fn run_hook(prog: &Path, ev: &EventLine, json: &str) {
     let mut cmd = Command::new(prog);
     cmd.arg(&ev.event)
         .arg(&ev.array)
