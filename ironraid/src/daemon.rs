@@ -32,6 +32,9 @@ pub struct RunArgs {
     pub speed_max: Option<u64>,
     /// Start what md would refuse to start (see `engine::AssembleOptions::force`).
     pub force: bool,
+    /// Start degraded when members the superblocks record as working were not given (md's
+    /// `--run`).
+    pub run_degraded: bool,
     /// A new journal for an array whose journal is lost.
     pub add_journal: Option<PathBuf>,
     /// Run without the lost journal from now on.
@@ -109,6 +112,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
             name: args.name.clone(),
             config,
             force: args.force,
+            refuse_unfailed_missing: !args.run_degraded,
             drop_journal: args.drop_journal,
             add_journal,
         },
@@ -258,7 +262,7 @@ async fn serve(
             }
         }
     }
-    let (ctl_task, mut stop_rx) = start_control(&ctl_path, array, addrs, mode)?;
+    let (ctl_task, mut stop_rx) = start_control(&ctl_path, array, addrs, mode, server.clone())?;
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
         _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: stopping"),
@@ -284,6 +288,7 @@ fn start_control(
     array: Arc<Array>,
     addrs: Vec<String>,
     mode: OpenMode,
+    nbd: Arc<nbd::Server>,
 ) -> anyhow::Result<(tokio::task::JoinHandle<()>, watch::Receiver<bool>)> {
     let ctl = UnixListener::bind(ctl_path)
         .with_context(|| format!("cannot listen on {}", ctl_path.display()))?;
@@ -294,6 +299,7 @@ fn start_control(
         addrs,
         stop,
         mode,
+        nbd,
     });
     Ok((tokio::spawn(control_loop(ctl, ctx)), stop_rx))
 }

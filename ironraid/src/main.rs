@@ -83,6 +83,10 @@ enum Cmd {
         /// members are taken back, freshest first, like `mdadm --assemble --force`).
         #[arg(long)]
         force: bool,
+        /// Start degraded although members the superblocks record as working were not given
+        /// (md's --run; without it such a start is refused and nothing is written).
+        #[arg(long = "run")]
+        run_degraded: bool,
         /// The array's journal device is lost: make DEV its new, empty journal (the whole
         /// array is resynced, since what the old log held is gone).
         #[arg(long, value_name = "DEV", conflicts_with = "drop_journal")]
@@ -122,7 +126,13 @@ enum Cmd {
         json: bool,
     },
     /// Mark a member of a running array faulty (a spare, if any, starts rebuilding).
-    Fail { name: String, member: PathBuf },
+    Fail {
+        name: String,
+        member: PathBuf,
+        /// Fail it even if the array does not survive that (clients then get I/O errors).
+        #[arg(long)]
+        force: bool,
+    },
     /// Remove a faulty member or a spare from a running array.
     Remove { name: String, member: PathBuf },
     /// Add a member to a running array as a spare; it rebuilds at once if a role is missing.
@@ -199,8 +209,14 @@ enum Cmd {
         #[arg(value_parser = ["write-through", "write-back"])]
         mode: Option<String>,
     },
-    /// Stop a running array cleanly: drain, flush, mark clean, exit.
-    Stop { name: String },
+    /// Stop a running array cleanly: drain, flush, mark clean, exit (refused while NBD clients
+    /// are connected).
+    Stop {
+        name: String,
+        /// Stop although NBD clients are connected (the array is flushed first).
+        #[arg(long)]
+        force: bool,
+    },
     /// Create a 4-member RAID5 over sparse files in DIR and serve it.
     Demo { dir: Option<PathBuf> },
 }
@@ -312,6 +328,7 @@ fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
             speed_min,
             speed_max,
             force,
+            run_degraded,
             add_journal,
             drop_journal,
             guide,
@@ -335,10 +352,15 @@ fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
             speed_min,
             speed_max,
             force,
+            run_degraded,
         }),
         Cmd::Status { json } => status(json),
         Cmd::Detail { name, json } => detail(&name, json),
-        Cmd::Fail { name, member } => manage::fail(&name, &member),
+        Cmd::Fail {
+            name,
+            member,
+            force,
+        } => manage::fail(&name, &member, force),
         Cmd::Remove { name, member } => manage::remove(&name, &member),
         Cmd::Add {
             name,
@@ -363,7 +385,7 @@ fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
         Cmd::Monitor { name, program } => monitor::monitor(&name, program.as_deref()),
         Cmd::Speed { name, min, max } => manage::speed(&name, min, max),
         Cmd::JournalMode { name, mode } => manage::journal_mode(&name, mode.as_deref()),
-        Cmd::Stop { name } => stop(&name),
+        Cmd::Stop { name, force } => stop(&name, force),
         Cmd::Demo { dir } => demo(dir),
     }
 }
@@ -599,9 +621,9 @@ fn detail(name: &str, json: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn stop(name: &str) -> anyhow::Result<()> {
+fn stop(name: &str, force: bool) -> anyhow::Result<()> {
     let pid = fetch_detail(name)?.pid;
-    expect_ok(control::call(name, &control::Request::Stop)?)?;
+    expect_ok(control::call(name, &control::Request::Stop { force })?)?;
     if !daemon::wait_exit(pid, Duration::from_secs(120)) {
         bail!("array '{name}': daemon (pid {pid}) did not exit within 120 s");
     }
@@ -670,6 +692,7 @@ fn demo(dir: Option<PathBuf>) -> anyhow::Result<()> {
         speed_min: None,
         speed_max: None,
         force: false,
+        run_degraded: false,
         add_journal: None,
         drop_journal: false,
         guide: None,

@@ -15,9 +15,9 @@ fn member_name(p: &Path) -> String {
         .to_string()
 }
 
-pub fn fail(name: &str, member: &Path) -> anyhow::Result<()> {
+pub fn fail(name: &str, member: &Path, force: bool) -> anyhow::Result<()> {
     let member = member_name(member);
-    expect_ok(control::call(name, &Request::Fail { member })?)
+    expect_ok(control::call(name, &Request::Fail { member, force })?)
 }
 
 pub fn remove(name: &str, member: &Path) -> anyhow::Result<()> {

@@ -30,6 +30,10 @@ pub struct Detail {
     /// Extension: where the NBD export listens.
     #[serde(default)]
     pub nbd: Vec<String>,
+    /// Extension: NBD clients connected now (`tcp:ADDR` or `unix:pid N`): `stop` refuses
+    /// while there are any.
+    #[serde(default)]
+    pub nbd_clients: Vec<String>,
     /// Extension: the daemon's process id.
     #[serde(default)]
     pub pid: u32,
@@ -544,6 +548,7 @@ impl Detail {
             }),
             used_regions: s.used_regions.as_ref().map(UsedDetail::from_engine),
             nbd,
+            nbd_clients: Vec::new(),
             pid: std::process::id(),
             journal: s.journal.as_ref().map(JournalDetail::from_engine),
             integrity_detail: s.integrity.as_ref().map(IntegrityDetail::from_engine),
@@ -776,6 +781,7 @@ mod tests {
             bitmap: None,
             used_regions,
             nbd: vec![],
+            nbd_clients: vec![],
             pid: 1,
             journal: None,
             integrity_detail: None,

@@ -610,11 +610,9 @@ impl Array {
                 reason: why,
             });
         }
+        // An I/O error, as md gives on a failed array: the data is gone, not protected.
         if self.is_failed() {
-            return Err(EngineError::ReadOnly {
-                array: self.name.clone(),
-                reason: "too many members failed; redundancy exhausted".into(),
-            });
+            return Err(self.unrecoverable(0, 0, "too many members failed; redundancy exhausted"));
         }
         Ok(())
     }
@@ -899,7 +897,8 @@ impl Array {
         self.fail_members_after_sb_error(failed);
     }
 
-    /// Fail a member by name (administrator's `fail`).
+    /// Mark a member faulty, whatever the array's redundancy left (an administrator insisting:
+    /// `fail --force`; see [`Array::fail_member_safely`]).
     pub fn fail_member(&self, name: &str) -> Result<()> {
         if let Some(j) = self.policy.journal().filter(|j| j.member().name() == name) {
             // md lets the journal be failed too: the array goes read-only. Returns once what
@@ -925,6 +924,40 @@ impl Array {
         }
         self.fail_role(role, None, "failed by administrator");
         Ok(())
+    }
+
+    /// As [`Array::fail_member`], but refused (`Busy`, md's EBUSY) when the array would not
+    /// survive losing that member.
+    pub fn fail_member_safely(&self, name: &str) -> Result<()> {
+        let Some(role) = self
+            .slots
+            .iter()
+            .position(|s| s.member().is_some_and(|m| m.name() == name))
+            .filter(|_| self.geometry.max_degraded() > 0)
+        else {
+            // The journal, a stranger, or a level without redundancy: fail_member answers.
+            return self.fail_member(name);
+        };
+        let mut failed: Vec<bool> = self.slots.iter().map(|s| !s.is_complete()).collect();
+        failed[role] = true;
+        if !self.geometry.survives(&failed) {
+            let others: Vec<String> = (0..failed.len())
+                .filter(|&r| r != role && failed[r])
+                .map(|r| r.to_string())
+                .collect();
+            let without = if others.is_empty() {
+                String::new()
+            } else {
+                format!(" (already without roles {})", others.join(", "))
+            };
+            return Err(EngineError::Busy(format!(
+                "refusing to fail {name}: {} ({}){without} would not survive losing role {role}; \
+                 `fail --force` insists (clients then get I/O errors)",
+                self.name,
+                self.geometry.level().name()
+            )));
+        }
+        self.fail_member(name)
     }
 
     /// Receive this array's events from now on.

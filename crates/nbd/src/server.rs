@@ -1,8 +1,9 @@
 //! Listener loops, connection bookkeeping and graceful shutdown.
 
+use std::collections::BTreeMap;
 use std::io;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -84,6 +85,18 @@ pub struct Server {
     budget: Arc<Budget>,
     /// Request threads of all connections, live or dropped.
     threads: Arc<ThreadTracker>,
+    /// Connections past the handshake, by connection number: who is at the other end.
+    clients: Mutex<BTreeMap<u64, String>>,
+    next_conn: AtomicU64,
+}
+
+/// Takes a connection out of [`Server::clients`] when it ends.
+struct ClientGuard<'a>(&'a Server, u64);
+
+impl Drop for ClientGuard<'_> {
+    fn drop(&mut self) {
+        self.0.clients.lock().expect("clients lock").remove(&self.1);
+    }
 }
 
 /// Decrements the active connection count when a connection task ends.
@@ -106,7 +119,20 @@ impl Server {
             active: AtomicUsize::new(0),
             budget: Budget::new(limits.max_inflight_bytes),
             threads: Arc::new(ThreadTracker::new()),
+            clients: Mutex::new(BTreeMap::new()),
+            next_conn: AtomicU64::new(0),
         })
+    }
+
+    /// Clients that finished the handshake and are connected now (`tcp:ADDR` or
+    /// `unix:pid N`), oldest first.
+    pub fn clients(&self) -> Vec<String> {
+        self.clients
+            .lock()
+            .expect("clients lock")
+            .values()
+            .cloned()
+            .collect()
     }
 
     /// The configured limits.
@@ -243,6 +269,12 @@ impl Server {
                 return Ok(());
             }
         };
+        let id = self.next_conn.fetch_add(1, Ordering::Relaxed);
+        self.clients
+            .lock()
+            .expect("clients lock")
+            .insert(id, stream.peer());
+        let _client = ClientGuard(&self, id);
         let backend = self.exports[neg.export].backend.clone();
         let cfg = ConnConfig {
             max_inflight: self.limits.max_inflight_per_conn,

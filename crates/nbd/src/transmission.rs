@@ -114,9 +114,18 @@ impl Write for Stream {
 /// A tokio socket that can leave the reactor for blocking I/O.
 pub(crate) trait IntoBlocking {
     fn into_blocking(self) -> io::Result<Stream>;
+    /// Who is at the other end, for an administrator (`tcp:ADDR`, `unix:pid N`).
+    fn peer(&self) -> String;
 }
 
 impl IntoBlocking for tokio::net::UnixStream {
+    fn peer(&self) -> String {
+        match self.peer_cred().ok().and_then(|c| c.pid()) {
+            Some(pid) => format!("unix:pid {pid}"),
+            None => "unix:unknown process".into(),
+        }
+    }
+
     fn into_blocking(self) -> io::Result<Stream> {
         let s = self.into_std()?;
         s.set_nonblocking(false)?;
@@ -125,6 +134,13 @@ impl IntoBlocking for tokio::net::UnixStream {
 }
 
 impl IntoBlocking for tokio::net::TcpStream {
+    fn peer(&self) -> String {
+        match self.peer_addr() {
+            Ok(a) => format!("tcp:{a}"),
+            Err(_) => "tcp:unknown peer".into(),
+        }
+    }
+
     fn into_blocking(self) -> io::Result<Stream> {
         let s = self.into_std()?;
         s.set_nonblocking(false)?;
