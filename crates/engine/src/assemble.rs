@@ -112,10 +112,11 @@ pub fn assemble(devs: Vec<Arc<dyn Device>>, opts: AssembleOptions) -> Result<Arr
     // RAID0/linear take each present member's own size: recompute after forcing.
     let geometry = geometry_from(&best, level, &placement.by_role)?;
     check_sizes(&placement, &best, level)?;
+    // The write hole is the graver risk, so it is named first; `--run` does not lift it.
+    check_dirty_degraded(&placement, &best, level, &array_name, opts.force)?;
     if opts.refuse_unfailed_missing && !opts.force {
         check_unfailed_missing(&placement, &best, &array_name)?;
     }
-    check_dirty_degraded(&placement, &best, level, &array_name, opts.force)?;
     build(opts, array_name, best, geometry, placement)
 }
 
