@@ -179,22 +179,3 @@ fn send(
     let resp: Response = serde_json::from_str(&answer).context("daemon sent a malformed answer")?;
     Ok((resp, reader))
 }
-
-/// Names of arrays whose control socket answers.
-pub fn running_arrays() -> Vec<String> {
-    let Ok(entries) = std::fs::read_dir(rundir::rundir()) else {
-        return Vec::new();
-    };
-    let mut names: Vec<String> = entries
-        .flatten()
-        .filter_map(|e| {
-            e.file_name()
-                .to_str()
-                .and_then(|n| n.strip_suffix(".ctl"))
-                .map(str::to_string)
-        })
-        .filter(|n| UnixStream::connect(rundir::control_socket(n)).is_ok())
-        .collect();
-    names.sort();
-    names
-}

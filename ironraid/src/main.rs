@@ -9,6 +9,7 @@ mod examine;
 mod guide;
 mod manage;
 mod monitor;
+mod overview;
 mod rundir;
 mod server;
 mod size;
@@ -114,7 +115,8 @@ enum Cmd {
         #[arg(required = true)]
         members: Vec<PathBuf>,
     },
-    /// Every running array, mdstat-like.
+    /// Every array, mdstat-like, running or with its daemon gone; exit 1 unless all are
+    /// healthy (none degraded, failed, failing writes or gone).
     Status {
         #[arg(long)]
         json: bool,
@@ -250,8 +252,9 @@ struct CreateArgs {
     /// log, write stripes home later (switchable at run time with `journal-mode`).
     #[arg(long, value_parser = ["write-through", "write-back"])]
     journal_mode: Option<String>,
-    /// Keep a CRC32C record of every 4 KiB member block on two other members (RAID6: three),
-    /// verify every read and repair from redundancy (RAID4/5/6; md refuses such an array).
+    /// Keep a CRC32C record of every 4 KiB member block on two other members (RAID6: three;
+    /// a 2-way mirror: the other one), verify every read and repair from redundancy
+    /// (RAID1/4/5/6/10; not linear or RAID0; md refuses such an array).
     /// The members' data areas are discarded first.
     #[arg(long, value_parser = ["crc32c"], value_name = "crc32c")]
     integrity: Option<String>,
@@ -354,7 +357,7 @@ fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
             force,
             run_degraded,
         }),
-        Cmd::Status { json } => status(json),
+        Cmd::Status { json } => overview::status(json, fetch_detail),
         Cmd::Detail { name, json } => detail(&name, json),
         Cmd::Fail {
             name,
@@ -470,6 +473,15 @@ fn create(a: CreateArgs) -> anyhow::Result<String> {
             .collect()
     };
     let members = open(&a.members)?;
+    let sizes: Vec<(String, u64)> = members
+        .iter()
+        .map(|d| (d.name().to_string(), d.len_bytes()))
+        .collect();
+    // Linear and RAID0 use every member whole; the others only the smallest's size.
+    let capped = !matches!(level, layout::Level::Linear | layout::Level::Raid0);
+    if let Some(w) = size::uneven_members(&sizes).filter(|_| capped && size_bytes.is_none()) {
+        tracing::warn!("{w}");
+    }
     // Members that carry an md superblock are an old array's (`create --force` over them is
     // md's way to re-create an array whose superblocks were lost): their data is kept, as it
     // is with `--assume-clean`. Discarding is for new members only.
@@ -572,25 +584,6 @@ fn fetch_detail(name: &str) -> anyhow::Result<status::Detail> {
         bail!("{}", resp.error.unwrap_or_default());
     }
     resp.detail.ok_or_else(|| anyhow!("daemon sent no detail"))
-}
-
-fn status(json: bool) -> anyhow::Result<()> {
-    let details: Vec<status::Detail> = control::running_arrays()
-        .iter()
-        .filter_map(|n| fetch_detail(n).ok())
-        .collect();
-    if json {
-        println!("{}", serde_json::to_string_pretty(&details)?);
-        return Ok(());
-    }
-    println!("Personalities : [linear] [raid0] [raid1] [raid4] [raid5] [raid6] [raid10]");
-    for d in &details {
-        print!("{}", d.mdstat());
-    }
-    if details.is_empty() {
-        println!("(no running arrays in {})", rundir::rundir().display());
-    }
-    Ok(())
 }
 
 fn detail(name: &str, json: bool) -> anyhow::Result<()> {

@@ -6,7 +6,7 @@ use crate::daemon::open_members;
 use crate::status::Detail;
 use crate::verify::VerifyResult;
 use device::OpenMode;
-use engine::{Array, Event};
+use engine::{Array, Event, MemberState};
 use std::path::PathBuf;
 use std::sync::mpsc::RecvTimeoutError;
 use std::sync::Arc;
@@ -100,6 +100,17 @@ async fn handle(req: Request, ctx: &Ctx) -> Response {
         Request::Add { member, force } => {
             let mode = ctx.mode;
             blocking(move || {
+                // Opening it would fail on our own lock ("in use by another process").
+                if let Some(m) = array.status().members.iter().find(|m| m.name == member) {
+                    let as_what = match m.state {
+                        MemberState::InSync => "an active member",
+                        MemberState::Rebuilding => "a member being rebuilt",
+                        MemberState::Faulty => "a faulty member (`remove` it first)",
+                        MemberState::Spare => "a spare",
+                        MemberState::Journal => "the journal",
+                    };
+                    anyhow::bail!("{member} is already {as_what} of {}", array.name());
+                }
                 let dev = open_members(&[PathBuf::from(&member)], mode)?
                     .pop()
                     .expect("one member opened");

@@ -109,6 +109,8 @@ pub struct Array {
     pub(crate) writes_in_commit: AtomicUsize,
     /// When the last group of member writes ended (the sync clock's ms, +1; 0: none yet).
     pub(crate) last_write_ms: std::sync::atomic::AtomicU64,
+    /// A member's backing store is full: writes fail with ENOSPC (for status).
+    pub(crate) no_space: crate::no_space::NoSpaceTracker,
     closing: AtomicBool,
     failures_in_commit: AtomicUsize,
     failed: AtomicBool,
@@ -157,6 +159,9 @@ pub enum MemberState {
     Journal,
 }
 
+/// The read-only reason of an array assembled read-only because it was asked to be.
+pub const ASSEMBLED_READ_ONLY: &str = "assembled read-only";
+
 /// A snapshot of the array's state.
 #[derive(Clone, Debug)]
 pub struct ArrayStatus {
@@ -188,6 +193,8 @@ pub struct ArrayStatus {
     pub torn_rows_exposed: u64,
     /// Degraded reads refused because their block would be rebuilt from such a row.
     pub torn_reads_refused: u64,
+    /// Writes failing because a member's backing store is full (None: they go through).
+    pub no_space: Option<crate::no_space::NoSpaceStatus>,
 }
 
 /// The used-region map, for status.
@@ -300,6 +307,7 @@ impl Array {
             active: AtomicBool::new(false),
             writes_in_commit: AtomicUsize::new(0),
             last_write_ms: std::sync::atomic::AtomicU64::new(0),
+            no_space: Default::default(),
             closing: AtomicBool::new(false),
             failures_in_commit: AtomicUsize::new(0),
             failed: AtomicBool::new(false),
@@ -601,7 +609,7 @@ impl Array {
                 reason: self
                     .read_only_reason
                     .clone()
-                    .unwrap_or_else(|| "assembled read-only".into()),
+                    .unwrap_or_else(|| ASSEMBLED_READ_ONLY.into()),
             });
         }
         if let Some(why) = self.policy.journal().and_then(|j| j.failed()) {
@@ -1042,6 +1050,7 @@ impl Array {
             }),
             torn_rows_exposed: self.exposed_rows(),
             torn_reads_refused: self.sync.torn_reads_refused.load(Ordering::Relaxed),
+            no_space: self.no_space.status(),
             used_regions: self.used.as_ref().map(|u| UsedStatus {
                 region_bytes: u.region_bytes(),
                 regions: u.regions(),
