@@ -32,15 +32,16 @@
 //! answered with data chunks plus `ERROR_OFFSET` chunks.
 //!
 //! # Validation (per request)
-//! Bad magic → connection closed. Unknown command, flag not allowed for the
-//! command, READ beyond the end, READ longer than the advertised maximum,
+//! Bad magic → connection closed. READ or WRITE longer than the advertised
+//! maximum (64 MiB, as nbdkit) → `EOVERFLOW` (a WRITE's payload is read and
+//! discarded first, so the connection and its other requests go on). Unknown
+//! command, flag not allowed for the command, READ beyond the end,
 //! misalignment (only if the client asked for `NBD_INFO_BLOCK_SIZE`),
 //! FLUSH with non-zero offset/length, BLOCK_STATUS without a negotiated
 //! context or with length 0 → `EINVAL`. WRITE / WRITE_ZEROES beyond the end →
 //! `ENOSPC` (as the spec prefers). Write-type commands on a read-only export
-//! → `EPERM`. A WRITE longer than the maximum closes the connection (its
-//! payload is not read); a WRITE whose payload ends early closes the
-//! connection with nothing written. Zero-length READ/WRITE/TRIM/ZERO/CACHE
+//! → `EPERM`. A WRITE whose payload ends early closes the connection with
+//! nothing written. Zero-length READ/WRITE/TRIM/ZERO/CACHE
 //! succeed as no-ops. TRIM, WRITE_ZEROES and CACHE may be longer than the
 //! maximum block size: they are split into `max`-sized backend calls.
 //!
@@ -48,7 +49,10 @@
 //! See [`Limits`]: in-flight requests per connection, payload bytes in
 //! flight on all connections together and per connection (back-pressure: a
 //! connection's socket is not read while its next request does not fit; see
-//! `budget`), option size and count, handshake timeout, connection count,
+//! `budget`), option size and count, handshake timeout, connection count
+//! (connections still in the handshake have their own small limit: when it is
+//! reached the oldest of them is closed, so idle connections cannot lock real
+//! clients out),
 //! shutdown grace period, and how long a shutdown waits for backend calls
 //! that outlive their connection (`serve_*` returns only once every request
 //! thread has left the backend, or reports that some have not).

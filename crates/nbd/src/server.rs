@@ -1,13 +1,13 @@
 //! Listener loops, connection bookkeeping and graceful shutdown.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::io;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify};
 use tokio::task::JoinSet;
 use tracing::{debug, warn};
 
@@ -28,10 +28,16 @@ pub struct Limits {
     pub max_option_bytes: u32,
     /// Options per handshake before the connection is closed (default 64).
     pub max_options: u32,
-    /// Whole handshake must finish within this (default 10 s).
+    /// Whole handshake must finish within this (default 5 s: real clients
+    /// take milliseconds).
     pub handshake_timeout: Duration,
-    /// Connections served at once; further ones are closed at accept
-    /// (default 128).
+    /// Connections still in the handshake (default 16). When a new one comes
+    /// and this many are waiting, or all `max_connections` are taken, the
+    /// oldest handshaking one is closed: connections that never send a byte
+    /// cannot lock real clients out.
+    pub max_handshakes: usize,
+    /// Connections served at once; when they are all past the handshake,
+    /// further ones are closed at accept (default 128).
     pub max_connections: usize,
     /// READ/WRITE payload bytes in flight on all connections together
     /// (default [`DEFAULT_MAX_INFLIGHT_BYTES`], 256 MiB): the server's memory
@@ -64,7 +70,8 @@ impl Default for Limits {
             max_inflight_per_conn: 64,
             max_option_bytes: 4096,
             max_options: 64,
-            handshake_timeout: Duration::from_secs(10),
+            handshake_timeout: Duration::from_secs(5),
+            max_handshakes: 16,
             max_connections: 128,
             max_inflight_bytes: DEFAULT_MAX_INFLIGHT_BYTES,
             max_inflight_bytes_per_conn: DEFAULT_MAX_INFLIGHT_BYTES_PER_CONN,
@@ -88,6 +95,18 @@ pub struct Server {
     /// Connections past the handshake, by connection number: who is at the other end.
     clients: Mutex<BTreeMap<u64, String>>,
     next_conn: AtomicU64,
+    /// Connections in the handshake, oldest first, each with the bell that closes it.
+    handshaking: Mutex<VecDeque<(u64, Arc<Notify>)>>,
+}
+
+/// Takes a connection out of [`Server::handshaking`] when its handshake ends.
+struct HandshakeGuard<'a>(&'a Server, u64);
+
+impl Drop for HandshakeGuard<'_> {
+    fn drop(&mut self) {
+        let mut hs = self.0.handshaking.lock().expect("handshaking lock");
+        hs.retain(|(id, _)| *id != self.1);
+    }
 }
 
 /// Takes a connection out of [`Server::clients`] when it ends.
@@ -121,6 +140,7 @@ impl Server {
             threads: Arc::new(ThreadTracker::new()),
             clients: Mutex::new(BTreeMap::new()),
             next_conn: AtomicU64::new(0),
+            handshaking: Mutex::new(VecDeque::new()),
         })
     }
 
@@ -231,18 +251,18 @@ impl Server {
     where
         S: AsyncRead + AsyncWrite + IntoBlocking + Send + Unpin + 'static,
     {
-        if self.active.fetch_add(1, Ordering::SeqCst) >= self.limits.max_connections {
-            self.active.fetch_sub(1, Ordering::SeqCst);
+        let id = self.next_conn.fetch_add(1, Ordering::Relaxed);
+        let Some(evict) = self.admit(id) else {
             warn!("connection limit reached; closing new connection");
             return;
-        }
+        };
         let guard = ActiveGuard(self.clone());
         conns.spawn(async move {
             let _guard = guard;
             let mut stop = self.shutdown.subscribe();
             let grace = self.limits.shutdown_grace;
             tokio::select! {
-                r = self.clone().run_conn(stream) => {
+                r = self.clone().run_conn(stream, id, evict) => {
                     if let Err(e) = r {
                         debug!("connection ended: {e}");
                     }
@@ -254,22 +274,54 @@ impl Server {
         });
     }
 
-    async fn run_conn<S>(self: Arc<Self>, mut stream: S) -> io::Result<()>
+    /// Counts a new connection in, closing the oldest handshaking one if the
+    /// handshake limit (or the connection limit) is reached; `None`: refused,
+    /// every connection is past its handshake and the limit is reached.
+    fn admit(&self, id: u64) -> Option<Arc<Notify>> {
+        let mut hs = self.handshaking.lock().expect("handshaking lock");
+        let full = self.active.load(Ordering::SeqCst) >= self.limits.max_connections;
+        if full || hs.len() >= self.limits.max_handshakes {
+            match hs.pop_front() {
+                // It leaves `active` as soon as its task sees the bell: the count may
+                // pass the limit by the connections being closed that way.
+                Some((_, bell)) => bell.notify_one(),
+                None => return None,
+            }
+        }
+        self.active.fetch_add(1, Ordering::SeqCst);
+        let bell = Arc::new(Notify::new());
+        hs.push_back((id, bell.clone()));
+        Some(bell)
+    }
+
+    async fn run_conn<S>(
+        self: Arc<Self>,
+        mut stream: S,
+        id: u64,
+        evict: Arc<Notify>,
+    ) -> io::Result<()>
     where
         S: AsyncRead + AsyncWrite + IntoBlocking + Send + Unpin + 'static,
     {
         let mut stop = self.shutdown.subscribe();
+        let in_handshake = HandshakeGuard(&self, id);
         let hs = handshake::handshake(&mut stream, &self.exports, &self.limits, &mut stop);
-        let neg = match tokio::time::timeout(self.limits.handshake_timeout, hs).await {
-            Ok(Ok(Some(n))) => n,
-            Ok(Ok(None)) => return Ok(()),
-            Ok(Err(e)) => return Err(e),
-            Err(_) => {
-                debug!("handshake timed out");
+        let neg = tokio::select! {
+            r = tokio::time::timeout(self.limits.handshake_timeout, hs) => match r {
+                Ok(Ok(Some(n))) => n,
+                Ok(Ok(None)) => return Ok(()),
+                Ok(Err(e)) => return Err(e),
+                Err(_) => {
+                    debug!("handshake timed out");
+                    return Ok(());
+                }
+            },
+            _ = evict.notified() => {
+                debug!("closing a connection still in its handshake to make room");
                 return Ok(());
             }
         };
-        let id = self.next_conn.fetch_add(1, Ordering::Relaxed);
+        drop(in_handshake);
         self.clients
             .lock()
             .expect("clients lock")

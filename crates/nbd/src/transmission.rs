@@ -372,11 +372,14 @@ impl Conn {
         let mut payload = None;
         let mut grant = None;
         let mut hint = None;
-        if req.command == CMD_WRITE {
-            if req.length > self.ctx.params.max_payload {
-                debug!("closing: write of {} bytes exceeds maximum", req.length);
+        if req.command == CMD_WRITE && req.length > self.ctx.params.max_payload {
+            // Refused (EOVERFLOW, by `validate` below) without dropping the connection and
+            // every request in flight on it: the payload is read past and thrown away.
+            if let Err(e) = discard(&mut rd.r, req.length) {
+                debug!("closing: oversized write payload not received: {e}");
                 return Next::Stop;
             }
+        } else if req.command == CMD_WRITE {
             grant = Some(self.grant(req.length));
             // The payload may take a while to arrive: let the backend get ready for it.
             hint = self
@@ -461,6 +464,15 @@ impl Conn {
             }
         }
     }
+}
+
+/// Reads and drops `len` payload bytes.
+fn discard(r: &mut impl Read, len: u32) -> io::Result<()> {
+    let copied = io::copy(&mut r.take(u64::from(len)), &mut io::sink())?;
+    if copied < u64::from(len) {
+        return Err(io::ErrorKind::UnexpectedEof.into());
+    }
+    Ok(())
 }
 
 /// Writes `a` then `b` with as few syscalls as possible.
