@@ -8,6 +8,7 @@
 //! which the next `run` reports.
 
 use crate::backend::ArrayBackend;
+use crate::endpoint::{self, Listen, SocketAccess};
 use crate::rundir;
 use crate::server::{control_loop, Ctx};
 use anyhow::{anyhow, bail, Context};
@@ -22,7 +23,12 @@ use tokio::sync::watch;
 
 pub struct RunArgs {
     pub name: Option<String>,
+    /// Endpoints served besides RUNDIR/NAME.nbd.
     pub nbd: Vec<String>,
+    /// The NBD export name (default: the array's name).
+    pub export_name: Option<String>,
+    /// Who may open the NBD Unix sockets.
+    pub socket_access: SocketAccess,
     pub members: Vec<PathBuf>,
     pub read_only: bool,
     pub buffered: bool,
@@ -59,21 +65,6 @@ impl RunArgs {
     }
 }
 
-enum Listen {
-    Unix(PathBuf),
-    Tcp(String),
-}
-
-fn parse_listen(addr: &str) -> anyhow::Result<Listen> {
-    if let Some(p) = addr.strip_prefix("unix:") {
-        return Ok(Listen::Unix(PathBuf::from(p)));
-    }
-    if let Some(hp) = addr.strip_prefix("tcp:") {
-        return Ok(Listen::Tcp(hp.to_string()));
-    }
-    bail!("--nbd {addr}: expected unix:PATH or tcp:HOST:PORT")
-}
-
 /// Open and lock members for a running array.
 pub fn open_members(paths: &[PathBuf], mode: OpenMode) -> anyhow::Result<Vec<Arc<dyn Device>>> {
     let mut devs: Vec<Arc<dyn Device>> = Vec::new();
@@ -91,10 +82,10 @@ pub fn open_members(paths: &[PathBuf], mode: OpenMode) -> anyhow::Result<Vec<Arc
 }
 
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
-    let listens: Vec<Listen> = args
+    let parsed: Vec<(Listen, Option<String>)> = args
         .nbd
         .iter()
-        .map(|a| parse_listen(a))
+        .map(|a| endpoint::parse(a))
         .collect::<anyhow::Result<_>>()?;
     let mode = args.open_mode();
     let devs = open_members(&args.members, mode)?;
@@ -148,17 +139,28 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         .with_context(|| format!("cannot create runtime directory {}", dir.display()))?;
     let ctl_path = rundir::control_socket(&name);
     claim_socket_path(&ctl_path, &name)?;
-    let mut listens = listens;
-    if listens.is_empty() {
-        listens.push(Listen::Unix(rundir::nbd_socket(&name)));
+    let export = args.export_name.clone().unwrap_or_else(|| name.clone());
+    // The default socket stays whatever else is served (scripts and `demo` rely on it).
+    let mut listens = vec![Listen::Unix(rundir::nbd_socket(&name))];
+    for (l, named) in parsed {
+        if let Some(n) = named.filter(|n| *n != export) {
+            bail!("--nbd: the URI names export '{n}', but the array is served as '{export}' (see --export-name)");
+        }
+        if !listens.contains(&l) {
+            listens.push(l);
+        }
     }
     let rt = runtime()?;
     let res = rt.block_on(serve(
         array.clone(),
-        name.clone(),
+        Names {
+            array: name.clone(),
+            export,
+        },
         ctl_path.clone(),
         listens,
         mode,
+        &args.socket_access,
     ));
     let closed = res.and_then(|()| {
         tracing::info!(array = %name, "flushing and marking clean");
@@ -218,36 +220,47 @@ fn claim_socket_path(path: &Path, name: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The array's name (its sockets) and the NBD export name clients ask for.
+struct Names {
+    array: String,
+    export: String,
+}
+
 async fn serve(
     array: Arc<Array>,
-    name: String,
+    names: Names,
     ctl_path: PathBuf,
     listens: Vec<Listen>,
     mode: OpenMode,
+    access: &SocketAccess,
 ) -> anyhow::Result<()> {
+    let Names {
+        array: name,
+        export,
+    } = names;
     let backend = Arc::new(ArrayBackend(array.clone()));
-    let export = nbd::Export {
-        name: name.clone(),
-        description: format!("ironraid array {name}"),
-        backend,
-    };
-    let limits = nbd::Limits {
-        max_inflight_bytes_per_conn: 64 << 20,
-        ..nbd::Limits::default()
-    };
-    let server = nbd::Server::new(vec![export], limits);
+    let server = nbd::Server::new(
+        vec![nbd::Export {
+            name: export.clone(),
+            description: format!("ironraid array {name}"),
+            backend,
+        }],
+        nbd::Limits::default(),
+    );
     let mut tasks = tokio::task::JoinSet::new();
     let mut addrs = Vec::new();
     let mut unix_paths = Vec::new();
+    let mut uris = Vec::new();
     for l in listens {
         match l {
             Listen::Unix(p) => {
                 claim_socket_path(&p, &name)?;
                 let listener = UnixListener::bind(&p)
                     .with_context(|| format!("cannot listen on {}", p.display()))?;
-                set_mode_0600(&p)?;
+                access.apply(&p)?;
                 addrs.push(format!("unix:{}", p.display()));
                 tracing::info!(socket = %p.display(), "serving NBD");
+                uris.push(endpoint::uri_unix(&p, &export));
                 unix_paths.push(p);
                 tasks.spawn(server.clone().serve_unix(listener));
             }
@@ -258,10 +271,18 @@ async fn serve(
                 let local = listener.local_addr()?;
                 addrs.push(format!("tcp:{local}"));
                 tracing::info!(address = %local, "serving NBD over TCP");
+                endpoint::warn_if_exposed(local);
+                uris.push(endpoint::uri_tcp(local, &export));
                 tasks.spawn(server.clone().serve_tcp(listener));
             }
         }
     }
+    // As nbdkit's --print-uri: what to give a client, one line per endpoint.
+    for u in &uris {
+        println!("{u}");
+    }
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
     let (ctl_task, mut stop_rx) = start_control(&ctl_path, array, addrs, mode, server.clone())?;
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {

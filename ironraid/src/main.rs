@@ -5,6 +5,7 @@ mod action;
 mod backend;
 mod control;
 mod daemon;
+mod endpoint;
 mod examine;
 mod guide;
 mod manage;
@@ -59,9 +60,19 @@ enum Cmd {
         /// Name to serve under (default: the name in the superblocks).
         #[arg(long)]
         name: Option<String>,
-        /// Where to serve NBD: unix:PATH or tcp:HOST:PORT (repeatable). Default RUNDIR/NAME.nbd.
+        /// Also serve NBD here (repeatable): unix:PATH, tcp:HOST:PORT, nbd://HOST[:PORT]
+        /// (port 10809 by default) or nbd+unix:///?socket=PATH. RUNDIR/NAME.nbd is always served.
         #[arg(long = "nbd")]
         nbd: Vec<String>,
+        /// The NBD export name clients ask for (default: the array's name).
+        #[arg(long)]
+        export_name: Option<String>,
+        /// Mode of the NBD Unix sockets, octal (0660 lets a group, such as qemu's, connect).
+        #[arg(long, default_value = "0600")]
+        socket_mode: String,
+        /// Owner of the NBD Unix sockets: USER[:GROUP] or :GROUP, by name or number.
+        #[arg(long, value_name = "USER[:GROUP]")]
+        socket_owner: Option<String>,
         /// Refuse writes.
         #[arg(long)]
         read_only: bool,
@@ -325,6 +336,9 @@ fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
         Cmd::Run {
             name,
             nbd,
+            export_name,
+            socket_mode,
+            socket_owner,
             read_only,
             no_direct,
             write_hold_us,
@@ -348,6 +362,8 @@ fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
             drop_journal,
             name,
             nbd,
+            export_name,
+            socket_access: endpoint::SocketAccess::parse(&socket_mode, socket_owner.as_deref())?,
             members,
             read_only,
             buffered: no_direct,
@@ -678,6 +694,11 @@ fn demo(dir: Option<PathBuf>) -> anyhow::Result<()> {
     daemon::run(daemon::RunArgs {
         name: Some("demo".into()),
         nbd: vec![],
+        export_name: None,
+        socket_access: endpoint::SocketAccess {
+            mode: 0o600,
+            owner: None,
+        },
         members,
         read_only: false,
         buffered: false,
