@@ -28,6 +28,7 @@ have mdadm || need_pkgs+=(mdadm)
 have fusermount3 || need_pkgs+=(fuse3)
 have nbdfuse || need_pkgs+=(nbdfuse)
 have losetup || need_pkgs+=(mount)
+have openssl || need_pkgs+=(openssl)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   echo "== installing ${need_pkgs[*]}"
   if [ "$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi

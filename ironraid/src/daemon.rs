@@ -29,6 +29,8 @@ pub struct RunArgs {
     pub export_name: Option<String>,
     /// Who may open the NBD Unix sockets.
     pub socket_access: SocketAccess,
+    /// STARTTLS on the TCP endpoints.
+    pub tls: Option<nbd::TlsConfig>,
     pub members: Vec<PathBuf>,
     pub read_only: bool,
     pub buffered: bool,
@@ -161,6 +163,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         listens,
         mode,
         &args.socket_access,
+        args.tls,
     ));
     let closed = res.and_then(|()| {
         tracing::info!(array = %name, "flushing and marking clean");
@@ -233,19 +236,23 @@ async fn serve(
     listens: Vec<Listen>,
     mode: OpenMode,
     access: &SocketAccess,
+    tls: Option<nbd::TlsConfig>,
 ) -> anyhow::Result<()> {
     let Names {
         array: name,
         export,
     } = names;
     let backend = Arc::new(ArrayBackend(array.clone()));
-    let server = nbd::Server::new(
+    let tls_required = tls.as_ref().is_some_and(|t| t.required());
+    let tls_offered = tls.is_some();
+    let server = nbd::Server::with_tls(
         vec![nbd::Export {
             name: export.clone(),
             description: format!("ironraid array {name}"),
             backend,
         }],
         nbd::Limits::default(),
+        tls,
     );
     let mut tasks = tokio::task::JoinSet::new();
     let mut addrs = Vec::new();
@@ -271,8 +278,8 @@ async fn serve(
                 let local = listener.local_addr()?;
                 addrs.push(format!("tcp:{local}"));
                 tracing::info!(address = %local, "serving NBD over TCP");
-                endpoint::warn_if_exposed(local);
-                uris.push(endpoint::uri_tcp(local, &export));
+                endpoint::warn_if_exposed(local, tls_required);
+                uris.push(endpoint::uri_tcp(local, &export, tls_offered));
                 tasks.spawn(server.clone().serve_tcp(listener));
             }
         }

@@ -60,7 +60,7 @@ pub fn parse(addr: &str) -> anyhow::Result<(Listen, Option<String>)> {
         return Ok((Listen::Tcp(hp), export));
     }
     if addr.starts_with("nbds://") || addr.starts_with("nbds+unix://") {
-        bail!("--nbd {addr}: TLS (nbds://) is not implemented yet");
+        bail!("--nbd {addr}: give nbd://… with --tls-cert/--tls-key (TLS is negotiated with STARTTLS)");
     }
     bail!(
         "--nbd {addr}: expected unix:PATH, tcp:HOST:PORT, nbd://HOST[:PORT] or \
@@ -68,23 +68,40 @@ pub fn parse(addr: &str) -> anyhow::Result<(Listen, Option<String>)> {
     )
 }
 
+/// The TLS configuration of `--tls-cert/--tls-key [--tls-ca] [--tls require|on]`.
+pub fn tls_config(
+    cert: Option<PathBuf>,
+    key: Option<PathBuf>,
+    ca: Option<PathBuf>,
+    mode: Option<&str>,
+) -> anyhow::Result<Option<nbd::TlsConfig>> {
+    let (Some(cert), Some(key)) = (cert, key) else {
+        return Ok(None);
+    };
+    let required = mode != Some("on");
+    nbd::TlsConfig::from_pem_files(&cert, &key, ca.as_deref(), required)
+        .map(Some)
+        .map_err(|e| anyhow!("TLS: {e}"))
+}
+
 /// The URI a client connects with (nbdkit's `--print-uri`).
 pub fn uri_unix(path: &Path, export: &str) -> String {
     format!("nbd+unix:///{export}?socket={}", path.display())
 }
 
-pub fn uri_tcp(addr: SocketAddr, export: &str) -> String {
-    format!("nbd://{addr}/{export}")
+pub fn uri_tcp(addr: SocketAddr, export: &str, tls: bool) -> String {
+    let scheme = if tls { "nbds" } else { "nbd" };
+    format!("{scheme}://{addr}/{export}")
 }
 
 /// Plain TCP off the loopback: anyone who can reach the port can read and write the array.
-pub fn warn_if_exposed(addr: SocketAddr) {
-    if !addr.ip().is_loopback() {
+pub fn warn_if_exposed(addr: SocketAddr, tls_required: bool) {
+    if !addr.ip().is_loopback() && !tls_required {
         tracing::warn!(
             address = %addr,
             "serving NBD over plain TCP on a non-loopback address: anyone who can reach it \
-             can read and write the array, and the traffic is not encrypted (TLS is not \
-             implemented yet; firewall it or use a Unix socket)"
+             can read and write the array, and the traffic is not encrypted (use \
+             --tls-cert/--tls-key, a firewall, or a Unix socket)"
         );
     }
 }
@@ -178,7 +195,8 @@ mod tests {
         assert!(parse("nbds://h").is_err());
         assert!(parse("http://h").is_err());
         let a: SocketAddr = "[::1]:10809".parse().unwrap();
-        assert_eq!(uri_tcp(a, "vol"), "nbd://[::1]:10809/vol");
+        assert_eq!(uri_tcp(a, "vol", false), "nbd://[::1]:10809/vol");
+        assert_eq!(uri_tcp(a, "vol", true), "nbds://[::1]:10809/vol");
         assert_eq!(
             uri_unix(Path::new("/r/v.nbd"), "v"),
             "nbd+unix:///v?socket=/r/v.nbd"

@@ -73,6 +73,19 @@ enum Cmd {
         /// Owner of the NBD Unix sockets: USER[:GROUP] or :GROUP, by name or number.
         #[arg(long, value_name = "USER[:GROUP]")]
         socket_owner: Option<String>,
+        /// TLS certificate (PEM) for NBD over TCP (NBD_OPT_STARTTLS; Unix sockets stay plain).
+        #[arg(long, value_name = "FILE", requires = "tls_key")]
+        tls_cert: Option<PathBuf>,
+        /// The certificate's private key (PEM).
+        #[arg(long, value_name = "FILE", requires = "tls_cert")]
+        tls_key: Option<PathBuf>,
+        /// Require client certificates signed by this CA (PEM).
+        #[arg(long, value_name = "FILE", requires = "tls_cert")]
+        tls_ca: Option<PathBuf>,
+        /// require (the default with a certificate: plain TCP clients are refused) or on
+        /// (offered, plain clients served too).
+        #[arg(long, value_parser = ["require", "on"], requires = "tls_cert")]
+        tls: Option<String>,
         /// Refuse writes.
         #[arg(long)]
         read_only: bool,
@@ -339,6 +352,10 @@ fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
             export_name,
             socket_mode,
             socket_owner,
+            tls_cert,
+            tls_key,
+            tls_ca,
+            tls,
             read_only,
             no_direct,
             write_hold_us,
@@ -364,6 +381,7 @@ fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
             nbd,
             export_name,
             socket_access: endpoint::SocketAccess::parse(&socket_mode, socket_owner.as_deref())?,
+            tls: endpoint::tls_config(tls_cert, tls_key, tls_ca, tls.as_deref())?,
             members,
             read_only,
             buffered: no_direct,
@@ -699,6 +717,7 @@ fn demo(dir: Option<PathBuf>) -> anyhow::Result<()> {
             mode: 0o600,
             owner: None,
         },
+        tls: None,
         members,
         read_only: false,
         buffered: false,

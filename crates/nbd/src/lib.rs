@@ -17,8 +17,10 @@
 //! `INFO`, `GO` (replies `NBD_INFO_EXPORT`, `BLOCK_SIZE`, and `NAME` /
 //! `DESCRIPTION` when asked; `""` selects the first export), `STRUCTURED_REPLY`,
 //! `LIST_META_CONTEXT` / `SET_META_CONTEXT` (`base:allocation`, with the
-//! extents [`Backend::block_status`] gives). `STARTTLS` and anything else get
-//! `NBD_REP_ERR_UNSUP`; malformed options `NBD_REP_ERR_INVALID`; option data
+//! extents [`Backend::block_status`] gives). `STARTTLS` on TCP listeners of a
+//! server given a [`TlsConfig`] (rustls; when required, every other option but
+//! `ABORT` gets `NBD_REP_ERR_TLS_REQD` and `EXPORT_NAME` closes); anything else
+//! gets `NBD_REP_ERR_UNSUP`; malformed options `NBD_REP_ERR_INVALID`; option data
 //! above `Limits::max_option_bytes` `NBD_REP_ERR_TOO_BIG` (discarded up to
 //! 1 MiB, beyond that the connection is closed).
 //!
@@ -80,9 +82,11 @@ mod handshake;
 pub mod proto;
 mod server;
 mod threads;
+mod tls;
 mod transmission;
 
 pub use backend::{errno_for, Backend, BlockSizes, Export, WriteHint, MAX_PAYLOAD};
 pub use budget::{DEFAULT_MAX_INFLIGHT_BYTES, DEFAULT_MAX_INFLIGHT_BYTES_PER_CONN};
 pub use server::{Limits, Server};
 pub use threads::DEFAULT_SHUTDOWN_BACKEND_TIMEOUT;
+pub use tls::TlsConfig;

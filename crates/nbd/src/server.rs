@@ -13,9 +13,10 @@ use tracing::{debug, warn};
 
 use crate::backend::Export;
 use crate::budget::{Budget, DEFAULT_MAX_INFLIGHT_BYTES, DEFAULT_MAX_INFLIGHT_BYTES_PER_CONN};
-use crate::handshake;
+use crate::handshake::{self, Negotiated, Outcome, TlsState};
 use crate::threads::{ThreadTracker, DEFAULT_SHUTDOWN_BACKEND_TIMEOUT};
-use crate::transmission::{self, ConnConfig, IntoBlocking};
+use crate::tls::{self, TlsConfig};
+use crate::transmission::{self, ConnConfig, IntoBlocking, Stream};
 
 /// Resource limits of the server.
 #[derive(Clone, Copy, Debug)]
@@ -97,6 +98,8 @@ pub struct Server {
     next_conn: AtomicU64,
     /// Connections in the handshake, oldest first, each with the bell that closes it.
     handshaking: Mutex<VecDeque<(u64, Arc<Notify>)>>,
+    /// STARTTLS on TCP listeners.
+    tls: Option<Arc<TlsConfig>>,
 }
 
 /// Takes a connection out of [`Server::handshaking`] when its handshake ends.
@@ -130,6 +133,12 @@ impl Drop for ActiveGuard {
 impl Server {
     /// Creates a server; nothing is served until `serve_*` is called.
     pub fn new(exports: Vec<Export>, limits: Limits) -> Arc<Server> {
+        Server::with_tls(exports, limits, None)
+    }
+
+    /// As [`Server::new`], offering (or requiring) TLS on TCP listeners. Unix sockets stay
+    /// plain: they are local, and their file mode says who may connect.
+    pub fn with_tls(exports: Vec<Export>, limits: Limits, tls: Option<TlsConfig>) -> Arc<Server> {
         let (shutdown, _) = watch::channel(false);
         Arc::new(Server {
             exports,
@@ -141,6 +150,7 @@ impl Server {
             clients: Mutex::new(BTreeMap::new()),
             next_conn: AtomicU64::new(0),
             handshaking: Mutex::new(VecDeque::new()),
+            tls: tls.map(Arc::new),
         })
     }
 
@@ -167,13 +177,13 @@ impl Server {
     /// `TimedOut` error if threads were still inside backend calls after
     /// [`Limits::shutdown_backend_timeout`].
     pub async fn serve_unix(self: Arc<Self>, listener: tokio::net::UnixListener) -> io::Result<()> {
-        self.serve_loop(|| async { listener.accept().await.map(|(s, _)| s) })
+        self.serve_loop(false, || async { listener.accept().await.map(|(s, _)| s) })
             .await
     }
 
     /// Same as [`Server::serve_unix`] over TCP (with `TCP_NODELAY`).
     pub async fn serve_tcp(self: Arc<Self>, listener: tokio::net::TcpListener) -> io::Result<()> {
-        self.serve_loop(|| async {
+        self.serve_loop(true, || async {
             let (s, _) = listener.accept().await?;
             s.set_nodelay(true)?;
             Ok(s)
@@ -208,7 +218,7 @@ impl Server {
         self.budget.peak()
     }
 
-    async fn serve_loop<S, F, Fut>(self: Arc<Self>, mut accept: F) -> io::Result<()>
+    async fn serve_loop<S, F, Fut>(self: Arc<Self>, tcp: bool, mut accept: F) -> io::Result<()>
     where
         S: AsyncRead + AsyncWrite + IntoBlocking + Send + Unpin + 'static,
         F: FnMut() -> Fut,
@@ -221,7 +231,7 @@ impl Server {
                 _ = stopped(&mut stop) => break,
                 Some(_) = conns.join_next(), if !conns.is_empty() => {}
                 r = accept() => match r {
-                    Ok(s) => self.clone().spawn_conn(&mut conns, s),
+                    Ok(s) => self.clone().spawn_conn(&mut conns, s, tcp),
                     Err(e) => {
                         // EMFILE and friends: back off instead of spinning.
                         warn!("accept failed: {e}");
@@ -247,7 +257,7 @@ impl Server {
         }
     }
 
-    fn spawn_conn<S>(self: Arc<Self>, conns: &mut JoinSet<()>, stream: S)
+    fn spawn_conn<S>(self: Arc<Self>, conns: &mut JoinSet<()>, stream: S, tcp: bool)
     where
         S: AsyncRead + AsyncWrite + IntoBlocking + Send + Unpin + 'static,
     {
@@ -262,7 +272,7 @@ impl Server {
             let mut stop = self.shutdown.subscribe();
             let grace = self.limits.shutdown_grace;
             tokio::select! {
-                r = self.clone().run_conn(stream, id, evict) => {
+                r = self.clone().run_conn(stream, id, evict, tcp) => {
                     if let Err(e) = r {
                         debug!("connection ended: {e}");
                     }
@@ -296,17 +306,20 @@ impl Server {
 
     async fn run_conn<S>(
         self: Arc<Self>,
-        mut stream: S,
+        stream: S,
         id: u64,
         evict: Arc<Notify>,
+        tcp: bool,
     ) -> io::Result<()>
     where
         S: AsyncRead + AsyncWrite + IntoBlocking + Send + Unpin + 'static,
     {
-        let mut stop = self.shutdown.subscribe();
+        let stop = self.shutdown.subscribe();
+        let peer = stream.peer();
+        let tls = self.tls.clone().filter(|_| tcp);
         let in_handshake = HandshakeGuard(&self, id);
-        let hs = handshake::handshake(&mut stream, &self.exports, &self.limits, &mut stop);
-        let neg = tokio::select! {
+        let hs = self.negotiate(stream, tls, stop.clone());
+        let (neg, stream, secured) = tokio::select! {
             r = tokio::time::timeout(self.limits.handshake_timeout, hs) => match r {
                 Ok(Ok(Some(n))) => n,
                 Ok(Ok(None)) => return Ok(()),
@@ -322,10 +335,12 @@ impl Server {
             }
         };
         drop(in_handshake);
-        self.clients
-            .lock()
-            .expect("clients lock")
-            .insert(id, stream.peer());
+        let peer = if secured {
+            format!("{peer} (TLS)")
+        } else {
+            peer
+        };
+        self.clients.lock().expect("clients lock").insert(id, peer);
         let _client = ClientGuard(&self, id);
         let backend = self.exports[neg.export].backend.clone();
         let cfg = ConnConfig {
@@ -338,8 +353,43 @@ impl Server {
             server_budget: self.budget.clone(),
             threads: self.threads.clone(),
         };
-        let stream = stream.into_blocking()?;
         transmission::serve(stream, backend, neg, cfg, stop).await
+    }
+
+    /// Greeting and options, with a STARTTLS upgrade when `tls` is offered: what was agreed,
+    /// the blocking stream to transmit on, and whether it runs inside TLS (None: close).
+    async fn negotiate<S>(
+        &self,
+        mut stream: S,
+        tls: Option<Arc<TlsConfig>>,
+        mut stop: watch::Receiver<bool>,
+    ) -> io::Result<Option<(Negotiated, Stream, bool)>>
+    where
+        S: AsyncRead + AsyncWrite + IntoBlocking + Send + Unpin + 'static,
+    {
+        let Some(no_zeroes) = handshake::greet(&mut stream).await? else {
+            return Ok(None);
+        };
+        let offer = match &tls {
+            None => TlsState::Unavailable,
+            Some(t) => TlsState::Offered {
+                required: t.required(),
+            },
+        };
+        let (ex, lim) = (&self.exports, &self.limits);
+        match handshake::haggle(&mut stream, ex, lim, offer, no_zeroes, &mut stop).await? {
+            Outcome::Close => Ok(None),
+            Outcome::Transmit(n) => Ok(Some((n, stream.into_blocking()?, false))),
+            Outcome::StartTls { no_zeroes } => {
+                let t = tls.expect("STARTTLS is acknowledged only when offered");
+                let mut s = t.accept(stream).await?;
+                let active = TlsState::Active;
+                match handshake::haggle(&mut s, ex, lim, active, no_zeroes, &mut stop).await? {
+                    Outcome::Transmit(n) => Ok(Some((n, tls::proxied(s)?, true))),
+                    _ => Ok(None),
+                }
+            }
+        }
     }
 }
 
