@@ -97,27 +97,7 @@ async fn handle(req: Request, ctx: &Ctx) -> Response {
         Request::Remove { member } => {
             blocking(move || array.remove_member(&member).map_err(anyhow::Error::from)).await
         }
-        Request::Add { member, force } => {
-            let mode = ctx.mode;
-            blocking(move || {
-                // Opening it would fail on our own lock ("in use by another process").
-                if let Some(m) = array.status().members.iter().find(|m| m.name == member) {
-                    let as_what = match m.state {
-                        MemberState::InSync => "an active member",
-                        MemberState::Rebuilding => "a member being rebuilt",
-                        MemberState::Faulty => "a faulty member (`remove` it first)",
-                        MemberState::Spare => "a spare",
-                        MemberState::Journal => "the journal",
-                    };
-                    anyhow::bail!("{member} is already {as_what} of {}", array.name());
-                }
-                let dev = open_members(&[PathBuf::from(&member)], mode)?
-                    .pop()
-                    .expect("one member opened");
-                array.add_member(dev, force).map_err(anyhow::Error::from)
-            })
-            .await
-        }
+        Request::Add { member, force } => add(ctx, member, force).await,
         Request::Action { action } => match array.request_action(&action) {
             Ok(()) => Response::ok(),
             Err(e) => Response::err(e.to_string()),
@@ -179,6 +159,31 @@ async fn handle(req: Request, ctx: &Ctx) -> Response {
         }
         Request::Monitor => Response::err("monitor is a streaming request"),
     }
+}
+
+/// `add`: a member already in the array is named as such (opening it would fail on the
+/// daemon's own lock).
+async fn add(ctx: &Ctx, member: String, force: bool) -> Response {
+    let array = ctx.array.clone();
+    let mode = ctx.mode;
+    blocking(move || {
+        // Opening it would fail on our own lock ("in use by another process").
+        if let Some(m) = array.status().members.iter().find(|m| m.name == member) {
+            let as_what = match m.state {
+                MemberState::InSync => "an active member",
+                MemberState::Rebuilding => "a member being rebuilt",
+                MemberState::Faulty => "a faulty member (`remove` it first)",
+                MemberState::Spare => "a spare",
+                MemberState::Journal => "the journal",
+            };
+            anyhow::bail!("{member} is already {as_what} of {}", array.name());
+        }
+        let dev = open_members(&[PathBuf::from(&member)], mode)?
+            .pop()
+            .expect("one member opened");
+        array.add_member(dev, force).map_err(anyhow::Error::from)
+    })
+    .await
 }
 
 /// 20 ms polls `stop` waits for clients that are leaving (2 s).
