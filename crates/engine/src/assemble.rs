@@ -437,9 +437,9 @@ fn check_unfailed_missing(p: &Placement, best: &Superblock, array_name: &str) ->
     Err(EngineError::Assemble {
         member: format!("array '{array_name}'"),
         reason: format!(
-            "{have} of {n} members given, but the superblocks record {} as working (never \
-             failed); give every member, or `run --run` to start degraded (the missing ones are \
-             then recorded faulty and need a full rebuild)",
+            "{have} of {n} members present and current, but the superblocks record {} as \
+             working (never failed); give every member, or `run --run` to start degraded (the \
+             missing ones are then recorded faulty and need a full rebuild)",
             missing.join(", ")
         ),
     })
