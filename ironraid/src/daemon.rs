@@ -152,6 +152,11 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
             listens.push(l);
         }
     }
+    if args.tls.is_some() && !listens.iter().any(|l| matches!(l, Listen::Tcp(_))) {
+        tracing::warn!(
+            "--tls-cert given but no TCP endpoint (--nbd nbd://HOST): TLS applies to TCP only"
+        );
+    }
     let rt = runtime()?;
     let res = rt.block_on(serve(
         array.clone(),

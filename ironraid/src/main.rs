@@ -645,6 +645,9 @@ fn detail(name: &str, json: bool) -> anyhow::Result<()> {
     for a in &d.nbd {
         println!("  nbd   {a}");
     }
+    for c in &d.nbd_clients {
+        println!("  client {c}");
+    }
     Ok(())
 }
 
