@@ -20,9 +20,17 @@ pub const MAX_REQUEST_BYTES: usize = 64 * 1024;
 #[serde(tag = "cmd", rename_all = "snake_case")]
 pub enum Request {
     Detail,
-    Stop,
+    /// Stop cleanly; refused while NBD clients are connected unless `force` (then the array
+    /// is flushed before the clients are cut off).
+    Stop {
+        #[serde(default)]
+        force: bool,
+    },
+    /// Mark a member faulty; refused when the array would not survive it unless `force`.
     Fail {
         member: String,
+        #[serde(default)]
+        force: bool,
     },
     /// Add a member as a spare (it rebuilds at once if a role is missing).
     Add {

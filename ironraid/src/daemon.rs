@@ -8,6 +8,7 @@
 //! which the next `run` reports.
 
 use crate::backend::ArrayBackend;
+use crate::endpoint::{self, Listen, SocketAccess};
 use crate::member::Opener;
 use crate::rundir;
 use crate::server::{control_loop, Ctx};
@@ -23,7 +24,14 @@ use tokio::sync::watch;
 
 pub struct RunArgs {
     pub name: Option<String>,
+    /// Endpoints served besides RUNDIR/NAME.nbd.
     pub nbd: Vec<String>,
+    /// The NBD export name (default: the array's name).
+    pub export_name: Option<String>,
+    /// Who may open the NBD Unix sockets.
+    pub socket_access: SocketAccess,
+    /// STARTTLS on the TCP endpoints.
+    pub tls: Option<nbd::TlsConfig>,
     pub members: Vec<PathBuf>,
     pub read_only: bool,
     pub buffered: bool,
@@ -33,6 +41,9 @@ pub struct RunArgs {
     pub speed_max: Option<u64>,
     /// Start what md would refuse to start (see `engine::AssembleOptions::force`).
     pub force: bool,
+    /// Start degraded when members the superblocks record as working were not given (md's
+    /// `--run`).
+    pub run_degraded: bool,
     /// A new journal for an array whose journal is lost.
     pub add_journal: Option<PathBuf>,
     /// Run without the lost journal from now on.
@@ -66,26 +77,11 @@ impl RunArgs {
     }
 }
 
-enum Listen {
-    Unix(PathBuf),
-    Tcp(String),
-}
-
-fn parse_listen(addr: &str) -> anyhow::Result<Listen> {
-    if let Some(p) = addr.strip_prefix("unix:") {
-        return Ok(Listen::Unix(PathBuf::from(p)));
-    }
-    if let Some(hp) = addr.strip_prefix("tcp:") {
-        return Ok(Listen::Tcp(hp.to_string()));
-    }
-    bail!("--nbd {addr}: expected unix:PATH or tcp:HOST:PORT")
-}
-
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
-    let listens: Vec<Listen> = args
+    let parsed: Vec<(Listen, Option<String>)> = args
         .nbd
         .iter()
-        .map(|a| parse_listen(a))
+        .map(|a| endpoint::parse(a))
         .collect::<anyhow::Result<_>>()?;
     let opener = args.opener();
     let devs = opener.open_all(&args.members)?;
@@ -103,6 +99,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
             name: args.name.clone(),
             config,
             force: args.force,
+            refuse_unfailed_missing: !args.run_degraded,
             drop_journal: args.drop_journal,
             add_journal,
         },
@@ -138,18 +135,37 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         .with_context(|| format!("cannot create runtime directory {}", dir.display()))?;
     let ctl_path = rundir::control_socket(&name);
     claim_socket_path(&ctl_path, &name)?;
-    let mut listens = listens;
-    if listens.is_empty() {
-        listens.push(Listen::Unix(rundir::nbd_socket(&name)));
+    let export = args.export_name.clone().unwrap_or_else(|| name.clone());
+    // The default socket stays whatever else is served (scripts and `demo` rely on it).
+    let mut listens = vec![Listen::Unix(rundir::nbd_socket(&name))];
+    for (l, named) in parsed {
+        if let Some(n) = named.filter(|n| *n != export) {
+            bail!("--nbd: the URI names export '{n}', but the array is served as '{export}' (see --export-name)");
+        }
+        if !listens.contains(&l) {
+            listens.push(l);
+        }
+    }
+    if args.tls.is_some() && !listens.iter().any(|l| matches!(l, Listen::Tcp(_))) {
+        tracing::warn!(
+            "--tls-cert given but no TCP endpoint (--nbd nbd://HOST): TLS applies to TCP only"
+        );
     }
     let rt = runtime()?;
     let res = rt.block_on(serve(
         array.clone(),
-        name.clone(),
+        Names {
+            array: name.clone(),
+            export,
+        },
         ctl_path.clone(),
         listens,
-        opener,
-        args.metrics.clone(),
+        Serving {
+            opener,
+            metrics: args.metrics.clone(),
+            access: &args.socket_access,
+            tls: args.tls,
+        },
     ));
     let closed = res.and_then(|()| {
         tracing::info!(array = %name, "flushing and marking clean");
@@ -209,37 +225,64 @@ fn claim_socket_path(path: &Path, name: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn serve(
-    array: Arc<Array>,
-    name: String,
-    ctl_path: PathBuf,
-    listens: Vec<Listen>,
+/// What serving needs beside the array: how `add` opens members, where metrics go, the
+/// sockets' owner and mode, TLS.
+struct Serving<'a> {
     opener: Opener,
     metrics: Option<String>,
+    access: &'a SocketAccess,
+    tls: Option<nbd::TlsConfig>,
+}
+
+/// The array's name (its sockets) and the NBD export name clients ask for.
+struct Names {
+    array: String,
+    export: String,
+}
+
+async fn serve(
+    array: Arc<Array>,
+    names: Names,
+    ctl_path: PathBuf,
+    listens: Vec<Listen>,
+    serving: Serving<'_>,
 ) -> anyhow::Result<()> {
+    let Names {
+        array: name,
+        export,
+    } = names;
+    let Serving {
+        opener,
+        metrics,
+        access,
+        tls,
+    } = serving;
     let backend = Arc::new(ArrayBackend(array.clone()));
-    let export = nbd::Export {
-        name: name.clone(),
-        description: format!("ironraid array {name}"),
-        backend,
-    };
-    let limits = nbd::Limits {
-        max_inflight_bytes_per_conn: 64 << 20,
-        ..nbd::Limits::default()
-    };
-    let server = nbd::Server::new(vec![export], limits);
+    let tls_required = tls.as_ref().is_some_and(|t| t.required());
+    let tls_offered = tls.is_some();
+    let server = nbd::Server::with_tls(
+        vec![nbd::Export {
+            name: export.clone(),
+            description: format!("ironraid array {name}"),
+            backend,
+        }],
+        nbd::Limits::default(),
+        tls,
+    );
     let mut tasks = tokio::task::JoinSet::new();
     let mut addrs = Vec::new();
     let mut unix_paths = Vec::new();
+    let mut uris = Vec::new();
     for l in listens {
         match l {
             Listen::Unix(p) => {
                 claim_socket_path(&p, &name)?;
                 let listener = UnixListener::bind(&p)
                     .with_context(|| format!("cannot listen on {}", p.display()))?;
-                set_mode_0600(&p)?;
+                access.apply(&p)?;
                 addrs.push(format!("unix:{}", p.display()));
                 tracing::info!(socket = %p.display(), "serving NBD");
+                uris.push(endpoint::uri_unix(&p, &export));
                 unix_paths.push(p);
                 tasks.spawn(server.clone().serve_unix(listener));
             }
@@ -250,10 +293,18 @@ async fn serve(
                 let local = listener.local_addr()?;
                 addrs.push(format!("tcp:{local}"));
                 tracing::info!(address = %local, "serving NBD over TCP");
+                endpoint::warn_if_exposed(local, tls_required);
+                uris.push(endpoint::uri_tcp(local, &export, tls_offered));
                 tasks.spawn(server.clone().serve_tcp(listener));
             }
         }
     }
+    // As nbdkit's --print-uri: what to give a client, one line per endpoint.
+    for u in &uris {
+        println!("{u}");
+    }
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
     let metrics_task = match metrics {
         Some(addr) => {
             let listener = crate::metrics::bind(&addr).await?;
@@ -269,7 +320,8 @@ async fn serve(
         }
         None => None,
     };
-    let (ctl_task, mut stop_rx) = start_control(&ctl_path, array, addrs.clone(), opener)?;
+    let (ctl_task, mut stop_rx) =
+        start_control(&ctl_path, array, addrs.clone(), opener, server.clone())?;
     // Everything is bound and answering: NBD, metrics, the control socket.
     crate::systemd::notify(&format!(
         "READY=1\nSTATUS=serving array {name} on {}",
@@ -304,6 +356,7 @@ fn start_control(
     array: Arc<Array>,
     addrs: Vec<String>,
     opener: Opener,
+    nbd: Arc<nbd::Server>,
 ) -> anyhow::Result<(tokio::task::JoinHandle<()>, watch::Receiver<bool>)> {
     let ctl = UnixListener::bind(ctl_path)
         .with_context(|| format!("cannot listen on {}", ctl_path.display()))?;
@@ -314,6 +367,7 @@ fn start_control(
         addrs,
         stop,
         opener,
+        nbd,
     });
     Ok((tokio::spawn(control_loop(ctl, ctx)), stop_rx))
 }

@@ -6,6 +6,7 @@ mod backend;
 mod config;
 mod control;
 mod daemon;
+mod endpoint;
 mod examine;
 mod generate;
 mod guide;
@@ -15,6 +16,7 @@ mod member;
 mod metrics;
 mod monitor;
 mod monitor_scan;
+mod overview;
 mod rundir;
 mod scan;
 mod server;
@@ -72,9 +74,32 @@ enum Cmd {
         /// Name to serve under (default: the name in the superblocks).
         #[arg(long)]
         name: Option<String>,
-        /// Where to serve NBD: unix:PATH or tcp:HOST:PORT (repeatable). Default RUNDIR/NAME.nbd.
+        /// Also serve NBD here (repeatable): unix:PATH, tcp:HOST:PORT, nbd://HOST[:PORT]
+        /// (port 10809 by default) or nbd+unix:///?socket=PATH. RUNDIR/NAME.nbd is always served.
         #[arg(long = "nbd")]
         nbd: Vec<String>,
+        /// The NBD export name clients ask for (default: the array's name).
+        #[arg(long)]
+        export_name: Option<String>,
+        /// Mode of the NBD Unix sockets, octal (0660 lets a group, such as qemu's, connect).
+        #[arg(long, default_value = "0600")]
+        socket_mode: String,
+        /// Owner of the NBD Unix sockets: USER[:GROUP] or :GROUP, by name or number.
+        #[arg(long, value_name = "USER[:GROUP]")]
+        socket_owner: Option<String>,
+        /// TLS certificate (PEM) for NBD over TCP (NBD_OPT_STARTTLS; Unix sockets stay plain).
+        #[arg(long, value_name = "FILE", requires = "tls_key")]
+        tls_cert: Option<PathBuf>,
+        /// The certificate's private key (PEM).
+        #[arg(long, value_name = "FILE", requires = "tls_cert")]
+        tls_key: Option<PathBuf>,
+        /// Require client certificates signed by this CA (PEM).
+        #[arg(long, value_name = "FILE", requires = "tls_cert")]
+        tls_ca: Option<PathBuf>,
+        /// require (the default with a certificate: plain TCP clients are refused) or on
+        /// (offered, plain clients served too).
+        #[arg(long, value_parser = ["require", "on"], requires = "tls_cert")]
+        tls: Option<String>,
         /// Refuse writes.
         #[arg(long)]
         read_only: bool,
@@ -97,6 +122,10 @@ enum Cmd {
         /// members are taken back, freshest first, like `mdadm --assemble --force`).
         #[arg(long)]
         force: bool,
+        /// Start degraded although members the superblocks record as working were not given
+        /// (md's --run; without it such a start is refused and nothing is written).
+        #[arg(long = "run")]
+        run_degraded: bool,
         /// The array's journal device is lost: make DEV its new, empty journal (the whole
         /// array is resynced, since what the old log held is gone).
         #[arg(long, value_name = "DEV", conflicts_with = "drop_journal")]
@@ -147,7 +176,8 @@ enum Cmd {
         #[arg(required_unless_present = "scan")]
         members: Vec<PathBuf>,
     },
-    /// Every running array, mdstat-like.
+    /// Every array, mdstat-like, running or with its daemon gone; exit 1 unless all are
+    /// healthy (none degraded, failed, failing writes or gone).
     Status {
         #[arg(long)]
         json: bool,
@@ -163,7 +193,13 @@ enum Cmd {
         scan: bool,
     },
     /// Mark a member of a running array faulty (a spare, if any, starts rebuilding).
-    Fail { name: String, member: PathBuf },
+    Fail {
+        name: String,
+        member: PathBuf,
+        /// Fail it even if the array does not survive that (clients then get I/O errors).
+        #[arg(long)]
+        force: bool,
+    },
     /// Remove a faulty member or a spare from a running array.
     Remove { name: String, member: PathBuf },
     /// Add a member to a running array as a spare; it rebuilds at once if a role is missing.
@@ -244,8 +280,14 @@ enum Cmd {
         #[arg(value_parser = ["write-through", "write-back"])]
         mode: Option<String>,
     },
-    /// Stop a running array cleanly: drain, flush, mark clean, exit.
-    Stop { name: String },
+    /// Stop a running array cleanly: drain, flush, mark clean, exit (refused while NBD clients
+    /// are connected).
+    Stop {
+        name: String,
+        /// Stop although NBD clients are connected (the array is flushed first).
+        #[arg(long)]
+        force: bool,
+    },
     /// Create a 4-member RAID5 over sparse files in DIR and serve it.
     Demo { dir: Option<PathBuf> },
     /// Write the man pages and shell completions into DIR (for packaging).
@@ -282,8 +324,9 @@ struct CreateArgs {
     /// log, write stripes home later (switchable at run time with `journal-mode`).
     #[arg(long, value_parser = ["write-through", "write-back"])]
     journal_mode: Option<String>,
-    /// Keep a CRC32C record of every 4 KiB member block on two other members (RAID6: three),
-    /// verify every read and repair from redundancy (RAID4/5/6; md refuses such an array).
+    /// Keep a CRC32C record of every 4 KiB member block on two other members (RAID6: three;
+    /// a 2-way mirror: the other one), verify every read and repair from redundancy
+    /// (RAID1/4/5/6/10; not linear or RAID0; md refuses such an array).
     /// The members' data areas are discarded first.
     #[arg(long, value_parser = ["crc32c"], value_name = "crc32c")]
     integrity: Option<String>,
@@ -362,12 +405,20 @@ fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
         Cmd::Run {
             name,
             nbd,
+            export_name,
+            socket_mode,
+            socket_owner,
+            tls_cert,
+            tls_key,
+            tls_ca,
+            tls,
             read_only,
             no_direct,
             write_hold_us,
             speed_min,
             speed_max,
             force,
+            run_degraded,
             add_journal,
             drop_journal,
             guide,
@@ -396,6 +447,12 @@ fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
                 drop_journal,
                 name,
                 nbd,
+                export_name,
+                socket_access: endpoint::SocketAccess::parse(
+                    &socket_mode,
+                    socket_owner.as_deref(),
+                )?,
+                tls: endpoint::tls_config(tls_cert, tls_key, tls_ca, tls.as_deref())?,
                 members,
                 read_only,
                 buffered: no_direct,
@@ -403,6 +460,7 @@ fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
                 speed_min,
                 speed_max,
                 force,
+                run_degraded,
                 metrics,
             };
             if scan {
@@ -411,10 +469,14 @@ fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
                 daemon::run(args)
             }
         }
-        Cmd::Status { json } => status(json),
+        Cmd::Status { json } => overview::status(json, fetch_detail),
         Cmd::Detail { scan: true, .. } => scan::detail_scan(),
         Cmd::Detail { name, json, .. } => detail(&name.unwrap_or_default(), json),
-        Cmd::Fail { name, member } => manage::fail(&name, &member),
+        Cmd::Fail {
+            name,
+            member,
+            force,
+        } => manage::fail(&name, &member, force),
         Cmd::Remove { name, member } => manage::remove(&name, &member),
         Cmd::Add {
             name,
@@ -444,7 +506,7 @@ fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
         Cmd::Monitor { program, scan, .. } => monitor_scan::monitor_scan(program, scan),
         Cmd::Speed { name, min, max } => manage::speed(&name, min, max),
         Cmd::JournalMode { name, mode } => manage::journal_mode(&name, mode.as_deref()),
-        Cmd::Stop { name } => stop(&name),
+        Cmd::Stop { name, force } => stop(&name, force),
         Cmd::Demo { dir } => demo(dir),
         Cmd::Generate { dir } => {
             use clap::CommandFactory;
@@ -522,6 +584,15 @@ fn create(a: CreateArgs) -> anyhow::Result<String> {
     let opener = member::Opener::new(OpenMode::Buffered);
     let open = |paths: &[PathBuf]| opener.open_all(paths);
     let members = open(&a.members)?;
+    let sizes: Vec<(String, u64)> = members
+        .iter()
+        .map(|d| (d.name().to_string(), d.len_bytes()))
+        .collect();
+    // Linear and RAID0 use every member whole; the others only the smallest's size.
+    let capped = !matches!(level, layout::Level::Linear | layout::Level::Raid0);
+    if let Some(w) = size::uneven_members(&sizes).filter(|_| capped && size_bytes.is_none()) {
+        tracing::warn!("{w}");
+    }
     // Members that carry an md superblock are an old array's (`create --force` over them is
     // md's way to re-create an array whose superblocks were lost): their data is kept, as it
     // is with `--assume-clean`. Discarding is for new members only.
@@ -626,25 +697,6 @@ fn fetch_detail(name: &str) -> anyhow::Result<status::Detail> {
     resp.detail.ok_or_else(|| anyhow!("daemon sent no detail"))
 }
 
-fn status(json: bool) -> anyhow::Result<()> {
-    let details: Vec<status::Detail> = control::running_arrays()
-        .iter()
-        .filter_map(|n| fetch_detail(n).ok())
-        .collect();
-    if json {
-        println!("{}", serde_json::to_string_pretty(&details)?);
-        return Ok(());
-    }
-    println!("Personalities : [linear] [raid0] [raid1] [raid4] [raid5] [raid6] [raid10]");
-    for d in &details {
-        print!("{}", d.mdstat());
-    }
-    if details.is_empty() {
-        println!("(no running arrays in {})", rundir::rundir().display());
-    }
-    Ok(())
-}
-
 fn detail(name: &str, json: bool) -> anyhow::Result<()> {
     let d = fetch_detail(name)?;
     if json {
@@ -670,12 +722,15 @@ fn detail(name: &str, json: bool) -> anyhow::Result<()> {
     for a in &d.nbd {
         println!("  nbd   {a}");
     }
+    for c in &d.nbd_clients {
+        println!("  client {c}");
+    }
     Ok(())
 }
 
-fn stop(name: &str) -> anyhow::Result<()> {
+fn stop(name: &str, force: bool) -> anyhow::Result<()> {
     let pid = fetch_detail(name)?.pid;
-    expect_ok(control::call(name, &control::Request::Stop)?)?;
+    expect_ok(control::call(name, &control::Request::Stop { force })?)?;
     if !daemon::wait_exit(pid, Duration::from_secs(120)) {
         bail!("array '{name}': daemon (pid {pid}) did not exit within 120 s");
     }
@@ -737,6 +792,12 @@ fn demo(dir: Option<PathBuf>) -> anyhow::Result<()> {
     daemon::run(daemon::RunArgs {
         name: Some("demo".into()),
         nbd: vec![],
+        export_name: None,
+        socket_access: endpoint::SocketAccess {
+            mode: 0o600,
+            owner: None,
+        },
+        tls: None,
         members,
         read_only: false,
         buffered: false,
@@ -744,6 +805,7 @@ fn demo(dir: Option<PathBuf>) -> anyhow::Result<()> {
         speed_min: None,
         speed_max: None,
         force: false,
+        run_degraded: false,
         add_journal: None,
         drop_journal: false,
         guide: None,

@@ -6,9 +6,9 @@ use crate::{expect_ok, size};
 use anyhow::anyhow;
 use std::path::Path;
 
-pub fn fail(name: &str, member: &Path) -> anyhow::Result<()> {
+pub fn fail(name: &str, member: &Path, force: bool) -> anyhow::Result<()> {
     let member = member_name(member);
-    expect_ok(control::call(name, &Request::Fail { member })?)
+    expect_ok(control::call(name, &Request::Fail { member, force })?)
 }
 
 pub fn remove(name: &str, member: &Path) -> anyhow::Result<()> {

@@ -5,7 +5,7 @@ use crate::control::{EventLine, Request, Response, MAX_REQUEST_BYTES};
 use crate::member::Opener;
 use crate::status::Detail;
 use crate::verify::VerifyResult;
-use engine::{Array, Event};
+use engine::{Array, Event, MemberState};
 use std::path::Path;
 use std::sync::mpsc::RecvTimeoutError;
 use std::sync::Arc;
@@ -23,6 +23,8 @@ pub struct Ctx {
     pub stop: watch::Sender<bool>,
     /// How members are opened (for `add`).
     pub opener: Opener,
+    /// The NBD server (for the clients `stop` refuses to cut off).
+    pub nbd: Arc<nbd::Server>,
 }
 
 pub async fn control_loop(listener: UnixListener, ctx: Arc<Ctx>) {
@@ -67,9 +69,11 @@ where
 }
 
 fn detail(ctx: &Ctx) -> Response {
+    let mut d = Detail::from_status(&ctx.array.status(), ctx.addrs.clone());
+    d.nbd_clients = ctx.nbd.clients();
     Response {
         ok: true,
-        detail: Some(Detail::from_status(&ctx.array.status(), ctx.addrs.clone())),
+        detail: Some(d),
         ..Response::default()
     }
 }
@@ -78,24 +82,21 @@ async fn handle(req: Request, ctx: &Ctx) -> Response {
     let array = ctx.array.clone();
     match req {
         Request::Detail => detail(ctx),
-        Request::Stop => {
-            let _ = ctx.stop.send(true);
-            Response::ok()
-        }
-        Request::Fail { member } => {
-            blocking(move || array.fail_member(&member).map_err(anyhow::Error::from)).await
+        Request::Stop { force } => stop(ctx, force).await,
+        Request::Fail { member, force } => {
+            blocking(move || {
+                match force {
+                    true => array.fail_member(&member),
+                    false => array.fail_member_safely(&member),
+                }
+                .map_err(anyhow::Error::from)
+            })
+            .await
         }
         Request::Remove { member } => {
             blocking(move || array.remove_member(&member).map_err(anyhow::Error::from)).await
         }
-        Request::Add { member, force } => {
-            let opener = ctx.opener;
-            blocking(move || {
-                let dev = opener.open(Path::new(&member))?;
-                array.add_member(dev, force).map_err(anyhow::Error::from)
-            })
-            .await
-        }
+        Request::Add { member, force } => add(ctx, member, force).await,
         Request::Action { action } => match array.request_action(&action) {
             Ok(()) => Response::ok(),
             Err(e) => Response::err(e.to_string()),
@@ -157,6 +158,68 @@ async fn handle(req: Request, ctx: &Ctx) -> Response {
         }
         Request::Monitor => Response::err("monitor is a streaming request"),
     }
+}
+
+/// `add`: a member already in the array is named as such (opening it would fail on the
+/// daemon's own lock).
+async fn add(ctx: &Ctx, member: String, force: bool) -> Response {
+    let array = ctx.array.clone();
+    let opener = ctx.opener;
+    blocking(move || {
+        // Opening it would fail on our own lock ("in use by another process").
+        let name = crate::member::name(Path::new(&member));
+        if let Some(m) = array.status().members.iter().find(|m| m.name == name) {
+            let as_what = match m.state {
+                MemberState::InSync => "an active member",
+                MemberState::Rebuilding => "a member being rebuilt",
+                MemberState::Faulty => "a faulty member (`remove` it first)",
+                MemberState::Spare => "a spare",
+                MemberState::Journal => "the journal",
+            };
+            anyhow::bail!("{member} is already {as_what} of {}", array.name());
+        }
+        let dev = opener.open(Path::new(&member))?;
+        array.add_member(dev, force).map_err(anyhow::Error::from)
+    })
+    .await
+}
+
+/// 20 ms polls `stop` waits for clients that are leaving (2 s).
+const STOP_CLIENT_GRACE_POLLS: u32 = 100;
+
+/// md refuses to stop an open array: connected clients would lose what they have not
+/// flushed. With `force` the array is flushed first, so what they wrote is kept.
+async fn stop(ctx: &Ctx, force: bool) -> Response {
+    // A client that just disconnected (a script's `nbdcopy; ironraid stop`) is gone once the
+    // server has read its EOF and answered what it had in flight: allow it that moment.
+    let mut clients = ctx.nbd.clients();
+    for _ in 0..STOP_CLIENT_GRACE_POLLS {
+        if clients.is_empty() || force {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        clients = ctx.nbd.clients();
+    }
+    if !clients.is_empty() && !force {
+        let s = if clients.len() == 1 { "" } else { "s" };
+        return Response::err(format!(
+            "array '{}' is in use: {} NBD client{s} connected ({}); disconnect them, or `stop \
+             --force` to flush and stop anyway",
+            ctx.array.name(),
+            clients.len(),
+            clients.join(", ")
+        ));
+    }
+    if !clients.is_empty() {
+        let array = ctx.array.clone();
+        let flushed = blocking(move || array.flush().map_err(anyhow::Error::from)).await;
+        if !flushed.ok {
+            return flushed;
+        }
+        tracing::warn!(array = %ctx.array.name(), clients = %clients.join(", "), "stop --force: flushed; cutting off connected NBD clients");
+    }
+    let _ = ctx.stop.send(true);
+    Response::ok()
 }
 
 /// Events that describe the state the array is in when a monitor attaches (as `mdadm

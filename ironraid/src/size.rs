@@ -27,6 +27,26 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("'{s}' is too large"))
 }
 
+/// mdadm's warning when members differ in size by more than 1 %: every member contributes
+/// only as much as the smallest, so the rest of a larger one lies unused. `sizes`: (path,
+/// bytes) of each member. Returns the warning, if any.
+pub fn uneven_members(sizes: &[(String, u64)]) -> Option<String> {
+    let (small_path, small) = sizes.iter().min_by_key(|(_, b)| *b)?;
+    let (large_path, large) = sizes.iter().max_by_key(|(_, b)| *b)?;
+    // More than 1 %: large > small * 1.01, in integers.
+    if (*large as u128) * 100 <= (*small as u128) * 101 {
+        return None;
+    }
+    Some(format!(
+        "largest member {large_path} ({}) exceeds the smallest, {small_path} ({}), by more \
+         than 1%: every member contributes only {} (what the smallest has), the rest of the \
+         larger ones is unused",
+        human(*large),
+        human(*small),
+        human(*small)
+    ))
+}
+
 /// "512K", "1.5M"-style rendering for humans.
 pub fn human(bytes: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
@@ -46,6 +66,18 @@ pub fn human(bytes: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn members_differing_by_more_than_one_percent_are_named() {
+        let m = |n: &str, b: u64| (n.to_string(), b);
+        assert_eq!(uneven_members(&[]), None);
+        assert_eq!(
+            uneven_members(&[m("a", 100 << 20), m("b", 101 << 20)]),
+            None
+        );
+        let w = uneven_members(&[m("a", 64 << 20), m("b", 3 << 20), m("c", 64 << 20)]).unwrap();
+        assert!(w.contains("(64.00 MiB)") && w.contains("b (3"), "{w}");
+    }
 
     #[test]
     fn sizes() {

@@ -30,6 +30,10 @@ pub struct Detail {
     /// Extension: where the NBD export listens.
     #[serde(default)]
     pub nbd: Vec<String>,
+    /// Extension: NBD clients connected now (`tcp:ADDR` or `unix:pid N`): `stop` refuses
+    /// while there are any.
+    #[serde(default)]
+    pub nbd_clients: Vec<String>,
     /// Extension: the daemon's process id.
     #[serde(default)]
     pub pid: u32,
@@ -43,6 +47,10 @@ pub struct Detail {
     /// "read-only" (and for a "failed" array).
     #[serde(default)]
     pub read_only_reason: Option<String>,
+    /// Extension: writes failing with ENOSPC because a member's backing store is full (null:
+    /// writes go through); it ends at the next write that goes through.
+    #[serde(default)]
+    pub no_space: Option<NoSpaceDetail>,
     /// Extension: guided resync (null: the array's policy is not `guided`).
     #[serde(default)]
     pub guidance: Option<GuidanceDetail>,
@@ -122,6 +130,14 @@ impl GuidanceDetail {
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct NoSpaceDetail {
+    /// The member whose backing store was full at the latest failed write.
+    pub member: String,
+    pub since_unix_ms: u64,
+    pub writes_failed: u64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct MemberDetail {
     pub path: String,
     pub role: Option<usize>,
@@ -144,6 +160,10 @@ pub struct SyncDetail {
     pub done_bytes: u64,
     pub total_bytes: u64,
     pub rate_bytes_per_s: u64,
+    /// Extension: of `total_bytes - done_bytes`, what will really be read and written
+    /// (regions never written are skipped): the ETA is this over the rate.
+    #[serde(default)]
+    pub left_bytes: u64,
     /// Extension: the action that ran last ("idle" if none yet).
     #[serde(default)]
     pub last_action: String,
@@ -468,6 +488,7 @@ impl SyncDetail {
             done_bytes: s.done_bytes,
             total_bytes: s.total_bytes,
             rate_bytes_per_s: s.rate_bytes_per_s,
+            left_bytes: s.left_bytes,
             last_action: s.last_action.name().to_string(),
             last_duration_ms: s.last_duration_ms,
             last_duration_us: s.last_duration_us,
@@ -544,14 +565,41 @@ impl Detail {
             }),
             used_regions: s.used_regions.as_ref().map(UsedDetail::from_engine),
             nbd,
+            nbd_clients: Vec::new(),
             pid: std::process::id(),
             journal: s.journal.as_ref().map(JournalDetail::from_engine),
             integrity_detail: s.integrity.as_ref().map(IntegrityDetail::from_engine),
             read_only_reason: s.read_only_reason.clone(),
             torn_rows_exposed: s.torn_rows_exposed,
             torn_reads_refused: s.torn_reads_refused,
+            no_space: s.no_space.as_ref().map(|n| NoSpaceDetail {
+                member: n.member.clone(),
+                since_unix_ms: n.since_unix_ms,
+                writes_failed: n.writes_failed,
+            }),
             guidance: s.guidance.as_ref().map(GuidanceDetail::from_engine),
         }
+    }
+
+    /// `state` plus what it leaves out: writes failing for lack of space.
+    fn state_words(&self) -> String {
+        match &self.no_space {
+            Some(_) => format!("{}, no space (writes failing)", self.state),
+            None => self.state.clone(),
+        }
+    }
+
+    /// Whether nothing needs an administrator: not degraded, failed, read-only against its
+    /// own wish, or failing writes for lack of space (`status` exits 1 otherwise, as `mdadm
+    /// --detail --test`).
+    pub fn healthy(&self) -> bool {
+        let missing =
+            self.members.iter().filter(|m| m.state == "in_sync").count() < self.raid_devices;
+        let refused = self
+            .read_only_reason
+            .as_deref()
+            .is_some_and(|r| r != engine::ASSEMBLED_READ_ONLY);
+        !missing && !refused && self.no_space.is_none() && self.state != "failed"
     }
 
     /// Two or three lines in the spirit of /proc/mdstat.
@@ -618,7 +666,7 @@ impl Detail {
             self.size_bytes / 1024,
             self.raid_devices,
             roles.iter().collect::<String>(),
-            self.state
+            self.state_words()
         );
         if self.sync.action != "idle" && self.sync.total_bytes > 0 {
             out.push_str(&progress_line(&self.sync));
@@ -648,6 +696,14 @@ impl Detail {
                 m.path, m.read_errors_corrected, m.bad_sectors
             ));
         }
+        if let Some(n) = &self.no_space {
+            let ago = unix_ms().saturating_sub(n.since_unix_ms) / 1000;
+            out.push_str(&format!(
+                "      writes failing (ENOSPC): no space on the file system of {} for {ago}s, {} \
+                 writes failed; the member stays, the ranges are resynced once space is back\n",
+                n.member, n.writes_failed
+            ));
+        }
         // A journal failure already said why; other reasons (assembled read-only, journal
         // missing at assembly, redundancy exhausted) get their own line.
         if let Some(why) = &self.read_only_reason {
@@ -659,12 +715,20 @@ impl Detail {
     }
 }
 
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
 /// mdstat's progress line: bar, percent, done/total KiB, time left, speed.
 pub fn progress_line(s: &SyncDetail) -> String {
     let permille = (s.done_bytes.saturating_mul(1000) / s.total_bytes.max(1)).min(1000);
     let filled = (permille / 50) as usize;
     let bar: String = "=".repeat(filled) + ">" + &".".repeat(20 - filled.min(20));
-    let left = s.total_bytes.saturating_sub(s.done_bytes);
+    // What is left to copy, not the span left to walk: unused regions cost nothing.
+    let left = s.left_bytes;
     let finish_min = if s.rate_bytes_per_s > 0 {
         left as f64 / s.rate_bytes_per_s as f64 / 60.0
     } else {
@@ -770,6 +834,7 @@ mod tests {
                 done_bytes: 0,
                 total_bytes: 0,
                 rate_bytes_per_s: 0,
+                left_bytes: 0,
                 last_action: "idle".into(),
                 last_duration_ms: 0,
                 last_duration_us: 0,
@@ -781,6 +846,7 @@ mod tests {
             bitmap: None,
             used_regions,
             nbd: vec![],
+            nbd_clients: vec![],
             pid: 1,
             journal: None,
             integrity_detail: None,
@@ -788,6 +854,7 @@ mod tests {
             read_only_reason: None,
             torn_rows_exposed: 0,
             torn_reads_refused: 0,
+            no_space: None,
         }
     }
 

@@ -248,7 +248,7 @@ fn degraded_raid5_serves_correct_data() {
         .filter(|(i, _)| *i != 2)
         .map(|(_, m)| m.clone())
         .collect();
-    let d = env.run(&survivors);
+    let d = env.run_with(&["--run"], &survivors);
     let detail: serde_json::Value =
         serde_json::from_str(&env.ok(&["detail", "deg5", "--json"])).unwrap();
     assert_eq!(detail["state"], "degraded", "{detail}");

@@ -233,6 +233,8 @@ fn aligned_writes_beside_sector_patches_are_kept() {
     let mut c = Client::connect(&env.socket(), &env.name);
     let got = c.read(base, SECTORS * SECTOR);
     check(&got, base, &plans);
+    // A connected client would make `stop` refuse.
+    drop(c);
     env.stop(d);
 }
 
@@ -265,5 +267,6 @@ fn unaligned_write_zeroes_and_reads() {
             "read +{at} len {n}"
         );
     }
+    drop(c);
     env.stop(d);
 }

@@ -84,6 +84,18 @@ fn full_backing_file_system_fails_writes_with_enospc_and_loses_no_member() {
         );
     }
     assert_ne!(detail["state"], "failed", "{detail:#}");
+    // Status tells: which member's file system is full, and exit status 1.
+    assert!(
+        detail["no_space"]["writes_failed"].as_u64() > Some(0),
+        "{detail:#}"
+    );
+    let out = env.ironraid(&["status"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains("no space (writes failing)") && text.contains("ENOSPC"),
+        "{text}"
+    );
     env.stop(d);
     for m in &env.members {
         assert_eq!(
@@ -108,5 +120,7 @@ fn full_backing_file_system_fails_writes_with_enospc_and_loses_no_member() {
     env.ok(&["action", "full", "check", "--wait"]);
     let checked = env.detail();
     assert_eq!(checked["mismatch_count"], 0, "{checked:#}");
+    assert!(checked["no_space"].is_null(), "{checked:#}");
+    env.ok(&["status"]);
     env.stop(d);
 }

@@ -242,7 +242,7 @@ fn corrupt_behind_the_back(level: &str, n: usize, records: bool) -> bool {
     assert_eq!(integrity(&env)["table_copies_bad"], 0);
     // And any member may go: every byte still reads back right, verified.
     env.stop(d);
-    let d = env.run(&env.members[1..]);
+    let d = env.run_with(&["--run"], &env.members[1..]);
     back();
     env.stop(d);
     let text = env.ok(&["examine", env.members[0].to_str().unwrap()]);
@@ -398,7 +398,7 @@ fn mirror_corruption_caught_and_repaired(level: &str, n: usize, run_extra: &[&st
     }
     env.stop(d);
     // Any member may go: every byte still reads back right, verified.
-    let d = env.run_with(run_extra, &env.members[1..]);
+    let d = env.run_with(&[run_extra, &["--run"]].concat(), &env.members[1..]);
     back();
     env.stop(d);
 }

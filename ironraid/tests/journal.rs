@@ -473,7 +473,7 @@ fn kill9_under_fio_then_degraded_restart_without_force() {
     std::fs::rename(&env.members[2], &gone).unwrap();
     let mut survivors: Vec<PathBuf> = env.members.iter().filter(|m| m.exists()).cloned().collect();
     survivors.push(log.clone());
-    let d = env.run(&survivors);
+    let d = env.run_with(&["--run"], &survivors);
     let det = env.detail();
     assert_eq!(det["state"], "degraded", "{det:#}\n{}", d.log_text());
     assert!(
@@ -553,7 +553,7 @@ fn write_back_kill9_under_fio_then_degraded_restart() {
     std::fs::rename(&env.members[1], env.dir.path().join("m1.gone")).unwrap();
     let mut survivors: Vec<PathBuf> = env.members.iter().filter(|m| m.exists()).cloned().collect();
     survivors.push(log.clone());
-    let d = env.run(&survivors);
+    let d = env.run_with(&["--run"], &survivors);
     let det = env.detail();
     assert_eq!(det["state"], "degraded", "{det:#}\n{}", d.log_text());
     assert_eq!(
@@ -837,7 +837,7 @@ fn dropping_the_journal_of_a_crashed_degraded_array_keeps_acknowledged_data() {
         std::fs::rename(&env.members[2], env.dir.path().join("m2.gone")).unwrap();
         let mut given: Vec<PathBuf> = env.members.iter().filter(|m| m.exists()).cloned().collect();
         given.push(log.clone());
-        let d = match env.try_run_with(&["--drop-journal"], &given) {
+        let d = match env.try_run_with(&["--drop-journal", "--run"], &given) {
             Ok(d) => d,
             Err(refused) => {
                 assert!(

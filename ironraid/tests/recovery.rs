@@ -480,7 +480,10 @@ fn speed_limits_slow_a_rebuild_and_can_be_raised() {
     let done = slow["sync"]["done_bytes"].as_u64().unwrap();
     assert!(rate > 0 && rate <= 3 * MIB / 2, "rate {rate}: {slow:#}");
     assert!(done <= 5 * MIB, "done {done} after ~2.5 s at 1M/s");
-    let status = env.ok(&["status"]);
+    // A rebuilding array is still degraded: `status` says so with its exit status.
+    let out = env.ironraid(&["status"]);
+    assert_eq!(out.status.code(), Some(1));
+    let status = String::from_utf8_lossy(&out.stdout);
     assert!(
         status.contains("recovery =") && status.contains("(R)"),
         "{status}"

@@ -109,6 +109,8 @@ pub struct Array {
     pub(crate) writes_in_commit: AtomicUsize,
     /// When the last group of member writes ended (the sync clock's ms, +1; 0: none yet).
     pub(crate) last_write_ms: std::sync::atomic::AtomicU64,
+    /// A member's backing store is full: writes fail with ENOSPC (for status).
+    pub(crate) no_space: crate::no_space::NoSpaceTracker,
     closing: AtomicBool,
     failures_in_commit: AtomicUsize,
     failed: AtomicBool,
@@ -157,6 +159,9 @@ pub enum MemberState {
     Journal,
 }
 
+/// The read-only reason of an array assembled read-only because it was asked to be.
+pub const ASSEMBLED_READ_ONLY: &str = "assembled read-only";
+
 /// A snapshot of the array's state.
 #[derive(Clone, Debug)]
 pub struct ArrayStatus {
@@ -188,6 +193,8 @@ pub struct ArrayStatus {
     pub torn_rows_exposed: u64,
     /// Degraded reads refused because their block would be rebuilt from such a row.
     pub torn_reads_refused: u64,
+    /// Writes failing because a member's backing store is full (None: they go through).
+    pub no_space: Option<crate::no_space::NoSpaceStatus>,
 }
 
 /// The used-region map, for status.
@@ -300,6 +307,7 @@ impl Array {
             active: AtomicBool::new(false),
             writes_in_commit: AtomicUsize::new(0),
             last_write_ms: std::sync::atomic::AtomicU64::new(0),
+            no_space: Default::default(),
             closing: AtomicBool::new(false),
             failures_in_commit: AtomicUsize::new(0),
             failed: AtomicBool::new(false),
@@ -601,7 +609,7 @@ impl Array {
                 reason: self
                     .read_only_reason
                     .clone()
-                    .unwrap_or_else(|| "assembled read-only".into()),
+                    .unwrap_or_else(|| ASSEMBLED_READ_ONLY.into()),
             });
         }
         if let Some(why) = self.policy.journal().and_then(|j| j.failed()) {
@@ -610,11 +618,9 @@ impl Array {
                 reason: why,
             });
         }
+        // An I/O error, as md gives on a failed array: the data is gone, not protected.
         if self.is_failed() {
-            return Err(EngineError::ReadOnly {
-                array: self.name.clone(),
-                reason: "too many members failed; redundancy exhausted".into(),
-            });
+            return Err(self.unrecoverable(0, 0, "too many members failed; redundancy exhausted"));
         }
         Ok(())
     }
@@ -899,7 +905,8 @@ impl Array {
         self.fail_members_after_sb_error(failed);
     }
 
-    /// Fail a member by name (administrator's `fail`).
+    /// Mark a member faulty, whatever the array's redundancy left (an administrator insisting:
+    /// `fail --force`; see [`Array::fail_member_safely`]).
     pub fn fail_member(&self, name: &str) -> Result<()> {
         if let Some(j) = self.policy.journal().filter(|j| j.member().name() == name) {
             // md lets the journal be failed too: the array goes read-only. Returns once what
@@ -925,6 +932,40 @@ impl Array {
         }
         self.fail_role(role, None, "failed by administrator");
         Ok(())
+    }
+
+    /// As [`Array::fail_member`], but refused (`Busy`, md's EBUSY) when the array would not
+    /// survive losing that member.
+    pub fn fail_member_safely(&self, name: &str) -> Result<()> {
+        let Some(role) = self
+            .slots
+            .iter()
+            .position(|s| s.member().is_some_and(|m| m.name() == name))
+            .filter(|_| self.geometry.max_degraded() > 0)
+        else {
+            // The journal, a stranger, or a level without redundancy: fail_member answers.
+            return self.fail_member(name);
+        };
+        let mut failed: Vec<bool> = self.slots.iter().map(|s| !s.is_complete()).collect();
+        failed[role] = true;
+        if !self.geometry.survives(&failed) {
+            let others: Vec<String> = (0..failed.len())
+                .filter(|&r| r != role && failed[r])
+                .map(|r| r.to_string())
+                .collect();
+            let without = if others.is_empty() {
+                String::new()
+            } else {
+                format!(" (already without roles {})", others.join(", "))
+            };
+            return Err(EngineError::Busy(format!(
+                "refusing to fail {name}: {} ({}){without} would not survive losing role {role}; \
+                 `fail --force` insists (clients then get I/O errors)",
+                self.name,
+                self.geometry.level().name()
+            )));
+        }
+        self.fail_member(name)
     }
 
     /// Receive this array's events from now on.
@@ -1009,6 +1050,7 @@ impl Array {
             }),
             torn_rows_exposed: self.exposed_rows(),
             torn_reads_refused: self.sync.torn_reads_refused.load(Ordering::Relaxed),
+            no_space: self.no_space.status(),
             used_regions: self.used.as_ref().map(|u| UsedStatus {
                 region_bytes: u.region_bytes(),
                 regions: u.regions(),

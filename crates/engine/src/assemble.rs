@@ -53,6 +53,11 @@ pub struct AssembleOptions {
     /// few are current (`mdadm --assemble --force`), and start a dirty, degraded RAID4/5/6
     /// (md's `start_dirty_degraded`). Never accepts another array's member.
     pub force: bool,
+    /// Refuse to start degraded when a role is missing that the freshest role table still
+    /// records as working (a member forgotten on the command line, not one that failed):
+    /// starting without it would record it faulty and cost it a full rebuild. md refuses the
+    /// same unless `--run`. `force` overrides it.
+    pub refuse_unfailed_missing: bool,
     /// The array's journal is lost: run without one (`--consistency-policy resync`), with a
     /// full resync, since what the log held is gone.
     pub drop_journal: bool,
@@ -107,7 +112,11 @@ pub fn assemble(devs: Vec<Arc<dyn Device>>, opts: AssembleOptions) -> Result<Arr
     // RAID0/linear take each present member's own size: recompute after forcing.
     let geometry = geometry_from(&best, level, &placement.by_role)?;
     check_sizes(&placement, &best, level)?;
+    // The write hole is the graver risk, so it is named first; `--run` does not lift it.
     check_dirty_degraded(&placement, &best, level, &array_name, opts.force)?;
+    if opts.refuse_unfailed_missing && !opts.force {
+        check_unfailed_missing(&placement, &best, &array_name)?;
+    }
     build(opts, array_name, best, geometry, placement)
 }
 
@@ -402,6 +411,38 @@ fn check_sizes(p: &Placement, best: &Superblock, level: Level) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Roles with no member although the freshest role table records a working member in them:
+/// the member was not given (md: "need N to start it (use --run to insist)").
+fn check_unfailed_missing(p: &Placement, best: &Superblock, array_name: &str) -> Result<()> {
+    let missing: Vec<String> = p
+        .by_role
+        .iter()
+        .enumerate()
+        .filter(|(_, m)| m.is_none())
+        .filter_map(|(r, _)| {
+            let slot = best
+                .dev_roles
+                .iter()
+                .position(|&role| usize::from(role) == r)?;
+            Some(format!("role {r} (device {slot})"))
+        })
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let n = p.by_role.len();
+    let have = p.by_role.iter().flatten().count();
+    Err(EngineError::Assemble {
+        member: format!("array '{array_name}'"),
+        reason: format!(
+            "{have} of {n} members present and current, but the superblocks record {} as \
+             working (never failed); give every member, or `run --run` to start degraded (the \
+             missing ones are then recorded faulty and need a full rebuild)",
+            missing.join(", ")
+        ),
+    })
 }
 
 /// md's `start_dirty_degraded`: see the module notes.

@@ -144,6 +144,17 @@ impl Array {
         }
         self.wait_failures_durable();
         let no_space = ios.iter().any(|io| io.outcome == IoOutcome::NoSpace);
+        match ios.iter().find(|io| io.outcome == IoOutcome::NoSpace) {
+            Some(io) => self.no_space.write_failed(
+                &self.slots[io.role]
+                    .member()
+                    .map_or_else(|| format!("role {}", io.role), |m| m.name().to_string()),
+            ),
+            None if ios.iter().all(|io| io.outcome == IoOutcome::Ok) => {
+                self.no_space.write_succeeded()
+            }
+            None => {}
+        }
         if no_space {
             // Before `after_writes`: the bitmap must not let the range's bits clear first.
             self.policy.note_inconsistent(self, set);

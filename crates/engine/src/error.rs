@@ -41,6 +41,9 @@ pub enum EngineError {
     /// Creating an array failed before or while writing superblocks.
     #[error("{member}: {reason}")]
     Create { member: String, reason: String },
+    /// Refused because it would break the array (md's EBUSY); a force flag insists.
+    #[error("{0}")]
+    Busy(String),
     /// Something valid that this version does not implement.
     #[error("unsupported: {0}")]
     Unsupported(String),
@@ -55,6 +58,7 @@ impl From<EngineError> for io::Error {
             EngineError::ReadOnly { .. } => io::ErrorKind::PermissionDenied,
             EngineError::Unsupported(_) => io::ErrorKind::Unsupported,
             EngineError::NoSpace { .. } => io::ErrorKind::StorageFull,
+            EngineError::Busy(_) => io::ErrorKind::ResourceBusy,
             _ => io::ErrorKind::Other,
         };
         io::Error::new(kind, e.to_string())

@@ -27,6 +27,7 @@ mod member;
 mod meta;
 mod mirror;
 mod mirror_heal;
+mod no_space;
 mod paged;
 mod policy;
 mod range_lock;
@@ -42,6 +43,7 @@ mod writeback;
 
 pub use array::{
     Array, ArrayConfig, ArrayStatus, BitmapStatus, MemberState, MemberStatus, UsedStatus,
+    ASSEMBLED_READ_ONLY,
 };
 pub use assemble::{assemble, AssembleOptions};
 pub use bitmap::read_bitmap;
@@ -55,6 +57,7 @@ pub use intent::WriteIntent;
 pub use io::ReadVerifier;
 pub use journal::{JournalStatus, Replayed};
 pub use meta::read_superblock;
+pub use no_space::NoSpaceStatus;
 pub use record_cache::CacheStats;
 pub use sync::{SyncAction, SyncStatus, DEFAULT_SPEED_MAX, DEFAULT_SPEED_MIN};
 pub use verify::VerifyReport;

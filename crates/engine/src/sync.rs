@@ -49,6 +49,9 @@ pub struct SyncStatus {
     pub action: SyncAction,
     pub done_bytes: u64,
     pub total_bytes: u64,
+    /// Of `total - done`, what will really be read and written (unused regions are skipped):
+    /// what an ETA divides by the rate, which counts only such work too.
+    pub left_bytes: u64,
     pub rate_bytes_per_s: u64,
     /// Sectors found inconsistent by the last check/repair/resync (md's `mismatch_cnt`).
     pub mismatch_sectors: u64,
@@ -192,6 +195,32 @@ pub(crate) struct Pace {
     start: Duration,
     worked_at_start: u64,
     last_checkpoint: Duration,
+}
+
+/// Why `check`, `repair` or `resync` cannot start now, and what would let it: an action
+/// `idle` interrupts only to take it up again (recovery and resync come first, as in md)
+/// must not be suggested as the way out.
+fn busy_message(name: &str, st: &SyncState) -> String {
+    match (st.running, st.requested) {
+        (SyncAction::Recover, _) => format!(
+            "{name} is rebuilding a member; check, repair and resync can start once the \
+             rebuild has finished ('idle' would only pause it, and it resumes first)"
+        ),
+        (SyncAction::Resync, _) => format!(
+            "{name} is resyncing (which rewrites redundancy that disagrees anyway); ask again \
+             once it has finished ('idle' would only pause it, and it resumes first)"
+        ),
+        (SyncAction::Idle, Some(next)) => {
+            format!(
+                "{name} has {} requested already, about to start",
+                next.name()
+            )
+        }
+        (running, _) => format!(
+            "{name} is busy with {}; request 'idle' to stop it first",
+            running.name()
+        ),
+    }
 }
 
 /// One background action walking the array window by window: the one loop rebuild, resync and
@@ -347,10 +376,8 @@ impl Array {
                     )));
                 }
                 if st.running != SyncAction::Idle || st.requested.is_some() {
-                    return Err(crate::EngineError::InvalidArgument(format!(
-                        "{} is busy with {}; request 'idle' first",
-                        self.name,
-                        st.running.name()
+                    return Err(crate::EngineError::InvalidArgument(busy_message(
+                        &self.name, &st,
                     )));
                 }
                 if self.slots.iter().any(|s| !s.is_complete()) {
@@ -408,10 +435,12 @@ impl Array {
 
     pub fn sync_status(&self) -> SyncStatus {
         let st = self.sync.st.lock();
-        SyncStatus {
+        let (done, total) = (st.done, st.total);
+        let mut s = SyncStatus {
             action: st.running,
-            done_bytes: st.done,
-            total_bytes: st.total,
+            done_bytes: done,
+            total_bytes: total,
+            left_bytes: 0,
             rate_bytes_per_s: st.rate,
             mismatch_sectors: st.mismatches,
             frozen: st.frozen,
@@ -420,7 +449,14 @@ impl Array {
             last_duration_us: st.last_duration.as_micros() as u64,
             speed_min_bytes: st.speed_min,
             speed_max_bytes: st.speed_max,
-        }
+        };
+        drop(st);
+        s.left_bytes = if s.action == SyncAction::Idle {
+            0
+        } else {
+            self.work_within(done..total)
+        };
+        s
     }
 
     /// Block until no background action runs or is pending (tests, `action --wait`).

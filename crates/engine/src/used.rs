@@ -187,6 +187,22 @@ impl UsedRegions {
         start..stop.max(start)
     }
 
+    /// Bytes of `range` (sync coordinates) in used regions: what background work over it
+    /// will really read and write.
+    pub(crate) fn used_bytes_within(&self, range: Range<u64>) -> u64 {
+        let mut bytes = 0;
+        let mut pos = range.start;
+        while pos < range.end {
+            let run = self.next_used(pos, range.end);
+            if run.is_empty() {
+                break;
+            }
+            bytes += run.end - run.start;
+            pos = run.end;
+        }
+        bytes
+    }
+
     /// Whole regions inside `offset..offset+len` (sync coordinates).
     pub(crate) fn whole_regions(&self, offset: u64, len: u64) -> Range<u64> {
         let first = offset.div_ceil(self.region_bytes);
@@ -289,6 +305,14 @@ impl Array {
 
     /// The part of `range` (sync coordinates) background work must visit: the first run of
     /// used regions in it (all of it without a map).
+    /// Bytes of `range` (sync coordinates) that background work will not skip as unused.
+    pub(crate) fn work_within(&self, range: Range<u64>) -> u64 {
+        match &self.used {
+            Some(u) => u.used_bytes_within(range),
+            None => range.end.saturating_sub(range.start),
+        }
+    }
+
     pub(crate) fn used_within(&self, range: Range<u64>) -> Range<u64> {
         match &self.used {
             Some(u) => u.next_used(range.start, range.end),

@@ -1,7 +1,7 @@
 //! Assembly rules over simulated members: dirty + degraded parity arrays refused unless forced
 //! (md's `start_dirty_degraded`), forced assembly of stale or faulty-recorded members
 //! (`mdadm --assemble --force`), foreign members never accepted, and the role table made
-//! durable before the array is handed out.
+//! durable before the array is handed out; a forgotten member refused unless `--run`.
 
 mod common;
 
@@ -412,4 +412,35 @@ fn two_spares_claiming_one_device_number_keep_the_first() {
         .expect("a copy is refused")
         .to_string();
     assert!(err.contains("appears twice"), "{err}");
+}
+
+/// md's "need N to start it (use --run to insist)": a member the role table records as working
+/// but not given is refused when asked to (`refuse_unfailed_missing`), before anything is
+/// written; a member recorded faulty earlier, or `force`, lets the array start degraded.
+#[test]
+fn a_forgotten_member_is_refused_and_nothing_written_unless_run_or_force() {
+    let all = sims("fg", 4, 21);
+    make(Level::Raid5, &all, &[]);
+    let refuse = AssembleOptions {
+        refuse_unfailed_missing: true,
+        ..opts(false)
+    };
+    let events = sb(&all[0]).events;
+    let err = assemble(devs(&pick(&all, &[0, 1, 2])), refuse.clone())
+        .err()
+        .expect("refused");
+    let msg = err.to_string();
+    assert!(msg.contains("role 3") && msg.contains("--run"), "{msg}");
+    assert_eq!(sb(&all[0]).events, events, "a refused assembly wrote");
+    // Force implies run.
+    let forced = AssembleOptions {
+        force: true,
+        ..refuse.clone()
+    };
+    let a = assemble(devs(&pick(&all, &[0, 1, 2])), forced).expect("forced");
+    assert!(!a.status().missing_roles.is_empty());
+    a.close().expect("close");
+    // Recorded faulty by that run: the three start without being told.
+    let a = assemble(devs(&pick(&all, &[0, 1, 2])), refuse).expect("known degraded");
+    a.close().expect("close");
 }

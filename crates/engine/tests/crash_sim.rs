@@ -595,13 +595,15 @@ fn workload(
                             Err(e) => panic!("forced start: {e}"),
                         };
                         if array.status().torn_rows_exposed > 0 {
-                            // As in `recover`: the rows the bitmap says may be torn read only
-                            // once a rebuild and the resync after it have run.
+                            // As in `recover`: the blocks of rows the bitmap says may be torn
+                            // stay unreadable through a rebuild and the resync after it, until
+                            // written again.
                             give_spare(rig, array);
                             rig.settle_sync(array);
                             if rig.rail.is_off() {
                                 return;
                             }
+                            restore_lost_pages(rig, array, model, true);
                         }
                         match array.read(0, &mut model.current) {
                             Ok(()) => model.settle(model.current.clone()),
@@ -801,28 +803,28 @@ fn recover(
         guide(rig, &array, model);
     }
     // Forced past the write hole, a bitmap array without records refuses to rebuild blocks
-    // from the rows its bitmap says may be torn; a rebuild and the resync after it end that
-    // (what those rows hold is not promised), so they run to the end now.
+    // from the rows its bitmap says may be torn, and a rebuild records them bad on the new
+    // member (with their parity): they stay unreadable through it and the resync after it
+    // until written again, so those run to the end first.
     let exposed = forced && !rig.policy.integrity() && array.status().torn_rows_exposed > 0;
     let partial_sync = if exposed {
         give_spare(rig, &array);
+        rig.settle_sync(&array);
         None
     } else {
-        restore_lost_pages(rig, &array, model, forced);
         partial_sync
     };
-    let before = (!exposed).then(|| read_all(&array));
-    if let (true, Some(before)) = (rig.policy.journal() && !replaced, &before) {
+    restore_lost_pages(rig, &array, model, forced);
+    let before = read_all(&array);
+    if rig.policy.journal() && !replaced {
         // The write hole is closed at assembly, before any resync: replaying the log left
         // every stripe's parity in agreement with its data. (Forcing is needed only when an
         // administrator's resync was still owed, which the journal does not replace.)
-        check_redundancy(rig, &array, before);
+        check_redundancy(rig, &array, &before);
     }
     if forced && !rig.policy.journal() {
-        if let Some(before) = &before {
-            model.settle(before.clone());
-        }
-    } else if let Err(e) = model.check(before.as_ref().expect("not forced")) {
+        model.settle(before.clone());
+    } else if let Err(e) = model.check(&before) {
         panic!(
             "after the cut, before resync: {e} {:?} dirty {}",
             array.status().integrity,
@@ -840,10 +842,7 @@ fn recover(
         }
     }
     let after = read_all(&array);
-    assert!(
-        before.is_none_or(|b| b == after),
-        "resync or rebuild changed the data"
-    );
+    assert!(before == after, "resync or rebuild changed the data");
     if partial_sync.is_none() {
         check_redundancy(rig, &array, &after);
         if rig.policy.integrity() && array.status().missing_roles.is_empty() {
@@ -859,7 +858,7 @@ fn recover(
 /// That is allowed only where writes were in flight at the cut (anywhere in a stripe, when the
 /// start was forced past the write hole: its other blocks are rebuilt from the torn one, and a
 /// bitmap array without records refuses to rebuild blocks from the rows its bitmap says may be
-/// torn: `recover` handles that case). The rig then writes what was lost again, whole stripe
+/// torn, and records them bad when it rebuilds them). The rig then writes what was lost again, whole stripe
 /// rows or pages (as an administrator restores from a backup), so that the rounds go on from a
 /// known image.
 fn restore_lost_pages(rig: &Rig, array: &Array, model: &mut CrashModel, forced: bool) {
@@ -870,7 +869,7 @@ fn restore_lost_pages(rig: &Rig, array: &Array, model: &mut CrashModel, forced: 
     };
     let st = array.status();
     assert!(
-        (rig.policy.integrity() || forced) && !st.missing_roles.is_empty(),
+        forced || (rig.policy.integrity() && !st.missing_roles.is_empty()),
         "read the whole array after the cut: {e}\n{:?}\n{:?}",
         st.members,
         st.integrity

@@ -18,7 +18,7 @@ pub struct BlockSizes {
 }
 
 /// Hard upper bound of any single READ/WRITE payload the server accepts.
-pub const MAX_PAYLOAD: u32 = 32 * 1024 * 1024;
+pub const MAX_PAYLOAD: u32 = 64 * 1024 * 1024;
 
 impl BlockSizes {
     /// Returns a self-consistent copy: `min` a power of two in 1..=64 KiB,

@@ -38,9 +38,9 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 pub const DEFAULT_MAX_INFLIGHT_BYTES: usize = 256 << 20;
 
 /// Payload bytes in flight on one connection, by default: two maximum-sized
-/// requests, a quarter of the server's budget, so that no single connection
-/// can take all of it.
-pub const DEFAULT_MAX_INFLIGHT_BYTES_PER_CONN: usize = 64 << 20;
+/// requests, half of the server's budget, so that no single connection can
+/// take all of it.
+pub const DEFAULT_MAX_INFLIGHT_BYTES_PER_CONN: usize = 128 << 20;
 
 const _: () = assert!(DEFAULT_MAX_INFLIGHT_BYTES_PER_CONN < DEFAULT_MAX_INFLIGHT_BYTES);
 const _: () =

@@ -121,15 +121,16 @@ pub fn validate(r: &Request, p: &ExportParams) -> Result<Command, Rejection> {
 }
 
 fn check_range(r: &Request, p: &ExportParams) -> Result<(), Rejection> {
+    if matches!(r.command, CMD_READ | CMD_WRITE) && r.length > p.max_payload {
+        // EOVERFLOW, as the spec asks: the client may retry in smaller pieces.
+        return Err(reject(EOVERFLOW, "request longer than maximum block size"));
+    }
     let end = r.offset.checked_add(u64::from(r.length));
     if end.is_none_or(|e| e > p.size) {
         return Err(match r.command {
             CMD_WRITE | CMD_WRITE_ZEROES => reject(ENOSPC, "request beyond end of export"),
             _ => reject(EINVAL, "request beyond end of export"),
         });
-    }
-    if matches!(r.command, CMD_READ | CMD_WRITE) && r.length > p.max_payload {
-        return Err(reject(EINVAL, "request longer than maximum block size"));
     }
     if let Some(a) = p.align.filter(|&a| a > 1 && r.command != CMD_BLOCK_STATUS) {
         if !r.offset.is_multiple_of(u64::from(a)) || !r.length.is_multiple_of(a) {
@@ -206,7 +207,7 @@ mod tests {
         assert_eq!(e(req(CMD_READ, 0, 1 << 20, 512)), EINVAL);
         assert_eq!(e(req(CMD_WRITE, 0, 1 << 20, 512)), ENOSPC);
         assert_eq!(e(req(CMD_READ, 0, u64::MAX, 512)), EINVAL);
-        assert_eq!(e(req(CMD_READ, 0, 0, 131072)), EINVAL);
+        assert_eq!(e(req(CMD_READ, 0, 0, 131072)), EOVERFLOW);
         assert_eq!(e(req(CMD_READ, 0, 1, 512)), EINVAL);
         assert_eq!(e(req(CMD_FLUSH, 0, 1, 0)), EINVAL);
         assert_eq!(e(req(CMD_BLOCK_STATUS, 0, 0, 512)), EINVAL);

@@ -66,10 +66,34 @@ pub(crate) fn find_export(exports: &[Export], name: &str) -> Option<usize> {
         })
 }
 
+/// Where the connection stands on TLS.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TlsState {
+    /// The server has no certificate: `NBD_OPT_STARTTLS` is unsupported.
+    Unavailable,
+    /// Offered; `required`: nothing but STARTTLS and ABORT before it.
+    Offered { required: bool },
+    /// The options now run inside TLS.
+    Active,
+}
+
+/// How a handshake ended.
+#[derive(Debug)]
+pub(crate) enum Outcome {
+    Transmit(Negotiated),
+    Close,
+    /// `NBD_OPT_STARTTLS` was acknowledged: the caller runs the TLS handshake and then
+    /// [`haggle`] again over the TLS stream (option state starts afresh, as the spec asks).
+    StartTls {
+        no_zeroes: bool,
+    },
+}
+
 struct Haggle<'a, S> {
     stream: &'a mut S,
     exports: &'a [Export],
     limits: &'a Limits,
+    tls: TlsState,
     no_zeroes: bool,
     structured: bool,
     /// Export index for which `base:allocation` was selected.
@@ -81,15 +105,11 @@ enum Step {
     Continue,
     Close,
     Transmit(Negotiated),
+    StartTls,
 }
 
-/// Runs the handshake. `Ok(None)` means the connection must be closed.
-pub(crate) async fn handshake<S>(
-    stream: &mut S,
-    exports: &[Export],
-    limits: &Limits,
-    shutdown: &mut watch::Receiver<bool>,
-) -> io::Result<Option<Negotiated>>
+/// The greeting and the client's flags: whether it asked for `NO_ZEROES` (None: close).
+pub(crate) async fn greet<S>(stream: &mut S) -> io::Result<Option<bool>>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
@@ -97,18 +117,33 @@ where
     stream.flush().await?;
     let mut cf = [0u8; 4];
     stream.read_exact(&mut cf).await?;
-    let flags = match codec::parse_client_flags(&cf) {
-        Ok(f) => f,
+    match codec::parse_client_flags(&cf) {
+        Ok(f) => Ok(Some(f.no_zeroes)),
         Err(e) => {
             debug!("closing: {e}");
-            return Ok(None);
+            Ok(None)
         }
-    };
+    }
+}
+
+/// Option haggling, after [`greet`] (or after STARTTLS, over the TLS stream).
+pub(crate) async fn haggle<S>(
+    stream: &mut S,
+    exports: &[Export],
+    limits: &Limits,
+    tls: TlsState,
+    no_zeroes: bool,
+    shutdown: &mut watch::Receiver<bool>,
+) -> io::Result<Outcome>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
     let mut h = Haggle {
         stream,
         exports,
         limits,
-        no_zeroes: flags.no_zeroes,
+        tls,
+        no_zeroes,
         structured: false,
         meta: None,
         out: Vec::new(),
@@ -118,12 +153,13 @@ where
         h.send().await?;
         match step {
             Step::Continue => {}
-            Step::Close => return Ok(None),
-            Step::Transmit(n) => return Ok(Some(n)),
+            Step::Close => return Ok(Outcome::Close),
+            Step::Transmit(n) => return Ok(Outcome::Transmit(n)),
+            Step::StartTls => return Ok(Outcome::StartTls { no_zeroes }),
         }
     }
     debug!("closing: too many options");
-    Ok(None)
+    Ok(Outcome::Close)
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> Haggle<'_, S> {
@@ -210,6 +246,23 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Haggle<'_, S> {
     }
 
     fn handle(&mut self, code: u32, opt: ClientOption) -> Step {
+        if self.tls == (TlsState::Offered { required: true }) {
+            match opt {
+                ClientOption::StartTls | ClientOption::Abort => {}
+                ClientOption::ExportName(_) => {
+                    debug!("closing: NBD_OPT_EXPORT_NAME before the required STARTTLS");
+                    return Step::Close;
+                }
+                _ => {
+                    self.error(
+                        code,
+                        REP_ERR_TLS_REQD,
+                        "TLS is required: NBD_OPT_STARTTLS first",
+                    );
+                    return Step::Continue;
+                }
+            }
+        }
         match opt {
             ClientOption::ExportName(name) => self.export_name(&name),
             ClientOption::Abort => self.abort(),
@@ -221,10 +274,24 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Haggle<'_, S> {
                 self.reply(code, REP_ACK, &[]);
                 Step::Continue
             }
-            ClientOption::StartTls => {
-                self.error(code, REP_ERR_UNSUP, "TLS is not supported");
-                Step::Continue
-            }
+            ClientOption::StartTls => match self.tls {
+                TlsState::Unavailable => {
+                    self.error(
+                        code,
+                        REP_ERR_UNSUP,
+                        "TLS is not configured on this endpoint",
+                    );
+                    Step::Continue
+                }
+                TlsState::Active => {
+                    self.error(code, REP_ERR_INVALID, "TLS is already active");
+                    Step::Continue
+                }
+                TlsState::Offered { .. } => {
+                    self.reply(code, REP_ACK, &[]);
+                    Step::StartTls
+                }
+            },
             ClientOption::Info(req) => {
                 self.info(code, &req);
                 Step::Continue

@@ -17,8 +17,10 @@
 //! `INFO`, `GO` (replies `NBD_INFO_EXPORT`, `BLOCK_SIZE`, and `NAME` /
 //! `DESCRIPTION` when asked; `""` selects the first export), `STRUCTURED_REPLY`,
 //! `LIST_META_CONTEXT` / `SET_META_CONTEXT` (`base:allocation`, with the
-//! extents [`Backend::block_status`] gives). `STARTTLS` and anything else get
-//! `NBD_REP_ERR_UNSUP`; malformed options `NBD_REP_ERR_INVALID`; option data
+//! extents [`Backend::block_status`] gives). `STARTTLS` on TCP listeners of a
+//! server given a [`TlsConfig`] (rustls; when required, every other option but
+//! `ABORT` gets `NBD_REP_ERR_TLS_REQD` and `EXPORT_NAME` closes); anything else
+//! gets `NBD_REP_ERR_UNSUP`; malformed options `NBD_REP_ERR_INVALID`; option data
 //! above `Limits::max_option_bytes` `NBD_REP_ERR_TOO_BIG` (discarded up to
 //! 1 MiB, beyond that the connection is closed).
 //!
@@ -32,15 +34,16 @@
 //! answered with data chunks plus `ERROR_OFFSET` chunks.
 //!
 //! # Validation (per request)
-//! Bad magic → connection closed. Unknown command, flag not allowed for the
-//! command, READ beyond the end, READ longer than the advertised maximum,
+//! Bad magic → connection closed. READ or WRITE longer than the advertised
+//! maximum (64 MiB, as nbdkit) → `EOVERFLOW` (a WRITE's payload is read and
+//! discarded first, so the connection and its other requests go on). Unknown
+//! command, flag not allowed for the command, READ beyond the end,
 //! misalignment (only if the client asked for `NBD_INFO_BLOCK_SIZE`),
 //! FLUSH with non-zero offset/length, BLOCK_STATUS without a negotiated
 //! context or with length 0 → `EINVAL`. WRITE / WRITE_ZEROES beyond the end →
 //! `ENOSPC` (as the spec prefers). Write-type commands on a read-only export
-//! → `EPERM`. A WRITE longer than the maximum closes the connection (its
-//! payload is not read); a WRITE whose payload ends early closes the
-//! connection with nothing written. Zero-length READ/WRITE/TRIM/ZERO/CACHE
+//! → `EPERM`. A WRITE whose payload ends early closes the connection with
+//! nothing written. Zero-length READ/WRITE/TRIM/ZERO/CACHE
 //! succeed as no-ops. TRIM, WRITE_ZEROES and CACHE may be longer than the
 //! maximum block size: they are split into `max`-sized backend calls.
 //!
@@ -48,7 +51,10 @@
 //! See [`Limits`]: in-flight requests per connection, payload bytes in
 //! flight on all connections together and per connection (back-pressure: a
 //! connection's socket is not read while its next request does not fit; see
-//! `budget`), option size and count, handshake timeout, connection count,
+//! `budget`), option size and count, handshake timeout, connection count
+//! (connections still in the handshake have their own small limit: when it is
+//! reached the oldest of them is closed, so idle connections cannot lock real
+//! clients out),
 //! shutdown grace period, and how long a shutdown waits for backend calls
 //! that outlive their connection (`serve_*` returns only once every request
 //! thread has left the backend, or reports that some have not).
@@ -76,9 +82,11 @@ mod handshake;
 pub mod proto;
 mod server;
 mod threads;
+mod tls;
 mod transmission;
 
 pub use backend::{errno_for, Backend, BlockSizes, Export, WriteHint, MAX_PAYLOAD};
 pub use budget::{DEFAULT_MAX_INFLIGHT_BYTES, DEFAULT_MAX_INFLIGHT_BYTES_PER_CONN};
 pub use server::{Limits, Server};
 pub use threads::DEFAULT_SHUTDOWN_BACKEND_TIMEOUT;
+pub use tls::TlsConfig;

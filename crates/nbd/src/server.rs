@@ -1,20 +1,22 @@
 //! Listener loops, connection bookkeeping and graceful shutdown.
 
+use std::collections::{BTreeMap, VecDeque};
 use std::io;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify};
 use tokio::task::JoinSet;
 use tracing::{debug, warn};
 
 use crate::backend::Export;
 use crate::budget::{Budget, DEFAULT_MAX_INFLIGHT_BYTES, DEFAULT_MAX_INFLIGHT_BYTES_PER_CONN};
-use crate::handshake;
+use crate::handshake::{self, Negotiated, Outcome, TlsState};
 use crate::threads::{ThreadTracker, DEFAULT_SHUTDOWN_BACKEND_TIMEOUT};
-use crate::transmission::{self, ConnConfig, IntoBlocking};
+use crate::tls::{self, TlsConfig};
+use crate::transmission::{self, ConnConfig, IntoBlocking, Stream};
 
 /// Resource limits of the server.
 #[derive(Clone, Copy, Debug)]
@@ -27,10 +29,16 @@ pub struct Limits {
     pub max_option_bytes: u32,
     /// Options per handshake before the connection is closed (default 64).
     pub max_options: u32,
-    /// Whole handshake must finish within this (default 10 s).
+    /// Whole handshake must finish within this (default 5 s: real clients
+    /// take milliseconds).
     pub handshake_timeout: Duration,
-    /// Connections served at once; further ones are closed at accept
-    /// (default 128).
+    /// Connections still in the handshake (default 16). When a new one comes
+    /// and this many are waiting, or all `max_connections` are taken, the
+    /// oldest handshaking one is closed: connections that never send a byte
+    /// cannot lock real clients out.
+    pub max_handshakes: usize,
+    /// Connections served at once; when they are all past the handshake,
+    /// further ones are closed at accept (default 128).
     pub max_connections: usize,
     /// READ/WRITE payload bytes in flight on all connections together
     /// (default [`DEFAULT_MAX_INFLIGHT_BYTES`], 256 MiB): the server's memory
@@ -63,7 +71,8 @@ impl Default for Limits {
             max_inflight_per_conn: 64,
             max_option_bytes: 4096,
             max_options: 64,
-            handshake_timeout: Duration::from_secs(10),
+            handshake_timeout: Duration::from_secs(5),
+            max_handshakes: 16,
             max_connections: 128,
             max_inflight_bytes: DEFAULT_MAX_INFLIGHT_BYTES,
             max_inflight_bytes_per_conn: DEFAULT_MAX_INFLIGHT_BYTES_PER_CONN,
@@ -84,6 +93,32 @@ pub struct Server {
     budget: Arc<Budget>,
     /// Request threads of all connections, live or dropped.
     threads: Arc<ThreadTracker>,
+    /// Connections past the handshake, by connection number: who is at the other end.
+    clients: Mutex<BTreeMap<u64, String>>,
+    next_conn: AtomicU64,
+    /// Connections in the handshake, oldest first, each with the bell that closes it.
+    handshaking: Mutex<VecDeque<(u64, Arc<Notify>)>>,
+    /// STARTTLS on TCP listeners.
+    tls: Option<Arc<TlsConfig>>,
+}
+
+/// Takes a connection out of [`Server::handshaking`] when its handshake ends.
+struct HandshakeGuard<'a>(&'a Server, u64);
+
+impl Drop for HandshakeGuard<'_> {
+    fn drop(&mut self) {
+        let mut hs = self.0.handshaking.lock().expect("handshaking lock");
+        hs.retain(|(id, _)| *id != self.1);
+    }
+}
+
+/// Takes a connection out of [`Server::clients`] when it ends.
+struct ClientGuard<'a>(&'a Server, u64);
+
+impl Drop for ClientGuard<'_> {
+    fn drop(&mut self) {
+        self.0.clients.lock().expect("clients lock").remove(&self.1);
+    }
 }
 
 /// Decrements the active connection count when a connection task ends.
@@ -98,6 +133,12 @@ impl Drop for ActiveGuard {
 impl Server {
     /// Creates a server; nothing is served until `serve_*` is called.
     pub fn new(exports: Vec<Export>, limits: Limits) -> Arc<Server> {
+        Server::with_tls(exports, limits, None)
+    }
+
+    /// As [`Server::new`], offering (or requiring) TLS on TCP listeners. Unix sockets stay
+    /// plain: they are local, and their file mode says who may connect.
+    pub fn with_tls(exports: Vec<Export>, limits: Limits, tls: Option<TlsConfig>) -> Arc<Server> {
         let (shutdown, _) = watch::channel(false);
         Arc::new(Server {
             exports,
@@ -106,7 +147,22 @@ impl Server {
             active: AtomicUsize::new(0),
             budget: Budget::new(limits.max_inflight_bytes),
             threads: Arc::new(ThreadTracker::new()),
+            clients: Mutex::new(BTreeMap::new()),
+            next_conn: AtomicU64::new(0),
+            handshaking: Mutex::new(VecDeque::new()),
+            tls: tls.map(Arc::new),
         })
+    }
+
+    /// Clients that finished the handshake and are connected now (`tcp:ADDR` or
+    /// `unix:pid N`), oldest first.
+    pub fn clients(&self) -> Vec<String> {
+        self.clients
+            .lock()
+            .expect("clients lock")
+            .values()
+            .cloned()
+            .collect()
     }
 
     /// The configured limits.
@@ -121,13 +177,13 @@ impl Server {
     /// `TimedOut` error if threads were still inside backend calls after
     /// [`Limits::shutdown_backend_timeout`].
     pub async fn serve_unix(self: Arc<Self>, listener: tokio::net::UnixListener) -> io::Result<()> {
-        self.serve_loop(|| async { listener.accept().await.map(|(s, _)| s) })
+        self.serve_loop(false, || async { listener.accept().await.map(|(s, _)| s) })
             .await
     }
 
     /// Same as [`Server::serve_unix`] over TCP (with `TCP_NODELAY`).
     pub async fn serve_tcp(self: Arc<Self>, listener: tokio::net::TcpListener) -> io::Result<()> {
-        self.serve_loop(|| async {
+        self.serve_loop(true, || async {
             let (s, _) = listener.accept().await?;
             s.set_nodelay(true)?;
             Ok(s)
@@ -162,7 +218,7 @@ impl Server {
         self.budget.peak()
     }
 
-    async fn serve_loop<S, F, Fut>(self: Arc<Self>, mut accept: F) -> io::Result<()>
+    async fn serve_loop<S, F, Fut>(self: Arc<Self>, tcp: bool, mut accept: F) -> io::Result<()>
     where
         S: AsyncRead + AsyncWrite + IntoBlocking + Send + Unpin + 'static,
         F: FnMut() -> Fut,
@@ -175,7 +231,7 @@ impl Server {
                 _ = stopped(&mut stop) => break,
                 Some(_) = conns.join_next(), if !conns.is_empty() => {}
                 r = accept() => match r {
-                    Ok(s) => self.clone().spawn_conn(&mut conns, s),
+                    Ok(s) => self.clone().spawn_conn(&mut conns, s, tcp),
                     Err(e) => {
                         // EMFILE and friends: back off instead of spinning.
                         warn!("accept failed: {e}");
@@ -201,22 +257,22 @@ impl Server {
         }
     }
 
-    fn spawn_conn<S>(self: Arc<Self>, conns: &mut JoinSet<()>, stream: S)
+    fn spawn_conn<S>(self: Arc<Self>, conns: &mut JoinSet<()>, stream: S, tcp: bool)
     where
         S: AsyncRead + AsyncWrite + IntoBlocking + Send + Unpin + 'static,
     {
-        if self.active.fetch_add(1, Ordering::SeqCst) >= self.limits.max_connections {
-            self.active.fetch_sub(1, Ordering::SeqCst);
+        let id = self.next_conn.fetch_add(1, Ordering::Relaxed);
+        let Some(evict) = self.admit(id) else {
             warn!("connection limit reached; closing new connection");
             return;
-        }
+        };
         let guard = ActiveGuard(self.clone());
         conns.spawn(async move {
             let _guard = guard;
             let mut stop = self.shutdown.subscribe();
             let grace = self.limits.shutdown_grace;
             tokio::select! {
-                r = self.clone().run_conn(stream) => {
+                r = self.clone().run_conn(stream, id, evict, tcp) => {
                     if let Err(e) = r {
                         debug!("connection ended: {e}");
                     }
@@ -228,21 +284,64 @@ impl Server {
         });
     }
 
-    async fn run_conn<S>(self: Arc<Self>, mut stream: S) -> io::Result<()>
+    /// Counts a new connection in, closing the oldest handshaking one if the
+    /// handshake limit (or the connection limit) is reached; `None`: refused,
+    /// every connection is past its handshake and the limit is reached.
+    fn admit(&self, id: u64) -> Option<Arc<Notify>> {
+        let mut hs = self.handshaking.lock().expect("handshaking lock");
+        let full = self.active.load(Ordering::SeqCst) >= self.limits.max_connections;
+        if full || hs.len() >= self.limits.max_handshakes {
+            match hs.pop_front() {
+                // It leaves `active` as soon as its task sees the bell: the count may
+                // pass the limit by the connections being closed that way.
+                Some((_, bell)) => bell.notify_one(),
+                None => return None,
+            }
+        }
+        self.active.fetch_add(1, Ordering::SeqCst);
+        let bell = Arc::new(Notify::new());
+        hs.push_back((id, bell.clone()));
+        Some(bell)
+    }
+
+    async fn run_conn<S>(
+        self: Arc<Self>,
+        stream: S,
+        id: u64,
+        evict: Arc<Notify>,
+        tcp: bool,
+    ) -> io::Result<()>
     where
         S: AsyncRead + AsyncWrite + IntoBlocking + Send + Unpin + 'static,
     {
-        let mut stop = self.shutdown.subscribe();
-        let hs = handshake::handshake(&mut stream, &self.exports, &self.limits, &mut stop);
-        let neg = match tokio::time::timeout(self.limits.handshake_timeout, hs).await {
-            Ok(Ok(Some(n))) => n,
-            Ok(Ok(None)) => return Ok(()),
-            Ok(Err(e)) => return Err(e),
-            Err(_) => {
-                debug!("handshake timed out");
+        let stop = self.shutdown.subscribe();
+        let peer = stream.peer();
+        let tls = self.tls.clone().filter(|_| tcp);
+        let in_handshake = HandshakeGuard(&self, id);
+        let hs = self.negotiate(stream, tls, stop.clone());
+        let (neg, stream, secured) = tokio::select! {
+            r = tokio::time::timeout(self.limits.handshake_timeout, hs) => match r {
+                Ok(Ok(Some(n))) => n,
+                Ok(Ok(None)) => return Ok(()),
+                Ok(Err(e)) => return Err(e),
+                Err(_) => {
+                    debug!("handshake timed out");
+                    return Ok(());
+                }
+            },
+            _ = evict.notified() => {
+                debug!("closing a connection still in its handshake to make room");
                 return Ok(());
             }
         };
+        drop(in_handshake);
+        let peer = if secured {
+            format!("{peer} (TLS)")
+        } else {
+            peer
+        };
+        self.clients.lock().expect("clients lock").insert(id, peer);
+        let _client = ClientGuard(&self, id);
         let backend = self.exports[neg.export].backend.clone();
         let cfg = ConnConfig {
             max_inflight: self.limits.max_inflight_per_conn,
@@ -254,8 +353,43 @@ impl Server {
             server_budget: self.budget.clone(),
             threads: self.threads.clone(),
         };
-        let stream = stream.into_blocking()?;
         transmission::serve(stream, backend, neg, cfg, stop).await
+    }
+
+    /// Greeting and options, with a STARTTLS upgrade when `tls` is offered: what was agreed,
+    /// the blocking stream to transmit on, and whether it runs inside TLS (None: close).
+    async fn negotiate<S>(
+        &self,
+        mut stream: S,
+        tls: Option<Arc<TlsConfig>>,
+        mut stop: watch::Receiver<bool>,
+    ) -> io::Result<Option<(Negotiated, Stream, bool)>>
+    where
+        S: AsyncRead + AsyncWrite + IntoBlocking + Send + Unpin + 'static,
+    {
+        let Some(no_zeroes) = handshake::greet(&mut stream).await? else {
+            return Ok(None);
+        };
+        let offer = match &tls {
+            None => TlsState::Unavailable,
+            Some(t) => TlsState::Offered {
+                required: t.required(),
+            },
+        };
+        let (ex, lim) = (&self.exports, &self.limits);
+        match handshake::haggle(&mut stream, ex, lim, offer, no_zeroes, &mut stop).await? {
+            Outcome::Close => Ok(None),
+            Outcome::Transmit(n) => Ok(Some((n, stream.into_blocking()?, false))),
+            Outcome::StartTls { no_zeroes } => {
+                let t = tls.expect("STARTTLS is acknowledged only when offered");
+                let mut s = t.accept(stream).await?;
+                let active = TlsState::Active;
+                match handshake::haggle(&mut s, ex, lim, active, no_zeroes, &mut stop).await? {
+                    Outcome::Transmit(n) => Ok(Some((n, tls::proxied(s)?, true))),
+                    _ => Ok(None),
+                }
+            }
+        }
     }
 }
 

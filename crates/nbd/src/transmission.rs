@@ -114,9 +114,18 @@ impl Write for Stream {
 /// A tokio socket that can leave the reactor for blocking I/O.
 pub(crate) trait IntoBlocking {
     fn into_blocking(self) -> io::Result<Stream>;
+    /// Who is at the other end, for an administrator (`tcp:ADDR`, `unix:pid N`).
+    fn peer(&self) -> String;
 }
 
 impl IntoBlocking for tokio::net::UnixStream {
+    fn peer(&self) -> String {
+        match self.peer_cred().ok().and_then(|c| c.pid()) {
+            Some(pid) => format!("unix:pid {pid}"),
+            None => "unix:unknown process".into(),
+        }
+    }
+
     fn into_blocking(self) -> io::Result<Stream> {
         let s = self.into_std()?;
         s.set_nonblocking(false)?;
@@ -125,6 +134,13 @@ impl IntoBlocking for tokio::net::UnixStream {
 }
 
 impl IntoBlocking for tokio::net::TcpStream {
+    fn peer(&self) -> String {
+        match self.peer_addr() {
+            Ok(a) => format!("tcp:{a}"),
+            Err(_) => "tcp:unknown peer".into(),
+        }
+    }
+
     fn into_blocking(self) -> io::Result<Stream> {
         let s = self.into_std()?;
         s.set_nonblocking(false)?;
@@ -356,11 +372,14 @@ impl Conn {
         let mut payload = None;
         let mut grant = None;
         let mut hint = None;
-        if req.command == CMD_WRITE {
-            if req.length > self.ctx.params.max_payload {
-                debug!("closing: write of {} bytes exceeds maximum", req.length);
+        if req.command == CMD_WRITE && req.length > self.ctx.params.max_payload {
+            // Refused (EOVERFLOW, by `validate` below) without dropping the connection and
+            // every request in flight on it: the payload is read past and thrown away.
+            if let Err(e) = discard(&mut rd.r, req.length) {
+                debug!("closing: oversized write payload not received: {e}");
                 return Next::Stop;
             }
+        } else if req.command == CMD_WRITE {
             grant = Some(self.grant(req.length));
             // The payload may take a while to arrive: let the backend get ready for it.
             hint = self
@@ -445,6 +464,15 @@ impl Conn {
             }
         }
     }
+}
+
+/// Reads and drops `len` payload bytes.
+fn discard(r: &mut impl Read, len: u32) -> io::Result<()> {
+    let copied = io::copy(&mut r.take(u64::from(len)), &mut io::sink())?;
+    if copied < u64::from(len) {
+        return Err(io::ErrorKind::UnexpectedEof.into());
+    }
+    Ok(())
 }
 
 /// Writes `a` then `b` with as few syscalls as possible.

@@ -103,9 +103,9 @@ fn out_of_range_requests() {
     // Misaligned (the client asked for block sizes: min 512).
     c.request(CMD_READ, 0, 6, 1, 512);
     assert_eq!(c.simple_reply(), (EINVAL, 6));
-    // Length above the advertised maximum (1 MiB) on a READ.
+    // Length above the advertised maximum (1 MiB) on a READ: EOVERFLOW, as the spec asks.
     c.request(CMD_READ, 0, 7, 0, 2 * MIB as u32);
-    assert_eq!(c.simple_reply(), (EINVAL, 7));
+    assert_eq!(c.simple_reply(), (EOVERFLOW, 7));
     // Zero-length READ is a successful no-op.
     c.request(CMD_READ, 0, 8, 0, 0);
     assert_eq!(c.simple_reply(), (0, 8));
@@ -114,14 +114,14 @@ fn out_of_range_requests() {
 }
 
 #[test]
-fn write_longer_than_max_disconnects() {
+fn write_longer_than_max_gets_eoverflow_and_keeps_the_connection() {
     let (b, t) = server();
     let mut c = RawClient::connect(&t.sock, "d", false);
     c.request(CMD_WRITE, 0, 1, 0, 2 * MIB as u32);
-    let _ = c.s.write_all(&[7; 4096]);
-    assert!(c.is_closed());
+    c.s.write_all(&vec![7; 2 * MIB]).unwrap();
+    assert_eq!(c.simple_reply(), (EOVERFLOW, 1));
     assert_eq!(b.writes.load(Ordering::SeqCst), 0);
-    let mut c = RawClient::connect(&t.sock, "d", false);
+    // The payload was read past: the next request on the same connection is served.
     read_ok(&mut c, 2);
 }
 
@@ -515,15 +515,43 @@ fn connection_limit() {
     };
     let t = TestServer::start(vec![common::export("d", b)], limits);
     let mut first = RawClient::connect(&t.sock, "d", false);
+    // Served: past its handshake (one still in it would make room for the next).
+    read_ok(&mut first, 1);
     let mut s = std::os::unix::net::UnixStream::connect(&t.sock).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let mut g = [0u8; 18];
     assert!(matches!(s.read(&mut g), Ok(0) | Err(_)));
-    read_ok(&mut first, 1);
+    read_ok(&mut first, 3);
     c_disc(first);
     wait_until(|| t.server.active_connections() == 0);
     let mut again = RawClient::connect(&t.sock, "d", false);
     read_ok(&mut again, 2);
+}
+
+/// Connections that never send a byte hold only handshake slots: when those are full the
+/// oldest is closed, and a real client still gets in at once.
+#[test]
+fn idle_connections_in_the_handshake_cannot_lock_clients_out() {
+    let b = Arc::new(MemBackend::new(MIB));
+    let limits = Limits {
+        max_handshakes: 4,
+        max_connections: 8,
+        ..Limits::default()
+    };
+    let t = TestServer::start(vec![common::export("d", b)], limits);
+    let idle: Vec<_> = (0..32)
+        .map(|_| std::os::unix::net::UnixStream::connect(&t.sock).unwrap())
+        .collect();
+    let start = Instant::now();
+    let mut c = RawClient::connect(&t.sock, "d", false);
+    read_ok(&mut c, 1);
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        start.elapsed()
+    );
+    wait_until(|| t.server.active_connections() <= 5);
+    drop(idle);
 }
 
 fn c_disc(mut c: RawClient) {

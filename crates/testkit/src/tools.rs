@@ -82,6 +82,7 @@ pub fn package_of(tool: &str) -> &'static str {
         "nbdkit" => "nbdkit",
         "fio" => "fio",
         "mdadm" => "mdadm",
+        "openssl" => "openssl",
         "/dev/fuse" => "the fuse kernel module (in a container: --device /dev/fuse)",
         _ => "?",
     }

@@ -1,0 +1,245 @@
+//! TLS on TCP (issue 26 item 7): `run --tls-cert/--tls-key` serves NBD with STARTTLS, required
+//! by default, checked with nbdinfo (`nbds://`) and qemu-img (`tls-creds-x509`); a plain-text
+//! client is refused; `--tls-ca` requires client certificates. Certificates are made with
+//! openssl in the test.
+
+mod common;
+
+use common::*;
+use std::io::{BufRead, BufReader};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn openssl(dir: &Path, args: &[&str]) {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("spawn openssl");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A CA, a server certificate for 127.0.0.1 and a client one, in `dir`; `dir/client` is the
+/// `tls-certificates` directory libnbd and qemu read (ca-cert.pem, client-cert.pem,
+/// client-key.pem).
+fn make_certificates(dir: &Path) -> PathBuf {
+    let ca = [
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca-key.pem",
+        "-out",
+        "ca-cert.pem",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=ironraid test CA",
+    ];
+    openssl(dir, &ca);
+    for (who, ext) in [
+        (
+            "server",
+            "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n",
+        ),
+        ("client", "extendedKeyUsage=clientAuth\n"),
+    ] {
+        let key = format!("{who}-key.pem");
+        let csr = format!("{who}.csr");
+        let cert = format!("{who}-cert.pem");
+        let extfile = format!("{who}.ext");
+        std::fs::write(
+            dir.join(&extfile),
+            format!("basicConstraints=CA:FALSE\n{ext}"),
+        )
+        .unwrap();
+        openssl(
+            dir,
+            &[
+                "req",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-keyout",
+                &key,
+                "-out",
+                &csr,
+                "-subj",
+                &format!("/CN={who}"),
+            ],
+        );
+        openssl(
+            dir,
+            &[
+                "x509",
+                "-req",
+                "-in",
+                &csr,
+                "-CA",
+                "ca-cert.pem",
+                "-CAkey",
+                "ca-key.pem",
+                "-CAcreateserial",
+                "-out",
+                &cert,
+                "-days",
+                "2",
+                "-extfile",
+                &extfile,
+            ],
+        );
+    }
+    let client = dir.join("client");
+    std::fs::create_dir_all(&client).unwrap();
+    for f in ["ca-cert.pem", "client-cert.pem", "client-key.pem"] {
+        std::fs::copy(dir.join(f), client.join(f)).unwrap();
+    }
+    client
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `ironraid run ARGS... MEMBERS...`; the daemon and the URIs it printed (two endpoints).
+fn run_tls(env: &Env, args: &[String]) -> (Daemon, Vec<String>) {
+    let log = env.dir.path().join(format!("daemon-{}.log", args.len()));
+    let mut child = env
+        .cmd()
+        .arg("run")
+        .args(args)
+        .args(&env.members)
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut uris = Vec::new();
+    for _ in 0..2 {
+        let mut l = String::new();
+        out.read_line(&mut l).unwrap();
+        assert!(!l.is_empty(), "{}", std::fs::read_to_string(&log).unwrap());
+        uris.push(l.trim().to_string());
+    }
+    let ctl = env.rundir().join(format!("{}.ctl", env.name));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while UnixStream::connect(&ctl).is_err() {
+        assert!(Instant::now() < deadline, "no control socket");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    (Daemon { child, log }, uris)
+}
+
+fn nbdinfo(uri: &str) -> Output {
+    Command::new("nbdinfo")
+        .args(["--size", uri])
+        .output()
+        .expect("spawn nbdinfo")
+}
+
+#[test]
+fn nbd_over_tls_with_nbdinfo_and_qemu_img_and_plain_clients_refused() {
+    if !require_tools(&["nbdinfo", "qemu-img", "openssl"]) {
+        return;
+    }
+    let env = Env::new("sec", 2, 16 << 20);
+    env.create("1", &[]);
+    let certs = env.dir.path().join("pki");
+    std::fs::create_dir_all(&certs).unwrap();
+    let client_dir = make_certificates(&certs);
+    let port = free_port();
+    let pem = |f: &str| certs.join(f).display().to_string();
+    let (d, uris) = run_tls(
+        &env,
+        &[
+            "--nbd".into(),
+            format!("nbd://127.0.0.1:{port}"),
+            "--tls-cert".into(),
+            pem("server-cert.pem"),
+            "--tls-key".into(),
+            pem("server-key.pem"),
+        ],
+    );
+    let nbds = format!("nbds://127.0.0.1:{port}/sec");
+    assert!(uris.contains(&nbds), "{uris:?}");
+    let size = env.detail()["size_bytes"].as_u64().unwrap().to_string();
+    let with_ca = format!("{nbds}?tls-certificates={}", client_dir.display());
+    let out = nbdinfo(&with_ca);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), size);
+    // Required by default: a plain-text client is refused.
+    let out = nbdinfo(&format!("nbd://127.0.0.1:{port}/sec"));
+    assert!(!out.status.success(), "a plain client was served");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("TLS"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // qemu with its x509 credentials object.
+    let info = sh(
+        "qemu-img",
+        &[
+            "info",
+            "--object",
+            &format!(
+                "tls-creds-x509,id=tls0,dir={},endpoint=client",
+                client_dir.display()
+            ),
+            "--image-opts",
+            &format!("driver=nbd,host=127.0.0.1,port={port},export=sec,tls-creds=tls0"),
+        ],
+    );
+    assert!(info.contains(&format!("({size} bytes)")), "{info}");
+    // The local Unix socket stays plain.
+    assert_eq!(
+        String::from_utf8_lossy(&nbdinfo(&env.uri()).stdout).trim(),
+        size
+    );
+    env.stop(d);
+
+    // --tls-ca: client certificates signed by that CA are required.
+    let (d, _) = run_tls(
+        &env,
+        &[
+            "--nbd".into(),
+            format!("nbd://127.0.0.1:{port}"),
+            "--tls-cert".into(),
+            pem("server-cert.pem"),
+            "--tls-key".into(),
+            pem("server-key.pem"),
+            "--tls-ca".into(),
+            pem("ca-cert.pem"),
+        ],
+    );
+    let out = nbdinfo(&with_ca);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let anonymous = certs.join("anonymous");
+    std::fs::create_dir_all(&anonymous).unwrap();
+    std::fs::copy(certs.join("ca-cert.pem"), anonymous.join("ca-cert.pem")).unwrap();
+    let out = nbdinfo(&format!("{nbds}?tls-certificates={}", anonymous.display()));
+    assert!(
+        !out.status.success(),
+        "served a client without a certificate"
+    );
+    env.stop(d);
+}
