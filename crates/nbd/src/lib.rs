@@ -78,7 +78,7 @@ mod server;
 mod threads;
 mod transmission;
 
-pub use backend::{errno_for, Backend, BlockSizes, Export, WriteHint, MAX_PAYLOAD};
+pub use backend::{errno_for, Backend, BlockSizes, Export, GatheredWrite, WriteHint, MAX_PAYLOAD};
 pub use budget::{DEFAULT_MAX_INFLIGHT_BYTES, DEFAULT_MAX_INFLIGHT_BYTES_PER_CONN};
 pub use server::{Limits, Server};
 pub use threads::DEFAULT_SHUTDOWN_BACKEND_TIMEOUT;

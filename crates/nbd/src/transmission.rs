@@ -48,6 +48,8 @@ use crate::command::{validate, Command, ExportParams, Rejection};
 use crate::proto::*;
 use crate::threads::{ThreadToken, ThreadTracker};
 
+mod gather;
+
 /// Size of the per-connection receive buffer: one `recv` picks up many
 /// pipelined request headers (and small write payloads).
 const READ_BUF: usize = 64 * 1024;
@@ -135,6 +137,8 @@ impl IntoBlocking for tokio::net::TcpStream {
 /// Per-connection state shared by the connection's threads.
 struct Ctx {
     backend: Arc<dyn Backend>,
+    /// [`Backend::gathers_writes`], asked once.
+    gathers: bool,
     params: ExportParams,
     bs: BlockSizes,
 }
@@ -221,6 +225,7 @@ pub(crate) async fn serve(
     let wr = stream.try_clone()?;
     let conn = Arc::new(Conn {
         ctx: Ctx {
+            gathers: backend.gathers_writes(),
             backend,
             params,
             bs,
@@ -307,8 +312,9 @@ fn conn_thread(conn: &Arc<Conn>, alive: &mpsc::Sender<()>) {
                     return;
                 }
             };
-            if conn.may_inline(&rd, &job) {
-                conn.run(job);
+            let jobs = conn.gather(&mut rd, job);
+            if conn.may_inline(&rd, &jobs) {
+                conn.run_all(jobs);
                 continue;
             }
             if conn.idle.load(Ordering::SeqCst) == 0
@@ -321,7 +327,7 @@ fn conn_thread(conn: &Arc<Conn>, alive: &mpsc::Sender<()>) {
                 }
             }
             drop(rd);
-            conn.run(job);
+            conn.run_all(jobs);
             break;
         }
     }
@@ -353,15 +359,23 @@ impl Conn {
                 return Next::Stop;
             }
         };
+        self.request_body(rd, req, None)
+    }
+
+    /// Reads the rest of the request `req` whose header was just taken off the socket (the
+    /// payload of a WRITE, under `grant` if one is given, else one waited for) and validates it.
+    fn request_body(&self, rd: &mut ReadSide, req: Request, grant: Option<PayloadGrant>) -> Next {
         let mut payload = None;
-        let mut grant = None;
+        let mut grant = grant;
         let mut hint = None;
         if req.command == CMD_WRITE {
             if req.length > self.ctx.params.max_payload {
                 debug!("closing: write of {} bytes exceeds maximum", req.length);
                 return Next::Stop;
             }
-            grant = Some(self.grant(req.length));
+            if grant.is_none() {
+                grant = Some(self.grant(req.length));
+            }
             // The payload may take a while to arrive: let the backend get ready for it.
             hint = self
                 .ctx
@@ -406,14 +420,29 @@ impl Conn {
         PayloadGrant::acquire(&self.budget, &self.server_budget, len as usize)
     }
 
-    /// Whether the reading thread should run `job` itself.
-    fn may_inline(&self, rd: &ReadSide, job: &Job) -> bool {
-        if job.req.length > INLINE_MAX_LEN || self.stop.load(Ordering::Relaxed) {
+    /// Whether the reading thread should run `jobs` (one request, or a gathered run) itself.
+    fn may_inline(&self, rd: &ReadSide, jobs: &[Job]) -> bool {
+        let bytes: u64 = jobs.iter().map(|j| u64::from(j.req.length)).sum();
+        if bytes > u64::from(INLINE_MAX_LEN) || self.stop.load(Ordering::Relaxed) {
             return false;
         }
-        rd.r.buffer().is_empty()
-            && self.inflight.load(Ordering::SeqCst) == 1
-            && self.last_exec_ns.load(Ordering::Relaxed) < INLINE_MAX_NS
+        let fast = self.last_exec_ns.load(Ordering::Relaxed) < INLINE_MAX_NS;
+        if self.ctx.gathers {
+            // Neither what is buffered nor what runs on other threads counts for a backend
+            // that gathers writes: what arrives meanwhile is better read as one run once this
+            // returns (soon: the backend has been fast) than one by one by threads woken for
+            // each.
+            return fast;
+        }
+        rd.r.buffer().is_empty() && self.inflight.load(Ordering::SeqCst) == jobs.len() && fast
+    }
+
+    fn run_all(&self, mut jobs: Vec<Job>) {
+        if jobs.len() == 1 {
+            self.run(jobs.pop().expect("one job"));
+        } else {
+            self.run_gathered(jobs);
+        }
     }
 
     /// Runs `job` against the backend and writes its reply.
