@@ -301,8 +301,15 @@ impl Backend for ArrayBackend {
             match hinted.map(|h| h.0.downcast::<WriteIntent>()) {
                 Some(Ok(intent)) => {
                     locks = locks.union(&LockSet::for_write(offset, data.len() as u64));
-                    let intent = *intent;
-                    whole.push((slot, engine::GatheredWrite { intent, data, fua }));
+                    whole.push((
+                        slot,
+                        engine::GatheredWrite {
+                            offset_bytes: offset,
+                            data,
+                            fua,
+                            intent: Some(*intent),
+                        },
+                    ));
                 }
                 Some(Err(_)) => unreachable!("ironraid's write hints are write intents"),
                 None => rest.push((slot, offset, data, fua)),

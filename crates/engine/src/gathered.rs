@@ -16,11 +16,13 @@ use crate::array::Array;
 use crate::error::{EngineError, Result};
 use crate::intent::WriteIntent;
 
-/// One write of a gathered run: its announcement and its data.
+/// One write of a gathered run.
 pub struct GatheredWrite<'a> {
-    pub intent: WriteIntent,
+    pub offset_bytes: u64,
     pub data: &'a [u8],
     pub fua: bool,
+    /// Its announcement, if the frontend made one ([`Array::intend_write`], same range).
+    pub intent: Option<WriteIntent>,
 }
 
 impl Array {
@@ -30,7 +32,7 @@ impl Array {
         if !self.geometry.level().is_parity() || writes.len() < 2 {
             return writes
                 .into_iter()
-                .map(|w| self.write_intended(w.intent, w.data, w.fua))
+                .map(|w| self.write_with(w.offset_bytes, w.data, w.fua, w.intent))
                 .collect();
         }
         let n = writes.len();
@@ -54,7 +56,7 @@ impl Array {
         let mut taken = Vec::new();
         for w in writes {
             let len = w.data.len() as u64;
-            let at = w.intent.offset_bytes();
+            let at = w.offset_bytes;
             let checked = self
                 .check_range(at, len)
                 .and_then(|()| self.verify_before_use(at, len, true));
@@ -64,7 +66,7 @@ impl Array {
                     taken.push((results.len(), w, watched));
                     results.push(None);
                 }
-                // Dropping the intent withdraws its announcement.
+                // Dropping an intent withdraws its announcement.
                 Err(e) => results.push(Some(Err(e))),
             }
         }
@@ -74,8 +76,7 @@ impl Array {
         let placed: Vec<_> = taken
             .into_iter()
             .map(|(i, w, watched)| {
-                let at = w.intent.offset_bytes();
-                let p = self.parity_place(at, w.data, w.fua, Some(w.intent), &mut led);
+                let p = self.parity_place(w.offset_bytes, w.data, w.fua, w.intent, &mut led);
                 (i, w.fua, p, watched)
             })
             .collect();

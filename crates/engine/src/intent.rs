@@ -57,11 +57,6 @@ impl Array {
 }
 
 impl WriteIntent {
-    /// Where the announced write begins, in array bytes.
-    pub(crate) fn offset_bytes(&self) -> u64 {
-        self.offset_bytes
-    }
-
     /// Hand the announced rows to the write of `len` bytes at `offset_bytes` on `array`.
     pub(crate) fn take_rows(
         mut self,

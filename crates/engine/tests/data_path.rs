@@ -379,9 +379,11 @@ fn a_gathered_run_is_one_stripe_write() {
             .map(|(i, d)| {
                 let at = base + i as u64 * piece_bytes;
                 engine::GatheredWrite {
-                    intent: array.intend_write(at, piece_bytes),
+                    offset_bytes: at,
                     data: d,
                     fua: false,
+                    // Announced or not, as a frontend may do either.
+                    intent: (i % 2 == 0).then(|| array.intend_write(at, piece_bytes)),
                 }
             })
             .collect();
@@ -390,9 +392,10 @@ fn a_gathered_run_is_one_stripe_write() {
         run.insert(
             5,
             engine::GatheredWrite {
-                intent: array.intend_write(base + 16 * piece_bytes, 100),
+                offset_bytes: base + 16 * piece_bytes,
                 data: &odd,
                 fua: false,
+                intent: Some(array.intend_write(base + 16 * piece_bytes, 100)),
             },
         );
         let results = array.write_gathered(run);

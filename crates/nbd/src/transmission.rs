@@ -10,12 +10,19 @@
 //! the thread that ran a request writes its reply itself, whole, under the
 //! write lock (replies never interleave). So a request costs no thread
 //! hand-off at queue depth 1, and at most one lock hand-off otherwise.
+//! For a backend that gathers writes, a WRITE is read together with the
+//! sequential WRITEs right behind it that are buffered whole, and the run goes
+//! to the backend in one call, its replies in one socket write (`gather`); a
+//! run keeps the read side, whatever else is pending, so a stream's next
+//! WRITEs make the next run.
 //!
 //! Invariants:
 //! - at most `min(max_inflight_per_conn, max_threads_per_conn)` requests (and
 //!   `max_inflight_bytes_per_conn` payload bytes, all connections together at
 //!   most `max_inflight_bytes`) are between "header read" and "reply
-//!   written": a thread holds at most one request, and the payload grant (see
+//!   written": a thread holds one request, or a gathered run that stops
+//!   growing at that limit and keeps the read side until it has been
+//!   answered, and the payload grant (see
 //!   `budget`) is taken by the thread holding the read side before the
 //!   payload buffer exists, so when a limit is reached nobody reads the
 //!   socket (back-pressure);
@@ -422,19 +429,19 @@ impl Conn {
 
     /// Whether the reading thread should run `jobs` (one request, or a gathered run) itself.
     fn may_inline(&self, rd: &ReadSide, jobs: &[Job]) -> bool {
-        let bytes: u64 = jobs.iter().map(|j| u64::from(j.req.length)).sum();
-        if bytes > u64::from(INLINE_MAX_LEN) || self.stop.load(Ordering::Relaxed) {
+        if jobs.len() > 1 {
+            // A gathered run (a sequential stream's) always keeps the read side. Its thread
+            // holds several requests, so nobody may read more while it runs (the in-flight
+            // limit: see the module doc); and the stream's next WRITEs, arriving meanwhile,
+            // are better read as the next run than one by one by threads woken for each.
+            return true;
+        }
+        if jobs[0].req.length > INLINE_MAX_LEN || self.stop.load(Ordering::Relaxed) {
             return false;
         }
-        let fast = self.last_exec_ns.load(Ordering::Relaxed) < INLINE_MAX_NS;
-        if self.ctx.gathers {
-            // Neither what is buffered nor what runs on other threads counts for a backend
-            // that gathers writes: what arrives meanwhile is better read as one run once this
-            // returns (soon: the backend has been fast) than one by one by threads woken for
-            // each.
-            return fast;
-        }
-        rd.r.buffer().is_empty() && self.inflight.load(Ordering::SeqCst) == jobs.len() && fast
+        rd.r.buffer().is_empty()
+            && self.inflight.load(Ordering::SeqCst) == 1
+            && self.last_exec_ns.load(Ordering::Relaxed) < INLINE_MAX_NS
     }
 
     fn run_all(&self, mut jobs: Vec<Job>) {

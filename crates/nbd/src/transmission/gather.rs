@@ -16,8 +16,8 @@
 //! read as usual next. Invariants kept from `transmission`: every request of the run is
 //! counted in flight from its header on, its grant is held until its reply is written, and
 //! its reply is written only after the backend returned.
-//! Backend-time learning (`last_exec_ns`) takes the run's whole time: a run that takes long
-//! hands the read side off next time, as a slow single request does.
+//! A run always runs on the thread that read it, which keeps the read side meanwhile (see
+//! `may_inline`); `last_exec_ns` takes the run's whole time.
 
 use std::io::BufRead;
 use std::sync::atomic::Ordering;
