@@ -167,6 +167,10 @@ struct ReadSide {
     r: BufReader<Stream>,
     /// Reading has ended for good (EOF, DISC, protocol error, shutdown).
     closed: bool,
+    /// Where the last WRITE read ended (see `gather`).
+    write_end: u64,
+    /// The requests just read continue a sequential stream of WRITEs.
+    in_stream: bool,
 }
 
 struct Conn {
@@ -240,6 +244,8 @@ pub(crate) async fn serve(
         rd: Mutex::new(ReadSide {
             r: BufReader::with_capacity(READ_BUF, stream),
             closed: false,
+            write_end: u64::MAX,
+            in_stream: false,
         }),
         wr: Mutex::new(wr),
         ctl,
@@ -439,9 +445,12 @@ impl Conn {
         if jobs[0].req.length > INLINE_MAX_LEN || self.stop.load(Ordering::Relaxed) {
             return false;
         }
-        rd.r.buffer().is_empty()
-            && self.inflight.load(Ordering::SeqCst) == 1
-            && self.last_exec_ns.load(Ordering::Relaxed) < INLINE_MAX_NS
+        let fast = self.last_exec_ns.load(Ordering::Relaxed) < INLINE_MAX_NS;
+        // A lone WRITE of a stream, for the same reason: handed off, every WRITE after it
+        // would be read the moment it arrives by a thread of its own and never make a run.
+        // Random requests still go to threads in parallel when others are pending.
+        (rd.in_stream && fast)
+            || (rd.r.buffer().is_empty() && self.inflight.load(Ordering::SeqCst) == 1 && fast)
     }
 
     fn run_all(&self, mut jobs: Vec<Job>) {

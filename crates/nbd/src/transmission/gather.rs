@@ -34,18 +34,22 @@ const GATHER_MAX_BYTES: u32 = super::INLINE_MAX_LEN;
 
 impl Conn {
     /// `first`, followed by the WRITEs right behind it that continue it (see the module doc).
+    /// Notes in `rd` whether they continue a stream (`in_stream`: the first begins where the
+    /// connection's last WRITE ended).
     pub(super) fn gather(&self, rd: &mut ReadSide, first: Job) -> Vec<Job> {
         let mut run = Vec::new();
         let next = match first.cmd {
             Command::Write { offset, len, .. } if self.ctx.gathers && len > 0 => {
-                Some((offset + u64::from(len), len))
+                Some((offset, offset + u64::from(len), len))
             }
             _ => None,
         };
         run.push(first);
-        let Some((mut end, mut bytes)) = next else {
+        let Some((offset, mut end, mut bytes)) = next else {
+            rd.in_stream = false;
             return run;
         };
+        rd.in_stream = offset == rd.write_end;
         while let Some(job) = self.next_gathered(rd, end, GATHER_MAX_BYTES - bytes) {
             let Command::Write { offset, len, .. } = job.cmd else {
                 unreachable!("only WRITEs are gathered");
@@ -55,6 +59,7 @@ impl Conn {
             bytes += len;
             run.push(job);
         }
+        rd.write_end = end;
         run
     }
 
