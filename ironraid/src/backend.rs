@@ -469,6 +469,15 @@ mod tests {
                 shared: 0b110
             }
         );
+        // Two writes run by one thread (a gathered run): each stripe once, exclusive wins.
+        let both = s.union(&LockSet::for_write(8192 + 3, 7));
+        assert_eq!(
+            both,
+            LockSet {
+                exclusive: 0b100,
+                shared: 0b10
+            }
+        );
         // Inside one sector: that granule exclusive, nothing else.
         let s = LockSet::for_write(4096 + 3, 7);
         assert_eq!(

@@ -481,8 +481,13 @@ fn pipelined_requests_all_answered() {
 }
 
 /// Sends `writes` (offset, length) as one pipelined burst (WRITE i carries the byte i + 1 and
-/// handle i), reads every reply and checks the data; returns the runs the backend was given.
-fn burst_of_writes(b: &Arc<MemBackend>, limits: Limits, writes: &[(u64, u32)]) -> Vec<usize> {
+/// handle i), reads every reply and checks the data; returns the runs the backend was given
+/// as (WRITEs, payload bytes).
+fn burst_of_writes(
+    b: &Arc<MemBackend>,
+    limits: Limits,
+    writes: &[(u64, u32)],
+) -> Vec<(usize, usize)> {
     let t = TestServer::start(vec![common::export("d", b.clone())], limits);
     let mut c = RawClient::connect(&t.sock, "d", false);
     let mut burst = Vec::new();
@@ -522,14 +527,15 @@ fn burst_of_writes(b: &Arc<MemBackend>, limits: Limits, writes: &[(u64, u32)]) -
 }
 
 /// A backend that asks for them gets the WRITEs of a sequential stream that arrived together
-/// as runs (md's plug), never more than a connection may have in flight; a stream with gaps,
-/// or a backend that does not ask, gets every WRITE on its own.
+/// as runs (md's plug), never more than a connection may have in flight nor more than 128 KiB
+/// (what one thread runs inline); a stream with gaps, or a backend that does not ask, gets
+/// every WRITE on its own.
 #[test]
 fn sequential_writes_that_arrived_together_are_gathered_into_runs() {
     let gathering = || {
         Arc::new(MemBackend {
             gathers: true,
-            ..MemBackend::new(MIB)
+            ..MemBackend::new(4 * MIB)
         })
     };
     let limits = Limits {
@@ -539,17 +545,41 @@ fn sequential_writes_that_arrived_together_are_gathered_into_runs() {
     let stream: Vec<(u64, u32)> = (0..128).map(|i| (i * 4096, 4096)).collect();
     let runs = burst_of_writes(&gathering(), limits, &stream);
     assert!(
-        runs.iter().any(|&n| n > 1),
+        runs.iter().any(|&(n, _)| n > 1),
         "128 sequential WRITEs sent at once were never gathered: runs {runs:?}"
     );
     assert!(
-        runs.iter().all(|&n| n <= 8),
+        runs.iter().all(|&(n, _)| n <= 8),
         "a run held more requests than the connection may have in flight: {runs:?}"
     );
     // 1 KiB pieces (a guest with 512-byte sectors) are a stream too.
     let small: Vec<(u64, u32)> = (0..256).map(|i| (i * 1024, 1024)).collect();
     let runs = burst_of_writes(&gathering(), limits, &small);
-    assert!(runs.iter().any(|&n| n > 1), "1 KiB stream: runs {runs:?}");
+    assert!(
+        runs.iter().any(|&(n, _)| n > 1),
+        "1 KiB stream: runs {runs:?}"
+    );
+    // WRITEs above the limit, each followed by small ones that continue it: a run stays within
+    // its byte limit, whatever its first WRITE's size (such a WRITE runs alone).
+    let mixed: Vec<(u64, u32)> = (0..16u64)
+        .flat_map(|i| {
+            let at = i * (168 << 10);
+            [
+                (at, 160 << 10),
+                (at + (160 << 10), 4096),
+                (at + (164 << 10), 4096),
+            ]
+        })
+        .collect();
+    let runs = burst_of_writes(&gathering(), limits, &mixed);
+    assert!(
+        runs.iter().all(|&(_, bytes)| bytes <= 128 << 10),
+        "a run held more than 128 KiB: {runs:?}"
+    );
+    assert!(
+        runs.iter().any(|&(n, _)| n > 1),
+        "mixed stream: runs {runs:?}"
+    );
     // Every other 4 KiB: nothing continues anything.
     let gaps: Vec<(u64, u32)> = (0..128).map(|i| (i * 8192, 4096)).collect();
     let runs = burst_of_writes(&gathering(), limits, &gaps);

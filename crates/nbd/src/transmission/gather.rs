@@ -50,7 +50,7 @@ impl Conn {
             return run;
         };
         rd.in_stream = offset == rd.write_end;
-        while let Some(job) = self.next_gathered(rd, end, GATHER_MAX_BYTES - bytes) {
+        while let Some(job) = self.next_gathered(rd, end, GATHER_MAX_BYTES.saturating_sub(bytes)) {
             let Command::Write { offset, len, .. } = job.cmd else {
                 unreachable!("only WRITEs are gathered");
             };

@@ -30,8 +30,8 @@ pub struct MemBackend {
     pub hints_live: Arc<AtomicUsize>,
     /// Ask for gathered runs of sequential WRITEs (`Backend::gathers_writes`).
     pub gathers: bool,
-    /// The length of every run `write_gathered` was given.
-    pub runs: Mutex<Vec<usize>>,
+    /// Every run `write_gathered` was given: (WRITEs, payload bytes).
+    pub runs: Mutex<Vec<(usize, usize)>>,
 }
 
 /// A hint that counts itself out of `MemBackend::hints_live` when dropped.
@@ -139,7 +139,8 @@ impl Backend for MemBackend {
                 "a run's writes are sequential"
             );
         }
-        self.runs.lock().unwrap().push(writes.len());
+        let bytes = writes.iter().map(|w| w.data.len()).sum();
+        self.runs.lock().unwrap().push((writes.len(), bytes));
         writes
             .into_iter()
             .map(|w| match w.hint {
