@@ -31,7 +31,7 @@
 
 use engine::{Array, WriteIntent};
 use nbd::proto::{STATE_HOLE, STATE_ZERO};
-use nbd::{Backend, BlockSizes, WriteHint};
+use nbd::{Backend, BlockSizes, GatheredWrite, WriteHint};
 use std::io;
 use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
@@ -84,7 +84,7 @@ struct SectorLocks {
 }
 
 /// The stripes a write takes, as bit masks (bit `i` is stripe `i`); disjoint.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, Default, PartialEq, Eq)]
 struct LockSet {
     exclusive: u64,
     shared: u64,
@@ -95,6 +95,16 @@ fn stripe_bit(offset: u64) -> u64 {
 }
 
 impl LockSet {
+    /// What two writes take together, for one thread that runs both: exclusive wherever either
+    /// needs it.
+    fn union(&self, other: &LockSet) -> LockSet {
+        let exclusive = self.exclusive | other.exclusive;
+        LockSet {
+            exclusive,
+            shared: (self.shared | other.shared) & !exclusive,
+        }
+    }
+
     /// For a write of `offset..offset+len` (not empty): exclusive on the granule of each edge
     /// sector, shared on every other granule of the widened range.
     fn for_write(offset: u64, len: u64) -> LockSet {
@@ -269,6 +279,58 @@ impl Backend for ArrayBackend {
             .map_err(io::Error::from)
     }
 
+    /// A parity array's stripe cache merges the writes of a stream that share a stripe.
+    fn gathers_writes(&self) -> bool {
+        self.0.geometry().level().is_parity()
+    }
+
+    /// The whole-sector writes of the run go to the array together (under the union of their
+    /// sector locks, all shared), the others after them one by one; the run's writes do not
+    /// overlap, so the order between the two groups does not matter.
+    fn write_gathered(&self, writes: Vec<GatheredWrite<'_>>) -> Vec<io::Result<()>> {
+        let mut results: Vec<Option<io::Result<()>>> = Vec::with_capacity(writes.len());
+        let mut whole = Vec::new();
+        let mut rest = Vec::new();
+        let mut locks = LockSet::default();
+        for w in writes {
+            let slot = results.len();
+            results.push(None);
+            let (offset, data, fua) = (w.offset, w.data, w.fua);
+            // Only whole-sector writes are announced (`write_coming`).
+            let hinted = w.hint.filter(|_| is_aligned(offset, data.len() as u64));
+            match hinted.map(|h| h.0.downcast::<WriteIntent>()) {
+                Some(Ok(intent)) => {
+                    locks = locks.union(&LockSet::for_write(offset, data.len() as u64));
+                    whole.push((
+                        slot,
+                        engine::GatheredWrite {
+                            offset_bytes: offset,
+                            data,
+                            fua,
+                            intent: Some(*intent),
+                        },
+                    ));
+                }
+                Some(Err(_)) => unreachable!("ironraid's write hints are write intents"),
+                None => rest.push((slot, offset, data, fua)),
+            }
+        }
+        if !whole.is_empty() {
+            let _held = SECTOR_LOCKS.lock(&locks);
+            let (slots, run): (Vec<usize>, Vec<_>) = whole.into_iter().unzip();
+            for (slot, r) in slots.into_iter().zip(self.0.write_gathered(run)) {
+                results[slot] = Some(r.map_err(io::Error::from));
+            }
+        }
+        for (slot, offset, data, fua) in rest {
+            results[slot] = Some(self.write(offset, data, fua));
+        }
+        results
+            .into_iter()
+            .map(|r| r.expect("every write of the run has its result"))
+            .collect()
+    }
+
     fn flush(&self) -> io::Result<()> {
         self.0.flush().map_err(io::Error::from)
     }
@@ -405,6 +467,15 @@ mod tests {
             LockSet {
                 exclusive: 0,
                 shared: 0b110
+            }
+        );
+        // Two writes run by one thread (a gathered run): each stripe once, exclusive wins.
+        let both = s.union(&LockSet::for_write(8192 + 3, 7));
+        assert_eq!(
+            both,
+            LockSet {
+                exclusive: 0b100,
+                shared: 0b10
             }
         );
         // Inside one sector: that granule exclusive, nothing else.

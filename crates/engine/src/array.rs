@@ -433,18 +433,24 @@ impl Array {
             } else {
                 self.mirror_write(offset_bytes, data, fua)
             };
-            // FUA makes the data durable; its records must be as well (a journal's log holds
-            // them already).
-            if res.is_ok() && fua && self.integrity.is_some() && self.policy.journal().is_none() {
-                self.flush_members();
-            } else if self.integrity.as_ref().is_some_and(|i| i.wants_write_out()) {
-                // Changed record pages cannot leave the cache until written: a client that
-                // never flushes gets its tables written anyway.
-                self.write_integrity_tables();
-            }
+            self.records_after_write(res.is_ok() && fua);
             self.watch_end(watched, res.is_ok(), fua);
             res
         })
+    }
+
+    /// After client writes, before they are answered: `fua_done` (a FUA write succeeded)
+    /// makes their integrity records durable too.
+    pub(crate) fn records_after_write(&self, fua_done: bool) {
+        // FUA makes the data durable; its records must be as well (a journal's log holds
+        // them already).
+        if fua_done && self.integrity.is_some() && self.policy.journal().is_none() {
+            self.flush_members();
+        } else if self.integrity.as_ref().is_some_and(|i| i.wants_write_out()) {
+            // Changed record pages cannot leave the cache until written: a client that
+            // never flushes gets its tables written anyway.
+            self.write_integrity_tables();
+        }
     }
 
     /// Run a client write (or trim): refused when read-only, failed or stopping; counted in

@@ -215,8 +215,10 @@ mod libc_errno {
     pub const EDQUOT: i32 = 122;
 }
 
-/// Batches up to this many bytes may run inline on fast members.
-const CHEAP_BATCH_BYTES: usize = 128 * 1024;
+/// Batches up to this many bytes may run inline on fast members: a stripe write of a gathered
+/// run (up to 128 KiB of client data, whose column intervals may span every data chunk of a
+/// 64 KiB-chunk row) stays inline, a full 1 MiB stripe does not.
+const CHEAP_BATCH_BYTES: usize = 256 * 1024;
 /// Small member operations faster than this (moving average) count as memory speed.
 const CHEAP_OP_NANOS: u64 = 20_000;
 
@@ -242,10 +244,13 @@ impl IoPath {
             && self.small_io_nanos.load(Ordering::Relaxed) < CHEAP_OP_NANOS
     }
 
-    /// Fold the duration of a small operation into the moving average.
+    /// Fold the duration of a small operation into the moving average. A sample counts at most
+    /// a few times the threshold: a thread preempted in the middle of a memory-speed operation
+    /// (a busy machine) must not turn the members slow for the next dozens of batches, while
+    /// members that are slow on every operation still average above it.
     fn note_latency(&self, len: usize, took: std::time::Duration) {
         if len <= 64 * 1024 {
-            let ns = took.as_nanos().min(u128::from(u32::MAX)) as u64;
+            let ns = took.as_nanos().min(u128::from(4 * CHEAP_OP_NANOS)) as u64;
             let avg = self.small_io_nanos.load(Ordering::Relaxed);
             self.small_io_nanos
                 .store(avg - avg / 16 + ns / 16, Ordering::Relaxed);

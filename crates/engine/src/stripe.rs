@@ -41,6 +41,15 @@ const PAGE: u64 = 4096;
 /// How often one interval may be planned again after member failures before giving up.
 const MAX_REPLANS: usize = 4;
 
+/// A write whose pieces are in their rows: what [`Array::parity_wait`] waits for.
+pub(crate) struct Placed {
+    offset_bytes: u64,
+    len_bytes: u64,
+    done: Arc<Completion>,
+    /// The rows it touches, each with a reference taken on it.
+    rows: Vec<(u64, Arc<Row>)>,
+}
+
 pub(crate) enum Outcome {
     Done,
     Replan,
@@ -265,40 +274,64 @@ impl Array {
         intent: Option<WriteIntent>,
     ) -> Result<()> {
         let reserved = self.stripes.reserve(data.len());
+        let mut led = Vec::new();
+        let placed = self.parity_place(offset_bytes, data, fua, intent, &mut led);
+        for (row, r) in &led {
+            self.lead_batch(*row, r);
+        }
+        let res = self.parity_wait(placed);
+        self.stripes.unreserve(reserved);
+        res
+    }
+
+    /// Place a write's pieces into its rows (the caller has reserved their bytes); the rows it
+    /// found without a leader are appended to `led`, which the caller must then lead.
+    pub(crate) fn parity_place(
+        &self,
+        offset_bytes: u64,
+        data: &[u8],
+        fua: bool,
+        intent: Option<WriteIntent>,
+        led: &mut Vec<(u64, Arc<Row>)>,
+    ) -> Placed {
         let pieces = self.parity_pieces(offset_bytes, data.len());
         let done = Completion::new(pieces.len());
         let rows = match intent {
             Some(i) => i.take_rows(self, offset_bytes, data.len()),
             None => self.announce_rows(offset_bytes, data.len()),
         };
-        let mut led = Vec::new();
         for (row, r) in &rows {
             let mine = pieces.iter().filter(|p| p.0 == *row);
             if self.place(r, mine, data, fua, &done) {
-                led.push((*row, r));
+                led.push((*row, r.clone()));
             }
         }
-        for (row, r) in led {
-            self.lead_batch(row, r);
+        Placed {
+            offset_bytes,
+            len_bytes: data.len() as u64,
+            done,
+            rows,
         }
-        let res = done.wait();
-        for (row, _) in rows {
+    }
+
+    /// Wait for a placed write's pieces to be written and let go of its rows.
+    pub(crate) fn parity_wait(&self, placed: Placed) -> Result<()> {
+        let res = placed.done.wait();
+        for (row, _) in placed.rows {
             self.stripes.put(row);
         }
-        self.stripes.unreserve(reserved);
+        let (offset_bytes, len_bytes) = (placed.offset_bytes, placed.len_bytes);
         res.map_err(|e| match e {
             BatchError::NoSpace => EngineError::NoSpace {
                 array: self.name.clone(),
                 offset_bytes,
-                len_bytes: data.len() as u64,
+                len_bytes,
             },
             BatchError::ReadOnly(reason) => EngineError::ReadOnly {
                 array: self.name.clone(),
                 reason,
             },
-            BatchError::Failed(reason) => {
-                self.unrecoverable(offset_bytes, data.len() as u64, &reason)
-            }
+            BatchError::Failed(reason) => self.unrecoverable(offset_bytes, len_bytes, &reason),
         })
     }
 
@@ -342,7 +375,7 @@ impl Array {
 
     /// Claim the row, gather what writers are still placing into it (up to the write hold),
     /// take every pending piece as one batch and write it.
-    fn lead_batch(&self, row: u64, r: &Row) {
+    pub(crate) fn lead_batch(&self, row: u64, r: &Row) {
         let m = self.geometry.data_disks();
         let st = r.claim(r.st.lock());
         let deadline = Instant::now() + self.config.write_hold;

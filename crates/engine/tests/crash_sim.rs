@@ -511,16 +511,18 @@ fn workload(
                 let data: Vec<u8> = (0..len).map(|_| rng.gen()).collect();
                 let fua = rng.gen_bool(0.1);
                 model.issue(off, &data);
-                // An acknowledgement after the power went never reached anyone.
-                match array.write(off as u64, &data, fua) {
-                    _ if rig.rail.is_off() => return,
-                    Ok(()) => model.complete(off, &data, fua),
-                    Err(engine::EngineError::ReadOnly { .. }) if journal_down(array) => {
-                        if !refused(rig, array, model, off, len) {
-                            return;
+                for (at, piece, res) in client_write(array, off, &data, fua) {
+                    // An acknowledgement after the power went never reached anyone.
+                    match res {
+                        _ if rig.rail.is_off() => return,
+                        Ok(()) => model.complete(at, piece, fua),
+                        Err(engine::EngineError::ReadOnly { .. }) if journal_down(array) => {
+                            if !refused(rig, array, model, at, piece.len()) {
+                                return;
+                            }
                         }
+                        Err(e) => panic!("write {at}+{} failed with power on: {e}", piece.len()),
                     }
-                    Err(e) => panic!("write {off}+{len} failed with power on: {e}"),
                 }
             }
             45..=54 => {
@@ -644,6 +646,49 @@ fn give_spare(rig: &mut Rig, array: &Array) {
 /// logged (or cached) before the failure are acknowledged to nobody, yet they go home. What
 /// reads back now is what a flush makes durable (a cut before it may leave the older bytes).
 /// False when the power went meanwhile.
+/// A client write of `data` at `off`: one time in three (picked from what was drawn already,
+/// so that every seed draws what it drew before) as a gathered run of two to four sequential
+/// pieces, as the NBD frontend hands over a stream's WRITEs that arrived together. Returns
+/// each piece's offset, bytes and result.
+fn client_write<'d>(
+    array: &Array,
+    off: usize,
+    data: &'d [u8],
+    fua: bool,
+) -> Vec<(usize, &'d [u8], engine::Result<()>)> {
+    let sectors = data.len() / 512;
+    let pieces = 2 + sectors % 3;
+    if !(off / 512).is_multiple_of(3) || sectors < pieces {
+        return vec![(off, data, array.write(off as u64, data, fua))];
+    }
+    let per = sectors / pieces * 512;
+    let cuts: Vec<(usize, &[u8])> = (0..pieces)
+        .map(|i| {
+            let end = if i + 1 == pieces {
+                data.len()
+            } else {
+                (i + 1) * per
+            };
+            (off + i * per, &data[i * per..end])
+        })
+        .collect();
+    let run = cuts
+        .iter()
+        .map(|&(at, piece)| engine::GatheredWrite {
+            offset_bytes: at as u64,
+            data: piece,
+            fua,
+            intent: None,
+        })
+        .collect();
+    let results = array.write_gathered(run);
+    assert_eq!(results.len(), pieces, "one result per write of a run");
+    cuts.into_iter()
+        .zip(results)
+        .map(|((at, piece), res)| (at, piece, res))
+        .collect()
+}
+
 fn refused(rig: &Rig, array: &Array, model: &mut CrashModel, off: usize, len: usize) -> bool {
     let mut back = vec![0u8; len];
     match array.read(off as u64, &mut back) {

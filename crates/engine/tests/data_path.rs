@@ -348,6 +348,89 @@ fn merge_case(piece_bytes: u64, integrity: bool) {
     common::check_redundancy(&sa);
 }
 
+/// A frontend's gathered run (the WRITEs of a sequential stream that arrived together, see
+/// `Array::write_gathered`) is placed whole before any stripe is written: sixteen 4 KiB writes
+/// into one data chunk write that chunk and P once each (one after the other, sixteen times),
+/// with no thread besides the caller's. A write of the run that is refused gets its own error
+/// and the others still land; 1 KiB writes are a run too.
+#[test]
+fn a_gathered_run_is_one_stripe_write() {
+    const CHUNK: u64 = 64 << 10;
+    for piece_bytes in [4096u64, 1024] {
+        let (sims, probes, array, data_offset) =
+            probed_raid5(4, CHUNK, 16 << 20, false, common::config());
+        let array = Arc::new(array);
+        let stripe_bytes = 3 * CHUNK;
+        array.write(40 * stripe_bytes, &[0u8; 4096], false).unwrap();
+        let row = 2u64;
+        let roles = array.geometry().stripe_roles(row);
+        let (start, end) = (data_offset + row * CHUNK, data_offset + (row + 1) * CHUNK);
+        let before = (
+            probes[roles.p_dev()].writes_into(start, end),
+            probes[roles.data_dev(0)].writes_into(start, end),
+        );
+        let base = row * stripe_bytes;
+        let datas: Vec<Vec<u8>> = (0..16u8)
+            .map(|i| vec![i + 1; piece_bytes as usize])
+            .collect();
+        let mut run: Vec<engine::GatheredWrite<'_>> = datas
+            .iter()
+            .enumerate()
+            .map(|(i, d)| {
+                let at = base + i as u64 * piece_bytes;
+                engine::GatheredWrite {
+                    offset_bytes: at,
+                    data: d,
+                    fua: false,
+                    // Announced or not, as a frontend may do either.
+                    intent: (i % 2 == 0).then(|| array.intend_write(at, piece_bytes)),
+                }
+            })
+            .collect();
+        // Refused: not whole sectors.
+        let odd = [9u8; 100];
+        run.insert(
+            5,
+            engine::GatheredWrite {
+                offset_bytes: base + 16 * piece_bytes,
+                data: &odd,
+                fua: false,
+                intent: Some(array.intend_write(base + 16 * piece_bytes, 100)),
+            },
+        );
+        let results = array.write_gathered(run);
+        let case = format!("{piece_bytes}-byte writes");
+        assert_eq!(results.len(), 17, "{case}: one result per write");
+        for (i, r) in results.iter().enumerate() {
+            assert_eq!(r.is_err(), i == 5, "{case}: write {i}: {r:?}");
+        }
+        let written = (
+            probes[roles.p_dev()].writes_into(start, end) - before.0,
+            probes[roles.data_dev(0)].writes_into(start, end) - before.1,
+        );
+        assert_eq!(
+            written,
+            (1, 1),
+            "{case}: (P, data) written {written:?} times for a run of 16; expected once each"
+        );
+        let mut back = vec![0u8; 16 * piece_bytes as usize];
+        array.read(base, &mut back).unwrap();
+        for (i, piece) in back.chunks(piece_bytes as usize).enumerate() {
+            assert!(
+                piece.iter().all(|&b| b == i as u8 + 1),
+                "{case}: write {i} is not its own"
+            );
+        }
+        let sa = common::SimArray {
+            sims,
+            array: Arc::try_unwrap(array).ok().unwrap(),
+            level: Level::Raid5,
+            layout: None,
+        };
+        common::check_redundancy(&sa);
+    }
+}
+
 /// The write hold is an upper bound, not a timer: sequential sub-stripe streams with other
 /// writes in flight (which cannot fill their stripes) finish long before one hold would pass.
 #[test]

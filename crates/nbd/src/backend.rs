@@ -57,6 +57,15 @@ impl Default for BlockSizes {
 /// ([`Backend::write_coming`]); opaque to the server, which only hands it back or drops it.
 pub struct WriteHint(pub Box<dyn std::any::Any + Send>);
 
+/// One WRITE of a gathered run ([`Backend::write_gathered`]).
+pub struct GatheredWrite<'a> {
+    pub offset: u64,
+    pub data: &'a [u8],
+    pub fua: bool,
+    /// What [`Backend::write_coming`] gave for it.
+    pub hint: Option<WriteHint>,
+}
+
 /// A block device served over NBD.
 ///
 /// All methods are blocking; the server calls them from its per-connection
@@ -93,6 +102,25 @@ pub trait Backend: Send + Sync + 'static {
     fn write_hinted(&self, hint: WriteHint, offset: u64, data: &[u8], fua: bool) -> io::Result<()> {
         drop(hint);
         self.write(offset, data, fua)
+    }
+    /// Whether the server should hand runs of sequential WRITEs that arrived together to
+    /// [`Backend::write_gathered`] at once (a backend that merges adjacent writes, as md's
+    /// stripe cache under a plug does). Off by default: the server then runs every request on
+    /// its own thread, in parallel.
+    fn gathers_writes(&self) -> bool {
+        false
+    }
+    /// Sequential WRITEs that arrived together, each ending where the next begins (each
+    /// validated, non-empty, within `block_sizes().max`): one result per write, in order.
+    /// The default runs them one after the other.
+    fn write_gathered(&self, writes: Vec<GatheredWrite<'_>>) -> Vec<io::Result<()>> {
+        writes
+            .into_iter()
+            .map(|w| match w.hint {
+                Some(h) => self.write_hinted(h, w.offset, w.data, w.fua),
+                None => self.write(w.offset, w.data, w.fua),
+            })
+            .collect()
     }
     /// Makes every write completed before this call durable, whatever
     /// connection it came from (the server advertises `CAN_MULTI_CONN`).

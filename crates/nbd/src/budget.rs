@@ -22,7 +22,9 @@
 //!   when the request is abandoned).
 //!
 //! Why this cannot deadlock: a thread waits for one request's grant at a time
-//! and holds no part of it while waiting. Every grant already given belongs to
+//! and holds no part of it while waiting. A thread gathering a run of
+//! requests (see `transmission`) holds grants of the run's first ones: it
+//! only *tries* to take the next (`try_acquire`), never waits. Every grant already given belongs to
 //! a request that has been read in full (or whose payload is being read) and
 //! that finishes — backend call, reply write — without asking for more budget.
 //! The connection's budget is taken before the server's, so a connection at
@@ -117,6 +119,24 @@ impl Budget {
         }
     }
 
+    /// Takes `len` bytes (at least one, at most `total`) only if that needs no wait: nobody
+    /// waits before us and they fit now. For a thread that already holds grants and must not
+    /// wait while holding them (a gathered run of requests).
+    pub(crate) fn try_acquire(self: &Arc<Self>, len: usize) -> Option<Grant> {
+        assert!(len > 0, "an empty grant is never tried");
+        let want = len.min(self.total);
+        let mut s = lock(&self.state);
+        if s.has_waiters() || self.total - s.in_use < want {
+            return None;
+        }
+        s.in_use += want;
+        s.peak = s.peak.max(s.in_use);
+        Some(Grant {
+            budget: self.clone(),
+            bytes: want,
+        })
+    }
+
     fn release(&self, bytes: usize) {
         let mut s = lock(&self.state);
         assert!(s.in_use >= bytes, "budget released twice");
@@ -179,6 +199,20 @@ impl PayloadGrant {
             _conn: conn,
             _server: server,
         }
+    }
+
+    /// [`PayloadGrant::acquire`] without waiting: None when either budget would make us wait.
+    pub(crate) fn try_acquire(
+        conn: &Arc<Budget>,
+        server: &Arc<Budget>,
+        len: usize,
+    ) -> Option<PayloadGrant> {
+        let conn = conn.try_acquire(len)?;
+        let server = server.try_acquire(len)?;
+        Some(PayloadGrant {
+            _conn: conn,
+            _server: server,
+        })
     }
 }
 

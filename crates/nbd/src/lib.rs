@@ -64,7 +64,9 @@
 //! blocking socket; the thread that read a request calls the backend and
 //! writes the reply itself, whole, under the connection's write lock
 //! (requests run concurrently and are answered out of order; a lone small
-//! request runs without any thread hand-off). A reply is written only after
+//! request runs without any thread hand-off). A backend that asks for it
+//! ([`Backend::gathers_writes`]) gets a sequential stream's WRITEs that arrived
+//! together as one run ([`Backend::write_gathered`]), answered in one write. A reply is written only after
 //! the backend call returned, so a FLUSH (an engine-wide barrier by the
 //! [`Backend`] contract) covers every write already acknowledged. Backend errors are
 //! mapped by [`errno_for`] to `EPERM, EIO, EINVAL, ENOSPC, EOVERFLOW,
@@ -85,7 +87,7 @@ mod threads;
 mod tls;
 mod transmission;
 
-pub use backend::{errno_for, Backend, BlockSizes, Export, WriteHint, MAX_PAYLOAD};
+pub use backend::{errno_for, Backend, BlockSizes, Export, GatheredWrite, WriteHint, MAX_PAYLOAD};
 pub use budget::{DEFAULT_MAX_INFLIGHT_BYTES, DEFAULT_MAX_INFLIGHT_BYTES_PER_CONN};
 pub use server::{Limits, Server};
 pub use threads::DEFAULT_SHUTDOWN_BACKEND_TIMEOUT;

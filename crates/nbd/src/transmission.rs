@@ -10,12 +10,19 @@
 //! the thread that ran a request writes its reply itself, whole, under the
 //! write lock (replies never interleave). So a request costs no thread
 //! hand-off at queue depth 1, and at most one lock hand-off otherwise.
+//! For a backend that gathers writes, a WRITE is read together with the
+//! sequential WRITEs right behind it that are buffered whole, and the run goes
+//! to the backend in one call, its replies in one socket write (`gather`); a
+//! run keeps the read side, whatever else is pending, so a stream's next
+//! WRITEs make the next run.
 //!
 //! Invariants:
 //! - at most `min(max_inflight_per_conn, max_threads_per_conn)` requests (and
 //!   `max_inflight_bytes_per_conn` payload bytes, all connections together at
 //!   most `max_inflight_bytes`) are between "header read" and "reply
-//!   written": a thread holds at most one request, and the payload grant (see
+//!   written": a thread holds one request, or a gathered run that stops
+//!   growing at that limit and keeps the read side until it has been
+//!   answered, and the payload grant (see
 //!   `budget`) is taken by the thread holding the read side before the
 //!   payload buffer exists, so when a limit is reached nobody reads the
 //!   socket (back-pressure);
@@ -47,6 +54,8 @@ use crate::codec::{self, Request};
 use crate::command::{validate, Command, ExportParams, Rejection};
 use crate::proto::*;
 use crate::threads::{ThreadToken, ThreadTracker};
+
+mod gather;
 
 /// Size of the per-connection receive buffer: one `recv` picks up many
 /// pipelined request headers (and small write payloads).
@@ -151,6 +160,8 @@ impl IntoBlocking for tokio::net::TcpStream {
 /// Per-connection state shared by the connection's threads.
 struct Ctx {
     backend: Arc<dyn Backend>,
+    /// [`Backend::gathers_writes`], asked once.
+    gathers: bool,
     params: ExportParams,
     bs: BlockSizes,
 }
@@ -172,6 +183,10 @@ struct ReadSide {
     r: BufReader<Stream>,
     /// Reading has ended for good (EOF, DISC, protocol error, shutdown).
     closed: bool,
+    /// Where the last WRITE read ended (see `gather`).
+    write_end: u64,
+    /// The requests just read continue a sequential stream of WRITEs.
+    in_stream: bool,
 }
 
 struct Conn {
@@ -237,6 +252,7 @@ pub(crate) async fn serve(
     let wr = stream.try_clone()?;
     let conn = Arc::new(Conn {
         ctx: Ctx {
+            gathers: backend.gathers_writes(),
             backend,
             params,
             bs,
@@ -244,6 +260,8 @@ pub(crate) async fn serve(
         rd: Mutex::new(ReadSide {
             r: BufReader::with_capacity(READ_BUF, stream),
             closed: false,
+            write_end: u64::MAX,
+            in_stream: false,
         }),
         wr: Mutex::new(wr),
         ctl,
@@ -323,8 +341,9 @@ fn conn_thread(conn: &Arc<Conn>, alive: &mpsc::Sender<()>) {
                     return;
                 }
             };
-            if conn.may_inline(&rd, &job) {
-                conn.run(job);
+            let jobs = conn.gather(&mut rd, job);
+            if conn.may_inline(&rd, &jobs) {
+                conn.run_all(jobs);
                 continue;
             }
             if conn.idle.load(Ordering::SeqCst) == 0
@@ -337,7 +356,7 @@ fn conn_thread(conn: &Arc<Conn>, alive: &mpsc::Sender<()>) {
                 }
             }
             drop(rd);
-            conn.run(job);
+            conn.run_all(jobs);
             break;
         }
     }
@@ -369,8 +388,14 @@ impl Conn {
                 return Next::Stop;
             }
         };
+        self.request_body(rd, req, None)
+    }
+
+    /// Reads the rest of the request `req` whose header was just taken off the socket (the
+    /// payload of a WRITE, under `grant` if one is given, else one waited for) and validates it.
+    fn request_body(&self, rd: &mut ReadSide, req: Request, grant: Option<PayloadGrant>) -> Next {
         let mut payload = None;
-        let mut grant = None;
+        let mut grant = grant;
         let mut hint = None;
         if req.command == CMD_WRITE && req.length > self.ctx.params.max_payload {
             // Refused (EOVERFLOW, by `validate` below) without dropping the connection and
@@ -380,7 +405,9 @@ impl Conn {
                 return Next::Stop;
             }
         } else if req.command == CMD_WRITE {
-            grant = Some(self.grant(req.length));
+            if grant.is_none() {
+                grant = Some(self.grant(req.length));
+            }
             // The payload may take a while to arrive: let the backend get ready for it.
             hint = self
                 .ctx
@@ -425,14 +452,32 @@ impl Conn {
         PayloadGrant::acquire(&self.budget, &self.server_budget, len as usize)
     }
 
-    /// Whether the reading thread should run `job` itself.
-    fn may_inline(&self, rd: &ReadSide, job: &Job) -> bool {
-        if job.req.length > INLINE_MAX_LEN || self.stop.load(Ordering::Relaxed) {
+    /// Whether the reading thread should run `jobs` (one request, or a gathered run) itself.
+    fn may_inline(&self, rd: &ReadSide, jobs: &[Job]) -> bool {
+        if jobs.len() > 1 {
+            // A gathered run (a sequential stream's) always keeps the read side. Its thread
+            // holds several requests, so nobody may read more while it runs (the in-flight
+            // limit: see the module doc); and the stream's next WRITEs, arriving meanwhile,
+            // are better read as the next run than one by one by threads woken for each.
+            return true;
+        }
+        if jobs[0].req.length > INLINE_MAX_LEN || self.stop.load(Ordering::Relaxed) {
             return false;
         }
-        rd.r.buffer().is_empty()
-            && self.inflight.load(Ordering::SeqCst) == 1
-            && self.last_exec_ns.load(Ordering::Relaxed) < INLINE_MAX_NS
+        let fast = self.last_exec_ns.load(Ordering::Relaxed) < INLINE_MAX_NS;
+        // A lone WRITE of a stream, for the same reason: handed off, every WRITE after it
+        // would be read the moment it arrives by a thread of its own and never make a run.
+        // Random requests still go to threads in parallel when others are pending.
+        (rd.in_stream && fast)
+            || (rd.r.buffer().is_empty() && self.inflight.load(Ordering::SeqCst) == 1 && fast)
+    }
+
+    fn run_all(&self, mut jobs: Vec<Job>) {
+        if jobs.len() == 1 {
+            self.run(jobs.pop().expect("one job"));
+        } else {
+            self.run_gathered(jobs);
+        }
     }
 
     /// Runs `job` against the backend and writes its reply.

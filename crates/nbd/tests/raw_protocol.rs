@@ -480,6 +480,118 @@ fn pipelined_requests_all_answered() {
     }
 }
 
+/// Sends `writes` (offset, length) as one pipelined burst (WRITE i carries the byte i + 1 and
+/// handle i), reads every reply and checks the data; returns the runs the backend was given
+/// as (WRITEs, payload bytes).
+fn burst_of_writes(
+    b: &Arc<MemBackend>,
+    limits: Limits,
+    writes: &[(u64, u32)],
+) -> Vec<(usize, usize)> {
+    let t = TestServer::start(vec![common::export("d", b.clone())], limits);
+    let mut c = RawClient::connect(&t.sock, "d", false);
+    let mut burst = Vec::new();
+    for (i, &(offset, length)) in writes.iter().enumerate() {
+        burst.extend_from_slice(&codec::encode_request(&codec::Request {
+            flags: 0,
+            command: CMD_WRITE,
+            handle: i as u64,
+            offset,
+            length,
+        }));
+        burst.extend(std::iter::repeat_n(i as u8 + 1, length as usize));
+    }
+    let mut w = c.s.try_clone().unwrap();
+    let sender = std::thread::spawn(move || w.write_all(&burst).unwrap());
+    let mut handles: Vec<u64> = (0..writes.len())
+        .map(|_| {
+            let (e, h) = c.simple_reply();
+            assert_eq!(e, 0, "WRITE {h}");
+            h
+        })
+        .collect();
+    sender.join().unwrap();
+    handles.sort();
+    assert_eq!(handles, (0..writes.len() as u64).collect::<Vec<_>>());
+    let s = b.snapshot();
+    for (i, &(offset, length)) in writes.iter().enumerate() {
+        let r = offset as usize..(offset + u64::from(length)) as usize;
+        assert!(s[r].iter().all(|&x| x == i as u8 + 1), "WRITE {i}'s data");
+    }
+    assert_eq!(
+        b.hints_live.load(Ordering::SeqCst),
+        0,
+        "a hint outlived its request"
+    );
+    b.runs.lock().unwrap().clone()
+}
+
+/// A backend that asks for them gets the WRITEs of a sequential stream that arrived together
+/// as runs (md's plug), never more than a connection may have in flight nor more than 128 KiB
+/// (what one thread runs inline); a stream with gaps, or a backend that does not ask, gets
+/// every WRITE on its own.
+#[test]
+fn sequential_writes_that_arrived_together_are_gathered_into_runs() {
+    let gathering = || {
+        Arc::new(MemBackend {
+            gathers: true,
+            ..MemBackend::new(4 * MIB)
+        })
+    };
+    let limits = Limits {
+        max_threads_per_conn: 8,
+        ..Limits::default()
+    };
+    let stream: Vec<(u64, u32)> = (0..128).map(|i| (i * 4096, 4096)).collect();
+    let runs = burst_of_writes(&gathering(), limits, &stream);
+    assert!(
+        runs.iter().any(|&(n, _)| n > 1),
+        "128 sequential WRITEs sent at once were never gathered: runs {runs:?}"
+    );
+    assert!(
+        runs.iter().all(|&(n, _)| n <= 8),
+        "a run held more requests than the connection may have in flight: {runs:?}"
+    );
+    // 1 KiB pieces (a guest with 512-byte sectors) are a stream too.
+    let small: Vec<(u64, u32)> = (0..256).map(|i| (i * 1024, 1024)).collect();
+    let runs = burst_of_writes(&gathering(), limits, &small);
+    assert!(
+        runs.iter().any(|&(n, _)| n > 1),
+        "1 KiB stream: runs {runs:?}"
+    );
+    // WRITEs above the limit, each followed by small ones that continue it: a run stays within
+    // its byte limit, whatever its first WRITE's size (such a WRITE runs alone).
+    let mixed: Vec<(u64, u32)> = (0..16u64)
+        .flat_map(|i| {
+            let at = i * (168 << 10);
+            [
+                (at, 160 << 10),
+                (at + (160 << 10), 4096),
+                (at + (164 << 10), 4096),
+            ]
+        })
+        .collect();
+    let runs = burst_of_writes(&gathering(), limits, &mixed);
+    assert!(
+        runs.iter().all(|&(_, bytes)| bytes <= 128 << 10),
+        "a run held more than 128 KiB: {runs:?}"
+    );
+    assert!(
+        runs.iter().any(|&(n, _)| n > 1),
+        "mixed stream: runs {runs:?}"
+    );
+    // Every other 4 KiB: nothing continues anything.
+    let gaps: Vec<(u64, u32)> = (0..128).map(|i| (i * 8192, 4096)).collect();
+    let runs = burst_of_writes(&gathering(), limits, &gaps);
+    assert!(runs.is_empty(), "writes with gaps were gathered: {runs:?}");
+    // Not asked for: the stream goes one request at a time.
+    let runs = burst_of_writes(&Arc::new(MemBackend::new(MIB)), limits, &stream);
+    assert!(
+        runs.is_empty(),
+        "a backend that did not ask got runs: {runs:?}"
+    );
+}
+
 #[test]
 fn client_vanishing_mid_request_leaves_server_healthy() {
     let (b, t) = server();

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use nbd::codec::{self, Request};
 use nbd::proto::*;
-use nbd::{Backend, BlockSizes, Export, Limits, Server, WriteHint};
+use nbd::{Backend, BlockSizes, Export, GatheredWrite, Limits, Server, WriteHint};
 
 /// A `Vec<u8>` behind a mutex.
 pub struct MemBackend {
@@ -28,6 +28,10 @@ pub struct MemBackend {
     pub hints_given: AtomicUsize,
     pub hints_used: AtomicUsize,
     pub hints_live: Arc<AtomicUsize>,
+    /// Ask for gathered runs of sequential WRITEs (`Backend::gathers_writes`).
+    pub gathers: bool,
+    /// Every run `write_gathered` was given: (WRITEs, payload bytes).
+    pub runs: Mutex<Vec<(usize, usize)>>,
 }
 
 /// A hint that counts itself out of `MemBackend::hints_live` when dropped.
@@ -56,6 +60,8 @@ impl MemBackend {
             hints_given: AtomicUsize::new(0),
             hints_used: AtomicUsize::new(0),
             hints_live: Arc::new(AtomicUsize::new(0)),
+            gathers: false,
+            runs: Mutex::new(Vec::new()),
         }
     }
 
@@ -117,6 +123,31 @@ impl Backend for MemBackend {
         let res = self.write(offset, data, fua);
         drop(hint);
         res
+    }
+    fn gathers_writes(&self) -> bool {
+        self.gathers
+    }
+    fn write_gathered(&self, writes: Vec<GatheredWrite<'_>>) -> Vec<io::Result<()>> {
+        assert!(
+            self.gathers,
+            "a run given to a backend that did not ask for runs"
+        );
+        for pair in writes.windows(2) {
+            assert_eq!(
+                pair[0].offset + pair[0].data.len() as u64,
+                pair[1].offset,
+                "a run's writes are sequential"
+            );
+        }
+        let bytes = writes.iter().map(|w| w.data.len()).sum();
+        self.runs.lock().unwrap().push((writes.len(), bytes));
+        writes
+            .into_iter()
+            .map(|w| match w.hint {
+                Some(h) => self.write_hinted(h, w.offset, w.data, w.fua),
+                None => self.write(w.offset, w.data, w.fua),
+            })
+            .collect()
     }
     fn flush(&self) -> io::Result<()> {
         self.pause();

@@ -1,0 +1,101 @@
+//! Writes that arrived together from one submitter (a frontend's run of a sequential stream's
+//! requests): md's plug. A plugged submitter queues its bios and releases them at once, so
+//! raid5 sees every bio of a stripe before it handles the stripe; here every write of the run
+//! places its pieces in their rows before any row is led, so writes that share a stripe go out
+//! as one read-modify-write or reconstruct-write, with no thread hand-off between them.
+//!
+//! Why the rows are led only after every write is placed: a leader waits for the writers
+//! announced to its row (`stripe_cache`); the run's later writes are announced (their intents)
+//! but placed by this same thread, so leading before placing them would wait the hold out.
+//! Each write keeps what [`Array::write`] gives it alone: its range checked, counted as a
+//! client write in flight, watched by a guide, its own result. The run's bytes are reserved in
+//! the stripe budget at once (all or nothing), so no part is held while another is waited for.
+//! Levels without a stripe cache run the writes one after the other.
+
+use crate::array::Array;
+use crate::error::{EngineError, Result};
+use crate::intent::WriteIntent;
+
+/// One write of a gathered run.
+pub struct GatheredWrite<'a> {
+    pub offset_bytes: u64,
+    pub data: &'a [u8],
+    pub fua: bool,
+    /// Its announcement, if the frontend made one ([`Array::intend_write`], same range).
+    pub intent: Option<WriteIntent>,
+}
+
+impl Array {
+    /// Writes that arrived together: one result per write, in order. They must not overlap
+    /// (a frontend gathers a sequential stream: each begins where the one before ends).
+    pub fn write_gathered(&self, writes: Vec<GatheredWrite<'_>>) -> Vec<Result<()>> {
+        if !self.geometry.level().is_parity() || writes.len() < 2 {
+            return writes
+                .into_iter()
+                .map(|w| self.write_with(w.offset_bytes, w.data, w.fua, w.intent))
+                .collect();
+        }
+        let n = writes.len();
+        self.sync.note_client_io();
+        match self.as_client_write(|| Ok(self.gathered_parity(writes))) {
+            Ok(results) => results,
+            Err(EngineError::ReadOnly { array, reason }) => (0..n)
+                .map(|_| {
+                    Err(EngineError::ReadOnly {
+                        array: array.clone(),
+                        reason: reason.clone(),
+                    })
+                })
+                .collect(),
+            Err(e) => unreachable!("a client write is refused only as read-only: {e}"),
+        }
+    }
+
+    fn gathered_parity(&self, writes: Vec<GatheredWrite<'_>>) -> Vec<Result<()>> {
+        let mut results: Vec<Option<Result<()>>> = Vec::with_capacity(writes.len());
+        let mut taken = Vec::new();
+        for w in writes {
+            let len = w.data.len() as u64;
+            let at = w.offset_bytes;
+            let checked = self
+                .check_range(at, len)
+                .and_then(|()| self.verify_before_use(at, len, true));
+            match checked {
+                Ok(()) => {
+                    let watched = self.watch_begin(at, len, Some(w.data));
+                    taken.push((results.len(), w, watched));
+                    results.push(None);
+                }
+                // Dropping an intent withdraws its announcement.
+                Err(e) => results.push(Some(Err(e))),
+            }
+        }
+        let bytes = taken.iter().map(|(_, w, _)| w.data.len()).sum();
+        let reserved = self.stripes.reserve(bytes);
+        let mut led = Vec::new();
+        let placed: Vec<_> = taken
+            .into_iter()
+            .map(|(i, w, watched)| {
+                let p = self.parity_place(w.offset_bytes, w.data, w.fua, w.intent, &mut led);
+                (i, w.fua, p, watched)
+            })
+            .collect();
+        for (row, r) in &led {
+            self.lead_batch(*row, r);
+        }
+        let done: Vec<_> = placed
+            .into_iter()
+            .map(|(i, fua, p, watched)| (i, fua, self.parity_wait(p), watched))
+            .collect();
+        self.stripes.unreserve(reserved);
+        self.records_after_write(done.iter().any(|(_, fua, r, _)| *fua && r.is_ok()));
+        for (i, fua, res, watched) in done {
+            self.watch_end(watched, res.is_ok(), fua);
+            results[i] = Some(res);
+        }
+        results
+            .into_iter()
+            .map(|r| r.expect("every write of the run has its result"))
+            .collect()
+    }
+}
