@@ -25,21 +25,8 @@ impl Rig {
             .collect();
         let log = Arc::new(SimDevice::new("log", log_bytes, 99));
         engine::create(&CreateSpec {
-            name: "j".into(),
-            level,
-            layout: None,
-            chunk_bytes: CHUNK,
-            members: devs(&members),
-            spares: vec![],
-            size_bytes: None,
-            assume_clean: true,
-            force: false,
-            bitmap: None,
-            discard: false,
             journal: Some(log.clone()),
-            journal_write_back: false,
-            integrity: false,
-            guided: false,
+            ..common::clean_spec("j", level, None, CHUNK, devs(&members), vec![])
         })
         .expect("create with a journal");
         Rig { members, log }

@@ -48,21 +48,10 @@ fn write_back_with_records_after_a_cut_damage_and_a_member_loss_serves_every_wri
             .collect();
         let log = Arc::new(SimDevice::new("log", 4 << 20, seed * 10 + 9));
         engine::create(&CreateSpec {
-            name: "j".into(),
-            level: Level::Raid5,
-            layout: None,
-            chunk_bytes: CHUNK,
-            members: devs(&members),
-            spares: vec![],
-            size_bytes: None,
-            assume_clean: true,
-            force: false,
-            bitmap: None,
-            discard: false,
             journal: Some(log.clone()),
             journal_write_back: true,
             integrity: true,
-            guided: false,
+            ..common::clean_spec("j", Level::Raid5, None, CHUNK, devs(&members), vec![])
         })
         .expect("create");
         let all = |m: &[Arc<SimDevice>]| {
