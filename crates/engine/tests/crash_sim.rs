@@ -912,6 +912,10 @@ fn restore_lost_pages(rig: &Rig, array: &Array, model: &mut CrashModel, forced: 
     let Err(e) = array.read(0, &mut buf) else {
         return;
     };
+    // Called within a round, the power may go meanwhile: the next recovery takes over.
+    if rig.rail.is_off() {
+        return;
+    }
     let st = array.status();
     assert!(
         forced || (rig.policy.integrity() && !st.missing_roles.is_empty()),
@@ -922,6 +926,9 @@ fn restore_lost_pages(rig: &Rig, array: &Array, model: &mut CrashModel, forced: 
     let lost: Vec<usize> = (0..buf.len() / PAGE)
         .filter(|p| array.read((p * PAGE) as u64, &mut buf[..PAGE]).is_err())
         .collect();
+    if rig.rail.is_off() {
+        return;
+    }
     for &p in &lost {
         assert!(
             forced || model.in_flight(p * PAGE, PAGE),
@@ -942,10 +949,11 @@ fn restore_lost_pages(rig: &Rig, array: &Array, model: &mut CrashModel, forced: 
     for at in units {
         let data: Vec<u8> = (0..unit).map(|_| rng.gen()).collect();
         model.issue(at, &data);
-        array
-            .write(at as u64, &data, true)
-            .unwrap_or_else(|e| panic!("rewriting {at}+{unit}, lost at the cut: {e}"));
-        model.complete(at, &data, true);
+        match array.write(at as u64, &data, true) {
+            Ok(()) => model.complete(at, &data, true),
+            Err(_) if rig.rail.is_off() => return,
+            Err(e) => panic!("rewriting {at}+{unit}, lost at the cut: {e}"),
+        }
     }
 }
 
