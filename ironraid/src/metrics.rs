@@ -426,6 +426,12 @@ fn member_series(s: &mut Sheet, d: &Detail) {
             l.clone(),
             m.bad_sectors as f64,
         );
+        s.counter(
+            "member_checksum_errors",
+            "Reads whose blocks failed their integrity records (zpool's CKSUM).",
+            l.clone(),
+            m.checksum_errors,
+        );
         let Some(c) = iostats::of(&m.path) else {
             continue;
         };

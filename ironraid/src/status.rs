@@ -152,6 +152,9 @@ pub struct MemberDetail {
     /// Sectors in the member's bad-block log (`mdadm --examine-badblocks` lists them).
     #[serde(default)]
     pub bad_sectors: u64,
+    /// Extension: reads this run whose blocks failed their integrity records (zpool's CKSUM).
+    #[serde(default)]
+    pub checksum_errors: u64,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -553,6 +556,7 @@ impl Detail {
                     read_errors: m.read_errors,
                     read_errors_corrected: m.read_errors_corrected,
                     bad_sectors: m.bad_sectors,
+                    checksum_errors: m.checksum_errors,
                 })
                 .collect(),
             sync: SyncDetail::from_engine(&s.sync),
@@ -689,11 +693,11 @@ impl Detail {
         for m in self
             .members
             .iter()
-            .filter(|m| m.read_errors_corrected > 0 || m.bad_sectors > 0)
+            .filter(|m| m.read_errors_corrected > 0 || m.bad_sectors > 0 || m.checksum_errors > 0)
         {
             out.push_str(&format!(
-                "      {}: {} read errors corrected, {} bad sectors recorded\n",
-                m.path, m.read_errors_corrected, m.bad_sectors
+                "      {}: {} read errors corrected, {} bad sectors recorded, {} checksum errors\n",
+                m.path, m.read_errors_corrected, m.bad_sectors, m.checksum_errors
             ));
         }
         if let Some(n) = &self.no_space {
@@ -814,6 +818,7 @@ mod tests {
                 read_errors: 0,
                 read_errors_corrected: 0,
                 bad_sectors: 0,
+                checksum_errors: 0,
             })
             .collect();
         Detail {
@@ -895,6 +900,7 @@ mod tests {
             read_errors: 0,
             read_errors_corrected: 0,
             bad_sectors: 0,
+            checksum_errors: 0,
         });
         d.journal = Some(journal(None));
         let text = d.mdstat();

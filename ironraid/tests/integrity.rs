@@ -190,6 +190,14 @@ fn corrupt_behind_the_back(level: &str, n: usize, records: bool) -> bool {
         damage.len() as u64,
         "{level}: check counted every damaged block once: {checked:#}"
     );
+    // zpool's CKSUM column: every member had a damaged block, and its count says so.
+    let det = env.detail();
+    for m in det["members"].as_array().unwrap() {
+        assert!(
+            m["checksum_errors"].as_u64().is_some_and(|n| n >= 1),
+            "{level}: member checksum errors not counted: {m}"
+        );
+    }
     env.action_wait("repair");
     let repaired = integrity(&env);
     assert_eq!(

@@ -147,6 +147,8 @@ pub struct MemberStatus {
     pub read_errors_corrected: u64,
     /// Sectors recorded in the member's bad-block log.
     pub bad_sectors: u64,
+    /// Reads this run whose blocks failed their integrity records.
+    pub checksum_errors: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -1019,6 +1021,7 @@ impl Array {
                 read_errors: m.member.health.read_errors(),
                 read_errors_corrected: m.member.health.corrected(),
                 bad_sectors: m.member.health.bad_sectors(),
+                checksum_errors: m.member.health.checksum_errors(),
             });
         }
         let g = &self.geometry;

@@ -79,6 +79,8 @@ pub struct Health {
     read_errors: AtomicU64,
     /// Read errors corrected by rewriting the block.
     corrected: AtomicU64,
+    /// Reads whose blocks failed their integrity records (zpool's CKSUM column).
+    checksum_errors: AtomicU64,
 }
 
 impl Health {
@@ -146,6 +148,14 @@ impl Health {
 
     pub fn read_errors(&self) -> u64 {
         self.read_errors.load(Ordering::Relaxed)
+    }
+
+    pub fn checksum_errors(&self) -> u64 {
+        self.checksum_errors.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn note_checksum_error(&self) {
+        self.checksum_errors.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Count one unreadable block; true once the member has had more than the limit.

@@ -160,6 +160,9 @@ impl<'a> MemberIo<'a> {
                     (IoKind::Read(buf), Some(i)) => i.verify(self.role, self.offset_bytes, buf),
                     _ => true,
                 };
+                if !recorded {
+                    member.health.note_checksum_error();
+                }
                 self.outcome = if verified && recorded {
                     IoOutcome::Ok
                 } else {
