@@ -1,10 +1,15 @@
 //! ENOSPC episodes: a member's backing store filled up, so writes fail with ENOSPC while the
 //! member stays in the array. Status reports the episode (which member, since when, how many
-//! writes failed) until a write goes through again: "active" alone would hide that clients
-//! are getting errors.
+//! writes failed) until writes go through again for [`EPISODE_QUIET`] without a failure:
+//! "active" alone would hide that clients are getting errors, and one write going through is
+//! no sign of room (on a full file system a write into space already allocated goes through).
 
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+/// How long writes must go through after the last ENOSPC before the episode is over.
+pub(crate) const EPISODE_QUIET: Duration = Duration::from_secs(5);
 
 /// An ENOSPC episode in progress, for status.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -19,32 +24,51 @@ pub struct NoSpaceStatus {
 pub(crate) struct NoSpaceTracker {
     /// Mirrors `episode.is_some()`, so that the write path does not take the lock.
     in_episode: AtomicBool,
-    episode: Mutex<Option<NoSpaceStatus>>,
+    /// The episode, and when its latest write failed.
+    episode: Mutex<Option<(NoSpaceStatus, Instant)>>,
 }
 
 impl NoSpaceTracker {
     pub(crate) fn write_failed(&self, member: &str) {
+        self.write_failed_at(member, Instant::now());
+    }
+
+    fn write_failed_at(&self, member: &str, now: Instant) {
         let mut e = self.episode.lock();
-        let ep = e.get_or_insert_with(|| NoSpaceStatus {
-            member: member.to_string(),
-            since_unix_ms: now_ms(),
-            writes_failed: 0,
+        let (ep, last) = e.get_or_insert_with(|| {
+            let ep = NoSpaceStatus {
+                member: member.to_string(),
+                since_unix_ms: now_ms(),
+                writes_failed: 0,
+            };
+            (ep, now)
         });
         ep.member = member.to_string();
         ep.writes_failed += 1;
+        *last = now;
         self.in_episode.store(true, Ordering::Release);
     }
 
-    /// A write went through on every member: the episode, if any, is over.
+    /// A write went through on every member: the episode, if any, is over once none has
+    /// failed for [`EPISODE_QUIET`].
     pub(crate) fn write_succeeded(&self) {
         if self.in_episode.load(Ordering::Acquire) {
-            *self.episode.lock() = None;
+            self.write_succeeded_at(Instant::now());
+        }
+    }
+
+    fn write_succeeded_at(&self, now: Instant) {
+        let mut e = self.episode.lock();
+        if e.as_ref()
+            .is_some_and(|(_, last)| now.saturating_duration_since(*last) >= EPISODE_QUIET)
+        {
+            *e = None;
             self.in_episode.store(false, Ordering::Release);
         }
     }
 
     pub(crate) fn status(&self) -> Option<NoSpaceStatus> {
-        self.episode.lock().clone()
+        self.episode.lock().as_ref().map(|(ep, _)| ep.clone())
     }
 }
 
@@ -60,15 +84,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn an_episode_lasts_until_a_write_goes_through() {
+    fn an_episode_lasts_until_writes_go_through_for_a_while() {
         let t = NoSpaceTracker::default();
-        t.write_succeeded();
+        let t0 = Instant::now();
+        t.write_succeeded_at(t0);
         assert_eq!(t.status(), None);
-        t.write_failed("m1");
-        t.write_failed("m2");
+        t.write_failed_at("m1", t0);
+        t.write_failed_at("m2", t0 + Duration::from_secs(1));
         let s = t.status().expect("in an episode");
         assert_eq!((s.member.as_str(), s.writes_failed), ("m2", 2));
-        t.write_succeeded();
+        t.write_succeeded_at(t0 + Duration::from_secs(2));
+        assert!(t.status().is_some(), "one write through is no sign of room");
+        t.write_succeeded_at(t0 + Duration::from_secs(1) + EPISODE_QUIET);
         assert_eq!(t.status(), None);
     }
 }
