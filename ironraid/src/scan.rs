@@ -74,11 +74,18 @@ pub fn detail_scan() -> anyhow::Result<()> {
         let Ok(d) = crate::fetch_detail(&name) else {
             continue;
         };
-        // The default socket alone goes without saying (and moves with the run directory).
+        // The default socket goes without saying: `run` always serves it (and it moves with
+        // the run directory); nbd= lists the endpoints added to it.
         let default = format!("unix:{}", rundir::nbd_socket(&name).display());
+        let extra: Vec<&str> = d
+            .nbd
+            .iter()
+            .map(String::as_str)
+            .filter(|a| *a != default)
+            .collect();
         let mut line = format!("ARRAY UUID={} name={}", d.uuid, d.name);
-        if d.nbd != [default] {
-            line.push_str(&format!(" nbd={}", d.nbd.join(",")));
+        if !extra.is_empty() {
+            line.push_str(&format!(" nbd={}", extra.join(",")));
         }
         println!("{line}");
     }
