@@ -1,35 +1,23 @@
 //! [`Array`]: an assembled array and its client-facing operations.
 //!
 //! Concurrency: every method takes `&self` and may be called from many threads. There is no
-//! global lock around member I/O. Shared state and who may change it:
-//! * `slots[role].faulty`: set by [`Array::fail_role`] under `meta`; read lock-free by the I/O path.
-//! * `meta` (mutex): superblocks, events, dirty/clean. Held while superblocks are written, never
-//!   while data I/O runs.
-//! * `active` (atomic): fast check that the on-disk state says "active" before a member write
-//!   goes out (md writes the dirty superblock and waits for it before the first data write).
-//!   False at assembly whatever the superblocks said: a run that started dirty or with a resync
-//!   checkpoint still records "active, resync from 0" before its first write, because what it
-//!   writes may land below the old checkpoint.
-//! * `failures_in_commit`: member failures set in memory whose superblock commit has not
-//!   finished. Writes that may have skipped such a member wait for the commit (the metadata lock)
-//!   before they are acknowledged.
+//! global lock around member I/O. Member roles, superblocks and failures are the member set's
+//! (`members/`, which says who may change what). Here:
 //! * `closing` + `inflight_writes`: a clean stop refuses new writes, waits for those in flight,
 //!   and only then records "clean".
 //! * the stripe cache (parity levels) and region locks (mirrors) serialise writers per stripe.
 
 use crate::clock::{Clock, SystemClock};
 use crate::error::{EngineError, Result};
-use crate::events::{Event, EventBus};
+use crate::events::Event;
 use crate::io::{Executor, IoPath};
-use crate::member::{Member, Slot};
-use crate::meta::Meta;
-use crate::mirror::RegionLocks;
+use crate::lock::{LocalLocks, RangeLock};
+use crate::members::Meta;
+use crate::members::{Member, MemberSet, Slot};
 use crate::policy::{BitmapPolicy, ConsistencyPolicy, JournalPolicy, ResyncPolicy};
 use crate::stripe_cache::StripeCache;
 use crate::sync::SyncControl;
-use format::ROLE_FAULTY;
 use layout::{Geometry, Level};
-use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -58,6 +46,8 @@ pub struct ArrayConfig {
     pub deterministic_seed: Option<u64>,
     /// The clock background work paces and checkpoints by (default: real time).
     pub clock: Option<Arc<dyn Clock>>,
+    /// The other nodes of a clustered array (default: this host alone, [`crate::cluster::Local`]).
+    pub coordinator: Option<Arc<dyn crate::cluster::Coordinator>>,
     /// Background work (rebuild, resync, check) claims about this much of each member at a
     /// time: one read per member per window.
     pub sync_window_bytes: u64,
@@ -84,6 +74,7 @@ impl Default for ArrayConfig {
             read_only: false,
             deterministic_seed: None,
             clock: None,
+            coordinator: None,
             sync_window_bytes: 2 << 20,
             read_verifier: None,
             guide_timeout: crate::guided::DEFAULT_GUIDE_TIMEOUT,
@@ -98,13 +89,11 @@ pub struct Array {
     pub(crate) name: String,
     pub(crate) uuid: [u8; 16],
     pub(crate) geometry: Geometry,
-    /// Shared with the integrity records, which read their tables from the members.
-    pub(crate) slots: Arc<Vec<Slot>>,
-    pub(crate) meta: Mutex<Meta>,
+    /// Roles, spares, superblocks and member failure.
+    pub(crate) members: MemberSet,
     pub(crate) config: ArrayConfig,
     /// Why the array was assembled read-only, when assembly decided it.
     read_only_reason: Option<String>,
-    active: AtomicBool,
     /// Groups of member writes between their commit point's start and end.
     pub(crate) writes_in_commit: AtomicUsize,
     /// When the last group of member writes ended (the sync clock's ms, +1; 0: none yet).
@@ -112,8 +101,6 @@ pub struct Array {
     /// A member's backing store is full: writes fail with ENOSPC (for status).
     pub(crate) no_space: crate::no_space::NoSpaceTracker,
     closing: AtomicBool,
-    failures_in_commit: AtomicUsize,
-    failed: AtomicBool,
     was_dirty: bool,
     never_run: bool,
     pub(crate) io: IoPath,
@@ -124,13 +111,13 @@ pub struct Array {
     pub(crate) integrity: Option<Arc<crate::integrity::Integrity>>,
     /// Guided resync state (arrays with the `guided` policy).
     pub(crate) guidance: Option<crate::guided::Guidance>,
-    pub(crate) stripes: StripeCache,
-    pub(crate) regions: RegionLocks,
+    pub(crate) stripes: Arc<StripeCache>,
+    /// Stripe claims and mirror region locks.
+    pub(crate) locks: LocalLocks,
+    /// Which copy the next mirror read starts with (reads spread over the copies).
+    pub(crate) next_copy: AtomicUsize,
     pub(crate) inflight_writes: AtomicUsize,
-    /// Spares not yet given a role.
-    pub(crate) spares: Mutex<Vec<Arc<Member>>>,
-    pub(crate) sync: SyncControl,
-    pub(crate) events: EventBus,
+    pub(crate) sync: Arc<SyncControl>,
     pub(crate) bufs: Arc<crate::bufpool::BufPool>,
 }
 
@@ -296,23 +283,43 @@ impl Array {
             None
         };
         debug_assert_eq!(resync_from, p.resync_from, "assembly and policy disagree");
-        let stripes = StripeCache::new(p.config.stripe_cache_bytes);
+        let stripes = Arc::new(StripeCache::new(p.config.stripe_cache_bytes));
+        let parity = p.geometry.level().is_parity();
+        let chunk_bytes = p.geometry.chunk_sectors() * 512;
         let pool_bytes = p.config.stripe_cache_bytes;
+        let locks = LocalLocks::new(parity, chunk_bytes, stripes.clone());
+        let sync = Arc::new(SyncControl::new(resync_from, clock));
+        let exposure = crate::stripe::Exposure {
+            geometry: p.geometry.clone(),
+            slots: p.slots.clone(),
+            bitmap: policy.bitmap().cloned(),
+            sync: sync.clone(),
+        };
+        let coordinator = p
+            .config
+            .coordinator
+            .clone()
+            .unwrap_or_else(|| Arc::new(crate::cluster::Local));
+        let members = MemberSet::new(
+            p.name.clone(),
+            p.geometry.clone(),
+            p.slots,
+            p.meta,
+            p.spares,
+            coordinator,
+            Box::new(exposure),
+        );
         let array = Array {
             name: p.name,
             uuid: p.uuid,
             geometry: p.geometry,
-            slots: p.slots,
-            meta: Mutex::new(p.meta),
+            members,
             config: p.config,
             read_only_reason: p.read_only_reason,
-            active: AtomicBool::new(false),
             writes_in_commit: AtomicUsize::new(0),
             last_write_ms: std::sync::atomic::AtomicU64::new(0),
             no_space: Default::default(),
             closing: AtomicBool::new(false),
-            failures_in_commit: AtomicUsize::new(0),
-            failed: AtomicBool::new(false),
             was_dirty,
             never_run,
             io: IoPath::new(executor),
@@ -321,18 +328,18 @@ impl Array {
             integrity: p.integrity,
             guidance,
             stripes,
-            regions: RegionLocks::new(),
+            locks,
+            next_copy: AtomicUsize::new(0),
             inflight_writes: AtomicUsize::new(0),
-            spares: Mutex::new(p.spares),
-            sync: SyncControl::new(resync_from, clock),
-            events: EventBus::default(),
+            sync,
             bufs: crate::bufpool::BufPool::new(pool_bytes),
         };
-        array.failed.store(
-            !array.geometry.survives(&array.failed_roles()),
-            Ordering::Release,
-        );
         Ok(array)
+    }
+
+    /// The lock background windows take (through the trait: a cluster locks on every node).
+    pub(crate) fn range_lock(&self) -> &dyn RangeLock {
+        &self.locks
     }
 
     pub fn name(&self) -> &str {
@@ -364,15 +371,6 @@ impl Array {
 
     pub fn is_read_only(&self) -> bool {
         self.config.read_only
-    }
-
-    pub(crate) fn slot(&self, role: usize) -> &Slot {
-        &self.slots[role]
-    }
-
-    /// Roles that do not count towards redundancy: faulty, missing or still rebuilding.
-    pub(crate) fn failed_roles(&self) -> Vec<bool> {
-        self.slots.iter().map(|s| !s.is_complete()).collect()
     }
 
     /// Read `buf.len()` bytes at `offset_bytes` (both multiples of 512).
@@ -487,7 +485,7 @@ impl Array {
             self.flush_members();
         }
         // A member that failed meanwhile was skipped: its failure must be on disk first.
-        self.wait_failures_durable();
+        self.members.wait_failures_durable();
         if self.is_failed() {
             return Err(self.unrecoverable(0, self.size_bytes(), "too many members failed"));
         }
@@ -510,10 +508,11 @@ impl Array {
     /// tables go out first, so that their records are durable with the data they describe.
     pub(crate) fn flush_members(&self) {
         self.write_integrity_tables();
-        self.io.for_each(self.slots.len(), |role| {
-            if let Some(m) = self.slots[role].usable() {
+        self.io.for_each(self.members.slots.len(), |role| {
+            if let Some(m) = self.members.slots[role].usable() {
                 if let Err(e) = m.dev.flush() {
-                    self.fail_role(role, Some(&m), &format!("flush failed: {e}"));
+                    self.members
+                        .fail_role(role, Some(&m), &format!("flush failed: {e}"));
                 }
             }
         });
@@ -528,31 +527,12 @@ impl Array {
             let _counted = crate::commit::InCommit::enter(self);
             if self.mark_active().is_ok() {
                 for (role, m, e) in integ.write_tables() {
-                    self.fail_role(
+                    self.members.fail_role(
                         role,
                         Some(&m),
                         &format!("integrity table write failed: {e}"),
                     );
                 }
-            }
-        }
-    }
-
-    /// The members filling roles, not faulty (rebuilding ones included): where replicated
-    /// metadata (bitmap, used-region map) goes.
-    pub(crate) fn role_members(&self) -> Vec<Arc<Member>> {
-        self.slots.iter().filter_map(|s| s.usable()).collect()
-    }
-
-    /// Fail the members a write of replicated metadata (bitmap, used-region map) failed on.
-    pub(crate) fn fail_metadata_writers(&self, failed: crate::paged::WriteFailures) {
-        for (member, err) in failed {
-            if let Some(role) = self.role_of_member(member.dev_number) {
-                self.fail_role(
-                    role,
-                    Some(&member),
-                    &format!("write-intent bitmap write failed: {err}"),
-                );
             }
         }
     }
@@ -634,7 +614,7 @@ impl Array {
     }
 
     pub fn is_failed(&self) -> bool {
-        self.failed.load(Ordering::Acquire)
+        self.members.is_failed()
     }
 
     pub(crate) fn unrecoverable(
@@ -654,20 +634,7 @@ impl Array {
     /// Record that the array is active on every member (durably) before the first member
     /// write of this run.
     pub(crate) fn mark_active(&self) -> Result<()> {
-        // SeqCst: the caller counted itself in `writes_in_commit` first, and safe mode clears
-        // `active` before it reads that count (see `mark_clean_if_idle`).
-        if self.active.load(Ordering::SeqCst) {
-            return Ok(());
-        }
-        let mut meta = self.meta.lock();
-        if self.active.load(Ordering::SeqCst) {
-            return Ok(());
-        }
-        self.policy.on_active(&mut meta);
-        let failed = meta.commit();
-        self.active.store(true, Ordering::SeqCst);
-        drop(meta);
-        self.fail_members_after_sb_error(failed);
+        self.members.mark_active(|meta| self.policy.on_active(meta));
         Ok(())
     }
 
@@ -681,7 +648,7 @@ impl Array {
     /// write and backs off, or the write sees `active` false and waits on the metadata lock,
     /// held here, to record "active" again after this commit.
     pub(crate) fn mark_clean_if_idle(&self) {
-        if !self.active.load(Ordering::SeqCst) || self.config.read_only || self.is_failed() {
+        if !self.members.is_active() || self.config.read_only || self.is_failed() {
             return;
         }
         let now = self.sync.clock.now().as_millis() as u64 + 1;
@@ -696,15 +663,14 @@ impl Array {
             }
             st.resync_from
         };
-        let mut meta = self.meta.lock();
-        if !self.active.load(Ordering::SeqCst) {
+        let mut meta = self.members.meta.lock();
+        if !self.members.is_active() {
             return;
         }
-        self.active.store(false, Ordering::SeqCst);
-        if self.writes_in_commit.load(Ordering::SeqCst) > 0
-            || self.failures_in_commit.load(Ordering::SeqCst) > 0
+        self.members.set_active(&meta, false);
+        if self.writes_in_commit.load(Ordering::SeqCst) > 0 || self.members.failures_in_commit() > 0
         {
-            self.active.store(true, Ordering::SeqCst);
+            self.members.set_active(&meta, true);
             return;
         }
         if self
@@ -714,7 +680,7 @@ impl Array {
         {
             // Records of the last writes are not on disk yet: write them (the array stays
             // active; a later pass records clean).
-            self.active.store(true, Ordering::SeqCst);
+            self.members.set_active(&meta, true);
             drop(meta);
             self.flush_members();
             return;
@@ -729,23 +695,11 @@ impl Array {
             .filter(|m| m.writable)
             .all(|m| m.member.dev.flush().is_ok());
         if !flushed {
-            self.active.store(true, Ordering::SeqCst);
+            self.members.set_active(&meta, true);
             return;
         }
         self.policy.on_clean(&mut meta, resync_from);
-        let failed = meta.commit();
-        drop(meta);
-        self.fail_members_after_sb_error(failed);
-    }
-
-    /// Wait until every member failure set so far is recorded in the superblocks.
-    pub(crate) fn wait_failures_durable(&self) {
-        while self.failures_in_commit.load(Ordering::SeqCst) > 0 {
-            // fail_role holds the metadata lock while it commits; failures are rare, so waiting
-            // on the lock and yielding is cheaper than keeping a condition variable hot.
-            drop(self.meta.lock());
-            std::thread::yield_now();
-        }
+        self.members.commit(meta);
     }
 
     /// Clean stop: stop background work (checkpointing it), refuse new writes, wait for those
@@ -787,130 +741,13 @@ impl Array {
             bm.daemon_pass(self, true);
         }
         let resync_from = self.sync.st.lock().resync_from;
-        let mut meta = self.meta.lock();
+        let mut meta = self.members.meta.lock();
         self.policy.on_clean(&mut meta, resync_from);
-        let failed = meta.commit();
-        self.active.store(false, Ordering::SeqCst);
+        let failed = self.members.commit_held(&mut meta);
+        self.members.set_active(&meta, false);
         drop(meta);
-        self.fail_members_after_sb_error(failed);
+        self.members.fail_after_sb_error(failed);
         Ok(())
-    }
-
-    pub(crate) fn fail_members_after_sb_error(
-        &self,
-        failed: Vec<(std::sync::Arc<crate::member::Member>, std::io::Error)>,
-    ) {
-        for (member, err) in failed {
-            if let Some(role) = self.role_of_member(member.dev_number) {
-                self.fail_role(
-                    role,
-                    Some(&member),
-                    &format!("superblock write failed: {err}"),
-                );
-            }
-        }
-    }
-
-    fn role_of_member(&self, dev_number: u32) -> Option<usize> {
-        self.slots
-            .iter()
-            .position(|s| s.member().is_some_and(|m| m.dev_number == dev_number))
-    }
-
-    /// Mark the member in `role` faulty: stop using it, record it in every surviving
-    /// superblock (events bump), and note whether the array can still serve everything.
-    /// `expected`: the member the failure was seen on; nothing happens if the role holds
-    /// another one by now.
-    pub(crate) fn fail_role(&self, role: usize, expected: Option<&Arc<Member>>, why: &str) {
-        let slot = &self.slots[role];
-        let name = slot
-            .member()
-            .map(|m| m.name().to_string())
-            .unwrap_or_else(|| format!("role {role}"));
-        if self.geometry.max_degraded() == 0 {
-            tracing::error!(array = %self.name, member = %name, "I/O error on a level without redundancy: {why}");
-            return;
-        }
-        let mut meta = self.meta.lock();
-        if slot.is_faulty() {
-            return;
-        }
-        if let Some(m) = expected {
-            if !slot.member().is_some_and(|cur| Arc::ptr_eq(&cur, m)) {
-                return;
-            }
-        }
-        // Raised before the failure is visible and lowered after the commit: a writer that
-        // sees the member faulty (and skips it) then waits for this commit before acking.
-        self.failures_in_commit.fetch_add(1, Ordering::SeqCst);
-        slot.set_faulty();
-        tracing::error!(array = %self.name, member = %name, role, "member marked faulty: {why}");
-        if let Some(m) = slot.member() {
-            meta.retire(m.dev_number, ROLE_FAULTY);
-        }
-        let survives = self.geometry.survives(&self.failed_roles());
-        if !survives {
-            self.failed.store(true, Ordering::Release);
-        }
-        let failed = meta.commit();
-        drop(meta);
-        self.events.emit(
-            "member_faulty",
-            &self.name,
-            Some(&name),
-            format!("role {role}: {why}"),
-        );
-        if survives {
-            self.events.emit(
-                "array_degraded",
-                &self.name,
-                None,
-                format!("running without role {role}"),
-            );
-            let exposed = self.exposed_rows();
-            if exposed > 0 {
-                tracing::error!(array = %self.name, rows = exposed,
-                    "degraded with rows a crash may have torn not yet resynced: their rebuilt blocks read as errors");
-                self.events.emit(
-                    "torn_rows_exposed",
-                    &self.name,
-                    Some(&name),
-                    format!(
-                        "{exposed} rows a crash may have left mid-write were not resynced yet;                          without role {role} their blocks cannot be rebuilt with certainty:                          reads of them fail (the write hole)"
-                    ),
-                );
-            }
-        } else {
-            self.events.emit(
-                "array_failed",
-                &self.name,
-                None,
-                "more members lost than the level tolerates; writes refused".into(),
-            );
-        }
-        self.sync.wake();
-        // Survivors whose superblock could not record this fail too, before anyone waiting
-        // for this failure to be durable goes on (if none could, the array has failed).
-        self.fail_members_after_sb_error(failed);
-        self.failures_in_commit.fetch_sub(1, Ordering::SeqCst);
-    }
-
-    /// The journal device failed and what it covered is durable on the members (see
-    /// `journal_fail.rs`): record it faulty in every superblock, so that the next assembly
-    /// knows the log is gone.
-    pub(crate) fn journal_failed(&self, member: &Arc<Member>, why: &str) {
-        tracing::error!(array = %self.name, journal = %member.name(), "journal failed: {why}; its cache is written out and the members flushed; the array is read-only now");
-        let mut meta = self.meta.lock();
-        meta.retire(member.dev_number, ROLE_FAULTY);
-        let failed = meta.commit();
-        drop(meta);
-        self.events.emit(
-            "journal_failed",
-            &self.name,
-            Some(member.name()),
-            format!("{why}; writes are refused, reads go on"),
-        );
-        self.fail_members_after_sb_error(failed);
     }
 
     /// Mark a member faulty, whatever the array's redundancy left (an administrator insisting:
@@ -922,23 +759,17 @@ impl Array {
             j.fail(self, "failed by administrator");
             return self.settle_journal();
         }
-        let role = self
-            .slots
-            .iter()
-            .position(|s| s.member().is_some_and(|m| m.name() == name))
-            .ok_or_else(|| {
-                EngineError::InvalidArgument(format!(
-                    "{name} is not an active member of {}",
-                    self.name
-                ))
-            })?;
+        let role = self.members.role_named(name).ok_or_else(|| {
+            EngineError::InvalidArgument(format!("{name} is not an active member of {}", self.name))
+        })?;
         if self.geometry.max_degraded() == 0 {
             return Err(EngineError::Unsupported(format!(
                 "{} has no redundancy; cannot fail {name}",
                 self.name
             )));
         }
-        self.fail_role(role, None, "failed by administrator");
+        self.members
+            .fail_role(role, None, "failed by administrator");
         Ok(())
     }
 
@@ -946,15 +777,19 @@ impl Array {
     /// survive losing that member.
     pub fn fail_member_safely(&self, name: &str) -> Result<()> {
         let Some(role) = self
-            .slots
-            .iter()
-            .position(|s| s.member().is_some_and(|m| m.name() == name))
+            .members
+            .role_named(name)
             .filter(|_| self.geometry.max_degraded() > 0)
         else {
             // The journal, a stranger, or a level without redundancy: fail_member answers.
             return self.fail_member(name);
         };
-        let mut failed: Vec<bool> = self.slots.iter().map(|s| !s.is_complete()).collect();
+        let mut failed: Vec<bool> = self
+            .members
+            .slots
+            .iter()
+            .map(|s| !s.is_complete())
+            .collect();
         failed[role] = true;
         if !self.geometry.survives(&failed) {
             let others: Vec<String> = (0..failed.len())
@@ -978,22 +813,23 @@ impl Array {
 
     /// Receive this array's events from now on.
     pub fn subscribe(&self) -> std::sync::mpsc::Receiver<Event> {
-        self.events.subscribe()
+        self.members.events.subscribe()
     }
 
     pub fn status(&self) -> ArrayStatus {
         // Lock order: the sync state is never taken while `meta` is held (the background
         // worker holds the sync state while it activates a spare, which takes `meta`).
         let sync = self.sync_status();
-        let meta = self.meta.lock();
+        let meta = self.members.meta.lock();
         let mut members = Vec::new();
         for m in &meta.members {
-            let role = self.role_of_member(m.member.dev_number);
+            let role = self.members.role_of_member(m.member.dev_number);
             let state = match role {
-                Some(r) if self.slots[r].is_complete() => MemberState::InSync,
-                Some(r) if !self.slots[r].is_faulty() => MemberState::Rebuilding,
+                Some(r) if self.members.slots[r].is_complete() => MemberState::InSync,
+                Some(r) if !self.members.slots[r].is_faulty() => MemberState::Rebuilding,
                 Some(_) => MemberState::Faulty,
                 None if self
+                    .members
                     .spares
                     .lock()
                     .iter()
@@ -1015,7 +851,7 @@ impl Array {
             };
             members.push(MemberStatus {
                 name: m.member.name().to_string(),
-                role: role.filter(|&r| !self.slots[r].is_faulty()),
+                role: role.filter(|&r| !self.members.slots[r].is_faulty()),
                 state,
                 dev_number: m.member.dev_number,
                 read_errors: m.member.health.read_errors(),
@@ -1035,10 +871,10 @@ impl Array {
             raid_disks: g.raid_disks(),
             events: meta.events,
             members,
-            missing_roles: (0..self.slots.len())
-                .filter(|&r| !self.slots[r].is_complete())
+            missing_roles: (0..self.members.slots.len())
+                .filter(|&r| !self.members.slots[r].is_complete())
                 .collect(),
-            dirty: self.active.load(Ordering::SeqCst) || self.sync.unsynced.load(Ordering::Acquire),
+            dirty: self.members.is_active() || self.sync.unsynced.load(Ordering::Acquire),
             consistency_policy: self.policy.name(),
             failed: self.is_failed(),
             read_only: self.config.read_only

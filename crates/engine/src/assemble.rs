@@ -35,8 +35,8 @@ use crate::array::{Array, ArrayConfig, ArrayParts};
 use crate::bitmap::WriteIntentBitmap;
 use crate::error::{EngineError, Result};
 use crate::journal::Journal;
-use crate::member::{Member, Slot};
-use crate::meta::{read_superblock, MemberSb, Meta};
+use crate::members::{read_superblock, MemberSb, Meta};
+use crate::members::{Member, Slot};
 use crate::used::UsedRegions;
 use device::Device;
 use format::{DevRole, Superblock, MAX_SECTOR};
@@ -829,7 +829,7 @@ fn open_journal(
         (None, Some(dev)) => {
             let sb = new_journal_sb(best, meta, dev.as_ref())?;
             crate::journal::write_empty_log(dev.as_ref(), &sb)
-                .and_then(|()| crate::meta::write_superblock(&new_member(dev.clone(), &sb), &sb))
+                .and_then(|()| crate::members::write_superblock(&new_member(dev.clone(), &sb), &sb))
                 .map_err(|e| EngineError::Assemble {
                     member: dev.name().into(),
                     reason: format!("cannot write the new journal: {e}"),

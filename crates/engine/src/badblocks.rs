@@ -29,7 +29,7 @@
 //! writes never interleave; the array's metadata lock is taken after it, never before.
 
 use crate::array::Array;
-use crate::member::Member;
+use crate::members::Member;
 use device::{AlignedBuf, Device};
 use format::BadRange;
 use parking_lot::Mutex;
@@ -269,7 +269,7 @@ impl Array {
         if !member.health.note_read_error() {
             return false;
         }
-        self.fail_role(
+        self.members.fail_role(
             role,
             Some(member),
             &format!("more than {MAX_READ_ERRORS} read errors"),
@@ -293,16 +293,15 @@ impl Array {
             Ok(true) => {
                 tracing::error!(array = %self.name, member = %member.name(), role, offset = off,
                     len, "recorded as bad blocks: {why}");
-                let failed = self.meta.lock().commit();
-                self.fail_members_after_sb_error(failed);
-                self.events.emit(
+                self.members.commit(self.members.meta.lock());
+                self.members.events.emit(
                     "bad_blocks_recorded",
                     &self.name,
                     Some(member.name()),
                     format!("role {role}: data bytes {off}+{len} recorded bad: {why}"),
                 );
             }
-            Err(e) => self.fail_role(
+            Err(e) => self.members.fail_role(
                 role,
                 Some(member),
                 &format!("cannot record bad blocks at data byte {off} ({why}): {e}"),
@@ -322,7 +321,11 @@ impl Array {
         bytes: &[u8],
         set: crate::commit::WriteSet,
     ) {
-        let Some(member) = self.slot(role).in_sync_member(off, bytes.len() as u64) else {
+        let Some(member) = self
+            .members
+            .slot(role)
+            .in_sync_member(off, bytes.len() as u64)
+        else {
             return;
         };
         if self.note_read_error(role, &member) || self.config.read_only {
@@ -343,7 +346,7 @@ impl Array {
             member.health.note_corrected();
             tracing::warn!(array = %self.name, member = %member.name(), role, offset = off,
                 "read error corrected");
-            self.events.emit(
+            self.members.events.emit(
                 "read_error_corrected",
                 &self.name,
                 Some(member.name()),
@@ -354,7 +357,7 @@ impl Array {
             );
             return;
         }
-        self.fail_role(
+        self.members.fail_role(
             role,
             Some(&member),
             &format!("data byte {off}: a rewritten block after a read error reads back wrong"),

@@ -33,7 +33,8 @@
 
 use crate::array::Array;
 use crate::error::Result;
-use crate::member::Member;
+use crate::lock::LockRange;
+use crate::members::Member;
 use crate::paged::{PagedCopy, WriteFailures};
 use device::{AlignedBuf, Device};
 use format::{
@@ -248,10 +249,10 @@ impl WriteIntentBitmap {
         }
         let failed = {
             let mut w = self.copy.writer();
-            if array.slots.iter().any(|s| !s.is_complete()) || array.is_failed() {
+            if array.members.slots.iter().any(|s| !s.is_complete()) || array.is_failed() {
                 return;
             }
-            let targets = array.role_members();
+            let targets = array.members.role_members();
             let mut failed = Vec::new();
             let behind = {
                 let sb = self.header.lock();
@@ -282,7 +283,7 @@ impl WriteIntentBitmap {
             }
             failed
         };
-        array.fail_metadata_writers(failed);
+        array.members.fail_metadata_writers(failed);
     }
 
     /// Bits set in the image (what `mdadm -X` would count as dirty).
@@ -371,7 +372,7 @@ impl Array {
     /// clears while a role is rebuilding). Moves the in-sync point past them; `None` if there
     /// is nothing to skip at `pos`.
     pub(crate) fn skip_clean_for_recovery(&self, role: usize, pos: u64, end: u64) -> Option<u64> {
-        let slot = &self.slots[role];
+        let slot = &self.members.slots[role];
         if !slot.is_bitmap_guided() {
             return None;
         }
@@ -397,7 +398,10 @@ impl Array {
             return None;
         }
         // A write into the range either finished (its bit is set) or waits for this lock.
-        let _guard = self.lock_sync_range(pos, target - pos);
+        let _guard = self.range_lock().lock(LockRange::Sync {
+            at: pos,
+            len: target - pos,
+        });
         if bm.next_set(pos, target) < target {
             return None;
         }

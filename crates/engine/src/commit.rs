@@ -114,6 +114,9 @@ impl Array {
         if ios.is_empty() {
             return Ok(());
         }
+        if matches!(set.kind, WriteKind::Stripe | WriteKind::Mirror) {
+            self.wait_for_other_nodes(set);
+        }
         let _counted = InCommit::enter(self);
         if set.kind != WriteKind::Rebuild {
             self.mark_active()?;
@@ -142,11 +145,11 @@ impl Array {
             // members before anything acknowledges them (the log may never be read again).
             self.flush_members();
         }
-        self.wait_failures_durable();
+        self.members.wait_failures_durable();
         let no_space = ios.iter().any(|io| io.outcome == IoOutcome::NoSpace);
         match ios.iter().find(|io| io.outcome == IoOutcome::NoSpace) {
             Some(io) => self.no_space.write_failed(
-                &self.slots[io.role]
+                &self.members.slots[io.role]
                     .member()
                     .map_or_else(|| format!("role {}", io.role), |m| m.name().to_string()),
             ),
@@ -177,6 +180,17 @@ impl Array {
             });
         }
         Ok(())
+    }
+}
+
+impl Array {
+    /// A client write waits while another node of a cluster resyncs or recovers its range
+    /// (md-cluster's `area_resyncing`; alone, nobody ever does).
+    fn wait_for_other_nodes(&self, set: &WriteSet) {
+        let range = set.offset_bytes..set.offset_bytes + set.len_bytes;
+        while self.members.coordinator().area_resyncing(range.clone()) {
+            self.sync.clock.sleep(std::time::Duration::from_millis(1));
+        }
     }
 }
 

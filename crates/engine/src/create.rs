@@ -11,8 +11,8 @@
 //! the I/O.
 
 use crate::error::{EngineError, Result};
-use crate::member::Member;
-use crate::meta::{now_secs, read_superblock, write_superblock};
+use crate::members::Member;
+use crate::members::{now_secs, read_superblock, write_superblock};
 use device::{AlignedBuf, Device};
 use format::{BitmapSuper, CreateParams, Superblock, ROLE_JOURNAL, ROLE_SPARE, SB_OFFSET_SECTORS};
 use layout::{Geometry, GeometrySpec, Level};

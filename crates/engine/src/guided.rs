@@ -348,7 +348,7 @@ impl Array {
             self.sync.wake();
             return Ok(());
         }
-        if self.slots.iter().any(|s| !s.is_complete()) {
+        if self.members.slots.iter().any(|s| !s.is_complete()) {
             // Nothing left to compare (md's degraded, dirty array: the write hole).
             return Ok(());
         }
@@ -430,7 +430,7 @@ impl Array {
             self.sync.unsynced.store(false, Ordering::Release);
         }
         self.sync.wake();
-        self.events.emit(
+        self.members.events.emit(
             "guidance_finished",
             &self.name,
             None,
@@ -477,7 +477,7 @@ impl Array {
             };
         }
         tracing::warn!(array = %self.name, "guided resync falls back to the bitmap: {reason}");
-        self.events.emit(
+        self.members.events.emit(
             "guidance_fallback",
             &self.name,
             None,
@@ -490,7 +490,7 @@ impl Array {
     /// disagrees does not change what they return; the guide verifies what it finds after.
     pub fn read_as_guide(&self, offset_bytes: u64, buf: &mut [u8]) -> Result<()> {
         self.guidance_awaited()?;
-        if self.slots.iter().any(|s| !s.is_complete()) {
+        if self.members.slots.iter().any(|s| !s.is_complete()) {
             return Err(EngineError::InvalidArgument(format!(
                 "{} is degraded: a guide would read reconstructed blocks whose parity may be \
                  stale",

@@ -163,7 +163,7 @@ impl Array {
                 integ.count_unrecoverable();
                 tracing::error!(array = %self.name, offset = off, roles = ?bad,
                     "blocks fail their records beyond what redundancy can rebuild");
-                self.events.emit(
+                self.members.events.emit(
                     "integrity_unrecoverable",
                     &self.name,
                     None,
@@ -210,7 +210,7 @@ impl Array {
                     rewrites.len()
                 )
             };
-            self.events.emit(
+            self.members.events.emit(
                 kind,
                 &self.name,
                 None,
@@ -259,8 +259,8 @@ impl Array {
         if !integ.strike(dev) {
             return false;
         }
-        let member = self.slot(dev).usable();
-        self.fail_role(
+        let member = self.members.slot(dev).usable();
+        self.members.fail_role(
             dev,
             member.as_ref(),
             "rewritten blocks keep reading back wrong (integrity)",

@@ -24,7 +24,7 @@
 //! whose other holders are missing or rebuilding) is written with FUA, so a cut never leaves
 //! it without a valid copy, which would lose the records of data flushed long before.
 
-use crate::member::{Member, Slot};
+use crate::members::{Member, Slot};
 use crate::record_cache::{CacheStats, Page, RecordCache};
 use device::AlignedBuf;
 use format::{FormatError, TableBlock, Zone, RECORDS_PER_TABLE, RECORD_BLOCK};

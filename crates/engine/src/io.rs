@@ -2,7 +2,7 @@
 //!
 //! Every operation is planned against one member ([`MemberIo::planned`]): the member that filled
 //! the role, current over the range, when the operation was built. It runs against that member
-//! and no other, and only while the role still holds it, not faulty ([`crate::member::Slot::holds`]).
+//! and no other, and only while the role still holds it, not faulty ([`crate::members::Slot::holds`]).
 //! A spare installed in a failed role between planning and running therefore never serves a read
 //! planned against its predecessor, nor receives a write above its rebuilt point; such an
 //! operation ends [`IoOutcome::Stale`] and its caller plans again.
@@ -23,7 +23,7 @@
 //! missing there), or fails the request when none is left, never returning the data.
 
 use crate::array::Array;
-use crate::member::Member;
+use crate::members::Member;
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -119,7 +119,7 @@ impl<'a> MemberIo<'a> {
             }
         };
         let member = match self.member.as_ref() {
-            Some(m) if array.slot(self.role).holds(m) => m,
+            Some(m) if array.members.slot(self.role).holds(m) => m,
             _ => {
                 end(self.role, self.offset_bytes);
                 self.outcome = IoOutcome::Stale;
@@ -332,7 +332,7 @@ impl Array {
                     op.op_name(),
                     op.offset_bytes
                 );
-                self.fail_role(op.role, Some(m), &why);
+                self.members.fail_role(op.role, Some(m), &why);
             }
         }
         ios.iter().all(MemberIo::ok)
@@ -373,6 +373,7 @@ impl Array {
         buf: &'a mut [u8],
     ) -> MemberIo<'a> {
         let member = self
+            .members
             .slot(role)
             .in_sync_member(offset_bytes, buf.len() as u64);
         MemberIo::planned(role, member, offset_bytes, IoKind::Read(buf))
@@ -387,6 +388,7 @@ impl Array {
         fua: bool,
     ) -> MemberIo<'a> {
         let member = self
+            .members
             .slot(role)
             .in_sync_member(offset_bytes, buf.len() as u64);
         MemberIo::planned(role, member, offset_bytes, IoKind::Write(buf, fua))

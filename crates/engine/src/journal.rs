@@ -32,8 +32,8 @@
 
 use crate::array::Array;
 use crate::error::{EngineError, Result};
-use crate::member::{Member, Slot};
-use crate::meta::write_superblock;
+use crate::members::write_superblock;
+use crate::members::{Member, Slot};
 use device::{AlignedBuf, Device};
 use format::{journal_seed, MetaBlock, Payload, Superblock, JOURNAL_BLOCK, PAGE_SECTORS};
 use layout::Geometry;
@@ -800,7 +800,7 @@ impl Journal {
 
     /// Write `journal_tail` into the log device's superblock, durably.
     fn record_tail(&self, array: &Array, tail: u64) -> std::io::Result<()> {
-        let mut meta = array.meta.lock();
+        let mut meta = array.members.meta.lock();
         let Some(m) = meta
             .members
             .iter_mut()
@@ -1483,7 +1483,7 @@ impl Array {
             }
             // Write-back: rows go home when the cache fills, when their data has waited a
             // while, and all of them once the array writes through (mode switched, degraded).
-            let degraded = self.slots.iter().any(|s| !s.is_complete());
+            let degraded = self.members.slots.iter().any(|s| !s.is_complete());
             for (written, (_, age)) in j.cached_rows_by_age().into_iter().enumerate() {
                 let pressed = j.cache_bytes() > self.config.stripe_cache_bytes / 8;
                 if written >= 64

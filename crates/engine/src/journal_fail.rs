@@ -37,14 +37,14 @@
 
 use crate::array::Array;
 use crate::error::Result;
-use crate::member::Member;
+use crate::members::Member;
 use std::sync::Arc;
 
 impl Array {
     /// The log has failed (step 1 in the module notes): say so; the record waits.
     pub(crate) fn journal_failing(&self, member: &Arc<Member>, why: &str) {
         tracing::error!(array = %self.name, journal = %member.name(), "journal failed: {why}; writes are refused, what the log covered is being written out to the members");
-        self.events.emit(
+        self.members.events.emit(
             "journal_failing",
             &self.name,
             Some(member.name()),
@@ -84,7 +84,7 @@ impl Array {
             "a failed log is recorded only once its cache is written out"
         );
         if !self.config.read_only {
-            self.journal_failed(j.member(), &why);
+            self.members.journal_failed(j.member(), &why);
         }
         j.mark_settled();
         Ok(())

@@ -6,8 +6,8 @@
 
 use crate::array::Array;
 use crate::error::{EngineError, Result};
-use crate::member::Member;
-use crate::meta::{read_superblock, write_superblock, MemberSb};
+use crate::members::Member;
+use crate::members::{read_superblock, write_superblock, MemberSb};
 use device::{AlignedBuf, Device};
 use format::{ROLE_FAULTY, ROLE_MAX, ROLE_SPARE, SB_OFFSET_SECTORS};
 use std::sync::Arc;
@@ -21,7 +21,7 @@ impl Array {
                 self.name
             )));
         }
-        let mut meta = self.meta.lock();
+        let mut meta = self.members.meta.lock();
         if meta.members.iter().any(|m| m.member.name() == dev.name()) {
             return Err(EngineError::InvalidArgument(format!(
                 "{} is already a member of {}",
@@ -82,6 +82,9 @@ impl Array {
         sb.max_dev = sb.max_dev.max(meta.roles.len() as u32);
         sb.events = meta.events;
         sb.dev_roles.clone_from(&meta.roles);
+        // The other nodes of a cluster agree before the member is written (md-cluster's
+        // NEWDISK); alone, this always passes.
+        self.members.coordinator().add_new_disk(sb.device_uuid)?;
         let member = Arc::new(Member::fresh(dev.clone(), &sb));
         let bblog_at = (SB_OFFSET_SECTORS as i64 + i64::from(sb.bblog_offset)) as u64 * 512;
         let mut bblog = AlignedBuf::zeroed(usize::from(sb.bblog_size) * 512);
@@ -104,7 +107,7 @@ impl Array {
             writable: true,
         });
         if let Some(role) = readd {
-            let slot = &self.slots[role];
+            let slot = &self.members.slots[role];
             if let Some(old) = slot.member() {
                 meta.retire(old.dev_number, ROLE_FAULTY);
             }
@@ -116,19 +119,17 @@ impl Array {
                 integ.held_by_new_member(role);
             }
         }
-        let failed = meta.commit();
-        drop(meta);
-        self.fail_members_after_sb_error(failed);
+        self.members.commit(meta);
         match readd {
-            Some(role) => self.events.emit(
+            Some(role) => self.members.events.emit(
                 "member_readded",
                 &self.name,
                 Some(dev.name()),
                 format!("role {role}: recovering only the chunks the write-intent bitmap marks"),
             ),
             None => {
-                self.spares.lock().push(member);
-                self.events.emit(
+                self.members.spares.lock().push(member);
+                self.members.events.emit(
                     "spare_added",
                     &self.name,
                     Some(dev.name()),
@@ -144,7 +145,7 @@ impl Array {
     /// the one its own superblock records, if that role is empty now, and only if the bitmap
     /// still covers every write it missed (its events are not older than the last time bits
     /// were cleared, md's `events_cleared` rule). Otherwise it is a new spare.
-    fn readd_role(&self, meta: &crate::meta::Meta, sb: &format::Superblock) -> Option<usize> {
+    fn readd_role(&self, meta: &crate::members::Meta, sb: &format::Superblock) -> Option<usize> {
         let bm = self.policy.bitmap()?;
         if sb.set_uuid != self.uuid {
             return None;
@@ -156,7 +157,8 @@ impl Array {
         let template = &meta.members.first()?.sb;
         let fits = sb.data_offset == template.data_offset && sb.size == template.size;
         let fresh = sb.events >= bm.events_cleared() && sb.events <= meta.events;
-        (role < self.slots.len() && self.slots[role].is_faulty() && fits && fresh).then_some(role)
+        (role < self.members.slots.len() && self.members.slots[role].is_faulty() && fits && fresh)
+            .then_some(role)
     }
 
     /// Remove a faulty member or a spare from the array (an active member must fail first).
@@ -171,7 +173,7 @@ impl Array {
             }
             self.settle_journal()?;
         }
-        let mut meta = self.meta.lock();
+        let mut meta = self.members.meta.lock();
         let idx = meta
             .members
             .iter()
@@ -180,10 +182,12 @@ impl Array {
                 EngineError::InvalidArgument(format!("{name} is not a member of {}", self.name))
             })?;
         let dev_number = meta.members[idx].member.dev_number;
-        let mut spares = self.spares.lock();
+        self.members.coordinator().remove_disk(dev_number)?;
+        let mut spares = self.members.spares.lock();
         if let Some(pos) = spares.iter().position(|s| s.dev_number == dev_number) {
             spares.remove(pos);
         } else if let Some(slot) = self
+            .members
             .slots
             .iter()
             .find(|s| s.member().is_some_and(|m| m.dev_number == dev_number))
@@ -199,10 +203,9 @@ impl Array {
         drop(spares);
         meta.retire(dev_number, ROLE_FAULTY);
         meta.members.remove(idx);
-        let failed = meta.commit();
-        drop(meta);
-        self.fail_members_after_sb_error(failed);
-        self.events
+        self.members.commit(meta);
+        self.members
+            .events
             .emit("member_removed", &self.name, Some(name), String::new());
         Ok(())
     }

@@ -11,7 +11,7 @@
 //! metadata lock; failed member writes are returned for the caller to act on afterwards.
 
 use crate::array::Array;
-use crate::member::Member;
+use crate::members::Member;
 use device::AlignedBuf;
 use parking_lot::{Mutex, MutexGuard};
 use std::io;
@@ -131,8 +131,8 @@ impl PagedCopy {
             }
             pages.bump()
         });
-        let failed = self.write_through(&array.role_members(), gen);
-        array.fail_metadata_writers(failed);
+        let failed = self.write_through(&array.members.role_members(), gen);
+        array.members.fail_metadata_writers(failed);
         !array.is_failed()
     }
 

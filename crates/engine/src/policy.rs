@@ -18,7 +18,7 @@ use crate::bitmap::WriteIntentBitmap;
 use crate::commit::{WriteKind, WriteSet};
 use crate::error::Result;
 use crate::journal::{Journal, StripeImage};
-use crate::meta::Meta;
+use crate::members::Meta;
 use format::MAX_SECTOR;
 use std::sync::Arc;
 

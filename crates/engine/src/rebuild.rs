@@ -14,7 +14,8 @@ use crate::bufpool::PoolBuf;
 use crate::commit::WriteSet;
 use crate::heal::Heal;
 use crate::io::{IoKind, MemberIo};
-use crate::member::FULLY_IN_SYNC;
+use crate::lock::LockRange;
+use crate::members::FULLY_IN_SYNC;
 use crate::stripe::Torn;
 use crate::sync::Stop;
 use layout::Level;
@@ -28,37 +29,36 @@ impl Array {
     /// Assign a spare to the first role without a complete member; returns the role to rebuild.
     pub(crate) fn pick_recovery(&self) -> Option<usize> {
         if let Some(role) = self
+            .members
             .slots
             .iter()
             .position(|s| !s.is_faulty() && !s.is_complete())
         {
             return Some(role);
         }
-        let role = self.slots.iter().position(|s| s.is_faulty())?;
+        let role = self.members.slots.iter().position(|s| s.is_faulty())?;
         if self.geometry.max_degraded() == 0 {
             return None;
         }
         let spare = {
-            let mut spares = self.spares.lock();
+            let mut spares = self.members.spares.lock();
             if spares.is_empty() {
                 return None;
             }
             spares.remove(0)
         };
-        let mut meta = self.meta.lock();
+        let mut meta = self.members.meta.lock();
         meta.activate_spare(spare.dev_number, role as u16);
-        if let Some(old) = self.slots[role].member() {
+        if let Some(old) = self.members.slots[role].member() {
             meta.retire(old.dev_number, format::ROLE_FAULTY);
         }
-        self.slots[role].install(spare.clone(), 0);
+        self.members.slots[role].install(spare.clone(), 0);
         // The tables the new member holds are written at the next flush.
         if let Some(integ) = &self.integrity {
             integ.held_by_new_member(role);
         }
-        let failed = meta.commit();
-        drop(meta);
-        self.fail_members_after_sb_error(failed);
-        self.events.emit(
+        self.members.commit(meta);
+        self.members.events.emit(
             "spare_active",
             &self.name,
             Some(spare.name()),
@@ -83,11 +83,14 @@ impl Array {
             let chunk = self.geometry.chunk_sectors() * 512;
             let row = pos / chunk;
             let last = (row + self.window_rows()).min(self.geometry.stripes());
-            let guard = self.lock_stripes(row, last);
+            let guard = self.range_lock().lock(LockRange::Stripes {
+                first: row,
+                end: last,
+            });
             let res = self.rebuild_window(role, row, last);
             if res.is_ok() {
                 // Under the lock: no write to these stripes can slip in between.
-                self.slots[role].advance(last * chunk);
+                self.members.slots[role].advance(last * chunk);
             }
             drop(guard);
             res?;
@@ -98,7 +101,7 @@ impl Array {
         let len = step.min(end - off);
         if let Some(array_sector) = self.geometry.reverse_copy(role, off / 512) {
             let at = array_sector * 512;
-            let _guard = self.lock_array_range(at, len);
+            let _guard = self.range_lock().lock(LockRange::Array { at, len });
             let mut buf = self.bufs.get(len as usize);
             let lost = match self.read_other_copy(role, at, &mut buf) {
                 Ok(()) => Vec::new(),
@@ -110,9 +113,9 @@ impl Array {
             };
             self.write_rebuilt(role, off, &buf)?;
             self.record_unrebuilt(role, &lost);
-            self.slots[role].advance(off + len);
+            self.members.slots[role].advance(off + len);
         } else {
-            self.slots[role].advance(off + len);
+            self.members.slots[role].advance(off + len);
         }
         Ok(off + len)
     }
@@ -144,7 +147,7 @@ impl Array {
     /// Write rebuilt bytes to the rebuilding member of `role` (above its in-sync point, so
     /// planned against the role's member as long as it is not faulty).
     fn write_rebuilt(&self, role: usize, offset_bytes: u64, buf: &[u8]) -> Result<(), Stop> {
-        let member = self.slots[role].usable();
+        let member = self.members.slots[role].usable();
         let mut io = [MemberIo::planned(
             role,
             member,
@@ -164,16 +167,16 @@ impl Array {
     pub(crate) fn finish_recovery(&self, role: usize) {
         // The records of what the rebuild wrote are durable before the member counts as whole.
         self.write_integrity_tables();
-        let mut meta = self.meta.lock();
-        self.slots[role].advance(FULLY_IN_SYNC);
-        if let Some(m) = self.slots[role].member() {
+        let mut meta = self.members.meta.lock();
+        self.members.slots[role].advance(FULLY_IN_SYNC);
+        if let Some(m) = self.members.slots[role].member() {
             meta.set_recovery(m.dev_number, None);
         }
-        let failed = meta.commit();
-        drop(meta);
-        self.fail_members_after_sb_error(failed);
-        let name = self.slots[role].member().map(|m| m.name().to_string());
-        self.events.emit(
+        self.members.commit(meta);
+        let name = self.members.slots[role]
+            .member()
+            .map(|m| m.name().to_string());
+        self.members.events.emit(
             "member_in_sync",
             &self.name,
             name.as_deref(),
@@ -184,17 +187,15 @@ impl Array {
     /// Record how far a rebuild got in the rebuilding member's superblock. The commit flushes
     /// the members first: the checkpoint never covers rebuilt data still in a volatile cache.
     pub(crate) fn checkpoint_recovery(&self, role: usize) {
-        let slot = &self.slots[role];
+        let slot = &self.members.slots[role];
         let Some(m) = slot.member() else { return };
         if slot.is_faulty() || slot.is_complete() {
             return;
         }
         self.write_integrity_tables();
-        let mut meta = self.meta.lock();
+        let mut meta = self.members.meta.lock();
         meta.set_recovery(m.dev_number, Some(slot.in_sync_bytes() / 512));
-        let failed = meta.commit();
-        drop(meta);
-        self.fail_members_after_sb_error(failed);
+        self.members.commit(meta);
     }
 
     /// Stripes per unit of background work: about `sync_window_bytes` of each member.
@@ -264,7 +265,7 @@ impl Array {
     /// the row's other data then leave it as it is; a write of the lost data makes it whole).
     fn record_unrebuilt(&self, role: usize, lost: &[u64]) {
         for (at, len) in page_runs(lost) {
-            if let Some(member) = self.slots[role].usable() {
+            if let Some(member) = self.members.slots[role].usable() {
                 self.record_bad_blocks(
                     role,
                     &member,
@@ -290,7 +291,7 @@ impl Array {
                 continue;
             }
             for dev in std::iter::once(roles.p_dev()).chain(roles.q_dev()) {
-                if let Some(member) = self.slots[dev].usable() {
+                if let Some(member) = self.members.slots[dev].usable() {
                     self.record_bad_blocks(
                         dev,
                         &member,
@@ -328,7 +329,7 @@ impl Array {
         let chunk = self.geometry.chunk_sectors() * 512;
         let (at, len) = (r0 * chunk, (r1 - r0) * chunk);
         let absent = (0..self.geometry.raid_disks())
-            .filter(|&dev| !self.slot(dev).in_sync(at, len))
+            .filter(|&dev| !self.members.slot(dev).in_sync(at, len))
             .count();
         !self.is_failed() && absent <= self.geometry.max_degraded()
     }
@@ -393,6 +394,7 @@ impl Array {
         let mut corrupt = false;
         for c in copies.iter().filter(|c| c.dev != skip) {
             if !self
+                .members
                 .slot(c.dev)
                 .in_sync(c.dev_sector * 512, buf.len() as u64)
             {
@@ -455,14 +457,19 @@ impl Array {
         let (lo, hi) = spans(to)
             .filter_map(|(_, at, len)| at.map(|at| (at, at + len)))
             .fold((u64::MAX, 0), |(lo, hi), (a, b)| (lo.min(a), hi.max(b)));
-        let _guard = (lo < hi).then(|| self.lock_array_range(lo, hi - lo));
+        let _guard = (lo < hi).then(|| {
+            self.range_lock().lock(LockRange::Array {
+                at: lo,
+                len: hi - lo,
+            })
+        });
         if spans(to).any(|(_, at, len)| at.is_some_and(|at| !idle(at, len))) {
             return None; // a write came in meanwhile: rebuild the usual way
         }
         if let Err(stop) = under_lock(pos, to) {
             return Some(Err(stop));
         }
-        self.slots[role].advance(to);
+        self.members.slots[role].advance(to);
         Some(Ok(to))
     }
 }

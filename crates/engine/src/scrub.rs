@@ -6,6 +6,7 @@ use crate::array::Array;
 use crate::bufpool::PoolBuf;
 use crate::commit::WriteSet;
 use crate::heal::Heal;
+use crate::lock::LockRange;
 use crate::rebuild::row_pieces;
 use crate::sync::{Stop, SyncAction};
 
@@ -28,7 +29,10 @@ impl Array {
             let last = (row + self.window_rows())
                 .min(self.geometry.stripes())
                 .min(end.div_ceil(chunk));
-            let guard = self.lock_stripes(row, last);
+            let guard = self.range_lock().lock(LockRange::Stripes {
+                first: row,
+                end: last,
+            });
             let res = self.scrub_window(row, last, fix, heal);
             drop(guard);
             bad = res?;
@@ -129,7 +133,7 @@ impl Array {
     /// Bring the copies of array bytes `at..at+len` into agreement (`settle_copies`): check
     /// counts, repair and resync rewrite.
     pub(crate) fn scrub_mirror(&self, at: u64, len: u64, heal: Heal) -> Result<u64, Stop> {
-        let _guard = self.lock_array_range(at, len);
+        let _guard = self.range_lock().lock(LockRange::Array { at, len });
         match self.settle_copies(at, len, heal, None) {
             Ok(bad) => Ok(bad),
             Err(e) if self.is_failed() => Err(Stop::Failed(e.to_string())),

@@ -150,6 +150,7 @@ impl Array {
             if cached
                 || partial
                 || !self
+                    .members
                     .slot(dev)
                     .in_sync(row * self.chunk_bytes() + off, len as u64)
             {
@@ -191,7 +192,7 @@ impl Array {
             Some(_) => (skip + out.len() as u64).div_ceil(PAGE) * PAGE,
             None => skip + out.len() as u64,
         };
-        if !self.slot(dev).in_sync(at, len) {
+        if !self.members.slot(dev).in_sync(at, len) {
             return false;
         }
         let mut buf = self.bufs.get(len as usize);
@@ -504,7 +505,7 @@ impl Array {
         if degrade {
             return WritePlan::Degraded;
         }
-        let present = |dev: usize| self.slot(dev).in_sync(at, len);
+        let present = |dev: usize| self.members.slot(dev).in_sync(at, len);
         let parity_present = std::iter::once(roles.p_dev())
             .chain(roles.q_dev())
             .filter(|&dev| present(dev))
@@ -524,7 +525,8 @@ impl Array {
         // A chunk recorded bad there is written but cannot be read: a plan that must read it
         // is out (a full write of the block is what clears the record).
         let bad = |dev: usize| {
-            self.slot(dev)
+            self.members
+                .slot(dev)
                 .member()
                 .is_some_and(|m| m.health.overlaps(at, len))
         };
@@ -559,7 +561,8 @@ impl Array {
 
     /// Whether `dev`'s member has all of `at..at + len` recorded bad.
     fn recorded_bad(&self, dev: usize, at: u64, len: u64) -> bool {
-        self.slot(dev)
+        self.members
+            .slot(dev)
             .member()
             .is_some_and(|m| m.health.covers(at, len))
     }
@@ -574,7 +577,7 @@ impl Array {
             .map(|s| s.is_none().then(|| self.bufs.get(len)))
             .collect();
         let len64 = len as u64;
-        let present = |dev: usize| self.slot(dev).in_sync(at, len64);
+        let present = |dev: usize| self.members.slot(dev).in_sync(at, len64);
         // With a journal, parity is always computed in full (see `plan_write`).
         let parity_present = self.policy.journal().is_some()
             || std::iter::once(c.roles.p_dev())
@@ -683,11 +686,11 @@ impl Array {
                 .collect();
             // A missing parity chunk is neither read nor written; its buffer only takes the
             // arithmetic.
-            if self.slot(roles.p_dev()).in_sync(at, len as u64) {
+            if self.members.slot(roles.p_dev()).in_sync(at, len as u64) {
                 ios.push(self.read_io(roles.p_dev(), at, &mut p));
             }
             if let (Some(qd), Some(qb)) = (roles.q_dev(), q.as_mut()) {
-                if self.slot(qd).in_sync(at, len as u64) {
+                if self.members.slot(qd).in_sync(at, len as u64) {
                     ios.push(self.read_io(qd, at, qb));
                 }
             }
@@ -748,7 +751,7 @@ impl Array {
         let unheld: Vec<(usize, Vec<u32>)> = self.integrity.as_ref().map_or(Vec::new(), |integ| {
             data.iter()
                 .map(|&(d, buf)| (c.roles.data_dev(d), buf))
-                .filter(|&(dev, _)| !self.slot(dev).in_sync(at, len))
+                .filter(|&(dev, _)| !self.members.slot(dev).in_sync(at, len))
                 .map(|(dev, buf)| (dev, integ.begin_write(dev, at, buf, None)))
                 .collect()
         });
@@ -761,14 +764,14 @@ impl Array {
         let mut ios: Vec<MemberIo<'_>> = data
             .iter()
             .enumerate()
-            .filter(|(_, (d, _))| self.slot(c.roles.data_dev(*d)).in_sync(at, len))
+            .filter(|(_, (d, _))| self.members.slot(c.roles.data_dev(*d)).in_sync(at, len))
             .map(|(i, &(d, buf))| {
                 let mut io = self.write_io(c.roles.data_dev(d), at, buf, c.fua);
                 io.records = records.as_ref().map(|r| r[i].clone());
                 io
             })
             .collect();
-        if self.slot(c.roles.p_dev()).in_sync(at, len) {
+        if self.members.slot(c.roles.p_dev()).in_sync(at, len) {
             let mut io = self.write_io(c.roles.p_dev(), at, p, c.fua);
             io.records = records
                 .as_ref()
@@ -777,7 +780,7 @@ impl Array {
             ios.push(io);
         }
         if let (Some(qd), Some(qb)) = (c.roles.q_dev(), q) {
-            if self.slot(qd).in_sync(at, len) {
+            if self.members.slot(qd).in_sync(at, len) {
                 ios.push(self.write_io(qd, at, qb, c.fua));
             }
         }
@@ -844,12 +847,12 @@ impl Array {
     /// under `bitmap` and `guided`) can count them; the plain policy cannot tell a torn row
     /// from a sound one and serves reconstructions as md does.
     pub(crate) fn exposed_rows(&self) -> u64 {
-        match self.policy.bitmap() {
-            Some(b) if self.parity_degraded() && self.resync_owed() => {
-                b.needed_bytes().div_ceil(self.chunk_bytes())
-            }
-            _ => 0,
-        }
+        exposed_rows(
+            &self.geometry,
+            &self.members.slots,
+            self.policy.bitmap(),
+            self.resync_owed(),
+        )
     }
 
     fn resync_owed(&self) -> bool {
@@ -921,7 +924,7 @@ impl Array {
         tracing::error!(array = %self.name, offset = at, len,
             "read refused: the block must be rebuilt from a row a crash may have torn");
         if n.is_power_of_two() || n == 0 {
-            self.events.emit(
+            self.members.events.emit(
                 "torn_read_refused",
                 &self.name,
                 None,
@@ -1029,7 +1032,7 @@ impl Array {
     pub(crate) fn read_present(&self, at: u64, len: usize, heal: Heal) -> Result<Option<Present>> {
         let n = self.geometry.raid_disks();
         let mut missing: Vec<usize> = (0..n)
-            .filter(|&dev| !self.slot(dev).in_sync(at, len as u64))
+            .filter(|&dev| !self.members.slot(dev).in_sync(at, len as u64))
             .collect();
         if missing.len() > self.geometry.max_degraded() {
             return Err(self.unrecoverable(
@@ -1112,7 +1115,7 @@ impl Array {
             }
             let off = at + pg as u64 * PAGE;
             for &dev in failed {
-                if let Some(m) = self.slot(dev).in_sync_member(off, PAGE) {
+                if let Some(m) = self.members.slot(dev).in_sync_member(off, PAGE) {
                     // Recorded already: a known bad block, not a new read error.
                     if m.health.covers(off, PAGE) || self.note_read_error(dev, &m) {
                         continue;
@@ -1236,5 +1239,44 @@ impl Interval<'_> {
                 buf[(lo - self.a) as usize..(hi - self.a) as usize].copy_from_slice(src);
             }
         }
+    }
+}
+
+/// [`Array::exposed_rows`], from the parts it depends on.
+pub(crate) fn exposed_rows(
+    geometry: &layout::Geometry,
+    slots: &[crate::members::Slot],
+    bitmap: Option<&std::sync::Arc<crate::bitmap::WriteIntentBitmap>>,
+    resync_owed: bool,
+) -> u64 {
+    let degraded = geometry.level().is_parity() && slots.iter().any(|s| !s.is_complete());
+    match bitmap {
+        Some(b) if degraded && resync_owed => {
+            b.needed_bytes().div_ceil(geometry.chunk_sectors() * 512)
+        }
+        _ => 0,
+    }
+}
+
+/// What a member failure sets off above the member set: the torn-row count for its event and
+/// a wake-up of background work (a spare may take the role).
+pub(crate) struct Exposure {
+    pub geometry: layout::Geometry,
+    pub slots: std::sync::Arc<Vec<crate::members::Slot>>,
+    pub bitmap: Option<std::sync::Arc<crate::bitmap::WriteIntentBitmap>>,
+    pub sync: std::sync::Arc<crate::sync::SyncControl>,
+}
+
+impl crate::members::FailureWatch for Exposure {
+    fn exposed_rows(&self) -> u64 {
+        let owed = self
+            .sync
+            .unsynced
+            .load(std::sync::atomic::Ordering::Acquire);
+        exposed_rows(&self.geometry, &self.slots, self.bitmap.as_ref(), owed)
+    }
+
+    fn member_failed(&self) {
+        self.sync.wake();
     }
 }

@@ -252,6 +252,19 @@ impl Walk {
             // resumes after the rebuild.
             return Err(Stop::Interrupted);
         }
+        if !matches!(self.job, Job::Scrub(SyncAction::Check)) {
+            // Other nodes of a cluster keep their writes out of the window this one rewrites
+            // (a check only reads: nothing to announce).
+            let kind = match self.job {
+                Job::Recover(_) => crate::cluster::SyncKind::Recovery,
+                _ => crate::cluster::SyncKind::Resync,
+            };
+            let hi = (self.pos + array.config.sync_window_bytes).min(self.end);
+            array
+                .members
+                .coordinator()
+                .resync_info_update(kind, self.pos..hi);
+        }
         // Where the real work of this step starts (None: the step only skips).
         let mut work_from = None;
         let next = match self.job {
@@ -380,7 +393,7 @@ impl Array {
                         &self.name, &st,
                     )));
                 }
-                if self.slots.iter().any(|s| !s.is_complete()) {
+                if self.members.slots.iter().any(|s| !s.is_complete()) {
                     return Err(crate::EngineError::InvalidArgument(format!(
                         "{} is degraded; nothing to compare",
                         self.name
@@ -467,7 +480,7 @@ impl Array {
             let pending = st.requested.is_some()
                 || (st.resync_from.is_some() && !st.frozen && st.retry_resync_at.is_none());
             let recovering = !st.frozen
-                && self.slots.iter().any(|s| !s.is_complete())
+                && self.members.slots.iter().any(|s| !s.is_complete())
                 && self.has_spare_or_partial();
             if st.running == SyncAction::Idle && !pending && !recovering {
                 return true;
@@ -480,12 +493,13 @@ impl Array {
 
     /// A parity level with a role not complete.
     pub(crate) fn parity_degraded(&self) -> bool {
-        self.geometry.level().is_parity() && self.slots.iter().any(|s| !s.is_complete())
+        self.geometry.level().is_parity() && self.members.slots.iter().any(|s| !s.is_complete())
     }
 
     fn has_spare_or_partial(&self) -> bool {
-        !self.spares.lock().is_empty()
+        !self.members.spares.lock().is_empty()
             || self
+                .members
                 .slots
                 .iter()
                 .any(|s| !s.is_faulty() && !s.is_complete())
@@ -497,7 +511,10 @@ impl Array {
         st.interrupt = false;
         let job = self.next_job(st)?;
         let (action, from) = match job {
-            Job::Recover(role) => (SyncAction::Recover, self.slots[role].in_sync_bytes()),
+            Job::Recover(role) => (
+                SyncAction::Recover,
+                self.members.slots[role].in_sync_bytes(),
+            ),
             Job::Resync { from, .. } => (SyncAction::Resync, from),
             Job::Scrub(a) => (a, 0),
         };
@@ -526,7 +543,9 @@ impl Array {
                 last_checkpoint: now,
             },
             member: match job {
-                Job::Recover(role) => self.slots[role].member().map(|m| m.name().to_string()),
+                Job::Recover(role) => self.members.slots[role]
+                    .member()
+                    .map(|m| m.name().to_string()),
                 _ => None,
             },
         })
@@ -589,7 +608,7 @@ impl Array {
                 tracing::warn!(array = %self.name, "cannot set the bitmap for a full resync: {e}");
             }
         }
-        self.events.emit(
+        self.members.events.emit(
             started_event(walk.action),
             &self.name,
             walk.member.as_deref(),
@@ -662,7 +681,7 @@ impl Array {
         if let Some(role) = self.pick_recovery() {
             return Some(Job::Recover(role));
         }
-        let degraded = self.slots.iter().any(|s| !s.is_complete());
+        let degraded = self.members.slots.iter().any(|s| !s.is_complete());
         // A degraded parity array has no redundancy left to make consistent (resync waits for
         // the rebuild); mirrors resync the copies they still have, as md does.
         if self.parity_degraded() {
@@ -696,6 +715,7 @@ impl Array {
     }
 
     fn finish_job(&self, walk: &Walk, res: Result<(), Stop>) {
+        self.members.coordinator().resync_finish();
         let action = walk.action;
         let member = walk.member.as_deref();
         if let Job::Recover(role) = walk.job {
@@ -757,7 +777,7 @@ impl Array {
         self.sync.cv.notify_all();
         match res {
             Ok(()) => {
-                self.events.emit(
+                self.members.events.emit(
                     finished_event(action),
                     &self.name,
                     member,
@@ -768,7 +788,7 @@ impl Array {
                     SyncAction::Check | SyncAction::Repair | SyncAction::Resync
                 ) && mismatches > 0
                 {
-                    self.events.emit(
+                    self.members.events.emit(
                         "mismatches_found",
                         &self.name,
                         None,
@@ -776,13 +796,13 @@ impl Array {
                     );
                 }
             }
-            Err(Stop::Interrupted) => self.events.emit(
+            Err(Stop::Interrupted) => self.members.events.emit(
                 "sync_interrupted",
                 &self.name,
                 member,
                 format!("{} interrupted", action.name()),
             ),
-            Err(Stop::Failed(why)) => self.events.emit(
+            Err(Stop::Failed(why)) => self.members.events.emit(
                 "sync_failed",
                 &self.name,
                 member,

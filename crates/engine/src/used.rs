@@ -22,7 +22,8 @@ use crate::array::Array;
 use crate::commit::WriteSet;
 use crate::error::Result;
 use crate::io::{IoKind, MemberIo};
-use crate::member::Member;
+use crate::lock::LockRange;
+use crate::members::Member;
 use crate::paged::{PagedCopy, WriteFailures};
 use format::{UsedMapHeader, USED_MAP_HEADER_BYTES};
 use layout::{Geometry, Level};
@@ -243,9 +244,9 @@ impl UsedRegions {
                 h.encode()
             };
             self.copy.edit(|pages| pages.put(0, &head));
-            self.copy.write_out(&array.role_members(), &mut w)
+            self.copy.write_out(&array.members.role_members(), &mut w)
         };
-        array.fail_metadata_writers(failed);
+        array.members.fail_metadata_writers(failed);
     }
 
     /// The superblocks are about to record `events` with `utime`: the map's header records
@@ -386,7 +387,7 @@ impl Array {
     fn release_region(&self, used: &UsedRegions, r: u64) -> Result<()> {
         let rb = used.region_bytes();
         let at = r * rb;
-        let _guard = self.lock_sync_range(at, rb);
+        let _guard = self.range_lock().lock(LockRange::Sync { at, len: rb });
         if !used.is_set(r) {
             return Ok(());
         }
@@ -394,7 +395,7 @@ impl Array {
             .member_spans(at, rb)
             .into_iter()
             .map(|(role, off, len)| {
-                let m = self.slots[role].usable();
+                let m = self.members.slots[role].usable();
                 MemberIo::planned(role, m, off, IoKind::Discard(len))
             })
             .collect();
@@ -414,7 +415,9 @@ impl Array {
     fn member_spans(&self, at: u64, len: u64) -> Vec<(usize, u64, u64)> {
         let g = &self.geometry;
         if g.level() != Level::Raid10 {
-            return (0..self.slots.len()).map(|role| (role, at, len)).collect();
+            return (0..self.members.slots.len())
+                .map(|role| (role, at, len))
+                .collect();
         }
         let chunk = g.chunk_sectors() * 512;
         assert!(
@@ -463,14 +466,17 @@ impl Array {
         if target <= pos {
             return None;
         }
-        let _guard = self.lock_sync_range(pos, target - pos);
+        let _guard = self.range_lock().lock(LockRange::Sync {
+            at: pos,
+            len: target - pos,
+        });
         if used.next_used(pos, target).start < target {
             return None; // a write claimed part of it meanwhile: rebuild it the usual way
         }
         if let Err(stop) = self.discard_on_rebuilding(role, pos, target) {
             return Some(Err(stop));
         }
-        self.slots[role].advance(target);
+        self.members.slots[role].advance(target);
         Some(Ok(target))
     }
 
@@ -482,7 +488,7 @@ impl Array {
         from: u64,
         to: u64,
     ) -> std::result::Result<(), crate::sync::Stop> {
-        let member = self.slots[role].member();
+        let member = self.members.slots[role].member();
         let mut ios = [MemberIo::planned(
             role,
             member,

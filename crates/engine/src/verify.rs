@@ -11,6 +11,7 @@ use crate::array::Array;
 use crate::error::{EngineError, Result};
 use crate::heal::Heal;
 use crate::integrity::IntegrityCounts;
+use crate::lock::LockRange;
 use crate::sync::Stop;
 
 /// What one verify request found.
@@ -49,7 +50,7 @@ impl Array {
                 self.geometry.level()
             )));
         }
-        if self.slots.iter().any(|s| !s.is_complete()) {
+        if self.members.slots.iter().any(|s| !s.is_complete()) {
             return Err(EngineError::InvalidArgument(format!(
                 "{} is degraded: no redundancy left to compare",
                 self.name
@@ -108,7 +109,7 @@ impl Array {
             } else {
                 "left as found (read-only)"
             };
-            self.events.emit(
+            self.members.events.emit(
                 "verify_mismatch",
                 &self.name,
                 None,
@@ -155,7 +156,10 @@ impl Array {
             let end = ((at / window + 1) * window).min(b);
             let mut tries = 0;
             let found = loop {
-                let guard = self.lock_stripes(at / chunk, end.div_ceil(chunk));
+                let guard = self.range_lock().lock(LockRange::Stripes {
+                    first: at / chunk,
+                    end: end.div_ceil(chunk),
+                });
                 let res = self.scrub_span(at, end - at, fix, heal);
                 drop(guard);
                 match res {

@@ -44,7 +44,7 @@ impl Array {
         let Some(j) = self.policy.journal() else {
             return Ok(false);
         };
-        if self.slots.iter().any(|s| !s.is_complete())
+        if self.members.slots.iter().any(|s| !s.is_complete())
             || j.cache_bytes() + batch.iter().map(|p| p.data.len()).sum::<usize>()
                 > self.config.stripe_cache_bytes / 2
         {
@@ -165,14 +165,14 @@ impl Array {
             let dirty: Vec<(usize, &[u8])> = chunks.iter().map(|(d, b)| (*d, &b[..])).collect();
             let mut ios: Vec<MemberIo<'_>> = dirty
                 .iter()
-                .filter(|(d, _)| self.slot(roles.data_dev(*d)).in_sync(at, n))
+                .filter(|(d, _)| self.members.slot(roles.data_dev(*d)).in_sync(at, n))
                 .map(|&(d, buf)| self.write_io(roles.data_dev(d), at, buf, false))
                 .collect();
-            if self.slot(roles.p_dev()).in_sync(at, n) {
+            if self.members.slot(roles.p_dev()).in_sync(at, n) {
                 ios.push(self.write_io(roles.p_dev(), at, &p, false));
             }
             if let (Some(qd), Some(qb)) = (roles.q_dev(), q.as_deref()) {
-                if self.slot(qd).in_sync(at, n) {
+                if self.members.slot(qd).in_sync(at, n) {
                     ios.push(self.write_io(qd, at, qb, false));
                 }
             }
@@ -273,7 +273,7 @@ impl Array {
                 self.name
             )));
         };
-        if write_back && self.slots.iter().any(|s| !s.is_complete()) {
+        if write_back && self.members.slots.iter().any(|s| !s.is_complete()) {
             return Err(crate::EngineError::InvalidArgument(format!(
                 "{} is degraded: write-back needs every member (md refuses it too)",
                 self.name
@@ -285,7 +285,7 @@ impl Array {
         }
         if !self.config.read_only {
             // Recorded on the journal device, so the next start is in the same mode.
-            let mut meta = self.meta.lock();
+            let mut meta = self.members.meta.lock();
             if let Some(m) = meta
                 .members
                 .iter_mut()
@@ -295,7 +295,7 @@ impl Array {
                 let old = m.sb.devflags;
                 m.sb.devflags = if write_back { old | flag } else { old & !flag };
                 if m.sb.devflags != old {
-                    if let Err(e) = crate::meta::write_superblock(&m.member, &m.sb) {
+                    if let Err(e) = crate::members::write_superblock(&m.member, &m.sb) {
                         drop(meta);
                         j.fail(self, &format!("cannot record the journal mode: {e}"));
                     }

@@ -15,7 +15,7 @@
 //! allowed: md accepts any member whose count is within one of the freshest).
 
 use crate::bitmap::WriteIntentBitmap;
-use crate::member::Member;
+use crate::members::Member;
 use device::AlignedBuf;
 use format::{Superblock, SB_BYTES, SB_OFFSET_SECTORS};
 use std::io;
@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Byte offset of the v1.2 superblock on every member.
-pub const SB_OFFSET_BYTES: u64 = SB_OFFSET_SECTORS * 512;
+pub(crate) const SB_OFFSET_BYTES: u64 = SB_OFFSET_SECTORS * 512;
 
 pub(crate) struct MemberSb {
     pub member: Arc<Member>,

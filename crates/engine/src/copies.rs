@@ -14,39 +14,9 @@ use crate::array::Array;
 use crate::commit::WriteSet;
 use crate::error::Result;
 use crate::io::IoOutcome;
+use crate::lock::REGION_BYTES;
 use layout::Level;
-use parking_lot::{Mutex, MutexGuard};
-use std::sync::atomic::{AtomicUsize, Ordering};
-
-/// Writers to redundant non-parity levels serialise per region of this many bytes.
-const REGION_BYTES: u64 = 64 * 1024;
-/// Size of the lock table (regions hash onto it).
-const REGION_LOCKS: usize = 1024;
-
-pub(crate) struct RegionLocks {
-    locks: Vec<Mutex<()>>,
-    next_read: AtomicUsize,
-}
-
-impl RegionLocks {
-    pub fn new() -> RegionLocks {
-        RegionLocks {
-            locks: (0..REGION_LOCKS).map(|_| Mutex::new(())).collect(),
-            next_read: AtomicUsize::new(0),
-        }
-    }
-
-    pub(crate) fn lock_range(&self, offset_bytes: u64, len_bytes: u64) -> Vec<MutexGuard<'_, ()>> {
-        let first = offset_bytes / REGION_BYTES;
-        let last = (offset_bytes + len_bytes.max(1) - 1) / REGION_BYTES;
-        let mut idx: Vec<usize> = (first..=last.min(first + REGION_LOCKS as u64))
-            .map(|r| (r % REGION_LOCKS as u64) as usize)
-            .collect();
-        idx.sort_unstable();
-        idx.dedup();
-        idx.into_iter().map(|i| self.locks[i].lock()).collect()
-    }
-}
+use std::sync::atomic::Ordering;
 
 /// One contiguous piece of a request that lives on the same copies.
 struct Piece {
@@ -97,7 +67,7 @@ impl Array {
         let spread = if self.sync.unsynced.load(Ordering::Acquire) {
             0
         } else {
-            self.regions.next_read.fetch_add(1, Ordering::Relaxed)
+            self.next_copy.fetch_add(1, Ordering::Relaxed)
         };
         // attempt[i]: how many copies of piece i have been tried
         let mut attempt = vec![0usize; pieces.len()];
@@ -166,7 +136,8 @@ impl Array {
             .map(|(p, _)| p)
         {
             let out = &mut buf[p.buf_offset..p.buf_offset + p.len];
-            let _guard = (!locked).then(|| self.lock_array_range(p.array_offset, p.len as u64));
+            let _guard =
+                (!locked).then(|| self.locks.lock_array_range(p.array_offset, p.len as u64));
             self.settle_copies(p.array_offset, p.len as u64, self.heal_mode(), Some(out))?;
         }
         for (i, role, dev_off) in unread {
@@ -186,7 +157,7 @@ impl Array {
                 (dev_off + p.len as u64).div_ceil(page) * page,
             );
             for off in (a..b).step_by(page as usize) {
-                let Some(member) = self.slot(role).in_sync_member(off, page) else {
+                let Some(member) = self.members.slot(role).in_sync_member(off, page) else {
                     continue;
                 };
                 let mut buf = self.bufs.get(page as usize);
@@ -204,7 +175,7 @@ impl Array {
     /// served: read a good copy again under the region lock (a write may have come in since)
     /// and write it back there (see `badblocks`).
     fn correct_copy(&self, p: &Piece, role: usize, dev_off: u64, locked: bool) {
-        let _guard = (!locked).then(|| self.lock_array_range(p.array_offset, p.len as u64));
+        let _guard = (!locked).then(|| self.locks.lock_array_range(p.array_offset, p.len as u64));
         let mut good = self.bufs.get(p.len);
         if self
             .read_other_copy(role, p.array_offset, &mut good)
@@ -233,6 +204,7 @@ impl Array {
             let copy = p.copies.get((spread + *attempt) % n);
             *attempt += 1;
             if self
+                .members
                 .slot(copy.dev)
                 .in_sync(copy.dev_sector * 512, p.len as u64)
             {
@@ -246,7 +218,8 @@ impl Array {
         let (a, b) = self
             .whole_pages(offset_bytes, data.len())
             .unwrap_or((offset_bytes, offset_bytes + data.len() as u64));
-        let _guards = (self.geometry.max_degraded() > 0).then(|| self.lock_array_range(a, b - a));
+        let _guards =
+            (self.geometry.max_degraded() > 0).then(|| self.locks.lock_array_range(a, b - a));
         if (a, b) == (offset_bytes, offset_bytes + data.len() as u64) {
             return self.mirror_write_locked(offset_bytes, data, fua);
         }
@@ -281,6 +254,7 @@ impl Array {
             let records = self.integrity.as_ref().map(|integ| integ.records_of(bytes));
             for copy in p.copies.iter() {
                 if self
+                    .members
                     .slot(copy.dev)
                     .in_sync(copy.dev_sector * 512, p.len as u64)
                 {

@@ -83,7 +83,11 @@ impl Array {
     ) -> Result<u64> {
         let current: Vec<Loc> = copies
             .iter()
-            .filter(|c| self.slot(c.dev).in_sync(c.dev_sector * 512, n as u64))
+            .filter(|c| {
+                self.members
+                    .slot(c.dev)
+                    .in_sync(c.dev_sector * 512, n as u64)
+            })
             .collect();
         let mut bufs: Vec<PoolBuf> = current.iter().map(|_| self.bufs.get(n)).collect();
         let mut ios: Vec<_> = current
@@ -237,7 +241,7 @@ impl Array {
         if let Some(integ) = &self.integrity {
             integ.count_unrecoverable();
             tracing::error!(array = %self.name, array_offset = off, "every copy fails its record");
-            self.events.emit(
+            self.members.events.emit(
                 "integrity_unrecoverable",
                 &self.name,
                 None,
@@ -288,7 +292,7 @@ impl Array {
                 ),
             )
         };
-        self.events.emit(
+        self.members.events.emit(
             kind,
             &self.name,
             None,

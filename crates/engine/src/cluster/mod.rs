@@ -1,0 +1,86 @@
+//! The cluster seam: what a node of a multi-host array must agree on with the others before it
+//! acts, shaped after md's `struct md_cluster_operations`.
+//!
+//! The engine calls a [`Coordinator`] at the points where md-cluster talks to the DLM:
+//! * every superblock update is bracketed by [`Coordinator::metadata_update_start`] and
+//!   [`Coordinator::metadata_update_finish`] (md's token lock: one node changes the array's
+//!   metadata at a time, and the others re-read it after);
+//! * a client write waits while [`Coordinator::area_resyncing`] says another node is resyncing
+//!   or recovering its range (md's raid1 `area_resyncing` wait);
+//! * the background walker reports its windows ([`Coordinator::resync_info_update`]) and its end
+//!   ([`Coordinator::resync_finish`]), so that other nodes know what to wait for;
+//! * adding and removing a member is put to a vote first ([`Coordinator::add_new_disk`],
+//!   [`Coordinator::remove_disk`]);
+//! * [`Coordinator::slot_number`] names this node's write-intent bitmap slot.
+//!
+//! [`Local`] is a single host: it always holds the token, nobody else resyncs, every vote
+//! passes, and its bitmap slot is 0. That is exactly the engine's behaviour without a cluster.
+//! Range locks that a cluster must take on every node go through `lock::RangeLock`.
+
+use crate::error::Result;
+use std::fmt::Debug;
+use std::ops::Range;
+
+/// What a background window does to its range, as other nodes must know it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SyncKind {
+    /// Making redundancy consistent again (resync, repair).
+    Resync,
+    /// Filling a member that is rebuilding.
+    Recovery,
+}
+
+/// A node's agreement with the other nodes of its array. Every method may block while the
+/// cluster answers; none is called with an engine lock held except the metadata brackets and
+/// the member votes, which run under the metadata lock (md holds its reconfig mutex there).
+/// Ranges are md's sync coordinates: per-member bytes for parity levels, array bytes for
+/// mirrors.
+pub trait Coordinator: Send + Sync + Debug {
+    /// This node's write-intent bitmap slot (md-cluster: one bitmap per node).
+    fn slot_number(&self) -> usize;
+    /// Before a superblock update: take the cluster-wide right to change metadata.
+    fn metadata_update_start(&self);
+    /// After a superblock update reached every member: let the other nodes re-read it.
+    fn metadata_update_finish(&self, events: u64);
+    /// Is another node resyncing or recovering part of `range` (per-member bytes, md's sync
+    /// coordinates)? A client write there waits until it is not.
+    fn area_resyncing(&self, range: Range<u64>) -> bool;
+    /// This node's background walk is about to work on `range`.
+    fn resync_info_update(&self, kind: SyncKind, range: Range<u64>);
+    /// This node's background walk ended (done, stopped or failed).
+    fn resync_finish(&self);
+    /// May a member with this device UUID join the array? An error says why not.
+    fn add_new_disk(&self, device_uuid: [u8; 16]) -> Result<()>;
+    /// May the member with this device number leave the array?
+    fn remove_disk(&self, dev_number: u32) -> Result<()>;
+}
+
+/// One host on its own.
+#[derive(Debug, Default)]
+pub struct Local;
+
+impl Coordinator for Local {
+    fn slot_number(&self) -> usize {
+        0
+    }
+
+    fn metadata_update_start(&self) {}
+
+    fn metadata_update_finish(&self, _events: u64) {}
+
+    fn area_resyncing(&self, _range: Range<u64>) -> bool {
+        false
+    }
+
+    fn resync_info_update(&self, _kind: SyncKind, _range: Range<u64>) {}
+
+    fn resync_finish(&self) {}
+
+    fn add_new_disk(&self, _device_uuid: [u8; 16]) -> Result<()> {
+        Ok(())
+    }
+
+    fn remove_disk(&self, _dev_number: u32) -> Result<()> {
+        Ok(())
+    }
+}

@@ -1,0 +1,209 @@
+//! The cluster seam: every superblock update is bracketed by the coordinator, member adds and
+//! removes are put to its vote, background windows are announced to it, and client writes wait
+//! while it says another node resyncs their range. A recording coordinator stands in for the
+//! other nodes (the real one, over etcd, is the cluster issue's).
+
+mod common;
+
+use common::devs;
+use device::{Device, SimDevice};
+use engine::cluster::{Coordinator, SyncKind};
+use engine::{
+    assemble, Array, ArrayConfig, AssembleOptions, Clock, EngineError, ManualClock, SyncAction,
+};
+use layout::Level;
+use parking_lot::Mutex;
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+#[derive(Debug, Default)]
+struct Recording {
+    starts: AtomicU64,
+    finished_events: Mutex<Vec<u64>>,
+    windows: Mutex<Vec<(SyncKind, Range<u64>)>>,
+    walks_ended: AtomicU64,
+    /// `area_resyncing` answers "yes" this many more times.
+    busy_answers: AtomicU64,
+    consulted: AtomicU64,
+    veto: bool,
+    removals: Mutex<Vec<u32>>,
+}
+
+impl Coordinator for Recording {
+    fn slot_number(&self) -> usize {
+        0
+    }
+
+    fn metadata_update_start(&self) {
+        self.starts.fetch_add(1, Ordering::SeqCst);
+    }
+
+    fn metadata_update_finish(&self, events: u64) {
+        self.finished_events.lock().push(events);
+    }
+
+    fn area_resyncing(&self, _range: Range<u64>) -> bool {
+        self.consulted.fetch_add(1, Ordering::SeqCst);
+        self.busy_answers
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+    }
+
+    fn resync_info_update(&self, kind: SyncKind, range: Range<u64>) {
+        self.windows.lock().push((kind, range));
+    }
+
+    fn resync_finish(&self) {
+        self.walks_ended.fetch_add(1, Ordering::SeqCst);
+    }
+
+    fn add_new_disk(&self, _device_uuid: [u8; 16]) -> engine::Result<()> {
+        if self.veto {
+            return Err(EngineError::Busy("node b refuses the new member".into()));
+        }
+        Ok(())
+    }
+
+    fn remove_disk(&self, dev_number: u32) -> engine::Result<()> {
+        self.removals.lock().push(dev_number);
+        Ok(())
+    }
+}
+
+const MEMBER: u64 = 8 << 20;
+
+fn sims(n: usize, seed: u64) -> Vec<Arc<SimDevice>> {
+    (0..n as u64)
+        .map(|i| Arc::new(SimDevice::new(format!("sim{i}"), MEMBER, seed + i)))
+        .collect()
+}
+
+fn boot(sims: &[Arc<SimDevice>], coord: &Arc<Recording>, clock: &Arc<ManualClock>) -> Array {
+    assemble(
+        devs(sims),
+        AssembleOptions {
+            config: ArrayConfig {
+                deterministic_seed: Some(9),
+                clock: Some(clock.clone()),
+                coordinator: Some(coord.clone()),
+                ..ArrayConfig::default()
+            },
+            ..Default::default()
+        },
+    )
+    .expect("assemble")
+}
+
+fn run_background(a: &Array) {
+    for _ in 0..100_000 {
+        if a.sync_step() == SyncAction::Idle && a.sync_status().action == SyncAction::Idle {
+            return;
+        }
+    }
+    panic!("background work did not finish");
+}
+
+#[test]
+fn every_superblock_update_is_bracketed_and_a_rebuild_announces_its_windows() {
+    let sims = sims(5, 40);
+    common::create_clean(
+        "coord",
+        Level::Raid5,
+        None,
+        64 << 10,
+        devs(&sims[..4]),
+        vec![],
+    );
+    let coord = Arc::new(Recording::default());
+    let clock = Arc::new(ManualClock::default());
+    let a = boot(&sims[..4], &coord, &clock);
+    a.write(0, &[3u8; 1 << 20], true).unwrap();
+    let after_write = coord.finished_events.lock().clone();
+    assert!(!after_write.is_empty(), "going active is a metadata update");
+    a.fail_member("sim2").unwrap();
+    a.add_member(sims[4].clone() as Arc<dyn Device>, false)
+        .unwrap();
+    run_background(&a);
+    let finished = coord.finished_events.lock().clone();
+    assert_eq!(
+        coord.starts.load(Ordering::SeqCst),
+        finished.len() as u64,
+        "every update begun is finished"
+    );
+    assert!(finished.windows(2).all(|w| w[0] < w[1]), "{finished:?}");
+    let on_disk = engine::read_superblock(sims[0].as_ref()).unwrap().events;
+    assert_eq!(
+        finished.last().copied(),
+        Some(on_disk),
+        "the last update finished is what the superblocks say"
+    );
+    let windows = coord.windows.lock().clone();
+    let recovery: Vec<_> = windows
+        .iter()
+        .filter(|(k, _)| *k == SyncKind::Recovery)
+        .map(|(_, r)| r.clone())
+        .collect();
+    assert!(!recovery.is_empty(), "the rebuild announced no window");
+    assert_eq!(recovery[0].start, 0);
+    assert!(
+        recovery.windows(2).all(|w| w[0].start < w[1].start),
+        "windows go forward: {recovery:?}"
+    );
+    assert!(coord.walks_ended.load(Ordering::SeqCst) >= 1);
+    let mut back = vec![0u8; 1 << 20];
+    a.read(0, &mut back).unwrap();
+    assert!(back.iter().all(|&b| b == 3));
+}
+
+#[test]
+fn a_member_the_cluster_refuses_is_not_written_and_removals_are_put_to_the_vote() {
+    let sims = sims(5, 50);
+    common::create_clean(
+        "coord",
+        Level::Raid1,
+        None,
+        64 << 10,
+        devs(&sims[..3]),
+        vec![],
+    );
+    let coord = Arc::new(Recording {
+        veto: true,
+        ..Recording::default()
+    });
+    let clock = Arc::new(ManualClock::default());
+    let a = boot(&sims[..3], &coord, &clock);
+    let err = a
+        .add_member(sims[4].clone() as Arc<dyn Device>, false)
+        .unwrap_err();
+    assert!(matches!(err, EngineError::Busy(_)), "{err}");
+    assert!(
+        engine::read_superblock(sims[4].as_ref()).is_err(),
+        "a refused member gets no superblock"
+    );
+    assert_eq!(a.status().members.len(), 3);
+    a.fail_member("sim1").unwrap();
+    a.remove_member("sim1").unwrap();
+    assert_eq!(*coord.removals.lock(), vec![1]);
+}
+
+#[test]
+fn a_write_waits_while_another_node_resyncs_its_range() {
+    let sims = sims(3, 60);
+    common::create_clean("coord", Level::Raid1, None, 64 << 10, devs(&sims), vec![]);
+    let coord = Arc::new(Recording::default());
+    let clock = Arc::new(ManualClock::default());
+    let a = boot(&sims, &coord, &clock);
+    coord.busy_answers.store(3, Ordering::SeqCst);
+    let before = clock.now();
+    a.write(4096, &[9u8; 4096], false).unwrap();
+    assert_eq!(
+        coord.consulted.load(Ordering::SeqCst),
+        4,
+        "asked until free"
+    );
+    assert!(clock.now() > before, "it waited on the engine's clock");
+    let mut back = vec![0u8; 4096];
+    a.read(4096, &mut back).unwrap();
+    assert!(back.iter().all(|&b| b == 9));
+}
