@@ -7,6 +7,7 @@
 //!   and only then records "clean".
 //! * the stripe cache (parity levels) and region locks (mirrors) serialise writers per stripe.
 
+use crate::background::SyncControl;
 use crate::clock::{Clock, SystemClock};
 use crate::error::{EngineError, Result};
 use crate::events::Event;
@@ -14,9 +15,8 @@ use crate::io::{Executor, IoPath};
 use crate::lock::{LocalLocks, RangeLock};
 use crate::members::Meta;
 use crate::members::{Member, MemberSet, Slot};
+use crate::personality::stripe_cache::StripeCache;
 use crate::policy::{BitmapPolicy, ConsistencyPolicy, JournalPolicy, ResyncPolicy};
-use crate::stripe_cache::StripeCache;
-use crate::sync::SyncControl;
 use layout::{Geometry, Level};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -77,7 +77,7 @@ impl Default for ArrayConfig {
             coordinator: None,
             sync_window_bytes: 2 << 20,
             read_verifier: None,
-            guide_timeout: crate::guided::DEFAULT_GUIDE_TIMEOUT,
+            guide_timeout: crate::policy::guided::DEFAULT_GUIDE_TIMEOUT,
             // Covers about 64 GiB of raw capacity (design study §5.6).
             integrity_cache_bytes: 64 << 20,
         }
@@ -99,18 +99,18 @@ pub struct Array {
     /// When the last group of member writes ended (the sync clock's ms, +1; 0: none yet).
     pub(crate) last_write_ms: std::sync::atomic::AtomicU64,
     /// A member's backing store is full: writes fail with ENOSPC (for status).
-    pub(crate) no_space: crate::no_space::NoSpaceTracker,
+    pub(crate) no_space: crate::io::no_space::NoSpaceTracker,
     closing: AtomicBool,
     was_dirty: bool,
     never_run: bool,
     pub(crate) io: IoPath,
     pub(crate) policy: Box<dyn ConsistencyPolicy>,
     /// Which regions may hold data (None: every region counts as used).
-    pub(crate) used: Option<Arc<crate::used::UsedRegions>>,
+    pub(crate) used: Option<Arc<crate::policy::used::UsedRegions>>,
     /// Per-block records kept apart from the data (parity levels created with integrity).
     pub(crate) integrity: Option<Arc<crate::integrity::Integrity>>,
     /// Guided resync state (arrays with the `guided` policy).
-    pub(crate) guidance: Option<crate::guided::Guidance>,
+    pub(crate) guidance: Option<crate::policy::guided::Guidance>,
     pub(crate) stripes: Arc<StripeCache>,
     /// Stripe claims and mirror region locks.
     pub(crate) locks: LocalLocks,
@@ -118,7 +118,7 @@ pub struct Array {
     pub(crate) next_copy: AtomicUsize,
     pub(crate) inflight_writes: AtomicUsize,
     pub(crate) sync: Arc<SyncControl>,
-    pub(crate) bufs: Arc<crate::bufpool::BufPool>,
+    pub(crate) bufs: Arc<crate::io::bufpool::BufPool>,
 }
 
 /// What `status` reports about one member.
@@ -169,13 +169,13 @@ pub struct ArrayStatus {
     pub consistency_policy: &'static str,
     pub failed: bool,
     pub read_only: bool,
-    pub sync: crate::sync::SyncStatus,
+    pub sync: crate::background::SyncStatus,
     pub bitmap: Option<BitmapStatus>,
     pub used_regions: Option<UsedStatus>,
-    pub journal: Option<crate::journal::JournalStatus>,
+    pub journal: Option<crate::policy::journal::JournalStatus>,
     pub integrity: Option<crate::integrity::IntegrityStatus>,
     /// Guided resync (arrays with the `guided` policy).
-    pub guidance: Option<crate::guided::GuidanceStatus>,
+    pub guidance: Option<crate::policy::guided::GuidanceStatus>,
     /// Why writes are refused at the moment (read-only assembly, journal lost, …).
     pub read_only_reason: Option<String>,
     /// Parity rows a crash may have torn, not resynced yet, while degraded (bitmap policies).
@@ -183,7 +183,7 @@ pub struct ArrayStatus {
     /// Degraded reads refused because their block would be rebuilt from such a row.
     pub torn_reads_refused: u64,
     /// Writes failing because a member's backing store is full (None: they go through).
-    pub no_space: Option<crate::no_space::NoSpaceStatus>,
+    pub no_space: Option<crate::io::no_space::NoSpaceStatus>,
 }
 
 /// The used-region map, for status.
@@ -212,10 +212,10 @@ pub(crate) struct ArrayParts {
     /// Resync needed from this offset (None: in sync).
     pub resync_from: Option<u64>,
     /// md's internal write-intent bitmap, if the superblocks announce one.
-    pub bitmap: Option<Arc<crate::bitmap::WriteIntentBitmap>>,
-    pub used: Option<Arc<crate::used::UsedRegions>>,
+    pub bitmap: Option<Arc<crate::policy::bitmap::WriteIntentBitmap>>,
+    pub used: Option<Arc<crate::policy::used::UsedRegions>>,
     /// The raid5-cache journal, recovered.
-    pub journal: Option<Arc<crate::journal::Journal>>,
+    pub journal: Option<Arc<crate::policy::journal::Journal>>,
     pub integrity: Option<Arc<crate::integrity::Integrity>>,
     pub name: String,
     pub uuid: [u8; 16],
@@ -259,7 +259,7 @@ impl Array {
         let was_dirty = p.was_dirty;
         let never_run = p.never_run;
         let guidance = match (&p.bitmap, p.guided) {
-            (Some(bitmap), true) => Some(crate::guided::Guidance::new(
+            (Some(bitmap), true) => Some(crate::policy::guided::Guidance::new(
                 p.resync_from.is_some(),
                 p.resync_owed,
                 p.unguided,
@@ -289,7 +289,7 @@ impl Array {
         let pool_bytes = p.config.stripe_cache_bytes;
         let locks = LocalLocks::new(parity, chunk_bytes, stripes.clone());
         let sync = Arc::new(SyncControl::new(resync_from, clock));
-        let exposure = crate::stripe::Exposure {
+        let exposure = crate::personality::raid456::Exposure {
             geometry: p.geometry.clone(),
             slots: p.slots.clone(),
             bitmap: policy.bitmap().cloned(),
@@ -332,7 +332,7 @@ impl Array {
             next_copy: AtomicUsize::new(0),
             inflight_writes: AtomicUsize::new(0),
             sync,
-            bufs: crate::bufpool::BufPool::new(pool_bytes),
+            bufs: crate::io::bufpool::BufPool::new(pool_bytes),
         };
         Ok(array)
     }
@@ -421,7 +421,7 @@ impl Array {
         offset_bytes: u64,
         data: &[u8],
         fua: bool,
-        intent: Option<crate::intent::WriteIntent>,
+        intent: Option<crate::personality::intent::WriteIntent>,
     ) -> Result<()> {
         self.check_range(offset_bytes, data.len() as u64)?;
         self.sync.note_client_io();
@@ -524,7 +524,7 @@ impl Array {
         if let Some(integ) = self.integrity.as_ref().filter(|i| i.has_dirty_tables()) {
             // Table writes are member writes: the superblocks say "active" first, so that a
             // cut tearing them is followed by a resync.
-            let _counted = crate::commit::InCommit::enter(self);
+            let _counted = crate::io::commit::InCommit::enter(self);
             if self.mark_active().is_ok() {
                 for (role, m, e) in integ.write_tables() {
                     self.members.fail_role(
@@ -623,12 +623,7 @@ impl Array {
         len_bytes: u64,
         reason: &str,
     ) -> EngineError {
-        EngineError::Unrecoverable {
-            array: self.name.clone(),
-            offset_bytes,
-            len_bytes,
-            reason: reason.to_string(),
-        }
+        self.members.unrecoverable(offset_bytes, len_bytes, reason)
     }
 
     /// Record that the array is active on every member (durably) before the first member
@@ -658,7 +653,7 @@ impl Array {
         }
         let resync_from = {
             let st = self.sync.st.lock();
-            if st.running != crate::sync::SyncAction::Idle {
+            if st.running != crate::background::SyncAction::Idle {
                 return;
             }
             st.resync_from
@@ -738,7 +733,7 @@ impl Array {
         if let Some(bm) = self.policy.bitmap() {
             // Everything written is durable: the bits of every quiet chunk may go now, as md
             // clears its bitmap at a clean stop (chunks still to resync keep theirs).
-            bm.daemon_pass(self, true);
+            bm.daemon_pass(&self.members, true, || {});
         }
         let resync_from = self.sync.st.lock().resync_from;
         let mut meta = self.members.meta.lock();

@@ -6,60 +6,37 @@
 //! [`Array`]'s methods from as many threads as they like.
 
 mod array;
-mod assemble;
-mod badblocks;
-mod bitmap;
-mod bufpool;
+mod background;
 mod clock;
 pub mod cluster;
-mod commit;
-mod copies;
-mod copies_heal;
-mod create;
 mod error;
 mod events;
-mod gathered;
-mod guided;
-mod heal;
 mod integrity;
-mod intent;
 mod io;
-mod journal;
-mod journal_fail;
+mod lifecycle;
 mod lock;
-mod manage;
 mod members;
-mod no_space;
-mod paged;
+mod personality;
 mod policy;
-mod rebuild;
-mod record_cache;
-mod scrub;
-mod stripe;
-mod stripe_cache;
-mod sync;
-mod used;
-mod verify;
-mod writeback;
 
 pub use array::{
     Array, ArrayConfig, ArrayStatus, BitmapStatus, MemberState, MemberStatus, UsedStatus,
     ASSEMBLED_READ_ONLY,
 };
-pub use assemble::{assemble, AssembleOptions};
-pub use bitmap::read_bitmap;
+pub use background::verify::VerifyReport;
+pub use background::{SyncAction, SyncStatus, DEFAULT_SPEED_MAX, DEFAULT_SPEED_MIN};
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use create::{create, BitmapSpec, CreateSpec, Created};
 pub use error::{EngineError, Result};
 pub use events::Event;
-pub use gathered::GatheredWrite;
-pub use guided::{GuidanceStatus, WriteWatch, DEFAULT_GUIDE_TIMEOUT};
+pub use integrity::record_cache::CacheStats;
 pub use integrity::{IntegrityCounts, IntegrityStatus};
-pub use intent::WriteIntent;
+pub use io::no_space::NoSpaceStatus;
 pub use io::ReadVerifier;
-pub use journal::{JournalStatus, Replayed};
+pub use lifecycle::assemble::{assemble, AssembleOptions};
+pub use lifecycle::create::{create, BitmapSpec, CreateSpec, Created};
 pub use members::read_superblock;
-pub use no_space::NoSpaceStatus;
-pub use record_cache::CacheStats;
-pub use sync::{SyncAction, SyncStatus, DEFAULT_SPEED_MAX, DEFAULT_SPEED_MIN};
-pub use verify::VerifyReport;
+pub use personality::gathered::GatheredWrite;
+pub use personality::intent::WriteIntent;
+pub use policy::bitmap::read_bitmap;
+pub use policy::guided::{GuidanceStatus, WriteWatch, DEFAULT_GUIDE_TIMEOUT};
+pub use policy::journal::{JournalStatus, Replayed};

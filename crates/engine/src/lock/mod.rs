@@ -14,7 +14,7 @@
 
 mod regions;
 
-use crate::stripe_cache::{Row, StripeCache};
+use crate::personality::stripe_cache::{Row, StripeCache};
 use parking_lot::MutexGuard;
 use regions::RegionLocks;
 pub(crate) use regions::REGION_BYTES;

@@ -13,7 +13,7 @@ pub struct Member {
     /// md's permanent slot index into `dev_roles`.
     pub dev_number: u32,
     /// Read errors seen and bad blocks recorded (see `badblocks`).
-    pub health: crate::badblocks::Health,
+    pub health: crate::members::badblocks::Health,
 }
 
 impl Member {
@@ -33,7 +33,9 @@ impl Member {
             dev,
             data_offset_bytes: sb.data_offset * 512,
             dev_number: sb.dev_number,
-            health: crate::badblocks::Health::new(crate::badblocks::BbLog::of(sb)),
+            health: crate::members::badblocks::Health::new(crate::members::badblocks::BbLog::of(
+                sb,
+            )),
         }
     }
 

@@ -13,6 +13,10 @@
 //!   finished. Writes that may have skipped such a member wait for the commit (the metadata
 //!   lock) before they are acknowledged ([`MemberSet::wait_failures_durable`]).
 
+pub(crate) mod badblocks;
+mod manage;
+pub(crate) mod paged;
+
 mod member;
 mod superblocks;
 
@@ -21,6 +25,7 @@ pub use superblocks::read_superblock;
 pub(crate) use superblocks::{now_secs, write_superblock, MemberSb, Meta};
 
 use crate::cluster::Coordinator;
+use crate::error::EngineError;
 use crate::events::EventBus;
 use format::ROLE_FAULTY;
 use layout::Geometry;
@@ -106,6 +111,16 @@ impl MemberSet {
     /// Too many members lost: nothing may be acknowledged any more.
     pub fn is_failed(&self) -> bool {
         self.failed.load(Ordering::Acquire)
+    }
+
+    /// The error of a request that redundancy can no longer serve.
+    pub fn unrecoverable(&self, offset_bytes: u64, len_bytes: u64, reason: &str) -> EngineError {
+        EngineError::Unrecoverable {
+            array: self.name.clone(),
+            offset_bytes,
+            len_bytes,
+            reason: reason.to_string(),
+        }
     }
 
     /// Do the superblocks say "active" (durably)?
@@ -195,7 +210,7 @@ impl MemberSet {
     }
 
     /// Fail the members a write of replicated metadata (bitmap, used-region map) failed on.
-    pub fn fail_metadata_writers(&self, failed: crate::paged::WriteFailures) {
+    pub fn fail_metadata_writers(&self, failed: crate::members::paged::WriteFailures) {
         self.fail_writers(failed, "write-intent bitmap write failed");
     }
 

@@ -14,8 +14,8 @@
 //! Events only go up here (md may step back by one on clean transitions; we never do, which is
 //! allowed: md accepts any member whose count is within one of the freshest).
 
-use crate::bitmap::WriteIntentBitmap;
 use crate::members::Member;
+use crate::policy::bitmap::WriteIntentBitmap;
 use device::AlignedBuf;
 use format::{Superblock, SB_BYTES, SB_OFFSET_SECTORS};
 use std::io;
@@ -40,7 +40,7 @@ pub(crate) struct Meta {
     /// The write-intent bitmap, whose header records each new event count first.
     pub bitmap: Option<Arc<WriteIntentBitmap>>,
     /// The used-region map, whose header does too.
-    pub used: Option<Arc<crate::used::UsedRegions>>,
+    pub used: Option<Arc<crate::policy::used::UsedRegions>>,
 }
 
 pub(crate) fn now_secs() -> u64 {

@@ -22,6 +22,10 @@
 //! serves the range from redundancy (another copy, or reconstruction as if the member were
 //! missing there), or fails the request when none is left, never returning the data.
 
+pub(crate) mod bufpool;
+pub(crate) mod commit;
+pub(crate) mod no_space;
+
 use crate::array::Array;
 use crate::members::Member;
 use std::io;

@@ -110,14 +110,14 @@ pub fn create(spec: &CreateSpec) -> Result<Created> {
     for (i, d) in all.iter().enumerate() {
         let sectors = d.len_bytes() / 512;
         let journal = spec.journal.is_some() && i == all.len() - 1;
-        if journal && sectors < data_offset + crate::journal::MIN_LOG_SECTORS {
+        if journal && sectors < data_offset + crate::policy::journal::MIN_LOG_SECTORS {
             return Err(EngineError::Create {
                 member: d.name().into(),
                 reason: format!(
                     "too small for a journal: {} bytes, the log needs at least {} bytes after \
                      the data offset of {} bytes",
                     d.len_bytes(),
-                    crate::journal::MIN_LOG_SECTORS * 512,
+                    crate::policy::journal::MIN_LOG_SECTORS * 512,
                     data_offset * 512
                 ),
             });
@@ -255,7 +255,7 @@ pub fn create(spec: &CreateSpec) -> Result<Created> {
             } else {
                 0
             };
-            crate::used::initial_map(&geometry, sb, room, !spec.discard, flags)
+            crate::policy::used::initial_map(&geometry, sb, room, !spec.discard, flags)
                 .map(|(_, bytes)| (base, bytes))
         });
     if spec.guided && used_map.is_none() {
@@ -270,9 +270,11 @@ pub fn create(spec: &CreateSpec) -> Result<Created> {
                 sb.devflags |= format::DEVFLAG_JOURNAL_WRITE_BACK;
             }
             let sb = &sb;
-            crate::journal::write_empty_log(dev.as_ref(), sb).map_err(|e| EngineError::Create {
-                member: dev.name().into(),
-                reason: format!("cannot start the journal: {e}"),
+            crate::policy::journal::write_empty_log(dev.as_ref(), sb).map_err(|e| {
+                EngineError::Create {
+                    member: dev.name().into(),
+                    reason: format!("cannot start the journal: {e}"),
+                }
             })?;
             write_member(dev, sb, None).map_err(|e| EngineError::Create {
                 member: dev.name().into(),
@@ -434,7 +436,7 @@ fn new_bitmap(
             geometry.level().name()
         )));
     }
-    let sync_sectors = crate::bitmap::sync_sectors(geometry);
+    let sync_sectors = crate::policy::bitmap::sync_sectors(geometry);
     let room = format::bm_space(smallest_member_sectors);
     let min = format::min_bitmap_chunk(sync_sectors, room).ok_or_else(|| {
         EngineError::InvalidArgument("members too small to hold a write-intent bitmap".into())
@@ -467,7 +469,7 @@ fn write_member(
     bitmap: Option<&BitmapSuper>,
 ) -> std::io::Result<()> {
     if let Some(bm) = bitmap {
-        crate::bitmap::write_initial(dev.as_ref(), bm)?;
+        crate::policy::bitmap::write_initial(dev.as_ref(), bm)?;
     }
     if sb.bblog_size > 0 {
         let bblog_at = (SB_OFFSET_SECTORS as i64 + i64::from(sb.bblog_offset)) as u64 * 512;

@@ -13,6 +13,10 @@
 //! Rate control mirrors md's `sync_speed_min`/`sync_speed_max`: never faster than max; above
 //! min, pause while clients did I/O in the last few milliseconds.
 
+pub(crate) mod rebuild;
+pub(crate) mod scrub;
+pub(crate) mod verify;
+
 use crate::array::Array;
 use crate::clock::Clock;
 use layout::Level;
@@ -601,10 +605,15 @@ impl Array {
             // On a guided array also the fallback flag: a guide after that crash would name
             // what a file system had in flight, not what this resync had not reached.
             if let (Some(_), Some(u)) = (&self.guidance, &self.used) {
-                u.set_flag(self, format::USED_MAP_FLAG_RESYNC_OWED, true);
+                if !self.is_read_only() {
+                    u.set_flag(&self.members, format::USED_MAP_FLAG_RESYNC_OWED, true);
+                }
             }
-            let _counted = crate::commit::InCommit::enter(self);
-            if let Err(e) = bm.need_everything(self).and_then(|()| self.mark_active()) {
+            let _counted = crate::io::commit::InCommit::enter(self);
+            if let Err(e) = bm
+                .need_everything(&self.members)
+                .and_then(|()| self.mark_active())
+            {
                 tracing::warn!(array = %self.name, "cannot set the bitmap for a full resync: {e}");
             }
         }

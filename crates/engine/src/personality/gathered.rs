@@ -14,7 +14,7 @@
 
 use crate::array::Array;
 use crate::error::{EngineError, Result};
-use crate::intent::WriteIntent;
+use crate::personality::intent::WriteIntent;
 
 /// One write of a gathered run.
 pub struct GatheredWrite<'a> {

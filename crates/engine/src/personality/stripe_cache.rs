@@ -42,7 +42,7 @@ pub(crate) struct Piece {
     pub data_index: usize,
     /// Byte offset inside the chunk.
     pub offset: u64,
-    pub data: crate::bufpool::PoolBuf,
+    pub data: crate::io::bufpool::PoolBuf,
     pub fua: bool,
     pub done: Arc<Completion>,
 }
@@ -328,7 +328,7 @@ mod tests {
     use super::*;
 
     thread_local! {
-        static POOL: std::sync::Arc<crate::bufpool::BufPool> = crate::bufpool::BufPool::new(1 << 20);
+        static POOL: std::sync::Arc<crate::io::bufpool::BufPool> = crate::io::bufpool::BufPool::new(1 << 20);
     }
 
     fn piece(d: usize, off: u64, len: usize) -> Piece {

@@ -8,11 +8,11 @@
 //! stripes are claimed for the time of their pass, so client I/O stays correct around it.
 
 use crate::array::Array;
+use crate::background::Stop;
 use crate::error::{EngineError, Result};
-use crate::heal::Heal;
+use crate::integrity::heal::Heal;
 use crate::integrity::IntegrityCounts;
 use crate::lock::LockRange;
-use crate::sync::Stop;
 
 /// What one verify request found.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -33,7 +33,7 @@ pub struct VerifyReport {
 /// Sorted, merged, non-empty `[start, end)` intervals.
 fn merge(mut v: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
     v.retain(|(a, b)| a < b);
-    crate::stripe_cache::merge(v)
+    crate::personality::stripe_cache::merge(v)
 }
 
 impl Array {

@@ -19,12 +19,12 @@
 //!   the superblocks (someone else ran the array) counts as all used.
 
 use crate::array::Array;
-use crate::commit::WriteSet;
 use crate::error::Result;
+use crate::io::commit::WriteSet;
 use crate::io::{IoKind, MemberIo};
 use crate::lock::LockRange;
-use crate::members::Member;
-use crate::paged::{PagedCopy, WriteFailures};
+use crate::members::paged::{PagedCopy, WriteFailures};
+use crate::members::{Member, MemberSet};
 use format::{UsedMapHeader, USED_MAP_HEADER_BYTES};
 use layout::{Geometry, Level};
 use parking_lot::Mutex;
@@ -65,7 +65,7 @@ pub(crate) fn initial_map(
     if !supported(g) {
         return None;
     }
-    let sync_bytes = crate::bitmap::sync_sectors(g) * 512;
+    let sync_bytes = crate::policy::bitmap::sync_sectors(g) * 512;
     let region_bytes =
         format::choose_region_bytes(sync_bytes, room_bytes, g.chunk_sectors().max(1) * 512)?;
     let header = UsedMapHeader {
@@ -152,7 +152,7 @@ impl UsedRegions {
 
     /// Before a write into `offset..offset+len` (sync coordinates) goes out: its regions are
     /// marked used, durably, on every member in a role.
-    pub(crate) fn ensure_used(&self, array: &Array, offset: u64, len: u64) -> Result<()> {
+    pub(crate) fn ensure_used(&self, members: &MemberSet, offset: u64, len: u64) -> Result<()> {
         let new: Vec<u64> = self
             .span(offset, len)
             .filter(|&r| !self.is_set(r))
@@ -162,9 +162,9 @@ impl UsedRegions {
         }
         if !self
             .copy
-            .commit_bits(array, USED_MAP_HEADER_BYTES, new.iter().copied(), true)
+            .commit_bits(members, USED_MAP_HEADER_BYTES, new.iter().copied(), true)
         {
-            return Err(array.unrecoverable(offset, len, "cannot record the used-region map"));
+            return Err(members.unrecoverable(offset, len, "cannot record the used-region map"));
         }
         for r in new {
             self.used[(r / 64) as usize].fetch_or(1 << (r % 64), Ordering::AcqRel);
@@ -212,14 +212,14 @@ impl UsedRegions {
     }
 
     /// Regions `rs` were discarded on every member and flushed: clear their bits.
-    pub(crate) fn released(&self, array: &Array, rs: Range<u64>) {
+    pub(crate) fn released(&self, members: &MemberSet, rs: Range<u64>) {
         for r in rs.clone() {
             self.used[(r / 64) as usize].fetch_and(!(1 << (r % 64)), Ordering::AcqRel);
         }
         // A member this write fails on is failed; one that keeps the bit set only counts the
         // region as used, which is always safe.
         self.copy
-            .commit_bits(array, USED_MAP_HEADER_BYTES, rs, false);
+            .commit_bits(members, USED_MAP_HEADER_BYTES, rs, false);
     }
 
     /// Whether the header has `flag` (`format::USED_MAP_FLAG_*`).
@@ -227,9 +227,10 @@ impl UsedRegions {
         self.header.lock().flags & flag != 0
     }
 
-    /// Set or clear header flag `flag`, durably (FUA) on every member in a role.
-    pub(crate) fn set_flag(&self, array: &Array, flag: u32, on: bool) {
-        if array.is_read_only() || self.has_flag(flag) == on {
+    /// Set or clear header flag `flag`, durably (FUA) on every member in a role (the caller
+    /// checks the array is writable).
+    pub(crate) fn set_flag(&self, members: &MemberSet, flag: u32, on: bool) {
+        if self.has_flag(flag) == on {
             return;
         }
         let failed = {
@@ -244,9 +245,9 @@ impl UsedRegions {
                 h.encode()
             };
             self.copy.edit(|pages| pages.put(0, &head));
-            self.copy.write_out(&array.members.role_members(), &mut w)
+            self.copy.write_out(&members.role_members(), &mut w)
         };
-        array.members.fail_metadata_writers(failed);
+        members.fail_metadata_writers(failed);
     }
 
     /// The superblocks are about to record `events` with `utime`: the map's header records
@@ -405,7 +406,7 @@ impl Array {
         if self.is_failed() {
             return Err(self.unrecoverable(at, rb, "too many members failed"));
         }
-        used.released(self, r..r + 1);
+        used.released(&self.members, r..r + 1);
         Ok(())
     }
 
@@ -448,7 +449,7 @@ impl Array {
         role: usize,
         pos: u64,
         end: u64,
-    ) -> Option<std::result::Result<u64, crate::sync::Stop>> {
+    ) -> Option<std::result::Result<u64, crate::background::Stop>> {
         let used = self.used.as_ref()?;
         if self.geometry.level() == Level::Raid10 {
             let unused = |at: u64, len: u64| used.next_used(at, at + len).start >= at + len;
@@ -456,7 +457,7 @@ impl Array {
                 self.discard_on_rebuilding(role, from, to)
             });
         }
-        let limit = end.min(pos + crate::bitmap::SKIP_MAX_BYTES);
+        let limit = end.min(pos + crate::policy::bitmap::SKIP_MAX_BYTES);
         let next = used.next_used(pos, limit);
         let target = if next.start >= limit {
             limit
@@ -487,7 +488,7 @@ impl Array {
         role: usize,
         from: u64,
         to: u64,
-    ) -> std::result::Result<(), crate::sync::Stop> {
+    ) -> std::result::Result<(), crate::background::Stop> {
         let member = self.members.slots[role].member();
         let mut ios = [MemberIo::planned(
             role,
@@ -496,10 +497,10 @@ impl Array {
             IoKind::Discard(to - from),
         )];
         if let Err(e) = self.commit_writes(&WriteSet::rebuild(from, to - from), &mut ios) {
-            return Err(crate::sync::Stop::Failed(e.to_string()));
+            return Err(crate::background::Stop::Failed(e.to_string()));
         }
         if !ios[0].ok() {
-            return Err(crate::sync::Stop::Interrupted);
+            return Err(crate::background::Stop::Interrupted);
         }
         Ok(())
     }

@@ -32,12 +32,12 @@
 //! assembly writes nothing).
 
 use crate::array::{Array, ArrayConfig, ArrayParts};
-use crate::bitmap::WriteIntentBitmap;
 use crate::error::{EngineError, Result};
-use crate::journal::Journal;
 use crate::members::{read_superblock, MemberSb, Meta};
 use crate::members::{Member, Slot};
-use crate::used::UsedRegions;
+use crate::policy::bitmap::WriteIntentBitmap;
+use crate::policy::journal::Journal;
+use crate::policy::used::UsedRegions;
 use device::Device;
 use format::{DevRole, Superblock, MAX_SECTOR};
 use layout::{Geometry, GeometrySpec, Level};
@@ -785,7 +785,7 @@ fn open_journal(
         if let Some((dev, sb)) = found {
             // The log is still there: what it holds goes home first.
             let mut sb = sb;
-            let j = crate::journal::recover(
+            let j = crate::policy::journal::recover(
                 new_member(dev, &sb),
                 &mut sb,
                 geometry,
@@ -828,7 +828,7 @@ fn open_journal(
         (Some(found), None) => found,
         (None, Some(dev)) => {
             let sb = new_journal_sb(best, meta, dev.as_ref())?;
-            crate::journal::write_empty_log(dev.as_ref(), &sb)
+            crate::policy::journal::write_empty_log(dev.as_ref(), &sb)
                 .and_then(|()| crate::members::write_superblock(&new_member(dev.clone(), &sb), &sb))
                 .map_err(|e| EngineError::Assemble {
                     member: dev.name().into(),
@@ -860,7 +860,7 @@ fn open_journal(
     };
     let member = new_member(dev, &sb);
     let sb_devflags = sb.devflags;
-    let journal = crate::journal::recover(
+    let journal = crate::policy::journal::recover(
         member.clone(),
         &mut sb,
         geometry,
@@ -884,7 +884,7 @@ fn open_journal(
 /// fields, the slot of the old journal (or a free one), an empty log.
 fn new_journal_sb(best: &Superblock, meta: &mut Meta, dev: &dyn Device) -> Result<Superblock> {
     let sectors = dev.len_bytes() / 512;
-    if sectors < best.data_offset + crate::journal::MIN_LOG_SECTORS {
+    if sectors < best.data_offset + crate::policy::journal::MIN_LOG_SECTORS {
         return Err(EngineError::Assemble {
             member: dev.name().into(),
             reason: format!("too small for a journal: {} bytes", dev.len_bytes()),
@@ -926,11 +926,11 @@ fn new_journal_sb(best: &Superblock, meta: &mut Meta, dev: &dyn Device) -> Resul
 /// The used-region map, if the members in sync carry one for this array: the union of their
 /// copies; a copy behind the superblocks (the array ran without it) counts as all used.
 fn load_used(best: &Superblock, geometry: &Geometry, slots: &[Slot]) -> Option<Arc<UsedRegions>> {
-    if !crate::used::supported(geometry) {
+    if !crate::policy::used::supported(geometry) {
         return None;
     }
     let base = format::used_map_offset_sectors(best) * 512;
-    let sync_bytes = crate::bitmap::sync_sectors(geometry) * 512;
+    let sync_bytes = crate::policy::bitmap::sync_sectors(geometry) * 512;
     let mut header: Option<format::UsedMapHeader> = None;
     let mut bits: Vec<u8> = Vec::new();
     for m in slots
@@ -938,7 +938,7 @@ fn load_used(best: &Superblock, geometry: &Geometry, slots: &[Slot]) -> Option<A
         .filter(|s| s.is_complete())
         .filter_map(|s| s.member())
     {
-        let Ok((h, b)) = crate::used::read_map(m.dev.as_ref(), base) else {
+        let Ok((h, b)) = crate::policy::used::read_map(m.dev.as_ref(), base) else {
             continue;
         };
         // Regions cover whole stripes (reads of unused ones are answered per region).
@@ -1002,7 +1002,7 @@ fn load_bitmap(
             ),
         });
     }
-    let want_sync = crate::bitmap::sync_sectors(geometry);
+    let want_sync = crate::policy::bitmap::sync_sectors(geometry);
     let mut header: Option<format::BitmapSuper> = None;
     let mut bits: Vec<u8> = Vec::new();
     let mut problems = Vec::new();
@@ -1011,7 +1011,7 @@ fn load_bitmap(
         .filter(|s| s.is_complete())
         .filter_map(|s| s.member())
     {
-        let (sb, b) = match crate::bitmap::read_bitmap(m.dev.as_ref()) {
+        let (sb, b) = match crate::policy::bitmap::read_bitmap(m.dev.as_ref()) {
             Ok(found) => found,
             Err(e) => {
                 problems.push(format!("{}: {e}", m.name()));

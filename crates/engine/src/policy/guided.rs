@@ -30,8 +30,8 @@
 //! and resyncs what it says; the guided flag lives in ironraid's used-region map header).
 
 use crate::array::Array;
+use crate::background::verify::VerifyReport;
 use crate::error::{EngineError, Result};
-use crate::verify::VerifyReport;
 use parking_lot::{Mutex, RwLock};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -198,7 +198,7 @@ impl Guidance {
         let mut v = self.verified.lock();
         let mut all = std::mem::take(&mut *v);
         all.push((from, to));
-        *v = crate::stripe_cache::merge(all);
+        *v = crate::personality::stripe_cache::merge(all);
     }
 
     pub fn status(&self, now: Duration) -> GuidanceStatus {
@@ -268,7 +268,9 @@ impl Array {
                 // Durable before the write goes out (the lock keeps other unguided writes
                 // waiting for it too).
                 if let Some(used) = &self.used {
-                    used.set_flag(self, format::USED_MAP_FLAG_UNGUIDED, true);
+                    if !self.is_read_only() {
+                        used.set_flag(&self.members, format::USED_MAP_FLAG_UNGUIDED, true);
+                    }
                 }
                 u.on_disk = true;
             }
@@ -322,7 +324,9 @@ impl Array {
             && !self.sync.unsynced.load(Ordering::Acquire)
         {
             if let Some(used) = &self.used {
-                used.set_flag(self, format::USED_MAP_FLAG_UNGUIDED, false);
+                if !self.is_read_only() {
+                    used.set_flag(&self.members, format::USED_MAP_FLAG_UNGUIDED, false);
+                }
             }
             u.on_disk = false;
         }
@@ -424,7 +428,7 @@ impl Array {
                 guide: guide.to_string(),
             };
             *g.ended.lock() = Some(self.guidance_now());
-            let total = self.sync_total(crate::sync::SyncAction::Resync);
+            let total = self.sync_total(crate::background::SyncAction::Resync);
             self.policy.resynced(0, total);
             st.resync_from = None;
             self.sync.unsynced.store(false, Ordering::Release);
@@ -461,7 +465,9 @@ impl Array {
             .as_ref()
             .is_some_and(|g| matches!(*g.state.lock(), State::FellBack { .. }));
         if let (true, Some(u)) = (fell_back, &self.used) {
-            u.set_flag(self, format::USED_MAP_FLAG_RESYNC_OWED, true);
+            if !self.is_read_only() {
+                u.set_flag(&self.members, format::USED_MAP_FLAG_RESYNC_OWED, true);
+            }
         }
     }
 
@@ -549,7 +555,9 @@ impl Array {
             }
         }
         if let Some(u) = &self.used {
-            u.set_flag(self, format::USED_MAP_FLAG_RESYNC_OWED, false);
+            if !self.is_read_only() {
+                u.set_flag(&self.members, format::USED_MAP_FLAG_RESYNC_OWED, false);
+            }
         }
     }
 

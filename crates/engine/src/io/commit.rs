@@ -19,7 +19,7 @@
 use crate::array::Array;
 use crate::error::{EngineError, Result};
 use crate::io::{IoKind, IoOutcome, MemberIo};
-use crate::journal::StripeImage;
+use crate::policy::journal::StripeImage;
 use std::sync::atomic::Ordering;
 
 /// What a group of member writes is for.
@@ -125,7 +125,7 @@ impl Array {
             // Data goes into these regions: the map says so first. (A rebuild fills what is
             // used already; a release is what makes regions unused.)
             if !matches!(set.kind, WriteKind::Rebuild | WriteKind::Release) {
-                used.ensure_used(self, set.offset_bytes, set.len_bytes)?;
+                used.ensure_used(&self.members, set.offset_bytes, set.len_bytes)?;
             }
         }
         let ticket = self.policy.before_writes(self, set, image)?;

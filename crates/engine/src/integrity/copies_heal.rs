@@ -21,11 +21,11 @@
 //! and the rewrites.
 
 use crate::array::Array;
-use crate::bufpool::PoolBuf;
-use crate::commit::WriteSet;
 use crate::error::Result;
-use crate::heal::Heal;
+use crate::integrity::heal::Heal;
 use crate::integrity::BlockKind;
+use crate::io::bufpool::PoolBuf;
+use crate::io::commit::WriteSet;
 use crate::io::IoOutcome;
 use layout::Loc;
 

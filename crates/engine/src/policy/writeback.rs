@@ -21,13 +21,13 @@
 //! array writes through.
 
 use crate::array::Array;
-use crate::bufpool::PoolBuf;
-use crate::commit::WriteSet;
 use crate::error::Result;
+use crate::io::bufpool::PoolBuf;
+use crate::io::commit::WriteSet;
 use crate::io::MemberIo;
-use crate::journal::{CachedRow, StripeImage};
-use crate::stripe::{Torn, WritePlan};
-use crate::stripe_cache::{merge, Piece};
+use crate::personality::raid456::{Torn, WritePlan};
+use crate::personality::stripe_cache::{merge, Piece};
+use crate::policy::journal::{CachedRow, StripeImage};
 use device::AlignedBuf;
 use layout::StripeRoles;
 use std::collections::BTreeSet;

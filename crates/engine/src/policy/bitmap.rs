@@ -3,7 +3,7 @@
 //!
 //! Coordinates are md's "sync" coordinates: bytes of each member's data area for RAID1/4/5/6,
 //! array bytes for RAID10 (reference §5.1, `sync_size`). They are the coordinates the commit
-//! point's [`WriteSet`](crate::commit::WriteSet)s and the resync walk already use.
+//! point's [`WriteSet`](crate::io::commit::WriteSet)s and the resync walk already use.
 //!
 //! # In memory
 //! One `AtomicU32` per chunk: the writes in flight on it, how many clean-up passes found it
@@ -34,8 +34,8 @@
 use crate::array::Array;
 use crate::error::Result;
 use crate::lock::LockRange;
-use crate::members::Member;
-use crate::paged::{PagedCopy, WriteFailures};
+use crate::members::paged::{PagedCopy, WriteFailures};
+use crate::members::{Member, MemberSet};
 use device::{AlignedBuf, Device};
 use format::{
     bit_is_set, BitmapSuper, BITMAP_HEADER_BYTES, BITMAP_OFFSET_SECTORS, BITMAP_PAGE_BYTES,
@@ -161,7 +161,7 @@ impl WriteIntentBitmap {
 
     /// A write to `offset..offset+len` starts: its bits are durable on the members when this
     /// returns. Every successful call is paired with one [`WriteIntentBitmap::end_write`].
-    pub(crate) fn start_write(&self, array: &Array, offset: u64, len: u64) -> Result<()> {
+    pub(crate) fn start_write(&self, members: &MemberSet, offset: u64, len: u64) -> Result<()> {
         let mut new = Vec::new();
         for c in self.span(offset, len) {
             let prev = self.counters[c as usize]
@@ -179,10 +179,14 @@ impl WriteIntentBitmap {
         }
         if !self
             .copy
-            .commit_bits(array, BITMAP_HEADER_BYTES, new.iter().copied(), true)
+            .commit_bits(members, BITMAP_HEADER_BYTES, new.iter().copied(), true)
         {
             self.end_write(offset, len);
-            return Err(array.unrecoverable(offset, len, "cannot record the write-intent bitmap"));
+            return Err(members.unrecoverable(
+                offset,
+                len,
+                "cannot record the write-intent bitmap",
+            ));
         }
         for c in new {
             self.counters[c as usize].fetch_or(ON_DISK, Ordering::AcqRel);
@@ -192,8 +196,8 @@ impl WriteIntentBitmap {
 
     /// Every chunk needs resync, durably: all bits set on the members, and none clears before
     /// the resync passed it.
-    pub(crate) fn need_everything(&self, array: &Array) -> Result<()> {
-        self.start_write(array, 0, self.sync_bytes)?;
+    pub(crate) fn need_everything(&self, members: &MemberSet) -> Result<()> {
+        self.start_write(members, 0, self.sync_bytes)?;
         self.mark_needed(0, self.sync_bytes);
         self.end_write(0, self.sync_bytes);
         Ok(())
@@ -225,8 +229,9 @@ impl WriteIntentBitmap {
     }
 
     /// One clean-up pass: age idle chunks and clear the bits of those idle long enough.
-    /// `now`: clear every idle chunk at once (a clean stop, after its flush).
-    pub(crate) fn daemon_pass(&self, array: &Array, now: bool) {
+    /// `now`: clear every idle chunk at once (a clean stop, after its flush). `flush` makes
+    /// every write that ended durable (members and their integrity tables).
+    pub(crate) fn daemon_pass(&self, members: &MemberSet, now: bool, flush: impl FnOnce()) {
         let mut ripe = false;
         for c in self.counters.iter() {
             let _ = c.fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
@@ -240,19 +245,19 @@ impl WriteIntentBitmap {
                 Some((w & !AGE_MASK) | ((age + 1) << AGE_SHIFT))
             });
         }
-        if !ripe || array.is_read_only() {
+        if !ripe {
             return;
         }
         if !now {
             // The writes of every ripe chunk ended before this pass began.
-            array.flush_members();
+            flush();
         }
         let failed = {
             let mut w = self.copy.writer();
-            if array.members.slots.iter().any(|s| !s.is_complete()) || array.is_failed() {
+            if members.slots.iter().any(|s| !s.is_complete()) || members.is_failed() {
                 return;
             }
-            let targets = array.members.role_members();
+            let targets = members.role_members();
             let mut failed = Vec::new();
             let behind = {
                 let sb = self.header.lock();
@@ -283,7 +288,7 @@ impl WriteIntentBitmap {
             }
             failed
         };
-        array.members.fail_metadata_writers(failed);
+        members.fail_metadata_writers(failed);
     }
 
     /// Bits set in the image (what `mdadm -X` would count as dirty).
@@ -412,8 +417,8 @@ impl Array {
     /// One clean-up pass of the write-intent bitmap (the daemon runs one every
     /// `daemon_sleep`; the deterministic simulation calls this instead).
     pub fn bitmap_pass(&self) {
-        if let Some(bm) = self.policy.bitmap() {
-            bm.daemon_pass(self, false);
+        if let Some(bm) = self.policy.bitmap().filter(|_| !self.is_read_only()) {
+            bm.daemon_pass(&self.members, false, || self.flush_members());
         }
     }
 
@@ -426,8 +431,8 @@ impl Array {
         let clock = self.sync.clock.clone();
         let mut last = clock.now();
         self.until_stopped(Duration::from_millis(100), || {
-            if clock.now().saturating_sub(last) >= bm.daemon_sleep {
-                bm.daemon_pass(self, false);
+            if clock.now().saturating_sub(last) >= bm.daemon_sleep && !self.is_read_only() {
+                bm.daemon_pass(&self.members, false, || self.flush_members());
                 last = clock.now();
             }
         });

@@ -10,18 +10,18 @@
 //! (md's PREFLUSH), so a checkpoint or "in sync" never covers rebuilt data that is not durable.
 
 use crate::array::Array;
-use crate::bufpool::PoolBuf;
-use crate::commit::WriteSet;
-use crate::heal::Heal;
+use crate::background::Stop;
+use crate::integrity::heal::Heal;
+use crate::io::bufpool::PoolBuf;
+use crate::io::commit::WriteSet;
 use crate::io::{IoKind, MemberIo};
 use crate::lock::LockRange;
 use crate::members::FULLY_IN_SYNC;
-use crate::stripe::Torn;
-use crate::sync::Stop;
+use crate::personality::raid456::Torn;
 use layout::Level;
 
 /// Rebuilds record what they cannot recover in pages of this many bytes.
-const PAGE: u64 = crate::badblocks::BAD_PAGE;
+const PAGE: u64 = crate::members::badblocks::BAD_PAGE;
 /// How often one window's sources are read again while members fail meanwhile.
 const MAX_SOURCE_TRIES: usize = 4;
 
@@ -440,7 +440,7 @@ impl Array {
         if !pos.is_multiple_of(step) {
             return None; // resumed mid-chunk (a checkpoint md wrote): the usual way first
         }
-        let limit = end.min(pos + crate::bitmap::SKIP_MAX_BYTES);
+        let limit = end.min(pos + crate::policy::bitmap::SKIP_MAX_BYTES);
         let spans = |upto: u64| {
             (pos..upto).step_by(step as usize).map(move |p| {
                 let len = step.min(end - p);

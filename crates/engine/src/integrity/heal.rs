@@ -21,10 +21,10 @@
 //! every client path write the rebuilt blocks back.
 
 use crate::array::Array;
-use crate::bufpool::PoolBuf;
-use crate::commit::WriteSet;
 use crate::error::Result;
 use crate::integrity::BlockKind;
+use crate::io::bufpool::PoolBuf;
+use crate::io::commit::WriteSet;
 use layout::{ChunkRole, StripeRoles};
 
 const PAGE: usize = format::RECORD_BLOCK;

@@ -10,8 +10,7 @@
 //! Lock order: the writer lock, then the image lock. Nothing holding either takes the array's
 //! metadata lock; failed member writes are returned for the caller to act on afterwards.
 
-use crate::array::Array;
-use crate::members::Member;
+use crate::members::{Member, MemberSet};
 use device::AlignedBuf;
 use parking_lot::{Mutex, MutexGuard};
 use std::io;
@@ -116,11 +115,11 @@ impl PagedCopy {
     }
 
     /// Set (or clear) `bits` of the bit array at byte `base` and make that durable on every
-    /// member in a role of `array`; members the write fails on are failed. False if the
+    /// member in a role; members the write fails on are failed. False if the
     /// array has failed.
     pub fn commit_bits(
         &self,
-        array: &Array,
+        members: &MemberSet,
         base: usize,
         bits: impl IntoIterator<Item = u64>,
         on: bool,
@@ -131,9 +130,9 @@ impl PagedCopy {
             }
             pages.bump()
         });
-        let failed = self.write_through(&array.members.role_members(), gen);
-        array.members.fail_metadata_writers(failed);
-        !array.is_failed()
+        let failed = self.write_through(&members.role_members(), gen);
+        members.fail_metadata_writers(failed);
+        !members.is_failed()
     }
 
     /// Make every change up to `gen` durable on `targets`, unless a write-out did already.

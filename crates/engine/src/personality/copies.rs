@@ -11,8 +11,8 @@
 //! take no lock.
 
 use crate::array::Array;
-use crate::commit::WriteSet;
 use crate::error::Result;
+use crate::io::commit::WriteSet;
 use crate::io::IoOutcome;
 use crate::lock::REGION_BYTES;
 use layout::Level;
@@ -150,7 +150,7 @@ impl Array {
     /// (`unread`: piece, role, member byte) that fail again are recorded as bad blocks there
     /// (see `badblocks`), so they read EIO until written rather than being asked again.
     fn record_unreadable_copies(&self, p: &Piece, i: usize, unread: &[(usize, usize, u64)]) {
-        let page = crate::badblocks::BAD_PAGE;
+        let page = crate::members::badblocks::BAD_PAGE;
         for &(_, role, dev_off) in unread.iter().filter(|u| u.0 == i) {
             let (a, b) = (
                 dev_off / page * page,

@@ -319,7 +319,7 @@ impl Array {
         role: usize,
         off: u64,
         bytes: &[u8],
-        set: crate::commit::WriteSet,
+        set: crate::io::commit::WriteSet,
     ) {
         let Some(member) = self
             .members

@@ -13,12 +13,19 @@
 //! so a crash costs a full resync (from the checkpoint a clean stop recorded, if any). The
 //! write-intent bitmap, the journal and guided resync implement the same trait.
 
+pub(crate) mod bitmap;
+pub(crate) mod guided;
+pub(crate) mod journal;
+pub(crate) mod journal_fail;
+pub(crate) mod used;
+pub(crate) mod writeback;
+
 use crate::array::Array;
-use crate::bitmap::WriteIntentBitmap;
-use crate::commit::{WriteKind, WriteSet};
 use crate::error::Result;
-use crate::journal::{Journal, StripeImage};
+use crate::io::commit::{WriteKind, WriteSet};
 use crate::members::Meta;
+use crate::policy::bitmap::WriteIntentBitmap;
+use crate::policy::journal::{Journal, StripeImage};
 use format::MAX_SECTOR;
 use std::sync::Arc;
 
@@ -155,7 +162,7 @@ impl ConsistencyPolicy for BitmapPolicy {
             return Ok(None);
         }
         self.bitmap
-            .start_write(array, set.offset_bytes, set.len_bytes)?;
+            .start_write(&array.members, set.offset_bytes, set.len_bytes)?;
         Ok(None)
     }
 

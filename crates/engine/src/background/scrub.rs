@@ -3,12 +3,12 @@
 //! first copy over the others. Works in the same claimed windows as recovery.
 
 use crate::array::Array;
-use crate::bufpool::PoolBuf;
-use crate::commit::WriteSet;
-use crate::heal::Heal;
+use crate::background::rebuild::row_pieces;
+use crate::background::{Stop, SyncAction};
+use crate::integrity::heal::Heal;
+use crate::io::bufpool::PoolBuf;
+use crate::io::commit::WriteSet;
 use crate::lock::LockRange;
-use crate::rebuild::row_pieces;
-use crate::sync::{Stop, SyncAction};
 
 impl Array {
     /// One window of a resync, check or repair at `pos` (per-member bytes; array bytes for
@@ -140,7 +140,7 @@ impl Array {
             Err(e) => {
                 // Some pages no copy can give: pass them page by page, as a rebuild does.
                 tracing::warn!(array = %self.name, offset = at, "scrub span not whole ({e}): page by page");
-                let page = crate::badblocks::BAD_PAGE;
+                let page = crate::members::badblocks::BAD_PAGE;
                 let mut bad = 0;
                 for off in (at..at + len).step_by(page as usize) {
                     bad += self

@@ -5,7 +5,7 @@
 //! X+2 (RAID6 also X+3), never on X, so a write X lost or sent elsewhere contradicts a record
 //! that another device kept.
 //!
-//! In memory the records live in table-block pages ([`crate::record_cache`]), within a budget:
+//! In memory the records live in table-block pages ([`crate::integrity::record_cache`]), within a budget:
 //! all of them, loaded at assembly, when they fit; otherwise each page is read from the newest
 //! valid copy of its table block when first needed. They change in two places only:
 //! * a member write ([`Integrity::begin_write`] before it goes out, [`Integrity::end_write`]
@@ -24,8 +24,12 @@
 //! whose other holders are missing or rebuilding) is written with FUA, so a cut never leaves
 //! it without a valid copy, which would lose the records of data flushed long before.
 
+pub(crate) mod copies_heal;
+pub(crate) mod heal;
+pub(crate) mod record_cache;
+
+use crate::integrity::record_cache::{CacheStats, Page, RecordCache};
 use crate::members::{Member, Slot};
-use crate::record_cache::{CacheStats, Page, RecordCache};
 use device::AlignedBuf;
 use format::{FormatError, TableBlock, Zone, RECORDS_PER_TABLE, RECORD_BLOCK};
 use parking_lot::Mutex;

@@ -12,7 +12,7 @@
 
 use crate::array::Array;
 use crate::error::Result;
-use crate::stripe_cache::Row;
+use crate::personality::stripe_cache::Row;
 use std::sync::Arc;
 
 /// A write announced to the stripes it will touch (parity levels; empty for the others and

@@ -23,14 +23,14 @@
 //! failure marks it faulty and the stripe stays recoverable through the remaining members.
 
 use crate::array::Array;
-use crate::bufpool::PoolBuf;
-use crate::commit::WriteSet;
 use crate::error::{EngineError, Result};
-use crate::heal::Heal;
-use crate::intent::WriteIntent;
+use crate::integrity::heal::Heal;
+use crate::io::bufpool::PoolBuf;
+use crate::io::commit::WriteSet;
 use crate::io::{IoOutcome, MemberIo};
-use crate::journal::StripeImage;
-use crate::stripe_cache::{covers_all, merge, BatchError, Completion, Piece, Row};
+use crate::personality::intent::WriteIntent;
+use crate::personality::stripe_cache::{covers_all, merge, BatchError, Completion, Piece, Row};
+use crate::policy::journal::StripeImage;
 use layout::{Level, StripeRoles};
 use std::sync::Arc;
 use std::time::Instant;
@@ -887,7 +887,9 @@ impl Array {
             return None;
         }
         let spare_parity = missing.len() < self.geometry.max_degraded();
-        for (row, r) in crate::rebuild::row_pieces(at, bufs[0].len() as u64, self.chunk_bytes()) {
+        for (row, r) in
+            crate::background::rebuild::row_pieces(at, bufs[0].len() as u64, self.chunk_bytes())
+        {
             if !self.row_exposed(row) {
                 continue;
             }
@@ -995,7 +997,7 @@ impl Array {
         let Some((mut bufs, missing, unread)) = self.read_present(at, len, heal)? else {
             return Ok(None);
         };
-        for (row, r) in crate::rebuild::row_pieces(at, len as u64, self.chunk_bytes()) {
+        for (row, r) in crate::background::rebuild::row_pieces(at, len as u64, self.chunk_bytes()) {
             let roles = self.geometry.stripe_roles(row);
             let slices = bufs.iter_mut().map(|b| &mut b[r.clone()]).collect();
             self.reconstruct(&roles, slices, &missing);
@@ -1246,7 +1248,7 @@ impl Interval<'_> {
 pub(crate) fn exposed_rows(
     geometry: &layout::Geometry,
     slots: &[crate::members::Slot],
-    bitmap: Option<&std::sync::Arc<crate::bitmap::WriteIntentBitmap>>,
+    bitmap: Option<&std::sync::Arc<crate::policy::bitmap::WriteIntentBitmap>>,
     resync_owed: bool,
 ) -> u64 {
     let degraded = geometry.level().is_parity() && slots.iter().any(|s| !s.is_complete());
@@ -1263,8 +1265,8 @@ pub(crate) fn exposed_rows(
 pub(crate) struct Exposure {
     pub geometry: layout::Geometry,
     pub slots: std::sync::Arc<Vec<crate::members::Slot>>,
-    pub bitmap: Option<std::sync::Arc<crate::bitmap::WriteIntentBitmap>>,
-    pub sync: std::sync::Arc<crate::sync::SyncControl>,
+    pub bitmap: Option<std::sync::Arc<crate::policy::bitmap::WriteIntentBitmap>>,
+    pub sync: std::sync::Arc<crate::background::SyncControl>,
 }
 
 impl crate::members::FailureWatch for Exposure {

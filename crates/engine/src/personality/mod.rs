@@ -1,0 +1,12 @@
+//! The md personalities' data paths: how a level reads, writes and reads degraded.
+//!
+//! `raid456`: RAID4/5/6, stripe by stripe through the stripe cache (`stripe_cache`), with the
+//! write plans (full stripe, read-modify-write, reconstruct-write) and degraded reads that
+//! rebuild from parity; `intent` and `gathered` are md's plugging on that path. `copies`: the
+//! levels whose sectors have one or more plain copies (linear, RAID0, RAID1, RAID10).
+
+pub(crate) mod copies;
+pub(crate) mod gathered;
+pub(crate) mod intent;
+pub(crate) mod raid456;
+pub(crate) mod stripe_cache;
