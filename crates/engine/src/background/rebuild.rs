@@ -266,7 +266,7 @@ impl Array {
     fn record_unrebuilt(&self, role: usize, lost: &[u64]) {
         for (at, len) in page_runs(lost) {
             if let Some(member) = self.members.slots[role].usable() {
-                self.record_bad_blocks(
+                self.members.record_bad_blocks(
                     role,
                     &member,
                     at,
@@ -292,7 +292,7 @@ impl Array {
             }
             for dev in std::iter::once(roles.p_dev()).chain(roles.q_dev()) {
                 if let Some(member) = self.members.slots[dev].usable() {
-                    self.record_bad_blocks(
+                    self.members.record_bad_blocks(
                         dev,
                         &member,
                         at + r.start as u64,

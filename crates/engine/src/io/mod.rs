@@ -398,3 +398,60 @@ impl Array {
         MemberIo::planned(role, member, offset_bytes, IoKind::Write(buf, fua))
     }
 }
+
+impl Array {
+    /// Write `bytes` (rebuilt from redundancy) back to `role` at `off` after its read failed
+    /// there, and read them again: md's "read error corrected". A member whose rewrite fails
+    /// is failed by the write path; one that reads back wrong or not at all is failed here.
+    /// `set`: what the write covers, as the commit point counts it (member bytes for parity
+    /// levels, array bytes for mirrors).
+    pub(crate) fn correct_read_error(
+        &self,
+        role: usize,
+        off: u64,
+        bytes: &[u8],
+        set: crate::io::commit::WriteSet,
+    ) {
+        let Some(member) = self
+            .members
+            .slot(role)
+            .in_sync_member(off, bytes.len() as u64)
+        else {
+            return;
+        };
+        if self.members.note_read_error(role, &member) || self.config.read_only {
+            return;
+        }
+        let mut io = [self.write_io(role, off, bytes, false)];
+        let wrote = self.commit_writes(&set, &mut io);
+        if wrote.is_err() || !io[0].ok() {
+            return;
+        }
+        drop(io);
+        let mut back = self.bufs.get(bytes.len());
+        let mut io = [self.read_io(role, off, &mut back)];
+        self.run_io(&mut io);
+        let ok = io[0].ok();
+        drop(io);
+        if ok && back[..] == *bytes {
+            member.health.note_corrected();
+            tracing::warn!(array = %self.name, member = %member.name(), role, offset = off,
+                "read error corrected");
+            self.members.events.emit(
+                "read_error_corrected",
+                &self.name,
+                Some(member.name()),
+                format!(
+                    "role {role}: data bytes {off}+{} rebuilt from redundancy and rewritten",
+                    bytes.len()
+                ),
+            );
+            return;
+        }
+        self.members.fail_role(
+            role,
+            Some(&member),
+            &format!("data byte {off}: a rewritten block after a read error reads back wrong"),
+        );
+    }
+}

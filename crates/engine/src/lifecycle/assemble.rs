@@ -617,8 +617,7 @@ fn build(
         events: best.events,
         resync_offset: best.resync_offset,
         roles,
-        bitmap: bitmap.clone(),
-        used: used.clone(),
+        recorders: recorders(bitmap.as_ref(), used.as_ref()),
     };
     let slots = Arc::new(slots);
     let integrity = load_integrity(&best, &geometry, &slots, opts.config.integrity_cache_bytes)?;
@@ -1071,4 +1070,20 @@ fn commit_at_assembly(meta: &mut Meta, name: &str) -> Result<()> {
     }
     tracing::info!(array = %name, events = meta.events, "role table recorded in every member's superblock");
     Ok(())
+}
+
+/// What records each new event count before the superblocks do, in md's order: the bitmap,
+/// then the used-region map.
+fn recorders(
+    bitmap: Option<&Arc<crate::policy::bitmap::WriteIntentBitmap>>,
+    used: Option<&Arc<crate::policy::used::UsedRegions>>,
+) -> Vec<Arc<dyn crate::members::EventRecorder>> {
+    let mut out: Vec<Arc<dyn crate::members::EventRecorder>> = Vec::new();
+    if let Some(b) = bitmap {
+        out.push(b.clone());
+    }
+    if let Some(u) = used {
+        out.push(u.clone());
+    }
+    out
 }

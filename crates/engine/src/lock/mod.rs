@@ -14,7 +14,6 @@
 
 mod regions;
 
-use crate::personality::stripe_cache::{Row, StripeCache};
 use parking_lot::MutexGuard;
 use regions::RegionLocks;
 pub(crate) use regions::REGION_BYTES;
@@ -46,38 +45,28 @@ pub(crate) trait RangeLock: Send + Sync {
     fn lock(&self, range: LockRange) -> RangeGuard<'_>;
 }
 
+/// Exclusive claims on parity stripes: the stripe cache's, the same a write batch or a
+/// degraded read takes.
+pub(crate) trait StripeClaims: Send + Sync {
+    /// Claim stripes `first..end` in ascending order; released when the guard drops.
+    fn claim_rows(&self, first: u64, end: u64) -> RangeGuard<'_>;
+}
+
 /// The locks of one host.
 pub(crate) struct LocalLocks {
     parity: bool,
     chunk_bytes: u64,
-    stripes: Arc<StripeCache>,
+    stripes: Arc<dyn StripeClaims>,
     regions: RegionLocks,
 }
 
 impl LocalLocks {
-    pub fn new(parity: bool, chunk_bytes: u64, stripes: Arc<StripeCache>) -> LocalLocks {
+    pub fn new(parity: bool, chunk_bytes: u64, stripes: Arc<dyn StripeClaims>) -> LocalLocks {
         LocalLocks {
             parity,
             chunk_bytes,
             stripes,
             regions: RegionLocks::new(),
-        }
-    }
-
-    /// Lock stripes `r0..r1` of a parity level.
-    pub fn lock_stripes(&self, r0: u64, r1: u64) -> StripeGuard<'_> {
-        assert!(self.parity, "stripes are parity rows");
-        let rows = (r0..r1)
-            .map(|row| {
-                let r = self.stripes.get(row);
-                drop(r.claim(r.st.lock()));
-                r
-            })
-            .collect();
-        StripeGuard {
-            stripes: &self.stripes,
-            first: r0,
-            rows,
         }
     }
 
@@ -91,28 +80,15 @@ impl LocalLocks {
 impl RangeLock for LocalLocks {
     fn lock(&self, range: LockRange) -> RangeGuard<'_> {
         match range {
-            LockRange::Stripes { first, end } => Box::new(self.lock_stripes(first, end)),
+            LockRange::Stripes { first, end } => {
+                assert!(self.parity, "stripes are parity rows");
+                self.stripes.claim_rows(first, end)
+            }
             LockRange::Array { at, len } => Box::new(self.lock_array_range(at, len)),
-            LockRange::Sync { at, len } if self.parity => Box::new(
-                self.lock_stripes(at / self.chunk_bytes, (at + len).div_ceil(self.chunk_bytes)),
-            ),
+            LockRange::Sync { at, len } if self.parity => self
+                .stripes
+                .claim_rows(at / self.chunk_bytes, (at + len).div_ceil(self.chunk_bytes)),
             LockRange::Sync { at, len } => Box::new(self.lock_array_range(at, len)),
-        }
-    }
-}
-
-/// Claimed stripes, released (and their cache entries put back) on drop.
-pub(crate) struct StripeGuard<'a> {
-    stripes: &'a StripeCache,
-    first: u64,
-    rows: Vec<Arc<Row>>,
-}
-
-impl Drop for StripeGuard<'_> {
-    fn drop(&mut self) {
-        for (i, r) in std::mem::take(&mut self.rows).into_iter().enumerate() {
-            r.release();
-            self.stripes.put(self.first + i as u64);
         }
     }
 }

@@ -2,7 +2,7 @@
 //! recovered recorded in md's bad-block log on the member that lacks it.
 //!
 //! A member read that fails with an I/O error does not fail the member (see `io`): the read ends
-//! [`crate::io::IoOutcome::ReadError`] and the caller treats the member as missing over the
+//! `ReadError` (see `io`) and the caller treats the member as missing over the
 //! range. Where the level's redundancy still covers the range, the block is rebuilt, served, and
 //! written back to the member and read again ("read error corrected", md's `fix_read_error`):
 //! a drive remaps a sector when it is written. The member is failed only when
@@ -28,13 +28,10 @@
 //! Locking: a member's list and its log page change under the member's own mutex, so log
 //! writes never interleave; the array's metadata lock is taken after it, never before.
 
-use crate::array::Array;
-use crate::members::Member;
 use device::{AlignedBuf, Device};
 use format::BadRange;
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
 
 /// md's default `max_read_errors`: a member is failed once more read errors than this were
 /// seen on it (corrected or not).
@@ -159,7 +156,7 @@ impl Health {
     }
 
     /// Count one unreadable block; true once the member has had more than the limit.
-    fn note_read_error(&self) -> bool {
+    pub(crate) fn note_read_error(&self) -> bool {
         self.read_errors.fetch_add(1, Ordering::Relaxed) + 1 > MAX_READ_ERRORS
     }
 
@@ -260,107 +257,4 @@ fn write_log(
     let bytes = format::encode_bad_blocks(&abs, log.shift, log.len_bytes)
         .ok_or_else(|| std::io::Error::other("bad-block log full"))?;
     dev.write_at(&AlignedBuf::copy_from(&bytes), log.at_bytes, fua)
-}
-
-impl Array {
-    /// Count one unreadable block of `member` (filling `role`); past [`MAX_READ_ERRORS`] the
-    /// member is failed (returns true), as md fails a member past `max_read_errors`.
-    pub(crate) fn note_read_error(&self, role: usize, member: &Arc<Member>) -> bool {
-        if !member.health.note_read_error() {
-            return false;
-        }
-        self.members.fail_role(
-            role,
-            Some(member),
-            &format!("more than {MAX_READ_ERRORS} read errors"),
-        );
-        true
-    }
-
-    /// Record data-area bytes `off..off + len` of `member` (filling `role`) as bad blocks: the
-    /// member lacks what belongs there. Durable (log, then the superblock's BAD_BLOCKS bit)
-    /// before this returns. A member that cannot record it is failed instead.
-    pub(crate) fn record_bad_blocks(
-        &self,
-        role: usize,
-        member: &Arc<Member>,
-        off: u64,
-        len: u64,
-        why: &str,
-    ) {
-        match member.health.record(member.dev.as_ref(), off, len) {
-            Ok(false) => {}
-            Ok(true) => {
-                tracing::error!(array = %self.name, member = %member.name(), role, offset = off,
-                    len, "recorded as bad blocks: {why}");
-                self.members.commit(self.members.meta.lock());
-                self.members.events.emit(
-                    "bad_blocks_recorded",
-                    &self.name,
-                    Some(member.name()),
-                    format!("role {role}: data bytes {off}+{len} recorded bad: {why}"),
-                );
-            }
-            Err(e) => self.members.fail_role(
-                role,
-                Some(member),
-                &format!("cannot record bad blocks at data byte {off} ({why}): {e}"),
-            ),
-        }
-    }
-
-    /// Write `bytes` (rebuilt from redundancy) back to `role` at `off` after its read failed
-    /// there, and read them again: md's "read error corrected". A member whose rewrite fails
-    /// is failed by the write path; one that reads back wrong or not at all is failed here.
-    /// `set`: what the write covers, as the commit point counts it (member bytes for parity
-    /// levels, array bytes for mirrors).
-    pub(crate) fn correct_read_error(
-        &self,
-        role: usize,
-        off: u64,
-        bytes: &[u8],
-        set: crate::io::commit::WriteSet,
-    ) {
-        let Some(member) = self
-            .members
-            .slot(role)
-            .in_sync_member(off, bytes.len() as u64)
-        else {
-            return;
-        };
-        if self.note_read_error(role, &member) || self.config.read_only {
-            return;
-        }
-        let mut io = [self.write_io(role, off, bytes, false)];
-        let wrote = self.commit_writes(&set, &mut io);
-        if wrote.is_err() || !io[0].ok() {
-            return;
-        }
-        drop(io);
-        let mut back = self.bufs.get(bytes.len());
-        let mut io = [self.read_io(role, off, &mut back)];
-        self.run_io(&mut io);
-        let ok = io[0].ok();
-        drop(io);
-        if ok && back[..] == *bytes {
-            member.health.note_corrected();
-            tracing::warn!(array = %self.name, member = %member.name(), role, offset = off,
-                "read error corrected");
-            self.members.events.emit(
-                "read_error_corrected",
-                &self.name,
-                Some(member.name()),
-                format!(
-                    "role {role}: data bytes {off}+{} rebuilt from redundancy and rewritten",
-                    bytes.len()
-                ),
-            );
-            return;
-        }
-        self.members.fail_role(
-            role,
-            Some(&member),
-            &format!("data byte {off}: a rewritten block after a read error reads back wrong"),
-        );
-    }
 }

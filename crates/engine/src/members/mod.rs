@@ -14,7 +14,6 @@
 //!   lock) before they are acknowledged ([`MemberSet::wait_failures_durable`]).
 
 pub(crate) mod badblocks;
-mod manage;
 pub(crate) mod paged;
 
 mod member;
@@ -22,11 +21,12 @@ mod superblocks;
 
 pub use member::{Member, Slot, FULLY_IN_SYNC};
 pub use superblocks::read_superblock;
-pub(crate) use superblocks::{now_secs, write_superblock, MemberSb, Meta};
+pub(crate) use superblocks::{now_secs, write_superblock, EventRecorder, MemberSb, Meta};
 
 use crate::cluster::Coordinator;
 use crate::error::EngineError;
 use crate::events::EventBus;
+use badblocks::MAX_READ_ERRORS;
 use format::ROLE_FAULTY;
 use layout::Geometry;
 use parking_lot::{Mutex, MutexGuard};
@@ -320,5 +320,51 @@ impl MemberSet {
             Some(member.name()),
             format!("{why}; writes are refused, reads go on"),
         );
+    }
+
+    /// Count one unreadable block of `member` (filling `role`); past [`MAX_READ_ERRORS`] the
+    /// member is failed (returns true), as md fails a member past `max_read_errors`.
+    pub fn note_read_error(&self, role: usize, member: &Arc<Member>) -> bool {
+        if !member.health.note_read_error() {
+            return false;
+        }
+        self.fail_role(
+            role,
+            Some(member),
+            &format!("more than {MAX_READ_ERRORS} read errors"),
+        );
+        true
+    }
+
+    /// Record data-area bytes `off..off + len` of `member` (filling `role`) as bad blocks: the
+    /// member lacks what belongs there. Durable (log, then the superblock's BAD_BLOCKS bit)
+    /// before this returns. A member that cannot record it is failed instead.
+    pub fn record_bad_blocks(
+        &self,
+        role: usize,
+        member: &Arc<Member>,
+        off: u64,
+        len: u64,
+        why: &str,
+    ) {
+        match member.health.record(member.dev.as_ref(), off, len) {
+            Ok(false) => {}
+            Ok(true) => {
+                tracing::error!(array = %self.name, member = %member.name(), role, offset = off,
+                    len, "recorded as bad blocks: {why}");
+                self.commit(self.meta.lock());
+                self.events.emit(
+                    "bad_blocks_recorded",
+                    &self.name,
+                    Some(member.name()),
+                    format!("role {role}: data bytes {off}+{len} recorded bad: {why}"),
+                );
+            }
+            Err(e) => self.fail_role(
+                role,
+                Some(member),
+                &format!("cannot record bad blocks at data byte {off} ({why}): {e}"),
+            ),
+        }
     }
 }

@@ -15,7 +15,6 @@
 //! allowed: md accepts any member whose count is within one of the freshest).
 
 use crate::members::Member;
-use crate::policy::bitmap::WriteIntentBitmap;
 use device::AlignedBuf;
 use format::{Superblock, SB_BYTES, SB_OFFSET_SECTORS};
 use std::io;
@@ -37,10 +36,23 @@ pub(crate) struct Meta {
     pub events: u64,
     pub resync_offset: u64,
     pub roles: Vec<u16>,
-    /// The write-intent bitmap, whose header records each new event count first.
-    pub bitmap: Option<Arc<WriteIntentBitmap>>,
-    /// The used-region map, whose header does too.
-    pub used: Option<Arc<crate::policy::used::UsedRegions>>,
+    /// Replicated metadata whose headers record each new event count first (the
+    /// write-intent bitmap, then the used-region map).
+    pub recorders: Vec<Arc<dyn EventRecorder>>,
+}
+
+/// Metadata replicated on the members whose header carries the superblocks' event count, and
+/// must carry the new one before any superblock does: md's rule for its bitmap (a bitmap whose
+/// events are behind the superblocks' is stale and costs a full resync).
+pub(crate) trait EventRecorder: Send + Sync {
+    /// Record `events` (and the superblocks' `utime`) durably on `members`; returns the
+    /// members the write failed on.
+    fn record_events(
+        &self,
+        events: u64,
+        utime: u64,
+        members: &[Arc<Member>],
+    ) -> crate::members::paged::WriteFailures;
 }
 
 pub(crate) fn now_secs() -> u64 {
@@ -73,21 +85,15 @@ impl Meta {
         }
         self.events += 1;
         let events = self.events;
-        if self.bitmap.is_some() || self.used.is_some() {
-            // md writes the bitmap header before the superblocks: a bitmap whose events are
-            // behind the superblocks' is stale and costs a full resync. Our used-region map
-            // follows the same rule.
+        if !self.recorders.is_empty() {
             let targets: Vec<Arc<Member>> = self
                 .members
                 .iter()
                 .filter(|m| m.writable && !failed.iter().any(|(f, _)| Arc::ptr_eq(f, &m.member)))
                 .map(|m| m.member.clone())
                 .collect();
-            if let Some(bm) = &self.bitmap {
-                failed.extend(bm.record_events(events, &targets));
-            }
-            if let Some(used) = &self.used {
-                failed.extend(used.record_events(events, utime, &targets));
+            for r in &self.recorders {
+                failed.extend(r.record_events(events, utime, &targets));
             }
         }
         for m in self.members.iter_mut().filter(|m| m.writable) {

@@ -163,9 +163,12 @@ impl Array {
                 let mut buf = self.bufs.get(page as usize);
                 let mut io = [self.read_io(role, off, &mut buf)];
                 self.run_io(&mut io);
-                if io[0].outcome == IoOutcome::ReadError && !self.note_read_error(role, &member) {
+                if io[0].outcome == IoOutcome::ReadError
+                    && !self.members.note_read_error(role, &member)
+                {
                     let why = "unreadable, and no other copy holds it";
-                    self.record_bad_blocks(role, &member, off, page, why);
+                    self.members
+                        .record_bad_blocks(role, &member, off, page, why);
                 }
             }
         }

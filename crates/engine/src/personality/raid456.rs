@@ -1119,10 +1119,10 @@ impl Array {
             for &dev in failed {
                 if let Some(m) = self.members.slot(dev).in_sync_member(off, PAGE) {
                     // Recorded already: a known bad block, not a new read error.
-                    if m.health.covers(off, PAGE) || self.note_read_error(dev, &m) {
+                    if m.health.covers(off, PAGE) || self.members.note_read_error(dev, &m) {
                         continue;
                     }
-                    self.record_bad_blocks(
+                    self.members.record_bad_blocks(
                         dev,
                         &m,
                         off,

@@ -211,15 +211,6 @@ impl WriteIntentBitmap {
         }
     }
 
-    /// The superblocks are about to record `events`: the bitmap header records them first (a
-    /// bitmap behind the superblocks is stale, md resyncs everything). Called by the
-    /// superblock commit with the metadata lock held, for the members it writes.
-    pub(crate) fn record_events(&self, events: u64, members: &[Arc<Member>]) -> WriteFailures {
-        let mut w = self.copy.writer();
-        self.put_header(|sb| sb.events = events);
-        self.copy.write_out(members, &mut w)
-    }
-
     /// Change the header and put it into the image.
     fn put_header(&self, f: impl FnOnce(&mut BitmapSuper)) {
         let mut sb = self.header.lock();
@@ -364,6 +355,16 @@ impl WriteIntentBitmap {
         for c in self.span(offset, len) {
             self.counters[c as usize].fetch_or(NEEDED, Ordering::AcqRel);
         }
+    }
+}
+
+impl crate::members::EventRecorder for WriteIntentBitmap {
+    /// Called by the superblock commit with the metadata lock held, for the members it
+    /// writes (md has no utime in its bitmap header).
+    fn record_events(&self, events: u64, _utime: u64, members: &[Arc<Member>]) -> WriteFailures {
+        let mut w = self.copy.writer();
+        self.put_header(|sb| sb.events = events);
+        self.copy.write_out(members, &mut w)
     }
 }
 

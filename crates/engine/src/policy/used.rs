@@ -249,15 +249,11 @@ impl UsedRegions {
         };
         members.fail_metadata_writers(failed);
     }
+}
 
-    /// The superblocks are about to record `events` with `utime`: the map's header records
-    /// both first.
-    pub(crate) fn record_events(
-        &self,
-        events: u64,
-        utime: u64,
-        members: &[Arc<Member>],
-    ) -> WriteFailures {
+impl crate::members::EventRecorder for UsedRegions {
+    /// The map's header records both the events and the superblocks' utime.
+    fn record_events(&self, events: u64, utime: u64, members: &[Arc<Member>]) -> WriteFailures {
         let mut w = self.copy.writer();
         let head = {
             let mut h = self.header.lock();

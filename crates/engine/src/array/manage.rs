@@ -1,5 +1,5 @@
 //! Member management on a running array: `add` (a new spare) and `remove` (a faulty member or
-//! a spare). `fail` lives with the failure path in `array.rs`.
+//! a spare). `fail` lives with the failure path in the member set (`members/`).
 //!
 //! Every change is a superblock update on all members (events bump), so a restart at any moment
 //! assembles the same array with the same trust in each member.

@@ -7,6 +7,8 @@
 //!   and only then records "clean".
 //! * the stripe cache (parity levels) and region locks (mirrors) serialise writers per stripe.
 
+mod manage;
+
 use crate::background::SyncControl;
 use crate::clock::{Clock, SystemClock};
 use crate::error::{EngineError, Result};
