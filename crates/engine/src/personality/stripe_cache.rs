@@ -323,6 +323,39 @@ pub(crate) fn covers_all(pending: &[Piece], data_disks: usize) -> bool {
     })
 }
 
+impl crate::lock::StripeClaims for StripeCache {
+    fn claim_rows(&self, first: u64, end: u64) -> crate::lock::RangeGuard<'_> {
+        let rows = (first..end)
+            .map(|row| {
+                let r = self.get(row);
+                drop(r.claim(r.st.lock()));
+                r
+            })
+            .collect();
+        Box::new(StripeGuard {
+            stripes: self,
+            first,
+            rows,
+        })
+    }
+}
+
+/// Claimed stripes, released (and their cache entries put back) on drop.
+struct StripeGuard<'a> {
+    stripes: &'a StripeCache,
+    first: u64,
+    rows: Vec<Arc<Row>>,
+}
+
+impl Drop for StripeGuard<'_> {
+    fn drop(&mut self) {
+        for (i, r) in std::mem::take(&mut self.rows).into_iter().enumerate() {
+            r.release();
+            self.stripes.put(self.first + i as u64);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -358,38 +391,5 @@ mod tests {
         assert!(covers_all(&p, 3));
         let p = vec![piece(0, 0, 4096), piece(1, 512, 4096), piece(2, 0, 4096)];
         assert!(!covers_all(&p, 3));
-    }
-}
-
-impl crate::lock::StripeClaims for StripeCache {
-    fn claim_rows(&self, first: u64, end: u64) -> crate::lock::RangeGuard<'_> {
-        let rows = (first..end)
-            .map(|row| {
-                let r = self.get(row);
-                drop(r.claim(r.st.lock()));
-                r
-            })
-            .collect();
-        Box::new(StripeGuard {
-            stripes: self,
-            first,
-            rows,
-        })
-    }
-}
-
-/// Claimed stripes, released (and their cache entries put back) on drop.
-struct StripeGuard<'a> {
-    stripes: &'a StripeCache,
-    first: u64,
-    rows: Vec<Arc<Row>>,
-}
-
-impl Drop for StripeGuard<'_> {
-    fn drop(&mut self) {
-        for (i, r) in std::mem::take(&mut self.rows).into_iter().enumerate() {
-            r.release();
-            self.stripes.put(self.first + i as u64);
-        }
     }
 }
