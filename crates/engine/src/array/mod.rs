@@ -7,6 +7,7 @@
 //!   and only then records "clean".
 //! * the stripe cache (parity levels) and region locks (mirrors) serialise writers per stripe.
 
+mod bytes;
 mod manage;
 
 use crate::background::SyncControl;
@@ -116,6 +117,8 @@ pub struct Array {
     pub(crate) stripes: Arc<StripeCache>,
     /// Stripe claims and mirror region locks.
     pub(crate) locks: LocalLocks,
+    /// Partial-sector patches against every other write of their sector (`bytes.rs`).
+    pub(crate) sector_locks: crate::lock::sectors::SectorLocks,
     /// Which copy the next mirror read starts with (reads spread over the copies).
     pub(crate) next_copy: AtomicUsize,
     pub(crate) inflight_writes: AtomicUsize,
@@ -331,6 +334,7 @@ impl Array {
             guidance,
             stripes,
             locks,
+            sector_locks: crate::lock::sectors::SectorLocks::new(),
             next_copy: AtomicUsize::new(0),
             inflight_writes: AtomicUsize::new(0),
             sync,

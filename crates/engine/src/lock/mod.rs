@@ -13,6 +13,7 @@
 //! drop.
 
 mod regions;
+pub(crate) mod sectors;
 
 use parking_lot::MutexGuard;
 use regions::RegionLocks;

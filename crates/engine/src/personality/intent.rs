@@ -57,6 +57,11 @@ impl Array {
 }
 
 impl WriteIntent {
+    /// Where the announced write starts (array bytes).
+    pub(crate) fn offset_bytes(&self) -> u64 {
+        self.offset_bytes
+    }
+
     /// Hand the announced rows to the write of `len` bytes at `offset_bytes` on `array`.
     pub(crate) fn take_rows(
         mut self,
