@@ -5,6 +5,8 @@
 //! superblocks. The engine sees members only through `device::Device`. Frontends (NBD, CLI) call
 //! [`Array`]'s methods from as many threads as they like.
 
+#![warn(clippy::too_many_lines)]
+
 mod array;
 mod assemble;
 mod badblocks;
