@@ -897,39 +897,19 @@ pub(crate) fn recover(
         torn_units: scan.torn,
         ..Replayed::default()
     };
-    let (next_start, next_seq) = match scan.units.last() {
-        Some(u) => (
-            (u.meta.position + u.meta.unit_sectors()) % log,
-            u.meta.seq + RECOVERY_SEQ_JUMP,
-        ),
-        None => {
-            tracing::warn!(journal = %member.name(), "no valid meta block at the journal tail: the log starts empty");
-            (0, u64::from(rand::random::<u32>()))
-        }
-    };
+    let (next_start, next_seq) = next_chain_start(&scan, log, &member);
     let mut chain = NewChain {
         units: VecDeque::new(),
         head: next_start,
         next_seq,
         next_start,
     };
-    let mut cache = WbCache::default();
-    let mut flush_reserve = 0;
+    let (mut cache, mut flush_reserve) = (WbCache::default(), 0);
     let mut failed = None;
     if read_only {
         // Nothing may be written, and nothing older than the log holds may be served: a start
         // that would need the replay is refused (md replays before it serves).
-        let plan = plan_replay(&scan, geometry);
-        let lacking =
-            lacking_pages(&plan, geometry, slots, integrity).map_err(|e| fail(e.to_string()))?;
-        if lacking > 0 {
-            return Err(fail(format!(
-                "its journal holds {lacking} pages of acknowledged writes that the members do \
-                 not hold yet, and a read-only start cannot replay them (it would serve the \
-                 older data): start the array once without --read-only (the log is replayed \
-                 onto the members), stop it, then start it read-only"
-            )));
-        }
+        refuse_read_only_replay(&scan, geometry, slots, integrity).map_err(fail)?;
     } else {
         let (pages, data_only) =
             replay(&scan, geometry, slots, integrity).map_err(|e| fail(e.to_string()))?;
@@ -946,30 +926,9 @@ pub(crate) fn recover(
                 member.name()
             ));
         }
-        for r in rows.values_mut() {
-            r.need = write_out_need(r.columns(), geometry);
-            flush_reserve += r.need;
-            cache.bytes += r.pages.len() * PAGE;
-        }
-        cache.rows = rows;
+        (cache, flush_reserve) = write_back_cache(rows, geometry);
     }
-    let NewChain {
-        mut units,
-        mut head,
-        ..
-    } = chain;
-    if units.is_empty() {
-        // The new chain's first block: the empty meta block (written by `start` unless
-        // read-only or failed).
-        units.push_back(Unit {
-            seq: next_seq,
-            start: next_start,
-            sectors: PAGE_SECTORS_U64,
-            logged: true,
-            home: true,
-        });
-        head = (next_start + PAGE_SECTORS_U64) % log;
-    }
+    let (units, head) = chain.into_units(log);
     replayed.millis = started.elapsed().as_millis() as u64;
     let next = units.back().expect("a unit").seq + 1;
     let st = LogState {
@@ -1002,6 +961,57 @@ pub(crate) fn recover(
     })
 }
 
+/// Where the new chain starts and its first sequence number: after the last unit found, or
+/// anywhere with a fresh sequence number when the log holds none.
+fn next_chain_start(scan: &Scan, log: u64, member: &Member) -> (u64, u64) {
+    match scan.units.last() {
+        Some(u) => (
+            (u.meta.position + u.meta.unit_sectors()) % log,
+            u.meta.seq + RECOVERY_SEQ_JUMP,
+        ),
+        None => {
+            tracing::warn!(journal = %member.name(), "no valid meta block at the journal tail: the log starts empty");
+            (0, u64::from(rand::random::<u32>()))
+        }
+    }
+}
+
+/// A read-only start may write nothing, and may serve nothing older than the log holds: it is
+/// refused when the members lack pages the replay would write (md replays before it serves).
+fn refuse_read_only_replay(
+    scan: &Scan,
+    geometry: &Geometry,
+    slots: &[Slot],
+    integrity: Option<&crate::integrity::Integrity>,
+) -> std::result::Result<(), String> {
+    let plan = plan_replay(scan, geometry);
+    let lacking = lacking_pages(&plan, geometry, slots, integrity).map_err(|e| e.to_string())?;
+    if lacking > 0 {
+        return Err(format!(
+            "its journal holds {lacking} pages of acknowledged writes that the members do \
+             not hold yet, and a read-only start cannot replay them (it would serve the \
+             older data): start the array once without --read-only (the log is replayed \
+             onto the members), stop it, then start it read-only"
+        ));
+    }
+    Ok(())
+}
+
+/// The write-back cache of the rows recovery found without parity, and the log space their
+/// write-outs need.
+fn write_back_cache(rows: BTreeMap<u64, CachedRow>, geometry: &Geometry) -> (WbCache, u64) {
+    let mut cache = WbCache::default();
+    let mut flush_reserve = 0;
+    let mut rows = rows;
+    for r in rows.values_mut() {
+        r.need = write_out_need(r.columns(), geometry);
+        flush_reserve += r.need;
+        cache.bytes += r.pages.len() * PAGE;
+    }
+    cache.rows = rows;
+    (cache, flush_reserve)
+}
+
 /// The data pages recovery found without parity, as cached rows (not logged yet).
 fn cached_rows_of(geometry: &Geometry, data_only: DataOnly) -> BTreeMap<u64, CachedRow> {
     let mut rows: BTreeMap<u64, CachedRow> = BTreeMap::new();
@@ -1027,6 +1037,30 @@ struct NewChain {
     head: u64,
     next_seq: u64,
     next_start: u64,
+}
+
+impl NewChain {
+    /// The new chain's units and head. A chain `start` did not write (read-only, or a failed
+    /// log) still begins with its empty meta block.
+    fn into_units(self, log: u64) -> (VecDeque<Unit>, u64) {
+        let NewChain {
+            mut units,
+            mut head,
+            next_seq,
+            next_start,
+        } = self;
+        if units.is_empty() {
+            units.push_back(Unit {
+                seq: next_seq,
+                start: next_start,
+                sectors: PAGE_SECTORS_U64,
+                logged: true,
+                home: true,
+            });
+            head = (next_start + PAGE_SECTORS_U64) % log;
+        }
+        (units, head)
+    }
 }
 
 impl NewChain {
