@@ -321,7 +321,11 @@ fn plan_superblocks(
         integrity: spec.integrity,
         bm_space_device_sectors: Some(sizes.smallest_sectors),
     };
-    assert_eq!(identity.device_uuids.len(), all.len(), "one UUID per device");
+    assert_eq!(
+        identity.device_uuids.len(),
+        all.len(),
+        "one UUID per device"
+    );
     all.iter()
         .enumerate()
         .map(|(i, dev)| {

@@ -158,7 +158,10 @@ impl Array {
             return None;
         }
         let chunk = self.geometry.chunk_sectors() * 512;
-        let found = bad.iter().map(|&dev| bufs[dev][r.clone()].to_vec()).collect();
+        let found = bad
+            .iter()
+            .map(|&dev| bufs[dev][r.clone()].to_vec())
+            .collect();
         Some(FailedPage {
             pg,
             off,
