@@ -248,22 +248,25 @@ pub(crate) struct ArrayParts {
     pub unguided: bool,
 }
 
+/// Member I/O on threads, or, in a seeded simulation, in an order the seed decides.
+fn new_executor(config: &ArrayConfig) -> Result<Executor> {
+    Ok(match config.deterministic_seed {
+        Some(seed) => Executor::Deterministic(Box::new(parking_lot::Mutex::new(
+            <rand_chacha::ChaCha8Rng as rand::SeedableRng>::seed_from_u64(seed),
+        ))),
+        None => Executor::Threads(
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(config.io_threads.max(2))
+                .thread_name(|i| format!("member-io-{i}"))
+                .build()
+                .map_err(|e| EngineError::Unsupported(format!("cannot start I/O threads: {e}")))?,
+        ),
+    })
+}
+
 impl Array {
     pub(crate) fn from_parts(p: ArrayParts) -> Result<Array> {
-        let executor = match p.config.deterministic_seed {
-            Some(seed) => Executor::Deterministic(Box::new(parking_lot::Mutex::new(
-                <rand_chacha::ChaCha8Rng as rand::SeedableRng>::seed_from_u64(seed),
-            ))),
-            None => Executor::Threads(
-                rayon::ThreadPoolBuilder::new()
-                    .num_threads(p.config.io_threads.max(2))
-                    .thread_name(|i| format!("member-io-{i}"))
-                    .build()
-                    .map_err(|e| {
-                        EngineError::Unsupported(format!("cannot start I/O threads: {e}"))
-                    })?,
-            ),
-        };
+        let executor = new_executor(&p.config)?;
         let clock: Arc<dyn Clock> = p
             .config
             .clock
@@ -986,44 +989,11 @@ impl Array {
         // worker holds the sync state while it activates a spare, which takes `meta`).
         let sync = self.sync_status();
         let meta = self.meta.lock();
-        let mut members = Vec::new();
-        for m in &meta.members {
-            let role = self.role_of_member(m.member.dev_number);
-            let state = match role {
-                Some(r) if self.slots[r].is_complete() => MemberState::InSync,
-                Some(r) if !self.slots[r].is_faulty() => MemberState::Rebuilding,
-                Some(_) => MemberState::Faulty,
-                None if self
-                    .spares
-                    .lock()
-                    .iter()
-                    .any(|s| s.dev_number == m.member.dev_number) =>
-                {
-                    MemberState::Spare
-                }
-                None if self
-                    .policy
-                    .journal()
-                    .is_some_and(|j| Arc::ptr_eq(j.member(), &m.member)) =>
-                {
-                    match self.policy.journal().and_then(|j| j.failed()) {
-                        Some(_) => MemberState::Faulty,
-                        None => MemberState::Journal,
-                    }
-                }
-                None => MemberState::Faulty,
-            };
-            members.push(MemberStatus {
-                name: m.member.name().to_string(),
-                role: role.filter(|&r| !self.slots[r].is_faulty()),
-                state,
-                dev_number: m.member.dev_number,
-                read_errors: m.member.health.read_errors(),
-                read_errors_corrected: m.member.health.corrected(),
-                bad_sectors: m.member.health.bad_sectors(),
-                checksum_errors: m.member.health.checksum_errors(),
-            });
-        }
+        let members = meta
+            .members
+            .iter()
+            .map(|m| self.member_status(&m.member))
+            .collect();
         let g = &self.geometry;
         ArrayStatus {
             name: self.name.clone(),
@@ -1065,6 +1035,44 @@ impl Array {
                 regions: u.regions(),
                 used: u.used_regions(),
             }),
+        }
+    }
+
+    fn member_status(&self, member: &Arc<crate::member::Member>) -> MemberStatus {
+        let role = self.role_of_member(member.dev_number);
+        let state = match role {
+            Some(r) if self.slots[r].is_complete() => MemberState::InSync,
+            Some(r) if !self.slots[r].is_faulty() => MemberState::Rebuilding,
+            Some(_) => MemberState::Faulty,
+            None if self
+                .spares
+                .lock()
+                .iter()
+                .any(|s| s.dev_number == member.dev_number) =>
+            {
+                MemberState::Spare
+            }
+            None if self
+                .policy
+                .journal()
+                .is_some_and(|j| Arc::ptr_eq(j.member(), member)) =>
+            {
+                match self.policy.journal().and_then(|j| j.failed()) {
+                    Some(_) => MemberState::Faulty,
+                    None => MemberState::Journal,
+                }
+            }
+            None => MemberState::Faulty,
+        };
+        MemberStatus {
+            name: member.name().to_string(),
+            role: role.filter(|&r| !self.slots[r].is_faulty()),
+            state,
+            dev_number: member.dev_number,
+            read_errors: member.health.read_errors(),
+            read_errors_corrected: member.health.corrected(),
+            bad_sectors: member.health.bad_sectors(),
+            checksum_errors: member.health.checksum_errors(),
         }
     }
 }

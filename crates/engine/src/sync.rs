@@ -755,6 +755,16 @@ impl Array {
             self.guidance_resync_finished();
         }
         self.sync.cv.notify_all();
+        self.announce_finish(action, member, res, mismatches);
+    }
+
+    fn announce_finish(
+        &self,
+        action: SyncAction,
+        member: Option<&str>,
+        res: Result<(), Stop>,
+        mismatches: u64,
+    ) {
         match res {
             Ok(()) => {
                 self.events.emit(
