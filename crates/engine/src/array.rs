@@ -17,7 +17,7 @@
 //!   and only then records "clean".
 //! * the stripe cache (parity levels) and region locks (mirrors) serialise writers per stripe.
 
-use crate::clock::{Clock, SystemClock};
+use crate::clock::Clock;
 use crate::error::{EngineError, Result};
 use crate::events::{Event, EventBus};
 use crate::io::{Executor, IoPath};
@@ -32,7 +32,7 @@ use layout::{Geometry, Level};
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// md's `safe_mode_delay`: how long without member writes before the array is recorded clean.
 pub(crate) const SAFE_MODE_DELAY: Duration = Duration::from_millis(200);
@@ -267,11 +267,9 @@ fn new_executor(config: &ArrayConfig) -> Result<Executor> {
 impl Array {
     pub(crate) fn from_parts(p: ArrayParts) -> Result<Array> {
         let executor = new_executor(&p.config)?;
-        let clock: Arc<dyn Clock> = p
-            .config
-            .clock
-            .clone()
-            .unwrap_or_else(|| Arc::new(SystemClock::default()));
+        // Assembly put one clock in the metadata and the configuration.
+        let clock = p.meta.clock.clone();
+        let events = EventBus::new(clock.clone());
         let was_dirty = p.was_dirty;
         let never_run = p.never_run;
         let guidance = match (&p.bitmap, p.guided) {
@@ -328,7 +326,7 @@ impl Array {
             inflight_writes: AtomicUsize::new(0),
             spares: Mutex::new(p.spares),
             sync: SyncControl::new(resync_from, clock),
-            events: EventBus::default(),
+            events,
             bufs: crate::bufpool::BufPool::new(pool_bytes),
         };
         array.failed.store(
@@ -758,15 +756,16 @@ impl Array {
         self.stop_background();
         self.closing.store(true, Ordering::SeqCst);
         self.stripes.hurry_all();
-        let deadline = Instant::now() + CLOSE_DRAIN_TIMEOUT;
+        let clock = &self.sync.clock;
+        let deadline = clock.now() + CLOSE_DRAIN_TIMEOUT;
         while self.inflight_writes.load(Ordering::SeqCst) > 0 {
-            if Instant::now() > deadline {
+            if clock.now() > deadline {
                 return Err(EngineError::ReadOnly {
                     array: self.name.clone(),
                     reason: "writes still in flight at stop; left marked active".into(),
                 });
             }
-            std::thread::sleep(Duration::from_millis(1));
+            clock.sleep(Duration::from_millis(1));
         }
         if !self.config.read_only {
             // Write-back data goes home before the array is recorded clean.

@@ -33,6 +33,7 @@
 
 use crate::array::{Array, ArrayConfig, ArrayParts};
 use crate::bitmap::WriteIntentBitmap;
+use crate::clock::{new_uuid, SystemClock};
 use crate::error::{EngineError, Result};
 use crate::journal::Journal;
 use crate::member::{Member, Slot};
@@ -89,6 +90,11 @@ struct Placement {
 }
 
 pub fn assemble(devs: Vec<Arc<dyn Device>>, opts: AssembleOptions) -> Result<Array> {
+    let mut opts = opts;
+    // One clock from here on: what recovery stamps (journal row ages) the array compares.
+    opts.config
+        .clock
+        .get_or_insert_with(|| Arc::new(SystemClock::default()));
     let found = read_members(devs)?;
     let freshest = found
         .iter()
@@ -580,6 +586,7 @@ fn build(
         load_used(&best, &geometry, &slots)
     };
     let mut meta = Meta {
+        clock: opts.config.clock.clone().expect("assemble sets the clock"),
         members,
         events: best.events,
         resync_offset: best.resync_offset,
@@ -858,6 +865,7 @@ fn open_journal(
         disks.slots,
         read_only,
         disks.integrity,
+        meta.clock.as_ref(),
     )?;
     let r = journal.status().replayed;
     tracing::info!(array = %name, journal = %member.name(), units = r.units, torn = r.torn_units, pages = r.pages, data_only = r.data_only_pages, ms = r.millis, "journal recovered");
@@ -890,6 +898,7 @@ fn drop_journal(
             disks.slots,
             read_only,
             disks.integrity,
+            meta.clock.as_ref(),
         )?;
         if j.cache_bytes() > 0 {
             return Err(EngineError::Assemble {
@@ -929,7 +938,8 @@ fn start_journal(
     name: &str,
 ) -> Result<Superblock> {
     let sb = new_journal_sb(best, meta, dev.as_ref())?;
-    crate::journal::write_empty_log(dev.as_ref(), &sb)
+    let seq = crate::journal::new_log_seq(meta.clock.as_ref());
+    crate::journal::write_empty_log(dev.as_ref(), &sb, seq)
         .and_then(|()| crate::meta::write_superblock(&new_member(dev.clone(), &sb), &sb))
         .map_err(|e| EngineError::Assemble {
             member: dev.name().into(),
@@ -975,7 +985,7 @@ fn new_journal_sb(best: &Superblock, meta: &mut Meta, dev: &dyn Device) -> Resul
     let mut sb = best.clone();
     sb.dev_number = slot as u32;
     sb.max_dev = sb.max_dev.max(max_dev);
-    sb.device_uuid = *uuid::Uuid::new_v4().as_bytes();
+    sb.device_uuid = new_uuid(meta.clock.as_ref());
     sb.data_size = sectors - best.data_offset;
     sb.recovery_offset = 0;
     sb.feature_map &= !(format::feature::RECOVERY_OFFSET | format::feature::RECOVERY_BITMAP);

@@ -433,7 +433,7 @@ impl Array {
     /// threads: bitmap clean-up, journal write-out and reclaim).
     pub(crate) fn until_stopped(&self, period: Duration, mut tick: impl FnMut()) {
         while !self.sync.st.lock().stop {
-            std::thread::sleep(period);
+            self.sync.clock.park(period);
             tick();
         }
     }

@@ -10,9 +10,10 @@
 //! owner of superblock construction; this module decides the array-wide parameters and does
 //! the I/O.
 
+use crate::clock::{new_uuid, Clock, SystemClock};
 use crate::error::{EngineError, Result};
 use crate::member::Member;
-use crate::meta::{now_secs, read_superblock, write_superblock};
+use crate::meta::{read_superblock, write_superblock};
 use device::{AlignedBuf, Device};
 use format::{BitmapSuper, CreateParams, Superblock, ROLE_JOURNAL, ROLE_SPARE, SB_OFFSET_SECTORS};
 use layout::{Geometry, GeometrySpec, Level};
@@ -71,17 +72,22 @@ pub struct Created {
 }
 
 pub fn create(spec: &CreateSpec) -> Result<Created> {
+    create_with_clock(spec, &SystemClock::default())
+}
+
+/// [`create`], with the UUIDs, the creation time and the journal's first sequence number drawn
+/// from `clock` (a seeded [`crate::ManualClock`] creates the same bytes every time).
+pub fn create_with_clock(spec: &CreateSpec, clock: &dyn Clock) -> Result<Created> {
     let all = checked_devices(spec)?;
     let identity = Identity {
-        uuid: *uuid::Uuid::new_v4().as_bytes(),
-        device_uuids: (0..all.len())
-            .map(|_| *uuid::Uuid::new_v4().as_bytes())
-            .collect(),
-        ctime_secs: now_secs(),
+        uuid: new_uuid(clock),
+        device_uuids: (0..all.len()).map(|_| new_uuid(clock)).collect(),
+        ctime_secs: clock.wall().as_secs(),
+        journal_seq: crate::journal::new_log_seq(clock),
     };
     let plan = plan_create(spec, &all, &identity)?;
     for (dev, sb) in all.iter().zip(&plan.superblocks) {
-        write_new_member(spec, dev, sb, &plan)?;
+        write_new_member(spec, dev, sb, &plan, identity.journal_seq)?;
     }
     Ok(plan.created)
 }
@@ -92,6 +98,8 @@ struct Identity {
     uuid: [u8; 16],
     device_uuids: Vec<[u8; 16]>,
     ctime_secs: u64,
+    /// The sequence number of a journal's empty log.
+    journal_seq: u64,
 }
 
 /// Everything `create` writes, computed (and validated by `format`) before the first write.
@@ -379,6 +387,7 @@ fn write_new_member(
     dev: &Arc<dyn Device>,
     sb: &Superblock,
     plan: &CreatePlan,
+    journal_seq: u64,
 ) -> Result<()> {
     let failed = |reason: String| EngineError::Create {
         member: dev.name().into(),
@@ -389,7 +398,7 @@ fn write_new_member(
         if spec.journal_write_back {
             sb.devflags |= format::DEVFLAG_JOURNAL_WRITE_BACK;
         }
-        crate::journal::write_empty_log(dev.as_ref(), &sb)
+        crate::journal::write_empty_log(dev.as_ref(), &sb, journal_seq)
             .map_err(|e| failed(format!("cannot start the journal: {e}")))?;
         return write_member(dev, &sb, None).map_err(|e| failed(e.to_string()));
     }

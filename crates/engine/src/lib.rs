@@ -51,7 +51,7 @@ pub use array::{
 pub use assemble::{assemble, AssembleOptions};
 pub use bitmap::read_bitmap;
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use create::{create, BitmapSpec, CreateSpec, Created};
+pub use create::{create, create_with_clock, BitmapSpec, CreateSpec, Created};
 pub use error::{EngineError, Result};
 pub use events::Event;
 pub use gathered::GatheredWrite;

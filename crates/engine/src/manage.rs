@@ -37,7 +37,7 @@ impl Array {
         sb.dev_number = dev_number;
         sb.device_uuid = match (&own, readd) {
             (Some(own), Some(_)) => own.device_uuid,
-            _ => *uuid::Uuid::new_v4().as_bytes(),
+            _ => crate::clock::new_uuid(self.sync.clock.as_ref()),
         };
         sb.data_size = dev.len_bytes() / 512 - sb.data_offset;
         sb.feature_map &= !(format::feature::RECOVERY_OFFSET | format::feature::RECOVERY_BITMAP);
