@@ -652,6 +652,47 @@ impl Array {
         }
     }
 
+    /// What the members of `roles` hold at member byte `offset_bytes` failed verification
+    /// beyond redundancy.
+    pub(crate) fn corruption(
+        &self,
+        roles: &[usize],
+        offset_bytes: u64,
+        len_bytes: u64,
+        reason: &str,
+    ) -> EngineError {
+        let names: Vec<String> = roles
+            .iter()
+            .map(|&r| {
+                self.slots[r]
+                    .member()
+                    .map_or_else(|| format!("role {r}"), |m| m.name().to_string())
+            })
+            .collect();
+        EngineError::Corruption {
+            array: self.name.clone(),
+            member: names.join(", "),
+            offset_bytes,
+            len_bytes,
+            reason: reason.to_string(),
+        }
+    }
+
+    /// A metadata write the request at these array bytes depends on failed.
+    pub(crate) fn metadata_failed(
+        &self,
+        offset_bytes: u64,
+        len_bytes: u64,
+        reason: &str,
+    ) -> EngineError {
+        EngineError::Metadata {
+            array: self.name.clone(),
+            offset_bytes,
+            len_bytes,
+            reason: reason.to_string(),
+        }
+    }
+
     /// Record that the array is active on every member (durably) before the first member
     /// write of this run.
     pub(crate) fn mark_active(&self) -> Result<()> {

@@ -181,7 +181,11 @@ impl WriteIntentBitmap {
             .commit_bits(array, BITMAP_HEADER_BYTES, new.iter().copied(), true)
         {
             self.end_write(offset, len);
-            return Err(array.unrecoverable(offset, len, "cannot record the write-intent bitmap"));
+            return Err(array.metadata_failed(
+                offset,
+                len,
+                "cannot record the write-intent bitmap",
+            ));
         }
         for c in new {
             self.counters[c as usize].fetch_or(ON_DISK, Ordering::AcqRel);

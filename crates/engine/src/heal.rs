@@ -277,7 +277,8 @@ impl Array {
                 }
                 return Ok(());
             }
-            return Err(self.unrecoverable(
+            return Err(self.corruption(
+                bad,
                 off,
                 PAGE as u64,
                 "blocks fail their integrity records beyond the level's redundancy",
@@ -382,7 +383,8 @@ impl Array {
                 let roles = self.geometry.stripe_roles(off / chunk);
                 if kind_of(&roles, dev) == BlockKind::Data && !integ.block_ok(dev, off, page) {
                     integ.count_unrecoverable();
-                    return Err(self.unrecoverable(
+                    return Err(self.corruption(
+                        &[dev],
                         off,
                         PAGE as u64,
                         "a reconstructed block fails its integrity record",

@@ -52,7 +52,7 @@ pub use assemble::{assemble, AssembleOptions};
 pub use bitmap::read_bitmap;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use create::{create, create_with_clock, BitmapSpec, CreateSpec, Created};
-pub use error::{EngineError, Result};
+pub use error::{EngineError, ErrorKind, Result};
 pub use events::Event;
 pub use gathered::GatheredWrite;
 pub use guided::{GuidanceStatus, WriteWatch, DEFAULT_GUIDE_TIMEOUT};

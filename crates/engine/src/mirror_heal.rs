@@ -238,7 +238,7 @@ impl Array {
                 Chosen::SettledFirst
             }
             None => {
-                let err = self.no_copy_passes(at + r.start as u64, r.len() as u64);
+                let err = self.no_copy_passes(plans, pg, at + r.start as u64, r.len() as u64);
                 if mode != Heal::Count {
                     return Err(err);
                 }
@@ -270,7 +270,14 @@ impl Array {
         }
     }
 
-    fn no_copy_passes(&self, off: u64, len: u64) -> crate::error::EngineError {
+    /// Page `pg` of every copy read (array byte `off`) fails verification.
+    fn no_copy_passes(
+        &self,
+        plans: &[CopyPlan],
+        pg: usize,
+        off: u64,
+        len: u64,
+    ) -> crate::error::EngineError {
         if let Some(integ) = &self.integrity {
             integ.count_unrecoverable();
             tracing::error!(array = %self.name, array_offset = off, "every copy fails its record");
@@ -283,7 +290,13 @@ impl Array {
                 ),
             );
         }
-        self.unrecoverable(off, len, "every copy fails verification")
+        let devs: Vec<usize> = plans.iter().map(|p| p.loc.dev).collect();
+        self.corruption(
+            &devs,
+            self.page_at(&plans[0], pg),
+            len,
+            &format!("every copy of array byte {off} fails verification"),
+        )
     }
 
     /// Do the copies' records of page `pg` agree (true without records)?

@@ -187,7 +187,8 @@ enum Job {
 /// Why a unit of work stopped early.
 pub(crate) enum Stop {
     Interrupted,
-    Failed(String),
+    /// The action cannot go on: what failed (its kind says whether it was I/O, damage, …).
+    Failed(crate::error::EngineError),
 }
 
 /// Tracks one action's progress and paces it.

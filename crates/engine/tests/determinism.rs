@@ -174,10 +174,16 @@ fn a_seed_replays_a_run_bit_for_bit() {
     for ((name, a), (_, b)) in first.images.iter().zip(&again.images) {
         let differ = a.iter().zip(b).filter(|(x, y)| x != y).count();
         let at = a.iter().zip(b).position(|(x, y)| x != y);
-        assert_eq!(differ, 0, "{name}: {differ} bytes differ, the first at {at:?}");
+        assert_eq!(
+            differ, 0,
+            "{name}: {differ} bytes differ, the first at {at:?}"
+        );
     }
     // The draws are the seed's: another seed names the array and numbers its log otherwise.
     let other = run(seed + 1);
     assert_ne!(first.uuid, other.uuid, "another seed, another array UUID");
-    assert_ne!(first.seqs[0], other.seqs[0], "another seed, another first sequence number");
+    assert_ne!(
+        first.seqs[0], other.seqs[0],
+        "another seed, another first sequence number"
+    );
 }
