@@ -3,9 +3,10 @@
 //! Subscribers are channels; a subscriber that went away is dropped at the next event. Events are
 //! also logged, so a daemon without subscribers still leaves a trace.
 
+use crate::clock::Clock;
 use parking_lot::Mutex;
 use std::sync::mpsc::{channel, Receiver, Sender};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::sync::Arc;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Event {
@@ -17,12 +18,20 @@ pub struct Event {
     pub unix_ms: u64,
 }
 
-#[derive(Default)]
 pub(crate) struct EventBus {
     subscribers: Mutex<Vec<Sender<Event>>>,
+    /// Stamps `unix_ms`.
+    clock: Arc<dyn Clock>,
 }
 
 impl EventBus {
+    pub fn new(clock: Arc<dyn Clock>) -> EventBus {
+        EventBus {
+            subscribers: Mutex::default(),
+            clock,
+        }
+    }
+
     pub fn subscribe(&self) -> Receiver<Event> {
         let (tx, rx) = channel();
         self.subscribers.lock().push(tx);
@@ -30,10 +39,7 @@ impl EventBus {
     }
 
     pub fn emit(&self, kind: &'static str, array: &str, member: Option<&str>, message: String) {
-        let unix_ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(0);
+        let unix_ms = crate::clock::unix_ms(self.clock.as_ref());
         tracing::info!(
             event = kind,
             array,

@@ -5,6 +5,8 @@
 //! superblocks. The engine sees members only through `device::Device`. Frontends (NBD, CLI) call
 //! [`Array`]'s methods from as many threads as they like.
 
+#![warn(clippy::too_many_lines)]
+
 mod array;
 mod background;
 mod clock;
@@ -26,14 +28,14 @@ pub use array::{
 pub use background::verify::VerifyReport;
 pub use background::{SyncAction, SyncStatus, DEFAULT_SPEED_MAX, DEFAULT_SPEED_MIN};
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use error::{EngineError, Result};
+pub use error::{EngineError, ErrorKind, Result};
 pub use events::Event;
 pub use integrity::record_cache::CacheStats;
 pub use integrity::{IntegrityCounts, IntegrityStatus};
 pub use io::no_space::NoSpaceStatus;
 pub use io::ReadVerifier;
 pub use lifecycle::assemble::{assemble, AssembleOptions};
-pub use lifecycle::create::{create, BitmapSpec, CreateSpec, Created};
+pub use lifecycle::create::{create, create_with_clock, BitmapSpec, CreateSpec, Created};
 pub use members::read_superblock;
 pub use personality::gathered::GatheredWrite;
 pub use personality::intent::WriteIntent;

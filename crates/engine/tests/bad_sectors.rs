@@ -10,7 +10,7 @@ mod common;
 
 use common::devs;
 use device::{Device, SimDevice};
-use engine::{assemble, Array, AssembleOptions, EngineError};
+use engine::{assemble, Array, AssembleOptions, ErrorKind};
 use layout::Level;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -102,7 +102,7 @@ impl Rig {
         for (i, want) in self.data.chunks(PAGE).enumerate() {
             match self.array.read((i * PAGE) as u64, &mut buf) {
                 Ok(()) => assert!(buf == want, "page {i} reads wrong data"),
-                Err(EngineError::Unrecoverable { .. }) => eio.push(i),
+                Err(e) if matches!(e.kind(), ErrorKind::Io | ErrorKind::Corruption) => eio.push(i),
                 Err(e) => panic!("page {i}: unexpected error {e}"),
             }
         }
@@ -344,7 +344,7 @@ fn read_pages(array: &Array, data: &[u8]) -> Vec<usize> {
     for (i, want) in data.chunks(PAGE).enumerate() {
         match array.read((i * PAGE) as u64, &mut buf) {
             Ok(()) => assert!(buf == want, "page {i} reads wrong data"),
-            Err(EngineError::Unrecoverable { .. }) => eio.push(i),
+            Err(e) if matches!(e.kind(), ErrorKind::Io | ErrorKind::Corruption) => eio.push(i),
             Err(e) => panic!("page {i}: {e}"),
         }
     }

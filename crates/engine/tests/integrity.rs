@@ -9,7 +9,7 @@ mod common;
 
 use common::records::{self, config, Fault, FAULTS};
 use device::{Device, SimDevice};
-use engine::{assemble, Array, AssembleOptions, IntegrityCounts};
+use engine::{assemble, Array, AssembleOptions, EngineError, IntegrityCounts};
 use layout::{ChunkRole, Level};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -108,6 +108,26 @@ impl Rig {
             rng.gen_range(0..rows),
             rng.gen_range(0..self.chunk / PAGE) * PAGE,
         )
+    }
+
+    /// `e` reports damage on the members of `devs` at member byte `offset_bytes`.
+    fn assert_damage_named(&self, e: &EngineError, devs: &[usize], offset_bytes: u64, ctx: &str) {
+        let EngineError::Corruption {
+            member,
+            offset_bytes: at,
+            ..
+        } = e
+        else {
+            panic!("{ctx}: damage beyond redundancy is reported as corruption, not: {e:?}");
+        };
+        assert_eq!(*at, offset_bytes, "{ctx}: {e}");
+        for &d in devs {
+            let name = self.sims[d].name();
+            assert!(
+                member.split(", ").any(|m| m == name),
+                "{ctx}: {name} not named: {e}"
+            );
+        }
     }
 
     fn dev_of(&self, row: u64, kind: Kind, rng: &mut ChaCha8Rng) -> usize {
@@ -359,10 +379,13 @@ fn double_fault(seed: u64, level: Level) {
                 "{ctx}: wrong data for data chunk {d} (member {})",
                 roles.data_dev(d)
             ),
-            Err(e) => assert!(
-                level != Level::Raid6,
-                "{ctx}: RAID6 must repair two faults: {e}"
-            ),
+            Err(e) => {
+                assert!(
+                    level != Level::Raid6,
+                    "{ctx}: RAID6 must repair two faults: {e}"
+                );
+                rig.assert_damage_named(&e, &hit, row * rig.chunk + pg, &ctx);
+            }
         }
     }
 }

@@ -11,7 +11,7 @@ mod common;
 
 use common::records::{self, config, Fault, FAULTS};
 use device::{Device, SimDevice};
-use engine::{assemble, Array, AssembleOptions, IntegrityCounts};
+use engine::{assemble, Array, AssembleOptions, ErrorKind, IntegrityCounts};
 use layout::{Level, Loc};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -330,6 +330,7 @@ fn multi_fault(seed: u64, level: Level) {
         Ok(right) => assert!(right, "{ctx}: wrong data"),
         Err(e) => {
             assert_eq!(hit, copies.len(), "{ctx}: a good copy was left: {e}");
+            assert_eq!(e.kind(), ErrorKind::Corruption, "{ctx}: {e:?}");
             let before = rig.counts().unrecoverable;
             assert!(before >= 1, "{ctx}");
             // A check counts the page and goes on to the end.

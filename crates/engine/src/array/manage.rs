@@ -15,46 +15,9 @@ use std::sync::Arc;
 impl Array {
     /// Add `dev` as a spare; it starts rebuilding at once if a role is missing.
     pub fn add_member(&self, dev: Arc<dyn Device>, force: bool) -> Result<()> {
-        if self.geometry.max_degraded() == 0 {
-            return Err(EngineError::Unsupported(format!(
-                "{} has no redundancy; it cannot use a spare",
-                self.name
-            )));
-        }
         let mut meta = self.members.meta.lock();
-        if meta.members.iter().any(|m| m.member.name() == dev.name()) {
-            return Err(EngineError::InvalidArgument(format!(
-                "{} is already a member of {}",
-                dev.name(),
-                self.name
-            )));
-        }
-        let own = read_superblock(dev.as_ref()).ok();
-        if let Some(sb) = &own {
-            if sb.set_uuid != self.uuid && !force {
-                return Err(EngineError::InvalidArgument(format!(
-                    "{}: holds a superblock of another array ({}); use --force to overwrite it",
-                    dev.name(),
-                    format::format_uuid_mdadm(&sb.set_uuid)
-                )));
-            }
-        }
+        let (own, template) = self.refuse_add(&meta, dev.as_ref(), force)?;
         let readd = own.as_ref().and_then(|sb| self.readd_role(&meta, sb));
-        let template = meta.members.first().map(|m| m.sb.clone()).ok_or_else(|| {
-            EngineError::InvalidArgument(format!(
-                "{} has no member to copy the superblock from",
-                self.name
-            ))
-        })?;
-        let needed = (template.data_offset + template.size) * 512;
-        if dev.len_bytes() < needed {
-            return Err(EngineError::InvalidArgument(format!(
-                "{}: too small ({} bytes); members of {} need {needed}",
-                dev.name(),
-                dev.len_bytes(),
-                self.name
-            )));
-        }
         let free = |n: u32| {
             !meta.members.iter().any(|m| m.member.dev_number == n)
                 && meta.roles.get(n as usize).is_none_or(|r| *r >= ROLE_MAX)
@@ -74,7 +37,7 @@ impl Array {
         sb.dev_number = dev_number;
         sb.device_uuid = match (&own, readd) {
             (Some(own), Some(_)) => own.device_uuid,
-            _ => *uuid::Uuid::new_v4().as_bytes(),
+            _ => crate::clock::new_uuid(self.sync.clock.as_ref()),
         };
         sb.data_size = dev.len_bytes() / 512 - sb.data_offset;
         sb.feature_map &= !(format::feature::RECOVERY_OFFSET | format::feature::RECOVERY_BITMAP);
@@ -120,11 +83,72 @@ impl Array {
             }
         }
         self.members.commit(meta);
+        self.announce_added(dev.name(), readd, member, dev_number);
+        self.sync.wake();
+        Ok(())
+    }
+
+    /// Refusals of `add`, from what the array and the device's own superblock say: the device's
+    /// superblock if it has one, and the superblock the new member's is copied from.
+    fn refuse_add(
+        &self,
+        meta: &crate::members::Meta,
+        dev: &dyn Device,
+        force: bool,
+    ) -> Result<(Option<format::Superblock>, format::Superblock)> {
+        if self.geometry.max_degraded() == 0 {
+            return Err(EngineError::Unsupported(format!(
+                "{} has no redundancy; it cannot use a spare",
+                self.name
+            )));
+        }
+        if meta.members.iter().any(|m| m.member.name() == dev.name()) {
+            return Err(EngineError::InvalidArgument(format!(
+                "{} is already a member of {}",
+                dev.name(),
+                self.name
+            )));
+        }
+        let own = read_superblock(dev).ok();
+        if let Some(sb) = &own {
+            if sb.set_uuid != self.uuid && !force {
+                return Err(EngineError::InvalidArgument(format!(
+                    "{}: holds a superblock of another array ({}); use --force to overwrite it",
+                    dev.name(),
+                    format::format_uuid_mdadm(&sb.set_uuid)
+                )));
+            }
+        }
+        let template = meta.members.first().map(|m| m.sb.clone()).ok_or_else(|| {
+            EngineError::InvalidArgument(format!(
+                "{} has no member to copy the superblock from",
+                self.name
+            ))
+        })?;
+        let needed = (template.data_offset + template.size) * 512;
+        if dev.len_bytes() < needed {
+            return Err(EngineError::InvalidArgument(format!(
+                "{}: too small ({} bytes); members of {} need {needed}",
+                dev.name(),
+                dev.len_bytes(),
+                self.name
+            )));
+        }
+        Ok((own, template))
+    }
+
+    fn announce_added(
+        &self,
+        dev: &str,
+        readd: Option<usize>,
+        member: Arc<Member>,
+        dev_number: u32,
+    ) {
         match readd {
             Some(role) => self.members.events.emit(
                 "member_readded",
                 &self.name,
-                Some(dev.name()),
+                Some(dev),
                 format!("role {role}: recovering only the chunks the write-intent bitmap marks"),
             ),
             None => {
@@ -132,13 +156,11 @@ impl Array {
                 self.members.events.emit(
                     "spare_added",
                     &self.name,
-                    Some(dev.name()),
+                    Some(dev),
                     format!("device number {dev_number}"),
                 );
             }
         }
-        self.sync.wake();
-        Ok(())
     }
 
     /// The role a member that left this array may take back with a bitmap-guided recovery:

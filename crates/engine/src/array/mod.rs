@@ -11,9 +11,9 @@ mod bytes;
 mod manage;
 
 use crate::background::SyncControl;
-use crate::clock::{Clock, SystemClock};
+use crate::clock::Clock;
 use crate::error::{EngineError, Result};
-use crate::events::Event;
+use crate::events::{Event, EventBus};
 use crate::io::{Executor, IoPath};
 use crate::lock::{LocalLocks, RangeLock};
 use crate::members::Meta;
@@ -23,7 +23,7 @@ use crate::policy::{BitmapPolicy, ConsistencyPolicy, JournalPolicy, ResyncPolicy
 use layout::{Geometry, Level};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// md's `safe_mode_delay`: how long without member writes before the array is recorded clean.
 pub(crate) const SAFE_MODE_DELAY: Duration = Duration::from_millis(200);
@@ -240,27 +240,42 @@ pub(crate) struct ArrayParts {
     pub unguided: bool,
 }
 
+/// The consistency policy the superblocks announce: a bitmap (plain or guided), a journal, or
+/// md's plain resync.
+fn new_policy(
+    bitmap: Option<Arc<crate::policy::bitmap::WriteIntentBitmap>>,
+    journal: Option<Arc<crate::policy::journal::Journal>>,
+    guided: bool,
+) -> Box<dyn ConsistencyPolicy> {
+    match (bitmap, journal) {
+        (Some(bitmap), _) => Box::new(BitmapPolicy { bitmap, guided }),
+        (None, Some(journal)) => Box::new(JournalPolicy { journal }),
+        (None, None) => Box::new(ResyncPolicy),
+    }
+}
+
+/// Member I/O on threads, or, in a seeded simulation, in an order the seed decides.
+fn new_executor(config: &ArrayConfig) -> Result<Executor> {
+    Ok(match config.deterministic_seed {
+        Some(seed) => Executor::Deterministic(Box::new(parking_lot::Mutex::new(
+            <rand_chacha::ChaCha8Rng as rand::SeedableRng>::seed_from_u64(seed),
+        ))),
+        None => Executor::Threads(
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(config.io_threads.max(2))
+                .thread_name(|i| format!("member-io-{i}"))
+                .build()
+                .map_err(|e| EngineError::Unsupported(format!("cannot start I/O threads: {e}")))?,
+        ),
+    })
+}
+
 impl Array {
     pub(crate) fn from_parts(p: ArrayParts) -> Result<Array> {
-        let executor = match p.config.deterministic_seed {
-            Some(seed) => Executor::Deterministic(Box::new(parking_lot::Mutex::new(
-                <rand_chacha::ChaCha8Rng as rand::SeedableRng>::seed_from_u64(seed),
-            ))),
-            None => Executor::Threads(
-                rayon::ThreadPoolBuilder::new()
-                    .num_threads(p.config.io_threads.max(2))
-                    .thread_name(|i| format!("member-io-{i}"))
-                    .build()
-                    .map_err(|e| {
-                        EngineError::Unsupported(format!("cannot start I/O threads: {e}"))
-                    })?,
-            ),
-        };
-        let clock: Arc<dyn Clock> = p
-            .config
-            .clock
-            .clone()
-            .unwrap_or_else(|| Arc::new(SystemClock::default()));
+        let executor = new_executor(&p.config)?;
+        // Assembly put one clock in the metadata and the configuration.
+        let clock = p.meta.clock.clone();
+        let events = EventBus::new(clock.clone());
         let was_dirty = p.was_dirty;
         let never_run = p.never_run;
         let guidance = match (&p.bitmap, p.guided) {
@@ -274,14 +289,7 @@ impl Array {
             )),
             _ => None,
         };
-        let policy: Box<dyn ConsistencyPolicy> = match (p.bitmap, p.journal) {
-            (Some(bitmap), _) => Box::new(BitmapPolicy {
-                bitmap,
-                guided: p.guided,
-            }),
-            (None, Some(journal)) => Box::new(JournalPolicy { journal }),
-            (None, None) => Box::new(ResyncPolicy),
-        };
+        let policy = new_policy(p.bitmap, p.journal, p.guided);
         let resync_from = if p.geometry.max_degraded() > 0 {
             policy.resync_from(p.meta.resync_offset)
         } else {
@@ -311,6 +319,7 @@ impl Array {
             p.slots,
             p.meta,
             p.spares,
+            events,
             coordinator,
             Box::new(exposure),
         );
@@ -710,15 +719,16 @@ impl Array {
         self.stop_background();
         self.closing.store(true, Ordering::SeqCst);
         self.stripes.hurry_all();
-        let deadline = Instant::now() + CLOSE_DRAIN_TIMEOUT;
+        let clock = &self.sync.clock;
+        let deadline = clock.now() + CLOSE_DRAIN_TIMEOUT;
         while self.inflight_writes.load(Ordering::SeqCst) > 0 {
-            if Instant::now() > deadline {
+            if clock.now() > deadline {
                 return Err(EngineError::ReadOnly {
                     array: self.name.clone(),
                     reason: "writes still in flight at stop; left marked active".into(),
                 });
             }
-            std::thread::sleep(Duration::from_millis(1));
+            clock.sleep(Duration::from_millis(1));
         }
         if !self.config.read_only {
             // Write-back data goes home before the array is recorded clean.
@@ -822,45 +832,11 @@ impl Array {
         // worker holds the sync state while it activates a spare, which takes `meta`).
         let sync = self.sync_status();
         let meta = self.members.meta.lock();
-        let mut members = Vec::new();
-        for m in &meta.members {
-            let role = self.members.role_of_member(m.member.dev_number);
-            let state = match role {
-                Some(r) if self.members.slots[r].is_complete() => MemberState::InSync,
-                Some(r) if !self.members.slots[r].is_faulty() => MemberState::Rebuilding,
-                Some(_) => MemberState::Faulty,
-                None if self
-                    .members
-                    .spares
-                    .lock()
-                    .iter()
-                    .any(|s| s.dev_number == m.member.dev_number) =>
-                {
-                    MemberState::Spare
-                }
-                None if self
-                    .policy
-                    .journal()
-                    .is_some_and(|j| Arc::ptr_eq(j.member(), &m.member)) =>
-                {
-                    match self.policy.journal().and_then(|j| j.failed()) {
-                        Some(_) => MemberState::Faulty,
-                        None => MemberState::Journal,
-                    }
-                }
-                None => MemberState::Faulty,
-            };
-            members.push(MemberStatus {
-                name: m.member.name().to_string(),
-                role: role.filter(|&r| !self.members.slots[r].is_faulty()),
-                state,
-                dev_number: m.member.dev_number,
-                read_errors: m.member.health.read_errors(),
-                read_errors_corrected: m.member.health.corrected(),
-                bad_sectors: m.member.health.bad_sectors(),
-                checksum_errors: m.member.health.checksum_errors(),
-            });
-        }
+        let members = meta
+            .members
+            .iter()
+            .map(|m| self.member_status(&m.member))
+            .collect();
         let g = &self.geometry;
         ArrayStatus {
             name: self.name.clone(),
@@ -902,6 +878,45 @@ impl Array {
                 regions: u.regions(),
                 used: u.used_regions(),
             }),
+        }
+    }
+
+    fn member_status(&self, member: &Arc<crate::members::Member>) -> MemberStatus {
+        let role = self.members.role_of_member(member.dev_number);
+        let state = match role {
+            Some(r) if self.members.slots[r].is_complete() => MemberState::InSync,
+            Some(r) if !self.members.slots[r].is_faulty() => MemberState::Rebuilding,
+            Some(_) => MemberState::Faulty,
+            None if self
+                .members
+                .spares
+                .lock()
+                .iter()
+                .any(|s| s.dev_number == member.dev_number) =>
+            {
+                MemberState::Spare
+            }
+            None if self
+                .policy
+                .journal()
+                .is_some_and(|j| Arc::ptr_eq(j.member(), member)) =>
+            {
+                match self.policy.journal().and_then(|j| j.failed()) {
+                    Some(_) => MemberState::Faulty,
+                    None => MemberState::Journal,
+                }
+            }
+            None => MemberState::Faulty,
+        };
+        MemberStatus {
+            name: member.name().to_string(),
+            role: role.filter(|&r| !self.members.slots[r].is_faulty()),
+            state,
+            dev_number: member.dev_number,
+            read_errors: member.health.read_errors(),
+            read_errors_corrected: member.health.corrected(),
+            bad_sectors: member.health.bad_sectors(),
+            checksum_errors: member.health.checksum_errors(),
         }
     }
 }

@@ -191,7 +191,8 @@ enum Job {
 /// Why a unit of work stopped early.
 pub(crate) enum Stop {
     Interrupted,
-    Failed(String),
+    /// The action cannot go on: what failed (its kind says whether it was I/O, damage, …).
+    Failed(crate::error::EngineError),
 }
 
 /// Tracks one action's progress and paces it.
@@ -784,6 +785,16 @@ impl Array {
             self.guidance_resync_finished();
         }
         self.sync.cv.notify_all();
+        self.announce_finish(action, member, res, mismatches);
+    }
+
+    fn announce_finish(
+        &self,
+        action: SyncAction,
+        member: Option<&str>,
+        res: Result<(), Stop>,
+        mismatches: u64,
+    ) {
         match res {
             Ok(()) => {
                 self.members.events.emit(

@@ -155,9 +155,13 @@ impl Array {
             IoKind::Write(buf, false),
         )];
         self.commit_writes(&WriteSet::rebuild(offset_bytes, buf.len() as u64), &mut io)
-            .map_err(|e| Stop::Failed(e.to_string()))?;
+            .map_err(Stop::Failed)?;
         if !io[0].ok() {
-            return Err(Stop::Failed("write to the rebuilding member failed".into()));
+            return Err(Stop::Failed(self.unrecoverable(
+                offset_bytes,
+                buf.len() as u64,
+                "write to the rebuilding member failed",
+            )));
         }
         Ok(())
     }
@@ -224,7 +228,7 @@ impl Array {
         heal: Heal,
     ) -> Result<Option<Vec<PoolBuf>>, Stop> {
         self.read_rebuilt(at, len as usize, heal, Torn::Pass)
-            .map_err(|e| Stop::Failed(e.to_string()))
+            .map_err(Stop::Failed)
     }
 
     /// Rebuild `role`'s chunks of stripes `r0..r1` (claimed by the caller), in two halves
@@ -320,7 +324,12 @@ impl Array {
                 Err(stop) => return Err(stop),
             }
         }
-        Err(Stop::Failed("members kept failing".into()))
+        let chunk = self.geometry.chunk_sectors() * 512;
+        Err(Stop::Failed(self.unrecoverable(
+            r0 * chunk,
+            (r1 - r0) * chunk,
+            "members kept failing",
+        )))
     }
 
     /// Enough members remain over stripes `r0..r1` for the level to rebuild what is missing:
@@ -380,10 +389,14 @@ impl Array {
                     tracing::error!(array = %self.name, offset = at, "rebuild passes an unrecoverable page: {e}");
                     return Ok(None);
                 }
-                Err(e) => return Err(Stop::Failed(e.to_string())),
+                Err(e) => return Err(Stop::Failed(e)),
             }
         }
-        Err(Stop::Failed("members kept failing".into()))
+        Err(Stop::Failed(self.unrecoverable(
+            at,
+            PAGE,
+            "members kept failing",
+        )))
     }
 
     /// Read array bytes at `at` from an in-sync copy on any member but `skip` (the caller holds
@@ -411,10 +424,12 @@ impl Array {
             return self
                 .settle_copies(at, buf.len() as u64, Heal::Repair, Some(buf))
                 .map(|_| ())
-                .map_err(|e| Stop::Failed(e.to_string()));
+                .map_err(Stop::Failed);
         }
-        Err(Stop::Failed(format!(
-            "no in-sync copy of array byte {at} left"
+        Err(Stop::Failed(self.unrecoverable(
+            at,
+            buf.len() as u64,
+            &format!("no in-sync copy of array byte {at} left"),
         )))
     }
 }

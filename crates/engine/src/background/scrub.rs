@@ -123,7 +123,7 @@ impl Array {
                     ios.push(self.write_io(qd, piece_at, qb, false));
                 }
                 self.commit_writes(&WriteSet::repair(piece_at, r.len() as u64), &mut ios)
-                    .map_err(|e| Stop::Failed(e.to_string()))?;
+                    .map_err(Stop::Failed)?;
             }
             bad += row_bad;
         }
@@ -136,7 +136,7 @@ impl Array {
         let _guard = self.range_lock().lock(LockRange::Array { at, len });
         match self.settle_copies(at, len, heal, None) {
             Ok(bad) => Ok(bad),
-            Err(e) if self.is_failed() => Err(Stop::Failed(e.to_string())),
+            Err(e) if self.is_failed() => Err(Stop::Failed(e)),
             Err(e) => {
                 // Some pages no copy can give: pass them page by page, as a rebuild does.
                 tracing::warn!(array = %self.name, offset = at, "scrub span not whole ({e}): page by page");

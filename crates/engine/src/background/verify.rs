@@ -175,12 +175,17 @@ impl Array {
         Ok(bad)
     }
 
+    /// A failed read keeps its own kind (damage stays `Corruption`); one that kept being
+    /// interrupted by failing members is I/O.
     fn verify_failed(&self, at: u64, len: u64, e: Stop) -> EngineError {
-        let reason = match e {
-            Stop::Interrupted => "members kept failing while the stripes were read".to_string(),
-            Stop::Failed(why) => why,
-        };
-        self.unrecoverable(at, len, &format!("verify: {reason}"))
+        match e {
+            Stop::Interrupted => self.unrecoverable(
+                at,
+                len,
+                "verify: members kept failing while the stripes were read",
+            ),
+            Stop::Failed(e) => e,
+        }
     }
 }
 

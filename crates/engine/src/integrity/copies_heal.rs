@@ -42,6 +42,16 @@ struct CopyPlan {
     failed_record: Vec<bool>,
 }
 
+/// The copy a page's truth is taken from.
+enum Chosen {
+    /// This copy passes its record (or read verifier).
+    Passing(usize),
+    /// None passes and a check goes on: the first copy, as found.
+    First,
+    /// After an unclean stop the first copy stands, and its record is taken.
+    SettledFirst,
+}
+
 impl Array {
     /// Make the copies of array bytes `at..at + len` agree (see the module doc), under region
     /// locks the caller holds; `out` receives the agreed bytes. Returns the sectors of pages
@@ -81,41 +91,8 @@ impl Array {
         mode: Heal,
         out: Option<&mut [u8]>,
     ) -> Result<u64> {
-        let current: Vec<Loc> = copies
-            .iter()
-            .filter(|c| {
-                self.members
-                    .slot(c.dev)
-                    .in_sync(c.dev_sector * 512, n as u64)
-            })
-            .collect();
-        let mut bufs: Vec<PoolBuf> = current.iter().map(|_| self.bufs.get(n)).collect();
-        let mut ios: Vec<_> = current
-            .iter()
-            .zip(bufs.iter_mut())
-            .map(|(c, b)| self.read_io(c.dev, c.dev_sector * 512, b))
-            .collect();
-        self.run_io(&mut ios);
-        // Corrupt reads returned bytes (judged page by page below); failed ones failed the member.
-        let outcomes: Vec<IoOutcome> = ios.iter().map(|op| op.outcome).collect();
-        drop(ios);
+        let mut plans = self.read_copies(at, copies, n)?;
         let pages = n.div_ceil(PAGE);
-        let mut plans: Vec<CopyPlan> = current
-            .into_iter()
-            .zip(bufs)
-            .zip(outcomes)
-            .filter(|(_, o)| matches!(o, IoOutcome::Ok | IoOutcome::Corrupt))
-            .map(|((loc, bytes), o)| CopyPlan {
-                loc,
-                bytes,
-                rejected: o == IoOutcome::Corrupt,
-                rewrite: vec![false; pages],
-                failed_record: vec![false; pages],
-            })
-            .collect();
-        if plans.is_empty() {
-            return Err(self.unrecoverable(at, n as u64, "no copy of the range could be read"));
-        }
         // Settling as found needs every copy of the run: with one missing, the copies left
         // cannot tell a torn write from damage.
         let mode = self.settle_scope(mode, at, n as u64, plans.len() == copies.len());
@@ -143,49 +120,11 @@ impl Array {
             if let Some(integ) = &self.integrity {
                 (0..bad).for_each(|_| integ.count_mismatch(BlockKind::Data));
             }
-            let chosen = match ok.iter().position(|o| *o) {
-                // After an unclean stop, copies whose records differ were being written when
-                // the power went (a table copy may be newer than the data it describes, or
-                // older): a copy passing its record proves nothing there, and md's rule holds
-                // (the first copy stands), so that what a read returned before the resync got
-                // here is what it leaves.
-                Some(_) if mode == Heal::Settle && !self.records_agree(&plans, pg) => {
-                    // Copies holding the first copy's bytes take its record now; the others
-                    // are rewritten below.
-                    let integ = self.integrity.as_ref().expect("records");
-                    let first = &plans[0].bytes[r.clone()];
-                    for p in plans.iter().filter(|p| &p.bytes[r.clone()] == first) {
-                        integ.set_block(p.loc.dev, self.page_at(p, pg), first);
-                    }
-                    integ.count_resolved();
+            let chosen = match self.choose_copy(&mut plans, pg, &ok, mode, at)? {
+                Chosen::Passing(i) => i,
+                Chosen::First => 0,
+                Chosen::SettledFirst => {
                     settled += 1;
-                    0
-                }
-                Some(good) => {
-                    for (p, ok) in plans.iter_mut().zip(&ok) {
-                        p.failed_record[pg] = !ok;
-                    }
-                    good
-                }
-                None if mode == Heal::Settle => {
-                    // After an unclean stop: writes that were never flushed left the copies old
-                    // or new, and their records may lag; the first copy stands and the others
-                    // follow it.
-                    if let Some(integ) = &self.integrity {
-                        let first = &plans[0];
-                        let off = self.page_at(first, pg);
-                        integ.set_block(first.loc.dev, off, &first.bytes[r.clone()]);
-                        integ.count_resolved();
-                    }
-                    settled += 1;
-                    0
-                }
-                None => {
-                    let err = self.no_copy_passes(at + r.start as u64, r.len() as u64);
-                    if mode != Heal::Count {
-                        return Err(err);
-                    }
-                    // A check counts it and goes on.
                     0
                 }
             };
@@ -215,6 +154,104 @@ impl Array {
         Ok(mismatched)
     }
 
+    /// Read every in-sync copy of the run; the copies that returned bytes.
+    fn read_copies(&self, at: u64, copies: &layout::Copies, n: usize) -> Result<Vec<CopyPlan>> {
+        let current: Vec<Loc> = copies
+            .iter()
+            .filter(|c| {
+                self.members
+                    .slot(c.dev)
+                    .in_sync(c.dev_sector * 512, n as u64)
+            })
+            .collect();
+        let mut bufs: Vec<PoolBuf> = current.iter().map(|_| self.bufs.get(n)).collect();
+        let mut ios: Vec<_> = current
+            .iter()
+            .zip(bufs.iter_mut())
+            .map(|(c, b)| self.read_io(c.dev, c.dev_sector * 512, b))
+            .collect();
+        self.run_io(&mut ios);
+        // Corrupt reads returned bytes (judged page by page below); failed ones failed the member.
+        let outcomes: Vec<IoOutcome> = ios.iter().map(|op| op.outcome).collect();
+        drop(ios);
+        let pages = n.div_ceil(PAGE);
+        let plans: Vec<CopyPlan> = current
+            .into_iter()
+            .zip(bufs)
+            .zip(outcomes)
+            .filter(|(_, o)| matches!(o, IoOutcome::Ok | IoOutcome::Corrupt))
+            .map(|((loc, bytes), o)| CopyPlan {
+                loc,
+                bytes,
+                rejected: o == IoOutcome::Corrupt,
+                rewrite: vec![false; pages],
+                failed_record: vec![false; pages],
+            })
+            .collect();
+        if plans.is_empty() {
+            return Err(self.unrecoverable(at, n as u64, "no copy of the range could be read"));
+        }
+        Ok(plans)
+    }
+
+    /// Which copy's page `pg` is the truth, given which pass (`ok`); EIO when none does, except
+    /// for a check (which counts it) and after an unclean stop (the first copy stands).
+    fn choose_copy(
+        &self,
+        plans: &mut [CopyPlan],
+        pg: usize,
+        ok: &[bool],
+        mode: Heal,
+        at: u64,
+    ) -> Result<Chosen> {
+        let n = plans[0].bytes.len();
+        let r = pg * PAGE..((pg + 1) * PAGE).min(n);
+        Ok(match ok.iter().position(|o| *o) {
+            // After an unclean stop, copies whose records differ were being written when
+            // the power went (a table copy may be newer than the data it describes, or
+            // older): a copy passing its record proves nothing there, and md's rule holds
+            // (the first copy stands), so that what a read returned before the resync got
+            // here is what it leaves.
+            Some(_) if mode == Heal::Settle && !self.records_agree(plans, pg) => {
+                // Copies holding the first copy's bytes take its record now; the others
+                // are rewritten below.
+                let integ = self.integrity.as_ref().expect("records");
+                let first = &plans[0].bytes[r.clone()];
+                for p in plans.iter().filter(|p| &p.bytes[r.clone()] == first) {
+                    integ.set_block(p.loc.dev, self.page_at(p, pg), first);
+                }
+                integ.count_resolved();
+                Chosen::SettledFirst
+            }
+            Some(good) => {
+                for (p, ok) in plans.iter_mut().zip(ok) {
+                    p.failed_record[pg] = !ok;
+                }
+                Chosen::Passing(good)
+            }
+            None if mode == Heal::Settle => {
+                // After an unclean stop: writes that were never flushed left the copies old
+                // or new, and their records may lag; the first copy stands and the others
+                // follow it.
+                if let Some(integ) = &self.integrity {
+                    let first = &plans[0];
+                    let off = self.page_at(first, pg);
+                    integ.set_block(first.loc.dev, off, &first.bytes[r.clone()]);
+                    integ.count_resolved();
+                }
+                Chosen::SettledFirst
+            }
+            None => {
+                let err = self.no_copy_passes(plans, pg, at + r.start as u64, r.len() as u64);
+                if mode != Heal::Count {
+                    return Err(err);
+                }
+                // A check counts it and goes on.
+                Chosen::First
+            }
+        })
+    }
+
     /// The records of copies that were not read (a missing or rebuilding member) follow what
     /// the others now hold: a degraded 2-way mirror's tables of the missing member are its
     /// survivor's only other record (see `Integrity::load`).
@@ -237,7 +274,14 @@ impl Array {
         }
     }
 
-    fn no_copy_passes(&self, off: u64, len: u64) -> crate::error::EngineError {
+    /// Page `pg` of every copy read (array byte `off`) fails verification.
+    fn no_copy_passes(
+        &self,
+        plans: &[CopyPlan],
+        pg: usize,
+        off: u64,
+        len: u64,
+    ) -> crate::error::EngineError {
         if let Some(integ) = &self.integrity {
             integ.count_unrecoverable();
             tracing::error!(array = %self.name, array_offset = off, "every copy fails its record");
@@ -250,7 +294,13 @@ impl Array {
                 ),
             );
         }
-        self.unrecoverable(off, len, "every copy fails verification")
+        let devs: Vec<usize> = plans.iter().map(|p| p.loc.dev).collect();
+        self.members.corruption(
+            &devs,
+            self.page_at(&plans[0], pg),
+            len,
+            &format!("every copy of array byte {off} fails verification"),
+        )
     }
 
     /// Do the copies' records of page `pg` agree (true without records)?

@@ -22,7 +22,7 @@
 
 use crate::array::Array;
 use crate::error::Result;
-use crate::integrity::BlockKind;
+use crate::integrity::{BlockKind, Integrity};
 use crate::io::bufpool::PoolBuf;
 use crate::io::commit::WriteSet;
 use layout::{ChunkRole, StripeRoles};
@@ -60,6 +60,35 @@ fn kind_of(roles: &StripeRoles, dev: usize) -> BlockKind {
     }
 }
 
+/// One page in which some corrupt members' blocks fail their records.
+struct FailedPage {
+    pg: usize,
+    /// Member byte of the page.
+    off: u64,
+    roles: StripeRoles,
+    /// The members whose block fails its record, and what each returned.
+    bad: Vec<usize>,
+    found: Vec<Vec<u8>>,
+}
+
+impl FailedPage {
+    fn bytes(&self) -> std::ops::Range<usize> {
+        self.pg * PAGE..(self.pg + 1) * PAGE
+    }
+}
+
+/// What healing one request's pages did: the blocks to rewrite and the counts its event names.
+#[derive(Default)]
+struct HealTally {
+    /// (member, member byte, page index) of each rebuilt block to write back.
+    rewrites: Vec<(usize, u64, usize)>,
+    /// Something was decided without a rewrite (a record fixed, a page settled as found).
+    resolved: bool,
+    failing: usize,
+    fixed: usize,
+    settled_blocks: usize,
+}
+
 impl Array {
     /// Repair, in `bufs` and on the members, the pages of `corrupt` members that fail their
     /// records; `bufs[dev]` holds member `dev`'s bytes at `at`, `missing` members hold nothing.
@@ -75,150 +104,30 @@ impl Array {
             .integrity
             .as_ref()
             .expect("heal needs integrity records");
-        let chunk = self.geometry.chunk_sectors() * 512;
         let pages = bufs[corrupt[0]].len() / PAGE;
         let mode = self.settle_scope(mode, at, (pages * PAGE) as u64, missing.is_empty());
-        let mut rewrites: Vec<(usize, u64, usize)> = Vec::new();
-        let mut resolved = false;
-        let (mut failing, mut fixed, mut settled_blocks) = (0usize, 0usize, 0usize);
+        let mut tally = HealTally::default();
         for pg in 0..pages {
-            let off = at + (pg * PAGE) as u64;
-            let r = pg * PAGE..(pg + 1) * PAGE;
-            let bad: Vec<usize> = corrupt
-                .iter()
-                .copied()
-                .filter(|&dev| !integ.block_ok(dev, off, &bufs[dev][r.clone()]))
-                .collect();
-            if bad.is_empty() {
+            let Some(page) = self.failed_page(integ, at, pg, bufs, corrupt) else {
+                continue;
+            };
+            tally.failing += page.bad.len();
+            for &dev in &page.bad {
+                integ.count_mismatch(kind_of(&page.roles, dev));
+            }
+            if let Some(settled) = self.rebuild_page(integ, &page, bufs, missing) {
+                if mode != Heal::Count {
+                    self.apply_settled(integ, &page, bufs, settled, &mut tally);
+                }
                 continue;
             }
-            let roles = self.geometry.stripe_roles(off / chunk);
-            failing += bad.len();
-            for &dev in &bad {
-                integ.count_mismatch(kind_of(&roles, dev));
-            }
-            let found: Vec<Vec<u8>> = bad
-                .iter()
-                .map(|&dev| bufs[dev][r.clone()].to_vec())
-                .collect();
-            let mut erased: Vec<usize> = missing.iter().chain(&bad).copied().collect();
-            erased.sort_unstable();
-            if erased.len() <= self.geometry.max_degraded() {
-                self.reconstruct(
-                    &roles,
-                    bufs.iter_mut().map(|b| &mut b[r.clone()]).collect(),
-                    &erased,
-                );
-                // Parity is only ever a function of the data: once every data block of the page
-                // is vouched for (read or rebuilt, matching its record), parity that fails its
-                // record is recomputed whatever its record says (a write torn between parity and
-                // record, a rebuild of a row a cut left mid-write).
-                let data_vouched = (0..self.geometry.raid_disks())
-                    .filter(|&dev| kind_of(&roles, dev) == BlockKind::Data)
-                    .filter(|dev| erased.contains(dev))
-                    .all(|dev| integ.block_ok(dev, off, &bufs[dev][r.clone()]));
-                let mut settled = Vec::new();
-                for (i, &dev) in bad.iter().enumerate() {
-                    let page = &bufs[dev][r.clone()];
-                    if integ.block_ok(dev, off, page) {
-                        settled.push((dev, Settled::Rebuilt));
-                    } else if page == &found[i][..] {
-                        settled.push((dev, Settled::StaleRecord));
-                    } else if data_vouched && kind_of(&roles, dev) != BlockKind::Data {
-                        settled.push((dev, Settled::Parity));
-                    } else {
-                        break;
-                    }
-                }
-                if settled.len() == bad.len() {
-                    if mode == Heal::Count {
-                        continue;
-                    }
-                    for (dev, how) in settled {
-                        if how == Settled::Parity {
-                            tracing::warn!(array = %self.name, role = dev, offset = off,
-                                "parity and its record disagree with verified data: recomputed");
-                            integ.set_block(dev, off, &bufs[dev][r.clone()]);
-                            integ.count_record_fixed();
-                        }
-                        if how != Settled::StaleRecord {
-                            rewrites.push((dev, off, pg));
-                        } else {
-                            tracing::warn!(array = %self.name, role = dev, offset = off,
-                                "integrity record was stale (the row agrees with the block): fixed");
-                            integ.set_block(
-                                dev,
-                                off,
-                                &found[bad.iter().position(|&b| b == dev).expect("bad")],
-                            );
-                            integ.count_record_fixed();
-                            resolved = true;
-                            fixed += 1;
-                        }
-                    }
-                    continue;
-                }
-            }
-            if mode != Heal::Settle {
-                integ.count_unrecoverable();
-                tracing::error!(array = %self.name, offset = off, roles = ?bad,
-                    "blocks fail their records beyond what redundancy can rebuild");
-                self.members.events.emit(
-                    "integrity_unrecoverable",
-                    &self.name,
-                    None,
-                    format!(
-                        "roles {bad:?} at member byte {off} fail their records beyond the \
-                         level's redundancy: reads there fail"
-                    ),
-                );
-                if mode == Heal::Count {
-                    // A check counts it and goes on; the page stays as found.
-                    for (i, &dev) in bad.iter().enumerate() {
-                        bufs[dev][r.clone()].copy_from_slice(&found[i]);
-                    }
-                    continue;
-                }
-                return Err(self.unrecoverable(
-                    off,
-                    PAGE as u64,
-                    "blocks fail their integrity records beyond the level's redundancy",
-                ));
-            }
-            // After an unclean stop, unflushed writes may have left the row as found: keep it
-            // (the resync recomputes parity from the data) and take its records.
-            resolved = true;
-            settled_blocks += bad.len();
-            for (i, &dev) in bad.iter().enumerate() {
-                bufs[dev][r.clone()].copy_from_slice(&found[i]);
-                integ.set_block(dev, off, &found[i]);
-                integ.count_resolved();
-            }
+            self.beyond_redundancy(integ, &page, bufs, mode, &mut tally)?;
         }
-        if failing > 0 {
-            let kind = if mode == Heal::Count {
-                "integrity_mismatch"
-            } else {
-                "integrity_repaired"
-            };
-            let what = if mode == Heal::Count {
-                "rebuilt in memory (check)".to_string()
-            } else {
-                format!(
-                    "{} rewritten, {fixed} stale records fixed, {settled_blocks} settled as found \
-                     after an unclean stop",
-                    rewrites.len()
-                )
-            };
-            self.members.events.emit(
-                kind,
-                &self.name,
-                None,
-                format!("{failing} blocks near member byte {at} failed their records: {what}"),
-            );
+        if tally.failing > 0 {
+            self.report_heal(at, mode, &tally);
         }
-        let settled = mode == Heal::Settle && (!rewrites.is_empty() || resolved);
-        for (dev, off, pg) in rewrites {
+        let settled = mode == Heal::Settle && (!tally.rewrites.is_empty() || tally.resolved);
+        for (dev, off, pg) in tally.rewrites {
             self.rewrite_block(dev, off, &bufs[dev][pg * PAGE..(pg + 1) * PAGE])?;
         }
         if settled {
@@ -227,6 +136,191 @@ impl Array {
             self.flush_members();
         }
         Ok(())
+    }
+
+    /// Page `pg` of `bufs`, if blocks of `corrupt` members there fail their records.
+    fn failed_page(
+        &self,
+        integ: &Integrity,
+        at: u64,
+        pg: usize,
+        bufs: &[PoolBuf],
+        corrupt: &[usize],
+    ) -> Option<FailedPage> {
+        let off = at + (pg * PAGE) as u64;
+        let r = pg * PAGE..(pg + 1) * PAGE;
+        let bad: Vec<usize> = corrupt
+            .iter()
+            .copied()
+            .filter(|&dev| !integ.block_ok(dev, off, &bufs[dev][r.clone()]))
+            .collect();
+        if bad.is_empty() {
+            return None;
+        }
+        let chunk = self.geometry.chunk_sectors() * 512;
+        let found = bad
+            .iter()
+            .map(|&dev| bufs[dev][r.clone()].to_vec())
+            .collect();
+        Some(FailedPage {
+            pg,
+            off,
+            roles: self.geometry.stripe_roles(off / chunk),
+            bad,
+            found,
+        })
+    }
+
+    /// Rebuild the page's failing blocks in `bufs` if the level's redundancy covers them with
+    /// the missing members; how each was resolved, or `None` if one was not.
+    fn rebuild_page(
+        &self,
+        integ: &Integrity,
+        page: &FailedPage,
+        bufs: &mut [PoolBuf],
+        missing: &[usize],
+    ) -> Option<Vec<(usize, Settled)>> {
+        let (off, r, roles) = (page.off, page.bytes(), &page.roles);
+        let mut erased: Vec<usize> = missing.iter().chain(&page.bad).copied().collect();
+        erased.sort_unstable();
+        if erased.len() > self.geometry.max_degraded() {
+            return None;
+        }
+        self.reconstruct(
+            roles,
+            bufs.iter_mut().map(|b| &mut b[r.clone()]).collect(),
+            &erased,
+        );
+        // Parity is only ever a function of the data: once every data block of the page
+        // is vouched for (read or rebuilt, matching its record), parity that fails its
+        // record is recomputed whatever its record says (a write torn between parity and
+        // record, a rebuild of a row a cut left mid-write).
+        let data_vouched = (0..self.geometry.raid_disks())
+            .filter(|&dev| kind_of(roles, dev) == BlockKind::Data)
+            .filter(|dev| erased.contains(dev))
+            .all(|dev| integ.block_ok(dev, off, &bufs[dev][r.clone()]));
+        let mut settled = Vec::new();
+        for (i, &dev) in page.bad.iter().enumerate() {
+            let block = &bufs[dev][r.clone()];
+            if integ.block_ok(dev, off, block) {
+                settled.push((dev, Settled::Rebuilt));
+            } else if block == &page.found[i][..] {
+                settled.push((dev, Settled::StaleRecord));
+            } else if data_vouched && kind_of(roles, dev) != BlockKind::Data {
+                settled.push((dev, Settled::Parity));
+            } else {
+                return None;
+            }
+        }
+        Some(settled)
+    }
+
+    /// Records for what was resolved; rewrites queued for what was rebuilt.
+    fn apply_settled(
+        &self,
+        integ: &Integrity,
+        page: &FailedPage,
+        bufs: &[PoolBuf],
+        settled: Vec<(usize, Settled)>,
+        tally: &mut HealTally,
+    ) {
+        let off = page.off;
+        for (dev, how) in settled {
+            if how == Settled::Parity {
+                tracing::warn!(array = %self.name, role = dev, offset = off,
+                    "parity and its record disagree with verified data: recomputed");
+                integ.set_block(dev, off, &bufs[dev][page.bytes()]);
+                integ.count_record_fixed();
+            }
+            if how != Settled::StaleRecord {
+                tally.rewrites.push((dev, off, page.pg));
+            } else {
+                tracing::warn!(array = %self.name, role = dev, offset = off,
+                    "integrity record was stale (the row agrees with the block): fixed");
+                let i = page.bad.iter().position(|&b| b == dev).expect("bad");
+                integ.set_block(dev, off, &page.found[i]);
+                integ.count_record_fixed();
+                tally.resolved = true;
+                tally.fixed += 1;
+            }
+        }
+    }
+
+    /// A page redundancy cannot vouch for: EIO, counted by a check, or settled as found after
+    /// an unclean stop.
+    fn beyond_redundancy(
+        &self,
+        integ: &Integrity,
+        page: &FailedPage,
+        bufs: &mut [PoolBuf],
+        mode: Heal,
+        tally: &mut HealTally,
+    ) -> Result<()> {
+        let (off, r, bad) = (page.off, page.bytes(), &page.bad);
+        if mode != Heal::Settle {
+            integ.count_unrecoverable();
+            tracing::error!(array = %self.name, offset = off, roles = ?bad,
+                "blocks fail their records beyond what redundancy can rebuild");
+            self.members.events.emit(
+                "integrity_unrecoverable",
+                &self.name,
+                None,
+                format!(
+                    "roles {bad:?} at member byte {off} fail their records beyond the \
+                     level's redundancy: reads there fail"
+                ),
+            );
+            if mode == Heal::Count {
+                // A check counts it and goes on; the page stays as found.
+                for (i, &dev) in bad.iter().enumerate() {
+                    bufs[dev][r.clone()].copy_from_slice(&page.found[i]);
+                }
+                return Ok(());
+            }
+            return Err(self.members.corruption(
+                bad,
+                off,
+                PAGE as u64,
+                "blocks fail their integrity records beyond the level's redundancy",
+            ));
+        }
+        // After an unclean stop, unflushed writes may have left the row as found: keep it
+        // (the resync recomputes parity from the data) and take its records.
+        tally.resolved = true;
+        tally.settled_blocks += bad.len();
+        for (i, &dev) in bad.iter().enumerate() {
+            bufs[dev][r.clone()].copy_from_slice(&page.found[i]);
+            integ.set_block(dev, off, &page.found[i]);
+            integ.count_resolved();
+        }
+        Ok(())
+    }
+
+    fn report_heal(&self, at: u64, mode: Heal, tally: &HealTally) {
+        let kind = if mode == Heal::Count {
+            "integrity_mismatch"
+        } else {
+            "integrity_repaired"
+        };
+        let what = if mode == Heal::Count {
+            "rebuilt in memory (check)".to_string()
+        } else {
+            format!(
+                "{} rewritten, {} stale records fixed, {} settled as found after an unclean stop",
+                tally.rewrites.len(),
+                tally.fixed,
+                tally.settled_blocks
+            )
+        };
+        self.members.events.emit(
+            kind,
+            &self.name,
+            None,
+            format!(
+                "{} blocks near member byte {at} failed their records: {what}",
+                tally.failing
+            ),
+        );
     }
 
     /// Write a rebuilt block back to `dev` and read it again; a member that keeps returning
@@ -289,7 +383,8 @@ impl Array {
                 let roles = self.geometry.stripe_roles(off / chunk);
                 if kind_of(&roles, dev) == BlockKind::Data && !integ.block_ok(dev, off, page) {
                     integ.count_unrecoverable();
-                    return Err(self.unrecoverable(
+                    return Err(self.members.corruption(
+                        &[dev],
                         off,
                         PAGE as u64,
                         "a reconstructed block fails its integrity record",

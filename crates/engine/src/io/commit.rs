@@ -152,9 +152,10 @@ impl Array {
                 &self.members.slots[io.role]
                     .member()
                     .map_or_else(|| format!("role {}", io.role), |m| m.name().to_string()),
+                self.sync.clock.as_ref(),
             ),
             None if ios.iter().all(|io| io.outcome == IoOutcome::Ok) => {
-                self.no_space.write_succeeded()
+                self.no_space.write_succeeded(self.sync.clock.now())
             }
             None => {}
         }

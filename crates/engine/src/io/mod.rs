@@ -316,11 +316,12 @@ impl Array {
                 // hand-off to another thread would cost more than the I/O itself.
                 let mut errors = Vec::new();
                 for (i, op) in ios.iter_mut().enumerate() {
-                    let started = std::time::Instant::now();
+                    let started = self.sync.clock.now();
                     if let Some(e) = op.run(self) {
                         errors.push((i, e));
                     }
-                    self.io.note_latency(op.len(), started.elapsed());
+                    let took = self.sync.clock.now().saturating_sub(started);
+                    self.io.note_latency(op.len(), took);
                 }
                 errors
             }
@@ -359,11 +360,12 @@ impl Array {
                     }
                 });
             }
-            let started = std::time::Instant::now();
+            let started = self.sync.clock.now();
             if let Some(e) = first.run(self) {
                 found.lock().push((0, e));
             }
-            self.io.note_latency(first.len(), started.elapsed());
+            let took = self.sync.clock.now().saturating_sub(started);
+            self.io.note_latency(first.len(), took);
         });
         found.into_inner()
     }

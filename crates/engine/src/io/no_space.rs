@@ -4,9 +4,10 @@
 //! "active" alone would hide that clients are getting errors, and one write going through is
 //! no sign of room (on a full file system a write into space already allocated goes through).
 
+use crate::clock::Clock;
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// How long writes must go through after the last ENOSPC before the episode is over.
 pub(crate) const EPISODE_QUIET: Duration = Duration::from_secs(5);
@@ -24,21 +25,21 @@ pub struct NoSpaceStatus {
 pub(crate) struct NoSpaceTracker {
     /// Mirrors `episode.is_some()`, so that the write path does not take the lock.
     in_episode: AtomicBool,
-    /// The episode, and when its latest write failed.
-    episode: Mutex<Option<(NoSpaceStatus, Instant)>>,
+    /// The episode, and when its latest write failed (on the array's clock).
+    episode: Mutex<Option<(NoSpaceStatus, Duration)>>,
 }
 
 impl NoSpaceTracker {
-    pub(crate) fn write_failed(&self, member: &str) {
-        self.write_failed_at(member, Instant::now());
+    pub(crate) fn write_failed(&self, member: &str, clock: &dyn Clock) {
+        self.write_failed_at(member, clock.now(), crate::clock::unix_ms(clock));
     }
 
-    fn write_failed_at(&self, member: &str, now: Instant) {
+    fn write_failed_at(&self, member: &str, now: Duration, unix_ms: u64) {
         let mut e = self.episode.lock();
         let (ep, last) = e.get_or_insert_with(|| {
             let ep = NoSpaceStatus {
                 member: member.to_string(),
-                since_unix_ms: now_ms(),
+                since_unix_ms: unix_ms,
                 writes_failed: 0,
             };
             (ep, now)
@@ -51,16 +52,14 @@ impl NoSpaceTracker {
 
     /// A write went through on every member: the episode, if any, is over once none has
     /// failed for [`EPISODE_QUIET`].
-    pub(crate) fn write_succeeded(&self) {
-        if self.in_episode.load(Ordering::Acquire) {
-            self.write_succeeded_at(Instant::now());
+    /// `now`: the array's clock.
+    pub(crate) fn write_succeeded(&self, now: Duration) {
+        if !self.in_episode.load(Ordering::Acquire) {
+            return;
         }
-    }
-
-    fn write_succeeded_at(&self, now: Instant) {
         let mut e = self.episode.lock();
         if e.as_ref()
-            .is_some_and(|(_, last)| now.saturating_duration_since(*last) >= EPISODE_QUIET)
+            .is_some_and(|(_, last)| now.saturating_sub(*last) >= EPISODE_QUIET)
         {
             *e = None;
             self.in_episode.store(false, Ordering::Release);
@@ -72,13 +71,6 @@ impl NoSpaceTracker {
     }
 }
 
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -86,16 +78,20 @@ mod tests {
     #[test]
     fn an_episode_lasts_until_writes_go_through_for_a_while() {
         let t = NoSpaceTracker::default();
-        let t0 = Instant::now();
-        t.write_succeeded_at(t0);
+        let t0 = Duration::from_secs(100);
+        t.write_succeeded(t0);
         assert_eq!(t.status(), None);
-        t.write_failed_at("m1", t0);
-        t.write_failed_at("m2", t0 + Duration::from_secs(1));
+        t.write_failed_at("m1", t0, 7);
+        t.write_failed_at("m2", t0 + Duration::from_secs(1), 8);
         let s = t.status().expect("in an episode");
         assert_eq!((s.member.as_str(), s.writes_failed), ("m2", 2));
-        t.write_succeeded_at(t0 + Duration::from_secs(2));
+        assert_eq!(
+            s.since_unix_ms, 7,
+            "the episode started at the first failure"
+        );
+        t.write_succeeded(t0 + Duration::from_secs(2));
         assert!(t.status().is_some(), "one write through is no sign of room");
-        t.write_succeeded_at(t0 + Duration::from_secs(1) + EPISODE_QUIET);
+        t.write_succeeded(t0 + Duration::from_secs(1) + EPISODE_QUIET);
         assert_eq!(t.status(), None);
     }
 }

@@ -32,6 +32,7 @@
 //! assembly writes nothing).
 
 use crate::array::{Array, ArrayConfig, ArrayParts};
+use crate::clock::{new_uuid, SystemClock};
 use crate::error::{EngineError, Result};
 use crate::members::{read_superblock, MemberSb, Meta};
 use crate::members::{Member, Slot};
@@ -89,6 +90,11 @@ struct Placement {
 }
 
 pub fn assemble(devs: Vec<Arc<dyn Device>>, opts: AssembleOptions) -> Result<Array> {
+    let mut opts = opts;
+    // One clock from here on: what recovery stamps (journal row ages) the array compares.
+    opts.config
+        .clock
+        .get_or_insert_with(|| Arc::new(SystemClock::default()));
     let found = read_members(devs)?;
     let freshest = found
         .iter()
@@ -568,40 +574,7 @@ fn build(
 ) -> Result<Array> {
     let roles = running_roles(&best, &p.by_role, &p.forced);
     let table_changed = roles != best.dev_roles || !p.forced.is_empty();
-    let mut members = Vec::new();
-    let mut slots = Vec::new();
-    for entry in p.by_role {
-        let slot = match entry {
-            Some((dev, sb)) => {
-                let m = new_member(dev, &sb);
-                let slot = Slot::new(Some(m.clone()));
-                if sb.feature_map & format::feature::RECOVERY_OFFSET != 0 {
-                    // Rebuilt only up to here when the daemon stopped; the rebuild resumes
-                    // (still limited to the bitmap's set chunks if it was a re-add).
-                    slot.advance(sb.recovery_offset * 512);
-                    slot.set_bitmap_guided(sb.feature_map & format::feature::RECOVERY_BITMAP != 0);
-                }
-                members.push(MemberSb {
-                    member: m,
-                    sb,
-                    writable: true,
-                });
-                slot
-            }
-            None => Slot::new(None),
-        };
-        slots.push(slot);
-    }
-    let mut spare_members = Vec::new();
-    for (dev, sb) in p.spares {
-        let m = new_member(dev, &sb);
-        spare_members.push(m.clone());
-        members.push(MemberSb {
-            member: m,
-            sb,
-            writable: true,
-        });
-    }
+    let (members, slots, spare_members) = fill_slots(p.by_role, p.spares);
     let was_dirty = best.resync_offset != MAX_SECTOR;
     let resync_from = (was_dirty && geometry.max_degraded() > 0).then(|| best.resync_offset * 512);
     let bitmap = load_bitmap(&best, &geometry, &slots, resync_from)?;
@@ -613,6 +586,7 @@ fn build(
         load_used(&best, &geometry, &slots)
     };
     let mut meta = Meta {
+        clock: opts.config.clock.clone().expect("assemble sets the clock"),
         members,
         events: best.events,
         resync_offset: best.resync_offset,
@@ -673,6 +647,48 @@ fn build(
     Ok(array)
 }
 
+/// The role slots as placed, and every member with its superblock (spares after the roles).
+fn fill_slots(
+    by_role: Vec<Option<Found>>,
+    spares: Vec<Found>,
+) -> (Vec<MemberSb>, Vec<Slot>, Vec<Arc<Member>>) {
+    let mut members = Vec::new();
+    let mut slots = Vec::new();
+    for entry in by_role {
+        let slot = match entry {
+            Some((dev, sb)) => {
+                let m = new_member(dev, &sb);
+                let slot = Slot::new(Some(m.clone()));
+                if sb.feature_map & format::feature::RECOVERY_OFFSET != 0 {
+                    // Rebuilt only up to here when the daemon stopped; the rebuild resumes
+                    // (still limited to the bitmap's set chunks if it was a re-add).
+                    slot.advance(sb.recovery_offset * 512);
+                    slot.set_bitmap_guided(sb.feature_map & format::feature::RECOVERY_BITMAP != 0);
+                }
+                members.push(MemberSb {
+                    member: m,
+                    sb,
+                    writable: true,
+                });
+                slot
+            }
+            None => Slot::new(None),
+        };
+        slots.push(slot);
+    }
+    let mut spare_members = Vec::new();
+    for (dev, sb) in spares {
+        let m = new_member(dev, &sb);
+        spare_members.push(m.clone());
+        members.push(MemberSb {
+            member: m,
+            sb,
+            writable: true,
+        });
+    }
+    (members, slots, spare_members)
+}
+
 /// The integrity records of an array created with them, loaded from the members' zones.
 fn load_integrity(
     best: &Superblock,
@@ -728,44 +744,48 @@ struct JournalSetup {
     read_only_reason: Option<String>,
 }
 
-/// Recover the journal, or start read-only when it is missing (md's rule), unless told to
-/// drop it or to start a new one.
-fn open_journal(
+/// What assembly does about the journal, decided from the options, the superblocks and the
+/// devices found, before anything is written.
+enum JournalPlan {
+    /// The array has no journal.
+    Absent,
+    /// Run without one; a log still found is recovered first, so what it holds goes home.
+    Drop(Option<Found>),
+    /// The journal is lost: this device becomes a new, empty one.
+    Start(Arc<dyn Device>),
+    /// The journal was found: recover it.
+    Recover(Found),
+    /// The journal is lost and nothing was asked: start read-only (md's rule).
+    Missing,
+}
+
+fn plan_journal(
     opts: &mut AssembleOptions,
     best: &Superblock,
-    disks: Disks<'_>,
+    slots: &[Slot],
     found: Option<Found>,
-    meta: &mut Meta,
     name: &str,
-) -> Result<JournalSetup> {
-    let Disks {
-        geometry,
-        slots,
-        integrity,
-    } = disks;
-    let has = best.feature_map & format::feature::JOURNAL != 0;
+) -> Result<JournalPlan> {
     let fail = |reason: String| EngineError::Assemble {
         member: format!("array '{name}'"),
         reason,
     };
+    let has = best.feature_map & format::feature::JOURNAL != 0;
+    let replacing = opts.drop_journal || opts.add_journal.is_some();
     if !has {
-        if opts.drop_journal || opts.add_journal.is_some() {
+        if replacing {
             return Err(fail("has no journal to drop or replace".into()));
         }
-        return Ok(JournalSetup::default());
+        return Ok(JournalPlan::Absent);
     }
-    let mut setup = JournalSetup::default();
     if opts.drop_journal && opts.add_journal.is_some() {
         return Err(fail("drop the journal or add one, not both".into()));
     }
-    let replacing = opts.drop_journal || opts.add_journal.is_some();
-    if let (true, Some((dev, _))) = (replacing, &found) {
-        if opts.add_journal.is_some() {
-            return Err(fail(format!(
-                "already has its journal {}; nothing to replace",
-                dev.name()
-            )));
-        }
+    if let (Some((dev, _)), Some(_)) = (&found, &opts.add_journal) {
+        return Err(fail(format!(
+            "already has its journal {}; nothing to replace",
+            dev.name()
+        )));
     }
     if replacing && found.is_none() && slots.iter().any(|s| !s.is_complete()) && !opts.force {
         // Without the log nobody knows whether stripes were being written at a crash (the
@@ -781,65 +801,30 @@ fn open_journal(
         )));
     }
     if opts.drop_journal {
-        if let Some((dev, sb)) = found {
-            // The log is still there: what it holds goes home first.
-            let mut sb = sb;
-            let j = crate::policy::journal::recover(
-                new_member(dev, &sb),
-                &mut sb,
-                geometry,
-                slots,
-                opts.config.read_only,
-                integrity,
-            )?;
-            if j.cache_bytes() > 0 {
-                return Err(fail(
-                    "its journal holds write-back data that has no parity yet; run the array \
-                     with its journal and stop it cleanly (which writes that data home), then \
-                     drop the journal"
-                        .into(),
-                ));
-            }
-        }
-        for raw in meta
-            .roles
-            .iter_mut()
-            .filter(|r| **r == format::ROLE_JOURNAL)
-        {
-            *raw = format::ROLE_FAULTY;
-        }
-        for m in &mut meta.members {
-            m.sb.feature_map &= !format::feature::JOURNAL;
-        }
-        meta.resync_offset = 0;
-        tracing::warn!(array = %name, "journal dropped: the array runs with the resync policy; a full resync makes parity agree with data again");
-        setup.table_changed = true;
-        setup.resync_from = Some(0);
-        return Ok(setup);
+        return Ok(JournalPlan::Drop(found));
     }
-    let (dev, mut sb) = match (found, opts.add_journal.take()) {
-        (Some((dev, _)), Some(_)) => {
-            return Err(fail(format!(
-                "already has its journal {}; nothing to replace",
-                dev.name()
-            )))
-        }
-        (Some(found), None) => found,
-        (None, Some(dev)) => {
-            let sb = new_journal_sb(best, meta, dev.as_ref())?;
-            crate::policy::journal::write_empty_log(dev.as_ref(), &sb)
-                .and_then(|()| crate::members::write_superblock(&new_member(dev.clone(), &sb), &sb))
-                .map_err(|e| EngineError::Assemble {
-                    member: dev.name().into(),
-                    reason: format!("cannot write the new journal: {e}"),
-                })?;
-            meta.resync_offset = 0;
-            setup.table_changed = true;
-            setup.resync_from = Some(0);
-            tracing::warn!(array = %name, journal = %dev.name(), "new journal; a full resync repairs what the lost log held");
-            (dev, sb)
-        }
-        (None, None) => {
+    Ok(match (found, opts.add_journal.take()) {
+        (Some(found), _) => JournalPlan::Recover(found),
+        (None, Some(dev)) => JournalPlan::Start(dev),
+        (None, None) => JournalPlan::Missing,
+    })
+}
+
+/// Recover the journal, or start read-only when it is missing (md's rule), unless told to
+/// drop it or to start a new one.
+fn open_journal(
+    opts: &mut AssembleOptions,
+    best: &Superblock,
+    disks: Disks<'_>,
+    found: Option<Found>,
+    meta: &mut Meta,
+    name: &str,
+) -> Result<JournalSetup> {
+    let read_only = opts.config.read_only;
+    let (dev, sb, mut setup) = match plan_journal(opts, best, disks.slots, found, name)? {
+        JournalPlan::Absent => return Ok(JournalSetup::default()),
+        JournalPlan::Drop(found) => return drop_journal(disks, found, meta, name, read_only),
+        JournalPlan::Missing => {
             let slot = best
                 .dev_roles
                 .iter()
@@ -853,19 +838,33 @@ fn open_journal(
             );
             tracing::warn!(array = %name, "starting read-only: {why}");
             opts.config.read_only = true;
-            setup.read_only_reason = Some(why);
-            return Ok(setup);
+            return Ok(JournalSetup {
+                read_only_reason: Some(why),
+                ..JournalSetup::default()
+            });
+        }
+        JournalPlan::Recover((dev, sb)) => (dev, sb, JournalSetup::default()),
+        JournalPlan::Start(dev) => {
+            let sb = start_journal(best, meta, &dev, name)?;
+            let setup = JournalSetup {
+                table_changed: true,
+                resync_from: Some(0),
+                ..JournalSetup::default()
+            };
+            (dev, sb, setup)
         }
     };
+    let mut sb = sb;
     let member = new_member(dev, &sb);
     let sb_devflags = sb.devflags;
     let journal = crate::policy::journal::recover(
         member.clone(),
         &mut sb,
-        geometry,
-        slots,
-        opts.config.read_only,
-        integrity,
+        disks.geometry,
+        disks.slots,
+        read_only,
+        disks.integrity,
+        meta.clock.as_ref(),
     )?;
     let r = journal.status().replayed;
     tracing::info!(array = %name, journal = %member.name(), units = r.units, torn = r.torn_units, pages = r.pages, data_only = r.data_only_pages, ms = r.millis, "journal recovered");
@@ -877,6 +876,77 @@ fn open_journal(
     setup.write_back = sb_devflags & format::DEVFLAG_JOURNAL_WRITE_BACK != 0;
     setup.journal = Some(Arc::new(journal));
     Ok(setup)
+}
+
+/// Run without the journal: a log still found is recovered first (refused if it holds
+/// write-back data without parity), then the role table and feature bits forget it and a full
+/// resync is owed.
+fn drop_journal(
+    disks: Disks<'_>,
+    found: Option<Found>,
+    meta: &mut Meta,
+    name: &str,
+    read_only: bool,
+) -> Result<JournalSetup> {
+    if let Some((dev, sb)) = found {
+        let mut sb = sb;
+        let j = crate::policy::journal::recover(
+            new_member(dev, &sb),
+            &mut sb,
+            disks.geometry,
+            disks.slots,
+            read_only,
+            disks.integrity,
+            meta.clock.as_ref(),
+        )?;
+        if j.cache_bytes() > 0 {
+            return Err(EngineError::Assemble {
+                member: format!("array '{name}'"),
+                reason: "its journal holds write-back data that has no parity yet; run the array \
+                     with its journal and stop it cleanly (which writes that data home), then \
+                     drop the journal"
+                    .into(),
+            });
+        }
+    }
+    for raw in meta
+        .roles
+        .iter_mut()
+        .filter(|r| **r == format::ROLE_JOURNAL)
+    {
+        *raw = format::ROLE_FAULTY;
+    }
+    for m in &mut meta.members {
+        m.sb.feature_map &= !format::feature::JOURNAL;
+    }
+    meta.resync_offset = 0;
+    tracing::warn!(array = %name, "journal dropped: the array runs with the resync policy; a full resync makes parity agree with data again");
+    Ok(JournalSetup {
+        table_changed: true,
+        resync_from: Some(0),
+        ..JournalSetup::default()
+    })
+}
+
+/// Make `dev` the lost journal's successor: an empty log and its superblock; a full resync is
+/// owed for what the old log held.
+fn start_journal(
+    best: &Superblock,
+    meta: &mut Meta,
+    dev: &Arc<dyn Device>,
+    name: &str,
+) -> Result<Superblock> {
+    let sb = new_journal_sb(best, meta, dev.as_ref())?;
+    let seq = crate::policy::journal::new_log_seq(meta.clock.as_ref());
+    crate::policy::journal::write_empty_log(dev.as_ref(), &sb, seq)
+        .and_then(|()| crate::members::write_superblock(&new_member(dev.clone(), &sb), &sb))
+        .map_err(|e| EngineError::Assemble {
+            member: dev.name().into(),
+            reason: format!("cannot write the new journal: {e}"),
+        })?;
+    meta.resync_offset = 0;
+    tracing::warn!(array = %name, journal = %dev.name(), "new journal; a full resync repairs what the lost log held");
+    Ok(sb)
 }
 
 /// The superblock of a new journal device for an array whose journal was lost: the array's
@@ -914,7 +984,7 @@ fn new_journal_sb(best: &Superblock, meta: &mut Meta, dev: &dyn Device) -> Resul
     let mut sb = best.clone();
     sb.dev_number = slot as u32;
     sb.max_dev = sb.max_dev.max(max_dev);
-    sb.device_uuid = *uuid::Uuid::new_v4().as_bytes();
+    sb.device_uuid = new_uuid(meta.clock.as_ref());
     sb.data_size = sectors - best.data_offset;
     sb.recovery_offset = 0;
     sb.feature_map &= !(format::feature::RECOVERY_OFFSET | format::feature::RECOVERY_BITMAP);

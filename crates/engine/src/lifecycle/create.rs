@@ -10,9 +10,10 @@
 //! owner of superblock construction; this module decides the array-wide parameters and does
 //! the I/O.
 
+use crate::clock::{new_uuid, Clock, SystemClock};
 use crate::error::{EngineError, Result};
 use crate::members::Member;
-use crate::members::{now_secs, read_superblock, write_superblock};
+use crate::members::{read_superblock, write_superblock};
 use device::{AlignedBuf, Device};
 use format::{BitmapSuper, CreateParams, Superblock, ROLE_JOURNAL, ROLE_SPARE, SB_OFFSET_SECTORS};
 use layout::{Geometry, GeometrySpec, Level};
@@ -71,7 +72,59 @@ pub struct Created {
 }
 
 pub fn create(spec: &CreateSpec) -> Result<Created> {
-    let all: Vec<&Arc<dyn Device>> = spec.members.iter().chain(&spec.spares).collect();
+    create_with_clock(spec, &SystemClock::default())
+}
+
+/// [`create`], with the UUIDs, the creation time and the journal's first sequence number drawn
+/// from `clock` (a seeded [`crate::ManualClock`] creates the same bytes every time).
+pub fn create_with_clock(spec: &CreateSpec, clock: &dyn Clock) -> Result<Created> {
+    let all = checked_devices(spec)?;
+    let identity = Identity {
+        uuid: new_uuid(clock),
+        device_uuids: (0..all.len()).map(|_| new_uuid(clock)).collect(),
+        ctime_secs: clock.wall().as_secs(),
+        journal_seq: crate::policy::journal::new_log_seq(clock),
+    };
+    let plan = plan_create(spec, &all, &identity)?;
+    for (dev, sb) in all.iter().zip(&plan.superblocks) {
+        write_new_member(spec, dev, sb, &plan, identity.journal_seq)?;
+    }
+    Ok(plan.created)
+}
+
+/// What names a new array and its members: drawn before planning, so the plan is a function
+/// of the spec, the members' sizes and these values alone.
+struct Identity {
+    uuid: [u8; 16],
+    device_uuids: Vec<[u8; 16]>,
+    ctime_secs: u64,
+    /// The sequence number of a journal's empty log.
+    journal_seq: u64,
+}
+
+/// Everything `create` writes, computed (and validated by `format`) before the first write.
+struct CreatePlan {
+    /// One per device of [`checked_devices`], in its order.
+    superblocks: Vec<Superblock>,
+    bitmap: Option<BitmapSuper>,
+    /// Where the used-region map goes on every member, and its bytes.
+    used_map: Option<(u64, Vec<u8>)>,
+    zone: Option<format::Zone>,
+    created: Created,
+}
+
+/// The member sizes every later decision derives from.
+struct Sizes {
+    chunk_sectors: u64,
+    smallest_sectors: u64,
+    data_offset: u64,
+    /// Data sectors after `data_offset`, per device (members, spares, journal).
+    data_sectors: Vec<u64>,
+}
+
+/// Members, then spares, then the journal; after every refusal that needs no sizes.
+fn checked_devices(spec: &CreateSpec) -> Result<Vec<&Arc<dyn Device>>> {
+    let mut all: Vec<&Arc<dyn Device>> = spec.members.iter().chain(&spec.spares).collect();
     if spec.members.is_empty() {
         return Err(EngineError::InvalidArgument("no members given".into()));
     }
@@ -83,7 +136,6 @@ pub fn create(spec: &CreateSpec) -> Result<Created> {
             spec.members.len()
         )));
     }
-    let mut all = all;
     if spec.integrity {
         check_integrity_spec(spec)?;
     }
@@ -95,18 +147,52 @@ pub fn create(spec: &CreateSpec) -> Result<Created> {
         all.push(j);
     }
     check_members(&all, spec.force)?;
+    Ok(all)
+}
+
+fn plan_create(
+    spec: &CreateSpec,
+    all: &[&Arc<dyn Device>],
+    identity: &Identity,
+) -> Result<CreatePlan> {
+    let sizes = plan_sizes(spec, all)?;
+    let (geometry, zone) = plan_geometry(spec, &sizes)?;
+    let bitmap = spec
+        .bitmap
+        .map(|b| new_bitmap(&geometry, identity.uuid, sizes.smallest_sectors, b))
+        .transpose()?;
+    let superblocks = plan_superblocks(spec, all, &geometry, &sizes, identity, bitmap.is_some())?;
+    let used_map = plan_used_map(spec, &geometry, &superblocks)?;
+    let created = Created {
+        uuid: identity.uuid,
+        array_bytes: geometry.array_sectors() * 512,
+        data_offset_sectors: sizes.data_offset,
+        component_sectors: geometry.spec().component_sectors,
+    };
+    Ok(CreatePlan {
+        superblocks,
+        bitmap,
+        used_map,
+        zone,
+        created,
+    })
+}
+
+/// One data offset for all (mdadm's default for the smallest member); refuses devices too
+/// small for it, or for a journal's log.
+fn plan_sizes(spec: &CreateSpec, all: &[&Arc<dyn Device>]) -> Result<Sizes> {
     let chunk_sectors = match spec.level {
         Level::Raid1 | Level::Linear => 0,
         _ => spec.chunk_bytes / 512,
     };
-    let smallest = spec
+    let smallest_sectors = spec
         .members
         .iter()
         .map(|d| d.len_bytes() / 512)
         .min()
         .unwrap_or(0);
-    let data_offset = format::default_data_offset(smallest, chunk_sectors.max(8));
-    let mut data_sizes = Vec::new();
+    let data_offset = format::default_data_offset(smallest_sectors, chunk_sectors.max(8));
+    let mut data_sectors = Vec::new();
     for (i, d) in all.iter().enumerate() {
         let sectors = d.len_bytes() / 512;
         let journal = spec.journal.is_some() && i == all.len() - 1;
@@ -132,9 +218,20 @@ pub fn create(spec: &CreateSpec) -> Result<Created> {
                 ),
             });
         }
-        data_sizes.push(sectors - data_offset);
+        data_sectors.push(sectors - data_offset);
     }
-    let active_sizes = &data_sizes[..spec.members.len()];
+    Ok(Sizes {
+        chunk_sectors,
+        smallest_sectors,
+        data_offset,
+        data_sectors,
+    })
+}
+
+/// The component size (the smallest member, `--size`, the integrity zone) and the geometry.
+fn plan_geometry(spec: &CreateSpec, sizes: &Sizes) -> Result<(Geometry, Option<format::Zone>)> {
+    let chunk_sectors = sizes.chunk_sectors;
+    let active_sizes = &sizes.data_sectors[..spec.members.len()];
     let min_data = *active_sizes.iter().min().expect("at least one member");
     let mut component = layout::component_sectors_for(spec.level, chunk_sectors, min_data);
     if let Some(limit) = spec.size_bytes {
@@ -164,9 +261,6 @@ pub fn create(spec: &CreateSpec) -> Result<Created> {
         }
         None => None,
     };
-    let layout_value = spec
-        .layout
-        .unwrap_or_else(|| layout::default_layout(spec.level));
     let device_sectors = match spec.level {
         Level::Raid0 | Level::Linear if spec.size_bytes.is_none() => active_sizes.to_vec(),
         Level::Raid0 | Level::Linear => vec![component; spec.members.len()],
@@ -174,7 +268,9 @@ pub fn create(spec: &CreateSpec) -> Result<Created> {
     };
     let geometry = Geometry::new(GeometrySpec {
         level: spec.level,
-        layout: layout_value,
+        layout: spec
+            .layout
+            .unwrap_or_else(|| layout::default_layout(spec.level)),
         chunk_sectors,
         raid_disks: spec.members.len(),
         component_sectors: component,
@@ -186,11 +282,18 @@ pub fn create(spec: &CreateSpec) -> Result<Created> {
             "members too small for one chunk per member".into(),
         ));
     }
-    let uuid = *uuid::Uuid::new_v4().as_bytes();
-    let bitmap = spec
-        .bitmap
-        .map(|b| new_bitmap(&geometry, uuid, smallest, b))
-        .transpose()?;
+    Ok((geometry, zone))
+}
+
+/// Every device's superblock, each validated by `format`.
+fn plan_superblocks(
+    spec: &CreateSpec,
+    all: &[&Arc<dyn Device>],
+    geometry: &Geometry,
+    sizes: &Sizes,
+    identity: &Identity,
+    internal_bitmap: bool,
+) -> Result<Vec<Superblock>> {
     // Roles in the order members are given, spares after them (format widens the table to
     // mdadm's `max_dev` with spare entries).
     let roles: Vec<u16> = (0..all.len())
@@ -205,15 +308,15 @@ pub fn create(spec: &CreateSpec) -> Result<Created> {
         })
         .collect();
     let array_params = CreateParams {
-        set_uuid: uuid,
+        set_uuid: identity.uuid,
         name: spec.name.clone(),
-        ctime_secs: now_secs(),
+        ctime_secs: identity.ctime_secs,
         level: spec.level.md_level(),
         layout: geometry.spec().layout,
         chunk_sectors: geometry.chunk_sectors() as u32,
         raid_disks: spec.members.len() as u32,
-        size: component,
-        data_offset,
+        size: geometry.spec().component_sectors,
+        data_offset: sizes.data_offset,
         data_size: 0,
         dev_number: 0,
         device_uuid: [0; 16],
@@ -221,30 +324,41 @@ pub fn create(spec: &CreateSpec) -> Result<Created> {
         // Levels without redundancy have nothing to resync (a one-member RAID1 included).
         // An integrity array starts discarded: all zeroes, parity included.
         assume_clean: spec.assume_clean || geometry.max_degraded() == 0 || spec.integrity,
-        internal_bitmap: bitmap.is_some(),
+        internal_bitmap,
         journal: spec.journal.is_some(),
         integrity: spec.integrity,
-        bm_space_device_sectors: Some(smallest),
+        bm_space_device_sectors: Some(sizes.smallest_sectors),
     };
-    // Every superblock is built (and validated by `format`) before the first is written.
-    let mut sbs = Vec::with_capacity(all.len());
-    for (i, dev) in all.iter().enumerate() {
-        let params = CreateParams {
-            data_size: data_sizes[i],
-            dev_number: i as u32,
-            device_uuid: *uuid::Uuid::new_v4().as_bytes(),
-            ..array_params.clone()
-        };
-        sbs.push(
+    assert_eq!(
+        identity.device_uuids.len(),
+        all.len(),
+        "one UUID per device"
+    );
+    all.iter()
+        .enumerate()
+        .map(|(i, dev)| {
+            let params = CreateParams {
+                data_size: sizes.data_sectors[i],
+                dev_number: i as u32,
+                device_uuid: identity.device_uuids[i],
+                ..array_params.clone()
+            };
             Superblock::new_for_create(&params).map_err(|e| EngineError::Create {
                 member: dev.name().into(),
                 reason: e.to_string(),
-            })?,
-        );
-    }
-    // The journal replays whatever was in flight: the used-region map (whose releases it does
-    // not log) is left out.
-    let used_map = sbs
+            })
+        })
+        .collect()
+}
+
+/// The used-region map every member carries. The journal replays whatever was in flight, so
+/// a journal array (whose releases it does not log) goes without.
+fn plan_used_map(
+    spec: &CreateSpec,
+    geometry: &Geometry,
+    superblocks: &[Superblock],
+) -> Result<Option<(u64, Vec<u8>)>> {
+    let used_map = superblocks
         .first()
         .filter(|_| spec.journal.is_none())
         .and_then(|sb| {
@@ -255,7 +369,7 @@ pub fn create(spec: &CreateSpec) -> Result<Created> {
             } else {
                 0
             };
-            crate::policy::used::initial_map(&geometry, sb, room, !spec.discard, flags)
+            crate::policy::used::initial_map(geometry, sb, room, !spec.discard, flags)
                 .map(|(_, bytes)| (base, bytes))
         });
     if spec.guided && used_map.is_none() {
@@ -263,59 +377,45 @@ pub fn create(spec: &CreateSpec) -> Result<Created> {
             "no room for the used-region map, which records the guided policy".into(),
         ));
     }
-    for (dev, sb) in all.iter().zip(&sbs) {
-        if sb.role() == format::DevRole::Journal {
-            let mut sb = sb.clone();
-            if spec.journal_write_back {
-                sb.devflags |= format::DEVFLAG_JOURNAL_WRITE_BACK;
-            }
-            let sb = &sb;
-            crate::policy::journal::write_empty_log(dev.as_ref(), sb).map_err(|e| {
-                EngineError::Create {
-                    member: dev.name().into(),
-                    reason: format!("cannot start the journal: {e}"),
-                }
-            })?;
-            write_member(dev, sb, None).map_err(|e| EngineError::Create {
-                member: dev.name().into(),
-                reason: e.to_string(),
-            })?;
-            continue;
+    Ok(used_map)
+}
+
+/// Write one device as the plan says: a journal gets an empty log; a member its discarded data
+/// area, used-region map and integrity tables; both then their superblock (and bitmap).
+fn write_new_member(
+    spec: &CreateSpec,
+    dev: &Arc<dyn Device>,
+    sb: &Superblock,
+    plan: &CreatePlan,
+    journal_seq: u64,
+) -> Result<()> {
+    let failed = |reason: String| EngineError::Create {
+        member: dev.name().into(),
+        reason,
+    };
+    if sb.role() == format::DevRole::Journal {
+        let mut sb = sb.clone();
+        if spec.journal_write_back {
+            sb.devflags |= format::DEVFLAG_JOURNAL_WRITE_BACK;
         }
-        if spec.discard || spec.integrity {
-            dev.discard_zeroes(sb.data_offset * 512, sb.data_size * 512)
-                .map_err(|e| EngineError::Create {
-                    member: dev.name().into(),
-                    reason: format!("cannot discard the data area: {e}"),
-                })?;
-        }
-        if let Some((base, bytes)) = &used_map {
-            let buf = AlignedBuf::copy_from(bytes);
-            dev.write_at(&buf, *base, false)
-                .map_err(|e| EngineError::Create {
-                    member: dev.name().into(),
-                    reason: e.to_string(),
-                })?;
-        }
-        if let Some(zone) = &zone {
-            crate::integrity::write_initial_tables(dev.as_ref(), sb, zone, uuid).map_err(|e| {
-                EngineError::Create {
-                    member: dev.name().into(),
-                    reason: format!("cannot write the integrity tables: {e}"),
-                }
-            })?;
-        }
-        write_member(dev, sb, bitmap.as_ref()).map_err(|e| EngineError::Create {
-            member: dev.name().into(),
-            reason: e.to_string(),
-        })?;
+        crate::policy::journal::write_empty_log(dev.as_ref(), &sb, journal_seq)
+            .map_err(|e| failed(format!("cannot start the journal: {e}")))?;
+        return write_member(dev, &sb, None).map_err(|e| failed(e.to_string()));
     }
-    Ok(Created {
-        uuid,
-        array_bytes: geometry.array_sectors() * 512,
-        data_offset_sectors: data_offset,
-        component_sectors: component,
-    })
+    if spec.discard || spec.integrity {
+        dev.discard_zeroes(sb.data_offset * 512, sb.data_size * 512)
+            .map_err(|e| failed(format!("cannot discard the data area: {e}")))?;
+    }
+    if let Some((base, bytes)) = &plan.used_map {
+        let buf = AlignedBuf::copy_from(bytes);
+        dev.write_at(&buf, *base, false)
+            .map_err(|e| failed(e.to_string()))?;
+    }
+    if let Some(zone) = &plan.zone {
+        crate::integrity::write_initial_tables(dev.as_ref(), sb, zone, plan.created.uuid)
+            .map_err(|e| failed(format!("cannot write the integrity tables: {e}")))?;
+    }
+    write_member(dev, sb, plan.bitmap.as_ref()).map_err(|e| failed(e.to_string()))
 }
 
 /// A journal needs a parity level with a chunk of whole pages, and replaces the bitmap.

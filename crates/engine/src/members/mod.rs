@@ -21,7 +21,7 @@ mod superblocks;
 
 pub use member::{Member, Slot, FULLY_IN_SYNC};
 pub use superblocks::read_superblock;
-pub(crate) use superblocks::{now_secs, write_superblock, EventRecorder, MemberSb, Meta};
+pub(crate) use superblocks::{write_superblock, EventRecorder, MemberSb, Meta};
 
 use crate::cluster::Coordinator;
 use crate::error::EngineError;
@@ -71,6 +71,7 @@ impl MemberSet {
         slots: Arc<Vec<Slot>>,
         meta: Meta,
         spares: Vec<Arc<Member>>,
+        events: EventBus,
         coordinator: Arc<dyn Coordinator>,
         watch: Box<dyn FailureWatch>,
     ) -> MemberSet {
@@ -80,7 +81,7 @@ impl MemberSet {
             slots,
             meta: Mutex::new(meta),
             spares: Mutex::new(spares),
-            events: EventBus::default(),
+            events,
             // False at assembly whatever the superblocks said: a run that started dirty or
             // with a resync checkpoint still records "active, resync from 0" before its first
             // write, because what it writes may land below the old checkpoint.
@@ -117,6 +118,43 @@ impl MemberSet {
     pub fn unrecoverable(&self, offset_bytes: u64, len_bytes: u64, reason: &str) -> EngineError {
         EngineError::Unrecoverable {
             array: self.name.clone(),
+            offset_bytes,
+            len_bytes,
+            reason: reason.to_string(),
+        }
+    }
+
+    /// The error of a write whose metadata record (bitmap bits, used-region map) could not be
+    /// made durable.
+    pub fn metadata_failed(&self, offset_bytes: u64, len_bytes: u64, reason: &str) -> EngineError {
+        EngineError::Metadata {
+            array: self.name.clone(),
+            offset_bytes,
+            len_bytes,
+            reason: reason.to_string(),
+        }
+    }
+
+    /// What the members of `roles` hold at member byte `offset_bytes` failed verification
+    /// beyond redundancy.
+    pub fn corruption(
+        &self,
+        roles: &[usize],
+        offset_bytes: u64,
+        len_bytes: u64,
+        reason: &str,
+    ) -> EngineError {
+        let names: Vec<String> = roles
+            .iter()
+            .map(|&r| {
+                self.slots[r]
+                    .member()
+                    .map_or_else(|| format!("role {r}"), |m| m.name().to_string())
+            })
+            .collect();
+        EngineError::Corruption {
+            array: self.name.clone(),
+            member: names.join(", "),
             offset_bytes,
             len_bytes,
             reason: reason.to_string(),

@@ -19,7 +19,6 @@ use device::AlignedBuf;
 use format::{Superblock, SB_BYTES, SB_OFFSET_SECTORS};
 use std::io;
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Byte offset of the v1.2 superblock on every member.
 pub(crate) const SB_OFFSET_BYTES: u64 = SB_OFFSET_SECTORS * 512;
@@ -32,6 +31,8 @@ pub(crate) struct MemberSb {
 }
 
 pub(crate) struct Meta {
+    /// Stamps `utime` in every commit.
+    pub clock: Arc<dyn crate::clock::Clock>,
     pub members: Vec<MemberSb>,
     pub events: u64,
     pub resync_offset: u64,
@@ -55,20 +56,10 @@ pub(crate) trait EventRecorder: Send + Sync {
     ) -> crate::members::paged::WriteFailures;
 }
 
-pub(crate) fn now_secs() -> u64 {
-    now_since_epoch().as_secs()
-}
-
-fn now_since_epoch() -> std::time::Duration {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default()
-}
-
 impl Meta {
     /// Bump events and write every writable superblock. Returns the members whose write failed.
     pub fn commit(&mut self) -> Vec<(Arc<Member>, io::Error)> {
-        let utime = format::ironraid_time(now_since_epoch());
+        let utime = format::ironraid_time(self.clock.wall());
         let mut failed = Vec::new();
         // Members whose superblock is behind (a power cut came in the middle of the last
         // commit) first catch up to the current count; only then does the count move on. A cut

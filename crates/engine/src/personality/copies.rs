@@ -54,6 +54,16 @@ impl Array {
     }
 
     /// `locked`: the caller holds the range's region locks (a repair then takes none).
+    /// The copy reads start with: spread over the copies, but always the first while they may
+    /// differ (a resync pending), so that reading a block twice gives the same answer (md).
+    fn first_copy(&self) -> usize {
+        if self.sync.unsynced.load(Ordering::Acquire) {
+            0
+        } else {
+            self.next_copy.fetch_add(1, Ordering::Relaxed)
+        }
+    }
+
     fn mirror_read_in(&self, offset_bytes: u64, buf: &mut [u8], locked: bool) -> Result<()> {
         if let Some((a, b)) = self.whole_pages(offset_bytes, buf.len()) {
             // Records verify whole pages: read the pages around the range.
@@ -64,11 +74,7 @@ impl Array {
             return Ok(());
         }
         let pieces = self.pieces(offset_bytes, buf.len());
-        let spread = if self.sync.unsynced.load(Ordering::Acquire) {
-            0
-        } else {
-            self.next_copy.fetch_add(1, Ordering::Relaxed)
-        };
+        let spread = self.first_copy();
         // attempt[i]: how many copies of piece i have been tried
         let mut attempt = vec![0usize; pieces.len()];
         // corrupt[i]: a copy of piece i failed its records; the piece's copies are then settled

@@ -182,7 +182,7 @@ impl WriteIntentBitmap {
             .commit_bits(members, BITMAP_HEADER_BYTES, new.iter().copied(), true)
         {
             self.end_write(offset, len);
-            return Err(members.unrecoverable(
+            return Err(members.metadata_failed(
                 offset,
                 len,
                 "cannot record the write-intent bitmap",
@@ -443,7 +443,7 @@ impl Array {
     /// threads: bitmap clean-up, journal write-out and reclaim).
     pub(crate) fn until_stopped(&self, period: Duration, mut tick: impl FnMut()) {
         while !self.sync.st.lock().stop {
-            std::thread::sleep(period);
+            self.sync.clock.park(period);
             tick();
         }
     }

@@ -31,6 +31,7 @@
 //! chain would replay (compared page by page); otherwise it is refused with what to do.
 
 use crate::array::Array;
+use crate::clock::Clock;
 use crate::error::{EngineError, Result};
 use crate::members::write_superblock;
 use crate::members::{Member, Slot};
@@ -42,7 +43,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::Duration;
 
 /// The smallest log `create` accepts (the array's geometry may need more, see
 /// [`required_log_sectors`]).
@@ -65,10 +66,14 @@ pub(crate) fn required_log_sectors(geometry: &Geometry) -> u64 {
     4 * (pages + metas) * PAGE_SECTORS_U64
 }
 
+/// A random first sequence number for a new log (32 bits, as mdadm draws).
+pub(crate) fn new_log_seq(clock: &dyn Clock) -> u64 {
+    clock.random_u64() & u64::from(u32::MAX)
+}
+
 /// Write the empty log of a new journal (what mdadm writes): one empty meta block at position
-/// 0 with a random sequence number; the superblock's `journal_tail` is 0.
-pub(crate) fn write_empty_log(dev: &dyn Device, sb: &Superblock) -> std::io::Result<()> {
-    let seq = u64::from(rand::random::<u32>());
+/// 0 with sequence number `seq` (see [`new_log_seq`]); the superblock's `journal_tail` is 0.
+pub(crate) fn write_empty_log(dev: &dyn Device, sb: &Superblock, seq: u64) -> std::io::Result<()> {
     let block = MetaBlock::empty(seq, 0).encode(journal_seed(&sb.set_uuid));
     dev.write_at(&AlignedBuf::copy_from(&block), sb.data_offset * 512, true)
 }
@@ -219,7 +224,8 @@ pub(crate) struct CachedRow {
     pub pages: BTreeMap<(u64, usize), AlignedBuf>,
     seqs: Vec<u64>,
     need: u64,
-    since: Instant,
+    /// When the row was first cached, on the array's clock.
+    since: Duration,
     /// Found by recovery (data the log held without parity). Its stripe may be torn on the
     /// members: a log that failed has its cache written out without logging parity, and a
     /// cut in that write-out leaves data and parity disagreeing with nothing to replay. So
@@ -613,7 +619,7 @@ impl Journal {
                 pages: BTreeMap::new(),
                 seqs: Vec::new(),
                 need: 0,
-                since: Instant::now(),
+                since: array.sync.clock.now(),
                 recovered: false,
             }
         });
@@ -672,17 +678,18 @@ impl Journal {
         self.cv.notify_all();
     }
 
-    /// Cached rows, the one holding the oldest unit first, with how long each has waited.
-    pub fn cached_rows_by_age(&self) -> Vec<(u64, std::time::Duration)> {
+    /// Cached rows, the one holding the oldest unit first, with how long each has waited by
+    /// `now` (the array's clock).
+    pub fn cached_rows_by_age(&self, now: Duration) -> Vec<(u64, Duration)> {
         let c = self.cache.lock();
-        let mut rows: Vec<(u64, u64, std::time::Duration)> = c
+        let mut rows: Vec<(u64, u64, Duration)> = c
             .rows
             .iter()
             .map(|(&row, r)| {
                 (
                     r.seqs.iter().copied().min().unwrap_or(u64::MAX),
                     row,
-                    r.since.elapsed(),
+                    now.saturating_sub(r.since),
                 )
             })
             .collect();
@@ -876,8 +883,9 @@ pub(crate) fn recover(
     slots: &[Slot],
     read_only: bool,
     integrity: Option<&crate::integrity::Integrity>,
+    clock: &dyn Clock,
 ) -> Result<Journal> {
-    let started = Instant::now();
+    let started = clock.now();
     let seed = journal_seed(&sb.set_uuid);
     let log = log_sectors(sb);
     let fail = |reason: String| EngineError::Assemble {
@@ -897,45 +905,25 @@ pub(crate) fn recover(
         torn_units: scan.torn,
         ..Replayed::default()
     };
-    let (next_start, next_seq) = match scan.units.last() {
-        Some(u) => (
-            (u.meta.position + u.meta.unit_sectors()) % log,
-            u.meta.seq + RECOVERY_SEQ_JUMP,
-        ),
-        None => {
-            tracing::warn!(journal = %member.name(), "no valid meta block at the journal tail: the log starts empty");
-            (0, u64::from(rand::random::<u32>()))
-        }
-    };
+    let (next_start, next_seq) = next_chain_start(&scan, log, &member, clock);
     let mut chain = NewChain {
         units: VecDeque::new(),
         head: next_start,
         next_seq,
         next_start,
     };
-    let mut cache = WbCache::default();
-    let mut flush_reserve = 0;
+    let (mut cache, mut flush_reserve) = (WbCache::default(), 0);
     let mut failed = None;
     if read_only {
         // Nothing may be written, and nothing older than the log holds may be served: a start
         // that would need the replay is refused (md replays before it serves).
-        let plan = plan_replay(&scan, geometry);
-        let lacking =
-            lacking_pages(&plan, geometry, slots, integrity).map_err(|e| fail(e.to_string()))?;
-        if lacking > 0 {
-            return Err(fail(format!(
-                "its journal holds {lacking} pages of acknowledged writes that the members do \
-                 not hold yet, and a read-only start cannot replay them (it would serve the \
-                 older data): start the array once without --read-only (the log is replayed \
-                 onto the members), stop it, then start it read-only"
-            )));
-        }
+        refuse_read_only_replay(&scan, geometry, slots, integrity).map_err(fail)?;
     } else {
         let (pages, data_only) =
             replay(&scan, geometry, slots, integrity).map_err(|e| fail(e.to_string()))?;
         replayed.pages = pages;
         replayed.data_only_pages = data_only.len() as u64;
-        let mut rows = cached_rows_of(geometry, data_only);
+        let mut rows = cached_rows_of(geometry, data_only, clock.now());
         if let Err(why) = chain.start(&member, log, seed, geometry, &mut rows, sb) {
             // What the log held is on the members (and its data without parity in memory):
             // the log is failed, and the array writes that data out and records the log
@@ -946,31 +934,10 @@ pub(crate) fn recover(
                 member.name()
             ));
         }
-        for r in rows.values_mut() {
-            r.need = write_out_need(r.columns(), geometry);
-            flush_reserve += r.need;
-            cache.bytes += r.pages.len() * PAGE;
-        }
-        cache.rows = rows;
+        (cache, flush_reserve) = write_back_cache(rows, geometry);
     }
-    let NewChain {
-        mut units,
-        mut head,
-        ..
-    } = chain;
-    if units.is_empty() {
-        // The new chain's first block: the empty meta block (written by `start` unless
-        // read-only or failed).
-        units.push_back(Unit {
-            seq: next_seq,
-            start: next_start,
-            sectors: PAGE_SECTORS_U64,
-            logged: true,
-            home: true,
-        });
-        head = (next_start + PAGE_SECTORS_U64) % log;
-    }
-    replayed.millis = started.elapsed().as_millis() as u64;
+    let (units, head) = chain.into_units(log);
+    replayed.millis = clock.now().saturating_sub(started).as_millis() as u64;
     let next = units.back().expect("a unit").seq + 1;
     let st = LogState {
         units,
@@ -1002,8 +969,63 @@ pub(crate) fn recover(
     })
 }
 
+/// Where the new chain starts and its first sequence number: after the last unit found, or
+/// anywhere with a fresh sequence number when the log holds none.
+fn next_chain_start(scan: &Scan, log: u64, member: &Member, clock: &dyn Clock) -> (u64, u64) {
+    match scan.units.last() {
+        Some(u) => (
+            (u.meta.position + u.meta.unit_sectors()) % log,
+            u.meta.seq + RECOVERY_SEQ_JUMP,
+        ),
+        None => {
+            tracing::warn!(journal = %member.name(), "no valid meta block at the journal tail: the log starts empty");
+            (0, new_log_seq(clock))
+        }
+    }
+}
+
+/// A read-only start may write nothing, and may serve nothing older than the log holds: it is
+/// refused when the members lack pages the replay would write (md replays before it serves).
+fn refuse_read_only_replay(
+    scan: &Scan,
+    geometry: &Geometry,
+    slots: &[Slot],
+    integrity: Option<&crate::integrity::Integrity>,
+) -> std::result::Result<(), String> {
+    let plan = plan_replay(scan, geometry);
+    let lacking = lacking_pages(&plan, geometry, slots, integrity).map_err(|e| e.to_string())?;
+    if lacking > 0 {
+        return Err(format!(
+            "its journal holds {lacking} pages of acknowledged writes that the members do \
+             not hold yet, and a read-only start cannot replay them (it would serve the \
+             older data): start the array once without --read-only (the log is replayed \
+             onto the members), stop it, then start it read-only"
+        ));
+    }
+    Ok(())
+}
+
+/// The write-back cache of the rows recovery found without parity, and the log space their
+/// write-outs need.
+fn write_back_cache(rows: BTreeMap<u64, CachedRow>, geometry: &Geometry) -> (WbCache, u64) {
+    let mut cache = WbCache::default();
+    let mut flush_reserve = 0;
+    let mut rows = rows;
+    for r in rows.values_mut() {
+        r.need = write_out_need(r.columns(), geometry);
+        flush_reserve += r.need;
+        cache.bytes += r.pages.len() * PAGE;
+    }
+    cache.rows = rows;
+    (cache, flush_reserve)
+}
+
 /// The data pages recovery found without parity, as cached rows (not logged yet).
-fn cached_rows_of(geometry: &Geometry, data_only: DataOnly) -> BTreeMap<u64, CachedRow> {
+fn cached_rows_of(
+    geometry: &Geometry,
+    data_only: DataOnly,
+    now: Duration,
+) -> BTreeMap<u64, CachedRow> {
     let mut rows: BTreeMap<u64, CachedRow> = BTreeMap::new();
     for (byte, page) in data_only {
         let pos = geometry.locate(byte / 512);
@@ -1012,7 +1034,7 @@ fn cached_rows_of(geometry: &Geometry, data_only: DataOnly) -> BTreeMap<u64, Cac
                 pages: BTreeMap::new(),
                 seqs: Vec::new(),
                 need: 0,
-                since: Instant::now(),
+                since: now,
                 recovered: true,
             })
             .pages
@@ -1027,6 +1049,30 @@ struct NewChain {
     head: u64,
     next_seq: u64,
     next_start: u64,
+}
+
+impl NewChain {
+    /// The new chain's units and head. A chain `start` did not write (read-only, or a failed
+    /// log) still begins with its empty meta block.
+    fn into_units(self, log: u64) -> (VecDeque<Unit>, u64) {
+        let NewChain {
+            mut units,
+            mut head,
+            next_seq,
+            next_start,
+        } = self;
+        if units.is_empty() {
+            units.push_back(Unit {
+                seq: next_seq,
+                start: next_start,
+                sectors: PAGE_SECTORS_U64,
+                logged: true,
+                home: true,
+            });
+            head = (next_start + PAGE_SECTORS_U64) % log;
+        }
+        (units, head)
+    }
 }
 
 impl NewChain {
@@ -1469,7 +1515,7 @@ impl Array {
         let clock = self.sync.clock.clone();
         let mut last = clock.now();
         let mut warned = false;
-        self.until_stopped(std::time::Duration::from_millis(50), || {
+        self.until_stopped(Duration::from_millis(50), || {
             if j.failed().is_some() && !j.settled() {
                 // Nobody flushed since the log failed: write its cache out now (and again at
                 // every tick while that fails, saying so once).
@@ -1484,7 +1530,7 @@ impl Array {
             // Write-back: rows go home when the cache fills, when their data has waited a
             // while, and all of them once the array writes through (mode switched, degraded).
             let degraded = self.members.slots.iter().any(|s| !s.is_complete());
-            for (written, (_, age)) in j.cached_rows_by_age().into_iter().enumerate() {
+            for (written, (_, age)) in j.cached_rows_by_age(clock.now()).into_iter().enumerate() {
                 let pressed = j.cache_bytes() > self.config.stripe_cache_bytes / 8;
                 if written >= 64
                     || !(pressed

@@ -164,7 +164,7 @@ impl UsedRegions {
             .copy
             .commit_bits(members, USED_MAP_HEADER_BYTES, new.iter().copied(), true)
         {
-            return Err(members.unrecoverable(offset, len, "cannot record the used-region map"));
+            return Err(members.metadata_failed(offset, len, "cannot record the used-region map"));
         }
         for r in new {
             self.used[(r / 64) as usize].fetch_or(1 << (r % 64), Ordering::AcqRel);
@@ -493,7 +493,7 @@ impl Array {
             IoKind::Discard(to - from),
         )];
         if let Err(e) = self.commit_writes(&WriteSet::rebuild(from, to - from), &mut ios) {
-            return Err(crate::background::Stop::Failed(e.to_string()));
+            return Err(crate::background::Stop::Failed(e));
         }
         if !ios[0].ok() {
             return Err(crate::background::Stop::Interrupted);

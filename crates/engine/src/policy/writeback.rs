@@ -215,7 +215,7 @@ impl Array {
         let Some(j) = self.policy.journal() else {
             return false;
         };
-        for (row, _) in j.cached_rows_by_age() {
+        for (row, _) in j.cached_rows_by_age(self.sync.clock.now()) {
             let r = self.stripes.get(row);
             let claimed = r.try_claim();
             let res = claimed.then(|| self.write_out_row(row));
@@ -235,7 +235,7 @@ impl Array {
         let Some(j) = self.policy.journal() else {
             return Ok(());
         };
-        for (row, _) in j.cached_rows_by_age() {
+        for (row, _) in j.cached_rows_by_age(self.sync.clock.now()) {
             let r = self.stripes.get(row);
             drop(r.claim(r.st.lock()));
             let res = self.write_out_row(row);
