@@ -19,6 +19,7 @@ use std::sync::Arc;
 
 #[derive(Debug, Default)]
 struct Recording {
+    slot: usize,
     starts: AtomicU64,
     finished_events: Mutex<Vec<u64>>,
     windows: Mutex<Vec<(SyncKind, Range<u64>)>>,
@@ -32,7 +33,7 @@ struct Recording {
 
 impl Coordinator for Recording {
     fn slot_number(&self) -> usize {
-        0
+        self.slot
     }
 
     fn metadata_update_start(&self) {
@@ -206,4 +207,37 @@ fn a_write_waits_while_another_node_resyncs_its_range() {
     let mut back = vec![0u8; 4096];
     a.read(4096, &mut back).unwrap();
     assert!(back.iter().all(|&b| b == 9));
+}
+
+#[test]
+fn a_node_slot_the_bitmap_does_not_have_is_refused_at_assembly() {
+    let sims = sims(3, 70);
+    let spec = engine::CreateSpec {
+        bitmap: Some(engine::BitmapSpec::default()),
+        ..common::clean_spec("coord", Level::Raid1, None, 64 << 10, devs(&sims), vec![])
+    };
+    engine::create(&spec).expect("create");
+    let clock = Arc::new(ManualClock::default());
+    let second = Arc::new(Recording {
+        slot: 1,
+        ..Recording::default()
+    });
+    let err = assemble(
+        devs(&sims),
+        AssembleOptions {
+            config: ArrayConfig {
+                clock: Some(clock.clone()),
+                coordinator: Some(second),
+                ..ArrayConfig::default()
+            },
+            ..Default::default()
+        },
+    )
+    .err()
+    .expect("slot 1 of a one-bitmap array");
+    assert!(matches!(err, EngineError::Unsupported(_)), "{err}");
+    assert!(err.to_string().contains("slot 1"), "{err}");
+    // Slot 0 (the node alone) assembles the same array.
+    let first = Arc::new(Recording::default());
+    boot(&sims, &first, &clock);
 }

@@ -577,6 +577,7 @@ fn build(
     let (members, slots, spare_members) = fill_slots(p.by_role, p.spares);
     let was_dirty = best.resync_offset != MAX_SECTOR;
     let resync_from = (was_dirty && geometry.max_degraded() > 0).then(|| best.resync_offset * 512);
+    check_bitmap_slot(&best, opts.config.coordinator.as_deref())?;
     let bitmap = load_bitmap(&best, &geometry, &slots, resync_from)?;
     // A write-back journal acknowledges writes its map would not know of yet: arrays with a
     // journal keep none (create writes none; this holds it for members that were reused).
@@ -1052,6 +1053,23 @@ fn load_used(best: &Superblock, geometry: &Geometry, slots: &[Slot]) -> Option<A
 /// The write-intent bitmap of an array whose superblock announces one: the union of the
 /// copies on the members in sync (a copy behind the superblocks counts as all ones, as in md).
 /// Copies that do not decode or belong elsewhere are skipped; none usable refuses assembly.
+/// The node's write-intent bitmap slot must exist: arrays created without a cluster keep one
+/// bitmap, slot 0 (md-cluster's per-node bitmaps are not read by this version).
+fn check_bitmap_slot(
+    best: &Superblock,
+    coordinator: Option<&dyn crate::cluster::Coordinator>,
+) -> Result<()> {
+    let slot = coordinator.map_or(0, |c| c.slot_number());
+    if slot == 0 || best.feature_map & format::feature::BITMAP_OFFSET == 0 {
+        return Ok(());
+    }
+    Err(EngineError::Unsupported(format!(
+        "array '{}' keeps one write-intent bitmap (slot 0); this node was given slot {slot}, \
+         which needs md-cluster's per-node bitmaps",
+        best.set_name
+    )))
+}
+
 fn load_bitmap(
     best: &Superblock,
     geometry: &Geometry,
