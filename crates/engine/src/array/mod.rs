@@ -459,7 +459,7 @@ impl Array {
     pub(crate) fn records_after_write(&self, fua_done: bool) {
         // FUA makes the data durable; its records must be as well (a journal's log holds
         // them already).
-        if fua_done && self.integrity.is_some() && self.policy.journal().is_none() {
+        if fua_done && self.integrity.is_some() && !self.policy.logs_pages() {
             self.flush_members();
         } else if self.integrity.as_ref().is_some_and(|i| i.wants_write_out()) {
             // Changed record pages cannot leave the cache until written: a client that
@@ -516,7 +516,7 @@ impl Array {
 
     /// Is there a journal, and has it not failed?
     pub(crate) fn journal_healthy(&self) -> bool {
-        self.policy.journal().is_some_and(|j| j.failed().is_none())
+        self.policy.logs_pages() && self.policy.failed().is_none()
     }
 
     /// Flush every member in a role; a member whose flush fails is failed. Changed integrity
@@ -615,7 +615,7 @@ impl Array {
                     .unwrap_or_else(|| ASSEMBLED_READ_ONLY.into()),
             });
         }
-        if let Some(why) = self.policy.journal().and_then(|j| j.failed()) {
+        if let Some(why) = self.policy.failed() {
             return Err(EngineError::ReadOnly {
                 array: self.name.clone(),
                 reason: why,
@@ -854,8 +854,7 @@ impl Array {
             dirty: self.members.is_active() || self.sync.unsynced.load(Ordering::Acquire),
             consistency_policy: self.policy.name(),
             failed: self.is_failed(),
-            read_only: self.config.read_only
-                || self.policy.journal().is_some_and(|j| j.failed().is_some()),
+            read_only: self.config.read_only || self.policy.failed().is_some(),
             read_only_reason: self.check_writable().err().map(|e| match e {
                 EngineError::ReadOnly { reason, .. } => reason,
                 e => e.to_string(),

@@ -143,7 +143,7 @@ impl Array {
             let (mine, tail) = std::mem::take(&mut rest).split_at_mut(len);
             rest = tail;
             let dev = self.geometry.stripe_roles(row).data_dev(d);
-            let cached = self.policy.journal().is_some_and(|j| j.is_cached(row));
+            let cached = self.policy.is_cached(row);
             // Records verify whole pages: a part of one is read through the row.
             let partial = self.integrity.is_some()
                 && (!off.is_multiple_of(PAGE) || !(len as u64).is_multiple_of(PAGE));
@@ -223,9 +223,7 @@ impl Array {
             // A block whose member is there is read from it: what else ails its row (a
             // damaged or missing member) is not this read's concern.
             if self.read_own_chunk(roles.data_dev(d), at, off - a, out) {
-                if let Some(j) = self.policy.journal() {
-                    j.overlay(row, d, off, out);
-                }
+                self.policy.overlay(row, d, off, out);
                 return Ok(());
             }
             for _ in 0..MAX_REPLANS {
@@ -234,9 +232,7 @@ impl Array {
                     out.copy_from_slice(&bufs.data[d][skip..skip + out.len()]);
                     // Write-back: the newest bytes may still be in the journal's cache (the
                     // claim keeps a write-out from moving them meanwhile).
-                    if let Some(j) = self.policy.journal() {
-                        j.overlay(row, d, off, out);
-                    }
+                    self.policy.overlay(row, d, off, out);
                     return Ok(());
                 }
             }
@@ -405,8 +401,8 @@ impl Array {
     }
 
     fn write_batch(&self, row: u64, batch: &[Piece]) -> Result<()> {
-        if let Some(j) = self.policy.journal() {
-            if j.write_back() && self.cache_batch(row, batch)? {
+        if self.policy.logs_pages() {
+            if self.policy.write_back() && self.cache_batch(row, batch)? {
                 return Ok(());
             }
             // Write-through from here: what the cache holds of this row goes first.
@@ -414,7 +410,7 @@ impl Array {
         }
         let roles = self.geometry.stripe_roles(row);
         let mut intervals = merge(batch.iter().map(|p| (p.offset, p.end())).collect());
-        if self.policy.journal().is_some() || self.integrity.is_some() {
+        if self.policy.logs_pages() || self.integrity.is_some() {
             // The journal logs, and records cover, whole 4 KiB pages: widen each interval to
             // them (the rest of a page is read and written back unchanged).
             intervals = merge(
@@ -512,7 +508,7 @@ impl Array {
             .count();
         let data = || (0..dirty.len()).map(|d| (d, present(roles.data_dev(d))));
         let parity_all = 1 + usize::from(roles.q_dev().is_some());
-        if self.policy.journal().is_some() && parity_present < parity_all {
+        if self.policy.logs_pages() && parity_present < parity_all {
             // The journal logs every parity page and replays it onto whichever member holds
             // the role by then (a rebuild may have passed this stripe): parity is computed
             // in full even for a member that is missing now.
@@ -579,7 +575,7 @@ impl Array {
         let len64 = len as u64;
         let present = |dev: usize| self.members.slot(dev).in_sync(at, len64);
         // With a journal, parity is always computed in full (see `plan_write`).
-        let parity_present = self.policy.journal().is_some()
+        let parity_present = self.policy.logs_pages()
             || std::iter::once(c.roles.p_dev())
                 .chain(c.roles.q_dev())
                 .any(present);
@@ -850,7 +846,7 @@ impl Array {
         exposed_rows(
             &self.geometry,
             &self.members.slots,
-            self.policy.bitmap(),
+            self.policy.torn_bytes(),
             self.resync_owed(),
         )
     }
@@ -864,7 +860,7 @@ impl Array {
     /// Whether `row` is one of [`Array::exposed_rows`].
     pub(crate) fn row_exposed(&self, row: u64) -> bool {
         let chunk = self.chunk_bytes();
-        self.policy.bitmap().is_some()
+        self.policy.torn_bytes().is_some()
             && self.resync_owed()
             && !self
                 .policy
@@ -1248,14 +1244,12 @@ impl Interval<'_> {
 pub(crate) fn exposed_rows(
     geometry: &layout::Geometry,
     slots: &[crate::members::Slot],
-    bitmap: Option<&std::sync::Arc<crate::policy::bitmap::WriteIntentBitmap>>,
+    torn_bytes: Option<u64>,
     resync_owed: bool,
 ) -> u64 {
     let degraded = geometry.level().is_parity() && slots.iter().any(|s| !s.is_complete());
-    match bitmap {
-        Some(b) if degraded && resync_owed => {
-            b.needed_bytes().div_ceil(geometry.chunk_sectors() * 512)
-        }
+    match torn_bytes {
+        Some(bytes) if degraded && resync_owed => bytes.div_ceil(geometry.chunk_sectors() * 512),
         _ => 0,
     }
 }
@@ -1275,7 +1269,8 @@ impl crate::members::FailureWatch for Exposure {
             .sync
             .unsynced
             .load(std::sync::atomic::Ordering::Acquire);
-        exposed_rows(&self.geometry, &self.slots, self.bitmap.as_ref(), owed)
+        let torn = self.bitmap.as_ref().map(|b| b.needed_bytes());
+        exposed_rows(&self.geometry, &self.slots, torn, owed)
     }
 
     fn member_failed(&self) {

@@ -58,6 +58,31 @@ pub(crate) trait ConsistencyPolicy: Send + Sync {
     }
     /// A resync made `from..to` consistent.
     fn resynced(&self, _from: u64, _to: u64) {}
+    /// Does the policy log whole 4 KiB pages with full parity (the journal)? The stripe path
+    /// then widens writes to pages and computes parity in full, even for a missing member.
+    fn logs_pages(&self) -> bool {
+        false
+    }
+    /// Does the policy cache acknowledged writes before they reach the members (the journal's
+    /// write-back mode)?
+    fn write_back(&self) -> bool {
+        false
+    }
+    /// Does the cache hold newer bytes of stripe `row` than its members?
+    fn is_cached(&self, _row: u64) -> bool {
+        false
+    }
+    /// Lay what the cache holds of data chunk `d` of stripe `row`, from byte `off`, over `buf`.
+    fn overlay(&self, _row: u64, _d: usize, _off: u64, _buf: &mut [u8]) {}
+    /// Why the policy's own device failed (the journal's log), if it did: writes are refused.
+    fn failed(&self) -> Option<String> {
+        None
+    }
+    /// Bytes (sync coordinates) a crash may have left torn and not resynced yet, if the policy
+    /// can tell (the bitmap's needed chunks); None: it cannot tell a torn row from a sound one.
+    fn torn_bytes(&self) -> Option<u64> {
+        None
+    }
     /// The write-intent bitmap, if the policy keeps one.
     fn bitmap(&self) -> Option<&Arc<WriteIntentBitmap>> {
         None
@@ -192,6 +217,10 @@ impl ConsistencyPolicy for BitmapPolicy {
         self.bitmap.synced(from, to);
     }
 
+    fn torn_bytes(&self) -> Option<u64> {
+        Some(self.bitmap.needed_bytes())
+    }
+
     fn bitmap(&self) -> Option<&Arc<WriteIntentBitmap>> {
         Some(&self.bitmap)
     }
@@ -252,6 +281,26 @@ impl ConsistencyPolicy for JournalPolicy {
 
     fn resync_from(&self, sb_resync_offset_sectors: u64) -> Option<u64> {
         sb_resync_from(sb_resync_offset_sectors)
+    }
+
+    fn logs_pages(&self) -> bool {
+        true
+    }
+
+    fn write_back(&self) -> bool {
+        self.journal.write_back()
+    }
+
+    fn failed(&self) -> Option<String> {
+        self.journal.failed()
+    }
+
+    fn is_cached(&self, row: u64) -> bool {
+        self.journal.is_cached(row)
+    }
+
+    fn overlay(&self, row: u64, d: usize, off: u64, buf: &mut [u8]) {
+        self.journal.overlay(row, d, off, buf);
     }
 
     fn journal(&self) -> Option<&Arc<Journal>> {
