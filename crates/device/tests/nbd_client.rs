@@ -289,3 +289,158 @@ fn a_stalled_request_times_out_and_fails_past_the_window() {
     let waited = t.elapsed();
     assert!(waited < Duration::from_secs(3), "waited {waited:?}");
 }
+
+/// Many requests of many threads at once on one connection (no multi-conn): nbdkit's delay
+/// filter holds each 300 ms, so 16 reads one after the other would take 4.8 s.
+/// Canary: with one request in flight per connection (the client before pipelining) this took
+/// 4.8 s and failed.
+#[test]
+fn one_connection_carries_many_requests_at_once() {
+    if !require_tools(&["nbdkit"]) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let srv = Server::start(
+        dir.path(),
+        &[
+            "--filter=multi-conn",
+            "--filter=delay",
+            "memory",
+            "8M",
+            "multi-conn-mode=disable",
+            "delay-read=300ms",
+        ],
+    );
+    let dev = NbdDevice::open(&srv.uri(), opts(3000, 3000)).unwrap();
+    assert_eq!(dev.max_connections(), 1);
+    let t = Instant::now();
+    std::thread::scope(|s| {
+        for i in 0..16u64 {
+            let dev = &dev;
+            s.spawn(move || dev.read_at(&mut [0u8; 4096], i << 16).unwrap());
+        }
+    });
+    let took = t.elapsed();
+    assert_eq!(dev.open_connections(), 1);
+    assert!(
+        took < Duration::from_millis(2000),
+        "16 delayed reads took {took:?}"
+    );
+}
+
+/// With multi-conn offered, a busy member opens more connections, up to the configured count.
+#[test]
+fn multi_conn_spreads_a_busy_member_over_connections() {
+    if !require_tools(&["nbdkit"]) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let srv = Server::start(
+        dir.path(),
+        &["--filter=delay", "memory", "8M", "delay-read=200ms"],
+    );
+    let dev = NbdDevice::open(
+        &srv.uri(),
+        RemoteOptions {
+            connections: 3,
+            ..opts(3000, 3000)
+        },
+    )
+    .unwrap();
+    std::thread::scope(|s| {
+        for i in 0..24u64 {
+            let dev = &dev;
+            s.spawn(move || dev.read_at(&mut [0u8; 4096], i << 16).unwrap());
+        }
+    });
+    assert_eq!(dev.open_connections(), 3);
+}
+
+/// A server killed with many writes and reads in flight on one connection, and restarted empty
+/// (nbdkit's memory plugin): every write in flight is unknown, so it must be sent again, and
+/// the acknowledged but unflushed ones re-sent before anything else; reads in flight are
+/// retried after that and see them. Canary: with a dying connection's waiting requests
+/// completed as done instead of failed (`Shared::die` setting `Ok`), the writes in flight were
+/// lost (zeroes read back).
+#[test]
+fn a_drop_with_many_requests_in_flight_resends_every_unknown_write() {
+    if !require_tools(&["nbdkit"]) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut srv = Server::start(
+        dir.path(),
+        &[
+            "--filter=multi-conn",
+            "--filter=delay",
+            "memory",
+            "16M",
+            "multi-conn-mode=disable",
+            "delay-write=400ms",
+            "delay-read=400ms",
+        ],
+    );
+    let dev = NbdDevice::open(&srv.uri(), opts(5000, 15_000)).unwrap();
+    // Acknowledged, never flushed.
+    std::thread::scope(|s| {
+        for i in 0..8u64 {
+            let dev = &dev;
+            s.spawn(move || {
+                dev.write_at(&pattern(8192, i as u8), i << 16, false)
+                    .unwrap()
+            });
+        }
+    });
+    let started = Instant::now();
+    std::thread::scope(|s| {
+        for i in 0..16u64 {
+            let dev = &dev;
+            s.spawn(move || {
+                let at = (8 << 20) + (i << 16);
+                dev.write_at(&pattern(8192, 100 + i as u8), at, false)
+                    .unwrap();
+            });
+        }
+        for i in 0..8u64 {
+            let dev = &dev;
+            s.spawn(move || {
+                let mut back = vec![0u8; 8192];
+                dev.read_at(&mut back, i << 16).unwrap();
+                assert!(
+                    back == pattern(8192, i as u8),
+                    "read {i} in flight at the drop"
+                );
+            });
+        }
+        std::thread::sleep(Duration::from_millis(150));
+        srv.kill();
+        srv.restart();
+    });
+    assert!(
+        started.elapsed() > Duration::from_millis(500),
+        "the requests were not in flight at the drop"
+    );
+    assert_eq!(dev.open_connections(), 1);
+    std::thread::scope(|s| {
+        for i in 0..16u64 {
+            let dev = &dev;
+            s.spawn(move || {
+                let mut back = vec![0u8; 8192];
+                dev.read_at(&mut back, (8 << 20) + (i << 16)).unwrap();
+                let lost = back != pattern(8192, 100 + i as u8);
+                assert!(!lost, "write {i} in flight at the drop lost");
+            });
+        }
+        for i in 0..8u64 {
+            let dev = &dev;
+            s.spawn(move || {
+                let mut back = vec![0u8; 8192];
+                dev.read_at(&mut back, i << 16).unwrap();
+                assert!(
+                    back == pattern(8192, i as u8),
+                    "acknowledged write {i} lost"
+                );
+            });
+        }
+    });
+}

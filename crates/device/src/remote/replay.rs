@@ -34,6 +34,23 @@ pub struct Entry {
     done: bool,
 }
 
+impl Written {
+    pub fn len_bytes(&self) -> u64 {
+        match self {
+            Written::Data(d) => d.len() as u64,
+            Written::Zeroes(n) => u64::from(*n),
+        }
+    }
+}
+
+impl Entry {
+    /// Whether the two writes touch a byte in common.
+    pub fn overlaps(&self, other: &Entry) -> bool {
+        self.offset_bytes < other.offset_bytes + other.written.len_bytes()
+            && other.offset_bytes < self.offset_bytes + self.written.len_bytes()
+    }
+}
+
 /// Log entries by sequence number (sending order).
 #[derive(Default)]
 pub struct ReplayLog {
