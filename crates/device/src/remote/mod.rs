@@ -35,11 +35,12 @@
 
 mod pipeline;
 mod replay;
+mod tls;
 mod transport;
 mod uri;
 mod wire;
 
-pub use uri::{is_nbd_uri, NbdUri, Transport, UriError, DEFAULT_PORT};
+pub use uri::{is_nbd_uri, NbdUri, TlsParams, Transport, UriError, DEFAULT_PORT};
 
 use crate::{check_range, Device, SECTOR_BYTES};
 use nbd::proto::*;
@@ -47,9 +48,11 @@ use parking_lot::{Mutex, RwLock};
 use pipeline::{Pipeline, Req};
 use replay::{ReplayLog, Written};
 use std::io;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tls::TlsSetup;
 use wire::{ExportInfo, Failure, Payload};
 
 /// Largest request sent, whatever the server allows (the NBD default maximum).
@@ -59,8 +62,8 @@ const MAX_ZEROES_BYTES: u32 = 1 << 30;
 /// Longest pause between two reconnect attempts.
 const MAX_BACKOFF: Duration = Duration::from_millis(500);
 
-/// How a remote member behaves under faults.
-#[derive(Clone, Copy, Debug)]
+/// How a remote member behaves under faults, and what it trusts.
+#[derive(Clone, Debug)]
 pub struct RemoteOptions {
     /// A request fails over when the server makes no progress on it for this long.
     pub timeout: Duration,
@@ -71,6 +74,9 @@ pub struct RemoteOptions {
     pub connections: usize,
     /// Never write (examine).
     pub read_only: bool,
+    /// The CA an `nbds` member's certificate must chain to when its URI names no
+    /// `tls-certificates` directory (default: the system's bundle).
+    pub tls_ca: Option<PathBuf>,
 }
 
 impl Default for RemoteOptions {
@@ -80,6 +86,7 @@ impl Default for RemoteOptions {
             retry: Duration::from_secs(10),
             connections: 4,
             read_only: false,
+            tls_ca: None,
         }
     }
 }
@@ -99,6 +106,7 @@ type Batch<'a> = Vec<Req<'a>>;
 pub struct NbdDevice {
     name: String,
     uri: NbdUri,
+    tls: Option<TlsSetup>,
     opts: RemoteOptions,
     export: ExportInfo,
     len_bytes: u64,
@@ -121,8 +129,15 @@ impl NbdDevice {
     pub fn open(uri_text: &str, opts: RemoteOptions) -> io::Result<NbdDevice> {
         let uri = NbdUri::parse(uri_text)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
-        let (conn, export) = wire::open(&uri, opts.timeout, uri_text)
-            .map_err(|e| io::Error::new(e.kind(), format!("{uri_text}: {e}")))?;
+        let with_name = |e: io::Error| io::Error::new(e.kind(), format!("{uri_text}: {e}"));
+        let tls = uri
+            .tls
+            .as_ref()
+            .map(|params| TlsSetup::new(&uri, params, opts.tls_ca.as_deref()))
+            .transpose()
+            .map_err(with_name)?;
+        let (conn, export) =
+            wire::open(&uri, opts.timeout, uri_text, tls.as_ref()).map_err(with_name)?;
         let refuse =
             |why: String| io::Error::new(io::ErrorKind::InvalidInput, format!("{uri_text}: {why}"));
         if export.min_block as u64 > SECTOR_BYTES {
@@ -150,6 +165,7 @@ impl NbdDevice {
         Ok(NbdDevice {
             name: uri_text.to_string(),
             uri,
+            tls,
             opts,
             export,
             len_bytes: export.size_bytes / SECTOR_BYTES * SECTOR_BYTES,
@@ -177,7 +193,8 @@ impl NbdDevice {
     }
 
     fn connect(&self) -> io::Result<Pipeline> {
-        let (conn, export) = wire::open(&self.uri, self.opts.timeout, &self.name)?;
+        let (conn, export) =
+            wire::open(&self.uri, self.opts.timeout, &self.name, self.tls.as_ref())?;
         if export.size_bytes != self.export.size_bytes || export.flags != self.export.flags {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,

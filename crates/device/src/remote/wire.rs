@@ -5,6 +5,7 @@
 //! send structured ones then); wire encoding is the server crate's codec.
 
 use super::pipeline::{stall_tick, Pipeline};
+use super::tls::TlsSetup;
 use super::transport::{split_plain, Sock};
 use super::uri::NbdUri;
 use nbd::codec;
@@ -59,14 +60,31 @@ pub enum Payload<'a> {
     Read(&'a mut [u8]),
 }
 
-/// A connection to `uri`'s export, negotiated and in transmission phase; every socket
-/// operation of the negotiation bounded by `timeout`.
-pub fn open(uri: &NbdUri, timeout: Duration, name: &str) -> io::Result<(Pipeline, ExportInfo)> {
+/// A connection to `uri`'s export, negotiated (over TLS when `tls` is given) and in
+/// transmission phase; every socket operation of the negotiation bounded by `timeout`.
+pub fn open(
+    uri: &NbdUri,
+    timeout: Duration,
+    name: &str,
+    tls: Option<&TlsSetup>,
+) -> io::Result<(Pipeline, ExportInfo)> {
     let mut sock = Sock::connect(&uri.transport, timeout, timeout)?;
-    let info = handshake(&mut sock, &uri.export)?;
-    sock.set_timeouts(timeout, stall_tick(timeout))?;
-    let pipeline = Pipeline::start(split_plain(sock)?, timeout, name)?;
-    Ok((pipeline, info))
+    greet(&mut sock)?;
+    let (info, split) = match tls {
+        None => {
+            let info = go(&mut sock, &uri.export)?;
+            sock.set_timeouts(timeout, stall_tick(timeout))?;
+            (info, split_plain(sock)?)
+        }
+        Some(tls) => {
+            starttls(&mut sock)?;
+            let mut stream = tls.handshake(sock)?;
+            let info = go(&mut stream, &uri.export)?;
+            stream.sock().set_timeouts(timeout, stall_tick(timeout))?;
+            (info, stream.split()?)
+        }
+    };
+    Ok((Pipeline::start(split, timeout, name)?, info))
 }
 
 fn read_u16(b: &[u8], at: usize) -> u16 {
@@ -77,8 +95,8 @@ fn read_u32(b: &[u8], at: usize) -> u32 {
     u32::from_be_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
 }
 
-/// Greeting, client flags, `NBD_OPT_GO` asking for block sizes; replies until `NBD_REP_ACK`.
-fn handshake(s: &mut (impl Read + Write), export: &str) -> io::Result<ExportInfo> {
+/// The server's greeting, and our flags in answer.
+fn greet(s: &mut (impl Read + Write)) -> io::Result<()> {
     let mut greeting = [0u8; 18];
     s.read_exact(&mut greeting)?;
     if greeting[..8] != NBDMAGIC.to_be_bytes() || greeting[8..16] != IHAVEOPT.to_be_bytes() {
@@ -94,7 +112,40 @@ fn handshake(s: &mut (impl Read + Write), export: &str) -> io::Result<ExportInfo
     if server_flags & FLAG_NO_ZEROES != 0 {
         client_flags |= FLAG_C_NO_ZEROES;
     }
-    s.write_all(&client_flags.to_be_bytes())?;
+    s.write_all(&client_flags.to_be_bytes())
+}
+
+/// `NBD_OPT_STARTTLS`: the server must acknowledge it; anything else ends the connection (the
+/// URI asked for TLS: never go on in plaintext).
+fn starttls(s: &mut (impl Read + Write)) -> io::Result<()> {
+    s.write_all(&codec::encode_option(OPT_STARTTLS, &[]))?;
+    let mut h = [0u8; 20];
+    s.read_exact(&mut h)?;
+    let h = codec::parse_option_reply_header(&h)
+        .map_err(|e| protocol_error(format!("option reply: {e}")))?;
+    if h.option != OPT_STARTTLS || h.length > MAX_OPTION_REPLY_BYTES {
+        return Err(protocol_error(
+            "unexpected option reply to NBD_OPT_STARTTLS",
+        ));
+    }
+    let mut data = vec![0u8; h.length as usize];
+    s.read_exact(&mut data)?;
+    if h.reply_type == REP_ACK {
+        return Ok(());
+    }
+    Err(io::Error::new(
+        io::ErrorKind::ConnectionRefused,
+        format!(
+            "the server refused TLS (NBD reply {:#x}{}{}); not going on in plaintext",
+            h.reply_type,
+            if data.is_empty() { "" } else { ": " },
+            String::from_utf8_lossy(&data)
+        ),
+    ))
+}
+
+/// `NBD_OPT_GO` asking for block sizes; replies until `NBD_REP_ACK`.
+fn go(s: &mut (impl Read + Write), export: &str) -> io::Result<ExportInfo> {
     let go = codec::encode_info_request(export, &[INFO_BLOCK_SIZE]);
     s.write_all(&codec::encode_option(OPT_GO, &go))?;
     let mut info = None;
@@ -131,6 +182,12 @@ fn handshake(s: &mut (impl Read + Write), export: &str) -> io::Result<ExportInfo
                 }
                 _ => {}
             },
+            REP_ERR_TLS_REQD => {
+                return Err(io::Error::new(
+                    io::ErrorKind::PermissionDenied,
+                    format!("export '{export}' requires TLS (an nbds:// URI)"),
+                ));
+            }
             t if t & (1 << 31) != 0 => {
                 let msg = String::from_utf8_lossy(&data);
                 return Err(io::Error::other(format!(
