@@ -1,8 +1,8 @@
 //! [`NbdDevice`]: a member that is an NBD export (`nbd://`, `nbd+unix://`), reached by our own
 //! client on the server crate's codec.
 //!
-//! Shape: each connection carries many requests at once (`pipeline`: callers send, a reader
-//! thread hands replies back by handle). When the server offers `NBD_FLAG_CAN_MULTI_CONN` (a
+//! Shape: each connection carries many requests at once (`pipeline`: callers send, and one
+//! waiting caller at a time reads replies and hands them back by handle). When the server offers `NBD_FLAG_CAN_MULTI_CONN` (a
 //! flush on one connection then covers writes acknowledged on any, and every connection sees
 //! the same data) a member opens more connections as load grows, up to
 //! [`RemoteOptions::connections`], each request going to the least busy; without it one
@@ -136,8 +136,7 @@ impl NbdDevice {
             .map(|params| TlsSetup::new(&uri, params, opts.tls_ca.as_deref()))
             .transpose()
             .map_err(with_name)?;
-        let (conn, export) =
-            wire::open(&uri, opts.timeout, uri_text, tls.as_ref()).map_err(with_name)?;
+        let (conn, export) = wire::open(&uri, opts.timeout, tls.as_ref()).map_err(with_name)?;
         let refuse =
             |why: String| io::Error::new(io::ErrorKind::InvalidInput, format!("{uri_text}: {why}"));
         if export.min_block as u64 > SECTOR_BYTES {
@@ -193,8 +192,7 @@ impl NbdDevice {
     }
 
     fn connect(&self) -> io::Result<Pipeline> {
-        let (conn, export) =
-            wire::open(&self.uri, self.opts.timeout, &self.name, self.tls.as_ref())?;
+        let (conn, export) = wire::open(&self.uri, self.opts.timeout, self.tls.as_ref())?;
         if export.size_bytes != self.export.size_bytes || export.flags != self.export.flags {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
@@ -402,7 +400,7 @@ impl NbdDevice {
         let mut done = 0usize;
         while done < total {
             let len = (total - done).min(self.max_request as usize);
-            let mut piece = Vec::with_capacity(len);
+            let mut piece = self.log.lock().buffer(len);
             while piece.len() < len {
                 if current.is_empty() {
                     current = rest.next().expect("the pieces add up to total");

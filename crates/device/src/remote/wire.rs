@@ -65,7 +65,6 @@ pub enum Payload<'a> {
 pub fn open(
     uri: &NbdUri,
     timeout: Duration,
-    name: &str,
     tls: Option<&TlsSetup>,
 ) -> io::Result<(Pipeline, ExportInfo)> {
     let mut sock = Sock::connect(&uri.transport, timeout, timeout)?;
@@ -84,7 +83,7 @@ pub fn open(
             (info, stream.split()?)
         }
     };
-    Ok((Pipeline::start(split, timeout, name)?, info))
+    Ok((Pipeline::start(split, timeout), info))
 }
 
 fn read_u16(b: &[u8], at: usize) -> u16 {
