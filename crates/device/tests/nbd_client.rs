@@ -292,8 +292,8 @@ fn a_stalled_request_times_out_and_fails_past_the_window() {
 
 /// Many requests of many threads at once on one connection (no multi-conn): nbdkit's delay
 /// filter holds each 300 ms, so 16 reads one after the other would take 4.8 s.
-/// Canary: with one request in flight per connection (the client before pipelining) this took
-/// 4.8 s and failed.
+/// Canary: with one request in flight per connection (a lock held in `Pipeline::requests` from
+/// the send to the reply, as the client before pipelining did) this took 4.8 s and failed.
 #[test]
 fn one_connection_carries_many_requests_at_once() {
     if !require_tools(&["nbdkit"]) {

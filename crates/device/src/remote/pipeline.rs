@@ -16,7 +16,8 @@
 //! its requests is unknown: the device's replay log deals with that). A server that closes an
 //! idle connection is noticed by the next request.
 //!
-//! A caller leaves only once its slot holds a result, and while the reader writes into a
+//! A caller leaves only once its slot holds a result, and while the reader (the caller
+//! holding the role) writes into a
 //! caller's buffer the slot is marked `filling`, so that no one else sets that result before
 //! the write ends: the borrow the caller lent outlives every use of it.
 

@@ -11,7 +11,10 @@
 //! After negotiation one session state serves both directions, so the send half and the
 //! receive half share it under a lock, each doing its own socket I/O outside that lock. TLS
 //! records must leave in the order the session sealed them: sealing and sending happen under
-//! one send lock (order: send lock, then session).
+//! one send lock (order: send lock, then session). Known limit: when the session must answer
+//! the server by itself (a key update) while a caller's send is stuck on a full socket, the
+//! reader waits for that send; the send timeout ends it (the connection is then dropped and
+//! its requests retried).
 
 use super::transport::{write_all_vectored, RecvHalf, SendHalf, Sock, Split};
 use super::uri::{NbdUri, TlsParams, Transport};

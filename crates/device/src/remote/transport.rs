@@ -1,5 +1,5 @@
 //! The byte pipe under a connection: a Unix or TCP socket, and after negotiation its two
-//! directions apart, so that callers send while a reader thread receives.
+//! directions apart, so that callers send while another caller receives.
 //!
 //! A plain socket splits into two descriptors of one socket (`try_clone`). TLS cannot split
 //! that way (one session state serves both directions): see `tls`, which implements the same
@@ -19,7 +19,7 @@ pub enum Sock {
 
 impl Sock {
     /// Connect, with every later send bounded by `send_timeout` and every receive by
-    /// `recv_timeout` (the reader thread wakes at that pace to check on progress).
+    /// `recv_timeout` (the caller reading replies wakes at that pace to check on progress).
     pub fn connect(
         transport: &Transport,
         send_timeout: Duration,
