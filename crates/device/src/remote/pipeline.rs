@@ -33,8 +33,9 @@ use std::thread::{self, Thread};
 use std::time::{Duration, Instant};
 
 /// Received bytes are read in pieces of this size at most; a READ's data beyond what one such
-/// read brought goes straight into the caller's buffer.
-const RECV_BUFFER_BYTES: usize = 64 << 10;
+/// read brought goes straight into the caller's buffer. Small: what a reply header's read
+/// brings of the data is copied once more (a few 4K replies still come in one read).
+const RECV_BUFFER_BYTES: usize = 16 << 10;
 
 /// Where a READ's data goes: the caller's buffer, lent for as long as the caller waits.
 struct Dest {
