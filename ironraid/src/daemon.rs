@@ -71,7 +71,7 @@ impl RunArgs {
         };
         Opener {
             mode,
-            remote: self.remote,
+            remote: self.remote.clone(),
             counted: true,
         }
     }

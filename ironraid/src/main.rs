@@ -158,6 +158,10 @@ enum Cmd {
         /// unflushed write re-sent first) before the member is failed like a disk.
         #[arg(long, value_parser = member::parse_duration, default_value = "10s")]
         member_retry: Duration,
+        /// NBD members over TLS (nbds://): the CA (PEM) their certificates must chain to, when
+        /// the URI names no tls-certificates=DIR (default: the system's CA bundle).
+        #[arg(long, value_name = "FILE")]
+        member_tls_ca: Option<PathBuf>,
         /// Serve Prometheus metrics at /metrics: tcp:HOST:PORT or unix:PATH.
         #[arg(long, value_name = "ADDR")]
         metrics: Option<String>,
@@ -427,6 +431,7 @@ fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
             integrity_cache,
             member_timeout,
             member_retry,
+            member_tls_ca,
             metrics,
             scan,
             config,
@@ -437,6 +442,7 @@ fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
                 remote: RemoteOptions {
                     timeout: member_timeout,
                     retry: member_retry,
+                    tls_ca: member_tls_ca,
                     ..RemoteOptions::default()
                 },
                 integrity_cache_bytes: integrity_cache as usize,

@@ -30,7 +30,7 @@ pub fn name(arg: &Path) -> String {
 }
 
 /// How members are opened: local ones by `mode`, remote ones with `remote`'s fault handling.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct Opener {
     pub mode: OpenMode,
     pub remote: RemoteOptions,
@@ -62,7 +62,7 @@ impl Opener {
         if let Some(uri) = arg.to_str().filter(|s| device::is_nbd_uri(s)) {
             let opts = RemoteOptions {
                 read_only: self.mode == OpenMode::ReadOnly,
-                ..self.remote
+                ..self.remote.clone()
             };
             let dev = NbdDevice::open(uri, opts).context("cannot open member")?;
             tracing::debug!(

@@ -164,7 +164,7 @@ async fn handle(req: Request, ctx: &Ctx) -> Response {
 /// daemon's own lock).
 async fn add(ctx: &Ctx, member: String, force: bool) -> Response {
     let array = ctx.array.clone();
-    let opener = ctx.opener;
+    let opener = ctx.opener.clone();
     blocking(move || {
         // Opening it would fail on our own lock ("in use by another process").
         let name = crate::member::name(Path::new(&member));

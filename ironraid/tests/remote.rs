@@ -390,3 +390,120 @@ fn an_ironraid_export_serves_as_a_member_of_another_array() {
     assert_eq!(inner.action_wait("check"), 0);
     inner.stop(inner_daemon);
 }
+
+/// A CA and a certificate for `localhost` in `dir`, under nbdkit's and libnbd's file names.
+fn make_tls_certs(dir: &Path) {
+    let openssl = |args: &[&str]| {
+        let out = Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .expect("run openssl");
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    openssl(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=test CA",
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign,cRLSign",
+        "-keyout",
+        "ca-key.pem",
+        "-out",
+        "ca-cert.pem",
+    ]);
+    std::fs::write(dir.join("server.ext"), "subjectAltName=DNS:localhost\n").unwrap();
+    openssl(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-subj",
+        "/CN=localhost",
+        "-keyout",
+        "server-key.pem",
+        "-out",
+        "server.csr",
+    ]);
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca-cert.pem",
+        "-CAkey",
+        "ca-key.pem",
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-extfile",
+        "server.ext",
+        "-out",
+        "server-cert.pem",
+    ]);
+}
+
+/// Members that only speak TLS (`nbdkit --tls=require`): `create` and `examine` with the
+/// certificates in the URI (`tls-certificates=DIR`), `run` with plain `nbds+unix` URIs and
+/// the CA as `--member-tls-ca`; fio verifies through the array and a check agrees.
+/// Canary: `run` without `--member-tls-ca` fails (the system's CAs do not know the test CA).
+#[test]
+fn members_over_tls_with_the_ca_in_the_uri_or_given_to_run() {
+    if !require_tools(&["nbdkit", "fio", "openssl"]) {
+        return;
+    }
+    let mut env = Env::new("remotetls", 2, MEMBER);
+    let certs = env.dir.path().join("pki");
+    std::fs::create_dir(&certs).unwrap();
+    make_tls_certs(&certs);
+    let exports: Vec<Export> = env
+        .members
+        .iter()
+        .map(|f| {
+            let mut e = Export {
+                sock: f.with_extension("sock"),
+                log: f.with_extension("nbdkit.log"),
+                args: vec![
+                    "--tls=require".into(),
+                    format!("--tls-certificates={}", certs.display()),
+                    "file".into(),
+                    f.display().to_string(),
+                ],
+                child: None,
+            };
+            e.restart();
+            e
+        })
+        .collect();
+    let tls_uri = |e: &Export, dir: bool| {
+        let mut u = format!("nbds+unix:///?socket={}", e.sock.display());
+        if dir {
+            u += &format!("&tls-certificates={}", certs.display());
+        }
+        PathBuf::from(u)
+    };
+    env.members = exports.iter().map(|e| tls_uri(e, true)).collect();
+    let uuid = env.create("1", &[]);
+    assert_eq!(env.examine(&env.members[0])["uuid"], uuid);
+    let plain: Vec<PathBuf> = exports.iter().map(|e| tls_uri(e, false)).collect();
+    let without_ca = env.try_run_with(&[], &plain);
+    assert!(without_ca.is_err(), "run trusted a CA it was not given");
+    let ca = certs.join("ca-cert.pem");
+    let d = env.run_with(&["--member-tls-ca", ca.to_str().unwrap()], &plain);
+    fio_ok(fio(&env, "randwrite", "32M", 5).spawn().unwrap());
+    assert_eq!(env.action_wait("check"), 0);
+    env.stop(d);
+}

@@ -289,3 +289,366 @@ fn a_stalled_request_times_out_and_fails_past_the_window() {
     let waited = t.elapsed();
     assert!(waited < Duration::from_secs(3), "waited {waited:?}");
 }
+
+/// Many requests of many threads at once on one connection (no multi-conn): nbdkit's delay
+/// filter holds each 300 ms, so 16 reads one after the other would take 4.8 s.
+/// Canary: with one request in flight per connection (a lock held in `Pipeline::requests` from
+/// the send to the reply, as the client before pipelining did) this took 4.8 s and failed.
+#[test]
+fn one_connection_carries_many_requests_at_once() {
+    if !require_tools(&["nbdkit"]) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let srv = Server::start(
+        dir.path(),
+        &[
+            "--filter=multi-conn",
+            "--filter=delay",
+            "memory",
+            "8M",
+            "multi-conn-mode=disable",
+            "delay-read=300ms",
+        ],
+    );
+    let dev = NbdDevice::open(&srv.uri(), opts(3000, 3000)).unwrap();
+    assert_eq!(dev.max_connections(), 1);
+    let t = Instant::now();
+    std::thread::scope(|s| {
+        for i in 0..16u64 {
+            let dev = &dev;
+            s.spawn(move || dev.read_at(&mut [0u8; 4096], i << 16).unwrap());
+        }
+    });
+    let took = t.elapsed();
+    assert_eq!(dev.open_connections(), 1);
+    assert!(
+        took < Duration::from_millis(2000),
+        "16 delayed reads took {took:?}"
+    );
+}
+
+/// With multi-conn offered, a busy member opens more connections, up to the configured count.
+#[test]
+fn multi_conn_spreads_a_busy_member_over_connections() {
+    if !require_tools(&["nbdkit"]) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let srv = Server::start(
+        dir.path(),
+        &["--filter=delay", "memory", "8M", "delay-read=200ms"],
+    );
+    let dev = NbdDevice::open(
+        &srv.uri(),
+        RemoteOptions {
+            connections: 3,
+            ..opts(3000, 3000)
+        },
+    )
+    .unwrap();
+    std::thread::scope(|s| {
+        for i in 0..24u64 {
+            let dev = &dev;
+            s.spawn(move || dev.read_at(&mut [0u8; 4096], i << 16).unwrap());
+        }
+    });
+    assert_eq!(dev.open_connections(), 3);
+}
+
+/// A server killed with many writes and reads in flight on one connection, and restarted empty
+/// (nbdkit's memory plugin): every write in flight is unknown, so it must be sent again, and
+/// the acknowledged but unflushed ones re-sent before anything else; reads in flight are
+/// retried after that and see them. Canary: with a dying connection's waiting requests
+/// completed as done instead of failed (`Shared::die` setting `Ok`), the writes in flight were
+/// lost (zeroes read back).
+#[test]
+fn a_drop_with_many_requests_in_flight_resends_every_unknown_write() {
+    if !require_tools(&["nbdkit"]) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut srv = Server::start(
+        dir.path(),
+        &[
+            "--filter=multi-conn",
+            "--filter=delay",
+            "memory",
+            "16M",
+            "multi-conn-mode=disable",
+            "delay-write=400ms",
+            "delay-read=400ms",
+        ],
+    );
+    let dev = NbdDevice::open(&srv.uri(), opts(5000, 15_000)).unwrap();
+    // Acknowledged, never flushed.
+    std::thread::scope(|s| {
+        for i in 0..8u64 {
+            let dev = &dev;
+            s.spawn(move || {
+                dev.write_at(&pattern(8192, i as u8), i << 16, false)
+                    .unwrap()
+            });
+        }
+    });
+    let started = Instant::now();
+    std::thread::scope(|s| {
+        for i in 0..16u64 {
+            let dev = &dev;
+            s.spawn(move || {
+                let at = (8 << 20) + (i << 16);
+                dev.write_at(&pattern(8192, 100 + i as u8), at, false)
+                    .unwrap();
+            });
+        }
+        for i in 0..8u64 {
+            let dev = &dev;
+            s.spawn(move || {
+                let mut back = vec![0u8; 8192];
+                dev.read_at(&mut back, i << 16).unwrap();
+                assert!(
+                    back == pattern(8192, i as u8),
+                    "read {i} in flight at the drop"
+                );
+            });
+        }
+        std::thread::sleep(Duration::from_millis(150));
+        srv.kill();
+        srv.restart();
+    });
+    assert!(
+        started.elapsed() > Duration::from_millis(500),
+        "the requests were not in flight at the drop"
+    );
+    assert_eq!(dev.open_connections(), 1);
+    std::thread::scope(|s| {
+        for i in 0..16u64 {
+            let dev = &dev;
+            s.spawn(move || {
+                let mut back = vec![0u8; 8192];
+                dev.read_at(&mut back, (8 << 20) + (i << 16)).unwrap();
+                let lost = back != pattern(8192, 100 + i as u8);
+                assert!(!lost, "write {i} in flight at the drop lost");
+            });
+        }
+        for i in 0..8u64 {
+            let dev = &dev;
+            s.spawn(move || {
+                let mut back = vec![0u8; 8192];
+                dev.read_at(&mut back, i << 16).unwrap();
+                assert!(
+                    back == pattern(8192, i as u8),
+                    "acknowledged write {i} lost"
+                );
+            });
+        }
+    });
+}
+
+/// A CA, a server certificate for `localhost` and 127.0.0.1, and a client certificate, in
+/// nbdkit's and libnbd's file names. A second, unrelated CA in `DIR/other`.
+fn make_certs(dir: &Path) {
+    let openssl = |args: &[&str]| {
+        let out = Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .expect("run openssl");
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    std::fs::create_dir(dir.join("other")).unwrap();
+    for ca in ["", "other/"] {
+        openssl(&[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=test CA",
+            "-addext",
+            "basicConstraints=critical,CA:TRUE",
+            "-addext",
+            "keyUsage=critical,keyCertSign,cRLSign",
+            "-keyout",
+            &format!("{ca}ca-key.pem"),
+            "-out",
+            &format!("{ca}ca-cert.pem"),
+        ]);
+    }
+    std::fs::write(
+        dir.join("server.ext"),
+        "subjectAltName=DNS:localhost,IP:127.0.0.1\n",
+    )
+    .unwrap();
+    std::fs::write(dir.join("client.ext"), "extendedKeyUsage=clientAuth\n").unwrap();
+    for (who, cn) in [("server", "localhost"), ("client", "ironraid")] {
+        openssl(&[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            &format!("/CN={cn}"),
+            "-keyout",
+            &format!("{who}-key.pem"),
+            "-out",
+            &format!("{who}.csr"),
+        ]);
+        openssl(&[
+            "x509",
+            "-req",
+            "-in",
+            &format!("{who}.csr"),
+            "-CA",
+            "ca-cert.pem",
+            "-CAkey",
+            "ca-key.pem",
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-extfile",
+            &format!("{who}.ext"),
+            "-out",
+            &format!("{who}-cert.pem"),
+        ]);
+    }
+}
+
+/// `nbds+unix://` and `nbds://` against `nbdkit --tls=require`, with client certificates
+/// required (`--tls-verify-peer`): data round trips over a pipelined TLS connection, and a
+/// TLS reconnect replays what the restarted server lost. Canary: without the client
+/// certificate (client-cert.pem removed from DIR) the handshake fails.
+#[test]
+fn tls_members_with_client_certificates_round_trip_and_reconnect() {
+    if !require_tools(&["nbdkit", "openssl"]) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    make_certs(dir.path());
+    let certs = dir.path().display().to_string();
+    let tls_args = [
+        "--tls=require",
+        &format!("--tls-certificates={certs}"),
+        "--tls-verify-peer",
+    ];
+    let mut args: Vec<&str> = tls_args.to_vec();
+    args.extend(["memory", "8M"]);
+    let mut srv = Server::start(dir.path(), &args);
+    let uri = format!(
+        "nbds+unix:///?socket={}&tls-certificates={certs}",
+        srv.sock.display()
+    );
+    let dev = NbdDevice::open(&uri, opts(3000, 10_000)).unwrap();
+    std::thread::scope(|s| {
+        for t in 0..8u8 {
+            let dev = &dev;
+            s.spawn(move || {
+                let d = pattern(300_032 + 4096 * t as usize, t);
+                let at = u64::from(t) << 20;
+                dev.write_at(&d, at, false).unwrap();
+                let mut b = vec![0u8; d.len()];
+                dev.read_at(&mut b, at).unwrap();
+                assert!(b == d, "thread {t}");
+            });
+        }
+    });
+    srv.kill();
+    srv.restart();
+    let mut b = vec![0u8; 300_032];
+    dev.read_at(&mut b, 0).unwrap();
+    assert!(
+        b == pattern(300_032, 0),
+        "unflushed write lost over a TLS reconnect"
+    );
+
+    // The same over TCP, the server's certificate checked against 127.0.0.1.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut child = Command::new("nbdkit")
+        .args(["-f", "-i", "127.0.0.1", "-p", &port.to_string()])
+        .args(tls_args)
+        .args(["memory", "4M"])
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("spawn nbdkit");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "nbdkit did not listen on {port}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let tcp = NbdDevice::open(
+        &format!("nbds://127.0.0.1:{port}/?tls-certificates={certs}"),
+        opts(3000, 3000),
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let tcp = tcp.unwrap();
+    assert_eq!(tcp.len_bytes(), 4 << 20);
+}
+
+/// What must fail, and say why: a server that does not do TLS when asked (never a plaintext
+/// fallback), a certificate from another CA, a plain client at a TLS-only server.
+/// Canary: `wire::open` going on in plaintext when STARTTLS is refused opened the first.
+#[test]
+fn tls_refusals_are_errors_never_plaintext() {
+    if !require_tools(&["nbdkit", "openssl"]) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    make_certs(dir.path());
+    let certs = dir.path().display().to_string();
+    let sub = |name: &str| {
+        let d = dir.path().join(name);
+        std::fs::create_dir(&d).unwrap();
+        d
+    };
+    let plain = Server::start(&sub("plain"), &["--tls=off", "memory", "1M"]);
+    let uri = format!(
+        "nbds+unix:///?socket={}&tls-certificates={certs}",
+        plain.sock.display()
+    );
+    let err = NbdDevice::open(&uri, opts(2000, 2000))
+        .err()
+        .expect("opened without TLS");
+    assert!(err.to_string().contains("refused TLS"), "{err}");
+
+    let tls = Server::start(
+        &sub("tls"),
+        &[
+            "--tls=require",
+            &format!("--tls-certificates={certs}"),
+            "memory",
+            "1M",
+        ],
+    );
+    let other = dir.path().join("other").display().to_string();
+    let uri = format!(
+        "nbds+unix:///?socket={}&tls-certificates={other}",
+        tls.sock.display()
+    );
+    let err = NbdDevice::open(&uri, opts(2000, 2000))
+        .err()
+        .expect("trusted another CA");
+    assert!(err.to_string().contains("TLS handshake"), "{err}");
+    let err = NbdDevice::open(&tls.uri(), opts(2000, 2000))
+        .err()
+        .expect("plain at TLS-only");
+    assert!(err.to_string().contains("requires TLS"), "{err}");
+    // The right CA given as the option rather than in the URI.
+    let uri = format!("nbds+unix:///?socket={}", tls.sock.display());
+    let with_ca = RemoteOptions {
+        tls_ca: Some(dir.path().join("ca-cert.pem")),
+        ..opts(2000, 2000)
+    };
+    NbdDevice::open(&uri, with_ca).unwrap();
+}

@@ -18,6 +18,10 @@ use std::sync::Arc;
 
 /// Bytes of write data the log holds before the device flushes on its own.
 pub const MAX_LOG_BYTES: u64 = 16 << 20;
+/// Bytes of buffers of forgotten writes kept for the next writes' copies. Why: a large buffer
+/// freed goes back to the kernel and a new one is faulted in page by page (measured: the page
+/// faults cost as much as the copy itself).
+const SPARE_BYTES: usize = 32 << 20;
 
 /// What a logged write put on the export.
 #[derive(Clone)]
@@ -34,12 +38,31 @@ pub struct Entry {
     done: bool,
 }
 
+impl Written {
+    pub fn len_bytes(&self) -> u64 {
+        match self {
+            Written::Data(d) => d.len() as u64,
+            Written::Zeroes(n) => u64::from(*n),
+        }
+    }
+}
+
+impl Entry {
+    /// Whether the two writes touch a byte in common.
+    pub fn overlaps(&self, other: &Entry) -> bool {
+        self.offset_bytes < other.offset_bytes + other.written.len_bytes()
+            && other.offset_bytes < self.offset_bytes + self.written.len_bytes()
+    }
+}
+
 /// Log entries by sequence number (sending order).
 #[derive(Default)]
 pub struct ReplayLog {
     entries: BTreeMap<u64, Entry>,
     next_seq: u64,
     data_bytes: u64,
+    spare: Vec<Vec<u8>>,
+    spare_bytes: usize,
 }
 
 impl ReplayLog {
@@ -70,6 +93,33 @@ impl ReplayLog {
     pub fn drop_entry(&mut self, seq: u64) {
         if let Some(e) = self.entries.remove(&seq) {
             self.forget_bytes(&e);
+            self.recycle(e.written);
+        }
+    }
+
+    /// An empty buffer for a write of `len` bytes: a spare one when one fits (not more than
+    /// twice as large), else a new one.
+    pub fn buffer(&mut self, len: usize) -> Vec<u8> {
+        let fits = |b: &Vec<u8>| b.capacity() >= len && b.capacity() <= 2 * len.max(4096);
+        match self.spare.iter().position(fits) {
+            Some(i) => {
+                let mut b = self.spare.swap_remove(i);
+                self.spare_bytes -= b.capacity();
+                b.clear();
+                b
+            }
+            None => Vec::with_capacity(len),
+        }
+    }
+
+    fn recycle(&mut self, written: Written) {
+        let Written::Data(data) = written else { return };
+        let Ok(buf) = Arc::try_unwrap(data) else {
+            return;
+        };
+        if self.spare_bytes + buf.capacity() <= SPARE_BYTES {
+            self.spare_bytes += buf.capacity();
+            self.spare.push(buf);
         }
     }
 
@@ -127,5 +177,8 @@ mod tests {
         let left: Vec<u64> = log.snapshot().iter().map(|(s, _)| *s).collect();
         assert_eq!(left, vec![b]);
         assert_eq!(log.data_bytes, 0);
+        // a's buffer is reused for the next write of its size.
+        assert_eq!(log.buffer(512).capacity(), 512);
+        assert_eq!(log.spare_bytes, 0);
     }
 }

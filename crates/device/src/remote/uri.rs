@@ -2,11 +2,14 @@
 //!
 //! * `nbd://HOST[:PORT][/EXPORT]`: TCP, port 10809 by default, IPv6 hosts in brackets;
 //! * `nbd+unix:///[EXPORT]?socket=PATH`: a Unix socket, the authority must be empty;
-//! * `nbds://…`, `nbds+unix://…`: the same over TLS (recognised, refused: no TLS yet).
+//! * `nbds://…`, `nbds+unix://…`: the same over TLS, with libnbd's query parameters
+//!   `tls-certificates=DIR` and `tls-hostname=NAME`; `tls-psk-file` and
+//!   `tls-verify-peer=false` are refused (not supported: a URI that asks for them must not
+//!   get something else).
 //!
 //! The export name is the path after its first `/`, percent-decoded (`nbd://h/` and `nbd://h`
-//! both name the default export `""`). Query parameters other than `socket` (`tls-*`) are
-//! ignored, as the standard allows for ones a client does not use.
+//! both name the default export `""`). Other query parameters are ignored, as the standard
+//! allows for ones a client does not use (`tls-*` on a plain URI too).
 
 use std::fmt;
 
@@ -20,11 +23,22 @@ pub enum Transport {
     Unix { socket: String },
 }
 
+/// What an `nbds` URI says about TLS.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TlsParams {
+    /// `tls-certificates=DIR`: `ca-cert.pem`, and `client-cert.pem`/`client-key.pem`.
+    pub certificates: Option<String>,
+    /// `tls-hostname=NAME`: the name the server's certificate must carry.
+    pub hostname: Option<String>,
+}
+
 /// A parsed NBD URI.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NbdUri {
     pub transport: Transport,
     pub export: String,
+    /// `Some` for `nbds` and `nbds+unix`.
+    pub tls: Option<TlsParams>,
 }
 
 /// Why a string is not a usable NBD URI.
@@ -58,9 +72,6 @@ impl NbdUri {
             "nbds" | "nbds+unix" => (scheme.ends_with("unix"), true),
             _ => return Err(bad("scheme must be nbd, nbd+unix, nbds or nbds+unix")),
         };
-        if tls {
-            return Err(bad("TLS (nbds) is not supported yet"));
-        }
         let (before_query, query) = rest.split_once('?').unwrap_or((rest, ""));
         let (before_fragment, _) = before_query.split_once('#').unwrap_or((before_query, ""));
         let (authority, path) = match before_fragment.find('/') {
@@ -90,8 +101,40 @@ impl NbdUri {
             let (host, port) = split_host_port(authority).ok_or_else(|| bad("bad HOST[:PORT]"))?;
             Transport::Tcp { host, port }
         };
-        Ok(NbdUri { transport, export })
+        let tls = if tls {
+            Some(tls_params(query).map_err(|why| bad(&why))?)
+        } else {
+            None
+        };
+        Ok(NbdUri {
+            transport,
+            export,
+            tls,
+        })
     }
+}
+
+fn tls_params(query: &str) -> Result<TlsParams, String> {
+    let decoded = |key: &str| {
+        query_param(query, key)
+            .map(|v| percent_decode(v).ok_or(format!("bad percent-encoding in {key}=")))
+            .transpose()
+    };
+    if query_param(query, "tls-psk-file").is_some() {
+        return Err("tls-psk-file: TLS with pre-shared keys is not supported".into());
+    }
+    if matches!(
+        query_param(query, "tls-verify-peer"),
+        Some("false" | "0" | "no")
+    ) {
+        return Err(
+            "tls-verify-peer=false is not supported (the server is always verified)".into(),
+        );
+    }
+    Ok(TlsParams {
+        certificates: decoded("tls-certificates")?,
+        hostname: decoded("tls-hostname")?,
+    })
 }
 
 /// `HOST[:PORT]`, `[V6ADDR][:PORT]`; a user part (`user@`) is dropped (NBD has no users).
@@ -153,6 +196,7 @@ mod tests {
                 port,
             },
             export: export.into(),
+            tls: None,
         }
     }
 
@@ -185,11 +229,37 @@ mod tests {
                 transport: Transport::Unix {
                     socket: "/tmp/s x.sock".into()
                 },
-                export: "disk".into()
+                export: "disk".into(),
+                tls: None,
             }
         );
         let u = NbdUri::parse("nbd+unix://?socket=/s").unwrap();
         assert_eq!(u.export, "");
+    }
+
+    #[test]
+    fn tls_forms() {
+        let u = NbdUri::parse("nbds://h:99/e?tls-certificates=/etc/pki/a%20b&tls-hostname=srv")
+            .unwrap();
+        assert_eq!(
+            u.tls,
+            Some(TlsParams {
+                certificates: Some("/etc/pki/a b".into()),
+                hostname: Some("srv".into()),
+            })
+        );
+        let u = NbdUri::parse("nbds+unix:///e?socket=/s").unwrap();
+        assert_eq!(u.tls, Some(TlsParams::default()));
+        assert_eq!(
+            u.transport,
+            Transport::Unix {
+                socket: "/s".into()
+            }
+        );
+        assert_eq!(
+            NbdUri::parse("nbd://h/e?tls-certificates=/x").unwrap().tls,
+            None
+        );
     }
 
     #[test]
@@ -200,7 +270,8 @@ mod tests {
             "nbd://:10/e",
             "nbd://h:x/e",
             "nbd://h/e?socket=/s",
-            "nbds://h/e",
+            "nbds://h/e?tls-psk-file=/k",
+            "nbds://h/e?tls-verify-peer=false",
             "nbd://h/%zz",
             "http://h/e",
             "nbd:/h",
