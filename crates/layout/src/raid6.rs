@@ -1,29 +1,29 @@
-//! RAID6 syndrome slot order.
+//! RAID6 syndrome index order.
 //!
 //! Theory (md-format.md §3.3): Q = ⊕ g^i·D_i where `i` is the data chunk's
-//! *syndrome slot*, not its logical data index. md numbers the data devices
+//! *syndrome index*, not its logical data index. md numbers the data devices
 //! by walking device indices upward (cyclically) starting at the device
 //! right after Q — device 0 when Q is the last device — skipping P and Q.
 //!
 //! * left/right-symmetric, parity-first/last: the walk meets data in logical
-//!   order, so slot = data index.
+//!   order, so syndrome = data index.
 //! * left/right-asymmetric: differs when data sits both before P and after Q
 //!   (5 disks "D0 D1 P Q D2": D2→0, D0→1, D1→2).
-//! * `-6` layouts (Q last): walk starts at device 0, so slots follow device
+//! * `-6` layouts (Q last): walk starts at device 0, so syndromes follow device
 //!   index ("D4 D5 P D3 Q": D4→0, D5→1, D3→2).
 //!
 //! Trap: computing Q by data index silently produces a Q that md (and
 //! raid6check) consider wrong for the asymmetric and `-6` layouts.
 
-/// Fill `slot[data_index]` from the device role table (`role[dev]` is the
+/// Fill `syndrome[data_index]` from the device role table (`role[dev]` is the
 /// data index, or a value `>= 0xFE` for P/Q) by md's walk starting after Q.
-pub(crate) fn assign_slots(disks: usize, q: usize, role: &[u8], slot: &mut [u8]) {
+pub(crate) fn assign_syndromes(disks: usize, q: usize, role: &[u8], syndrome: &mut [u8]) {
     let mut next = 0u8;
     for i in 1..=disks {
         let dev = (q + i) % disks;
         let r = role[dev];
         if r < 0xFE {
-            slot[r as usize] = next;
+            syndrome[r as usize] = next;
             next += 1;
         }
     }
@@ -37,18 +37,18 @@ mod tests {
     fn asymmetric_example() {
         // "D0 D1 P Q D2"
         let role = [0u8, 1, 0xFE, 0xFF, 2];
-        let mut slot = [0u8; 3];
-        assign_slots(5, 3, &role, &mut slot);
-        assert_eq!(slot, [1, 2, 0]);
+        let mut syndrome = [0u8; 3];
+        assign_syndromes(5, 3, &role, &mut syndrome);
+        assert_eq!(syndrome, [1, 2, 0]);
     }
 
     #[test]
     fn q_last_example() {
         // "D4 D5 P D3 Q" = data indices 1 2 P 0 Q
         let role = [1u8, 2, 0xFE, 0, 0xFF];
-        let mut slot = [0u8; 3];
-        assign_slots(5, 4, &role, &mut slot);
-        // D3 (index 0) slot 2, D4 (index 1) slot 0, D5 (index 2) slot 1
-        assert_eq!(slot, [2, 0, 1]);
+        let mut syndrome = [0u8; 3];
+        assign_syndromes(5, 4, &role, &mut syndrome);
+        // D3 (index 0) syndrome 2, D4 (index 1) syndrome 0, D5 (index 2) syndrome 1
+        assert_eq!(syndrome, [2, 0, 1]);
     }
 }

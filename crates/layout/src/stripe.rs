@@ -4,11 +4,11 @@
 //! P, and (RAID6) Q, all at the same device sector `stripe·C + offset`
 //! (md-format.md §2.1). `StripeRoles` is the fully resolved table for one
 //! stripe: device of each logical data index, role of each device, and the
-//! RAID6 syndrome slot of each data chunk (§3.3, computed in `raid6.rs`).
+//! RAID6 syndrome index of each data chunk (§3.3, computed in `raid6.rs`).
 //!
-//! Traps: logical data index (order of array addresses) and syndrome slot
+//! Traps: logical data index (order of array addresses) and syndrome index
 //! (power of g in Q) differ for the asymmetric and `-6` RAID6 layouts, so
-//! callers computing Q must use `slot()`, never the data index. The table is
+//! callers computing Q must use `syndrome()`, never the data index. The table is
 //! built from fixed arrays so that building it never allocates.
 
 use crate::raid5::Rotation;
@@ -50,10 +50,10 @@ pub struct StripeRoles {
     q: u8,
     /// data index → device
     data_dev: [u8; MAX_RAID_DISKS],
-    /// data index → syndrome slot
-    slot: [u8; MAX_RAID_DISKS],
-    /// syndrome slot → data index
-    by_slot: [u8; MAX_RAID_DISKS],
+    /// data index → syndrome index
+    syndrome: [u8; MAX_RAID_DISKS],
+    /// syndrome index → data index
+    by_syndrome: [u8; MAX_RAID_DISKS],
     /// device → data index, `ROLE_P` or `ROLE_Q`
     role: [u8; MAX_RAID_DISKS],
 }
@@ -68,8 +68,8 @@ impl StripeRoles {
             p: rot.p as u8,
             q: rot.q.map_or(NO_Q, |q| q as u8),
             data_dev: [0; MAX_RAID_DISKS],
-            slot: [0; MAX_RAID_DISKS],
-            by_slot: [0; MAX_RAID_DISKS],
+            syndrome: [0; MAX_RAID_DISKS],
+            by_syndrome: [0; MAX_RAID_DISKS],
             role: [0; MAX_RAID_DISKS],
         };
         r.role[rot.p] = ROLE_P;
@@ -82,11 +82,11 @@ impl StripeRoles {
             r.role[dev] = d as u8;
         }
         match rot.q {
-            Some(q) => raid6::assign_slots(disks, q, &r.role, &mut r.slot),
-            None => (0..data_disks).for_each(|d| r.slot[d] = d as u8),
+            Some(q) => raid6::assign_syndromes(disks, q, &r.role, &mut r.syndrome),
+            None => (0..data_disks).for_each(|d| r.syndrome[d] = d as u8),
         }
         for d in 0..data_disks {
-            r.by_slot[r.slot[d] as usize] = d as u8;
+            r.by_syndrome[r.syndrome[d] as usize] = d as u8;
         }
         r
     }
@@ -117,22 +117,22 @@ impl StripeRoles {
         (self.q != NO_Q).then_some(self.q as usize)
     }
 
-    /// RAID6 syndrome slot (Q coefficient g^slot) of a data chunk, in md's
+    /// RAID6 syndrome index (Q coefficient g^syndrome) of a data chunk, in md's
     /// device walk order (md-format.md §3.3). Equals `data_index` for RAID4/5.
-    pub fn slot(&self, data_index: usize) -> usize {
+    pub fn syndrome(&self, data_index: usize) -> usize {
         assert!(data_index < self.data_disks(), "data index out of range");
-        self.slot[data_index] as usize
+        self.syndrome[data_index] as usize
     }
 
-    /// Inverse of [`slot`](Self::slot): logical data index in syndrome slot `slot`.
-    pub fn data_index_of_slot(&self, slot: usize) -> usize {
-        assert!(slot < self.data_disks(), "slot out of range");
-        self.by_slot[slot] as usize
+    /// Inverse of [`syndrome`](Self::syndrome): logical data index in syndrome index `syndrome`.
+    pub fn data_index_of_syndrome(&self, syndrome: usize) -> usize {
+        assert!(syndrome < self.data_disks(), "syndrome out of range");
+        self.by_syndrome[syndrome] as usize
     }
 
-    /// Device holding syndrome slot `slot`.
-    pub fn slot_dev(&self, slot: usize) -> usize {
-        self.data_dev(self.data_index_of_slot(slot))
+    /// Device holding syndrome index `syndrome`.
+    pub fn syndrome_dev(&self, syndrome: usize) -> usize {
+        self.data_dev(self.data_index_of_syndrome(syndrome))
     }
 
     /// What device `dev` holds in this stripe.

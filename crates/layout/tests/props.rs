@@ -103,14 +103,14 @@ proptest! {
         for s in 0..stripes {
             let r = g.stripe_roles(s);
             let mut devs = HashSet::new();
-            let mut slots = HashSet::new();
+            let mut syndromes = HashSet::new();
             for d in 0..k {
                 prop_assert!(devs.insert(r.data_dev(d)));
                 prop_assert_eq!(r.role_of(r.data_dev(d)), ChunkRole::Data(d));
-                prop_assert!(slots.insert(r.slot(d)));
-                prop_assert_eq!(r.data_index_of_slot(r.slot(d)), d);
+                prop_assert!(syndromes.insert(r.syndrome(d)));
+                prop_assert_eq!(r.data_index_of_syndrome(r.syndrome(d)), d);
                 if level != Level::Raid6 {
-                    prop_assert_eq!(r.slot(d), d);
+                    prop_assert_eq!(r.syndrome(d), d);
                 }
                 let off = probe % chunk;
                 let a = g.array_sector_of(s, d, off);
@@ -124,7 +124,7 @@ proptest! {
             }
             prop_assert_eq!(r.q_dev().is_some(), level == Level::Raid6);
             prop_assert_eq!(devs.len(), n);
-            prop_assert!(slots.iter().all(|&x| x < k));
+            prop_assert!(syndromes.iter().all(|&x| x < k));
         }
         let a = probe % g.array_sectors();
         let p = g.locate(a);

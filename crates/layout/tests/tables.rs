@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{parity_row, raid0_model, raid10_model, render, slots, Cell};
+use common::{parity_row, raid0_model, raid10_model, render, syndromes, Cell};
 use layout::*;
 
 fn geo(level: Level, layout: u32, n: usize, chunk: u64, size: u64) -> Geometry {
@@ -135,9 +135,10 @@ fn raid6_five_disk_left_symmetric_table_of_section_3_2() {
     }
 }
 
-fn slot_of_chunk(g: &Geometry, stripe: u64, chunk: u64) -> usize {
+fn syndrome_of_chunk(g: &Geometry, stripe: u64, chunk: u64) -> usize {
     let k = g.data_disks() as u64;
-    g.stripe_roles(stripe).slot((chunk - stripe * k) as usize)
+    g.stripe_roles(stripe)
+        .syndrome((chunk - stripe * k) as usize)
 }
 
 #[test]
@@ -146,24 +147,27 @@ fn raid6_syndrome_order_examples_of_section_3_3() {
     for layout in [0, 1] {
         let g = geo(Level::Raid6, layout, 5, 8, 80);
         assert_eq!(render(&crate_row(&g, 2)), "D6 D7 P Q D8");
-        assert_eq!(slot_of_chunk(&g, 2, 8), 0);
-        assert_eq!(slot_of_chunk(&g, 2, 6), 1);
-        assert_eq!(slot_of_chunk(&g, 2, 7), 2);
+        assert_eq!(syndrome_of_chunk(&g, 2, 8), 0);
+        assert_eq!(syndrome_of_chunk(&g, 2, 6), 1);
+        assert_eq!(syndrome_of_chunk(&g, 2, 7), 2);
         let r = g.stripe_roles(2);
-        assert_eq!((r.slot_dev(0), r.slot_dev(1), r.slot_dev(2)), (4, 0, 1));
+        assert_eq!(
+            (r.syndrome_dev(0), r.syndrome_dev(1), r.syndrome_dev(2)),
+            (4, 0, 1)
+        );
     }
     // left-symmetric-6, stripe 1: "D4 D5 P D3 Q".
     let g = geo(Level::Raid6, 18, 5, 8, 80);
     assert_eq!(render(&crate_row(&g, 1)), "D4 D5 P D3 Q");
     assert_eq!(render(&parity_row(6, 18, 5, 1)), "D4 D5 P D3 Q");
-    assert_eq!(slot_of_chunk(&g, 1, 4), 0);
-    assert_eq!(slot_of_chunk(&g, 1, 5), 1);
-    assert_eq!(slot_of_chunk(&g, 1, 3), 2);
-    // symmetric layouts: slot = data index everywhere.
+    assert_eq!(syndrome_of_chunk(&g, 1, 4), 0);
+    assert_eq!(syndrome_of_chunk(&g, 1, 5), 1);
+    assert_eq!(syndrome_of_chunk(&g, 1, 3), 2);
+    // symmetric layouts: syndrome = data index everywhere.
     let ls = geo(Level::Raid6, 2, 7, 8, 800);
     for s in 0..20 {
         let r = ls.stripe_roles(s);
-        assert!((0..5).all(|d| r.slot(d) == d));
+        assert!((0..5).all(|d| r.syndrome(d) == d));
     }
 }
 
@@ -288,9 +292,13 @@ fn exhaustive_parity_against_model() {
             assert_eq!(crate_row(&g, s), model, "{lvl} layout {layout} n {n} s {s}");
             if level == 6 {
                 let r = g.stripe_roles(s);
-                for (dev, slot) in slots(&model).into_iter().enumerate() {
+                for (dev, syndrome) in syndromes(&model).into_iter().enumerate() {
                     if let ChunkRole::Data(d) = r.role_of(dev) {
-                        assert_eq!(Some(r.slot(d)), slot, "{layout} n {n} s {s} dev {dev}");
+                        assert_eq!(
+                            Some(r.syndrome(d)),
+                            syndrome,
+                            "{layout} n {n} s {s} dev {dev}"
+                        );
                     }
                 }
             }

@@ -8,23 +8,23 @@
 //! RAID6 works in GF(2^8) with md's reduction polynomial
 //! x^8 + x^4 + x^3 + x^2 + 1 (0x11d) and generator g = {02} (H. P. Anvin,
 //! "The mathematics of RAID-6"). Addition is XOR; `g^255 = 1`, `g^-1 = 0x8e`.
-//! For data blocks `D_0 … D_{m-1}` in **syndrome-slot order**:
+//! For data blocks `D_0 … D_{m-1}` in **syndrome-index order**:
 //!
 //! ```text
 //! P = D_0 ⊕ D_1 ⊕ … ⊕ D_{m-1}
 //! Q = g^0·D_0 ⊕ g^1·D_1 ⊕ … ⊕ g^{m-1}·D_{m-1}
-//!   = ((…(D_{m-1}·2 ⊕ D_{m-2})·2 ⊕ …)·2 ⊕ D_0        (Horner, highest slot first)
+//!   = ((…(D_{m-1}·2 ⊕ D_{m-2})·2 ⊕ …)·2 ⊕ D_0        (Horner, highest syndrome first)
 //! ```
 //!
 //! md (lib/raid6) evaluates Q by exactly this Horner recurrence from the highest
-//! slot down, so `D_0` gets coefficient 1. Test vector: `D = (0x11, 0x22, 0x33)`
+//! syndrome down, so `D_0` gets coefficient 1. Test vector: `D = (0x11, 0x22, 0x33)`
 //! gives `P = 0x00`, `Q = 0x99`. Note that OpenZFS RAID-Z weights the other way
 //! round; this is *not* RAID-Z code.
 //!
 //! **RMW** ([`pq_update`]): replacing `D_s` by `D_s'` with `Δ = D_s ⊕ D_s'` gives
 //! `P' = P ⊕ Δ`, `Q' = Q ⊕ g^s·Δ`.
 //!
-//! **Recovery** ([`raid6_recover`], slots `a < b`; `P'`, `Q'` are computed with the
+//! **Recovery** ([`raid6_recover`], syndromes `a < b`; `P'`, `Q'` are computed with the
 //! lost data blocks taken as zero):
 //! * `D_a` (P intact): `D_a = P ⊕ P'`.
 //! * `D_a + P`: `D_a = g^-a·(Q ⊕ Q')`, then `P = P' ⊕ D_a`.
@@ -38,19 +38,19 @@
 //!
 //! # md compatibility notes
 //!
-//! * **Syndrome slots are not logical data indices nor device indices.** For md's
+//! * **syndrome indices are not logical data indices nor device indices.** For md's
 //!   non-DDF layouts the kernel walks devices starting right after Q (device 0 if
 //!   Q is last), cyclically, skipping P and Q, and numbers data devices 0, 1, 2…
 //!   in that order (`raid6_idx_to_slot`). For left/right-symmetric and
 //!   parity-first/last that coincides with the logical order; for the asymmetric
 //!   layouts and the `*-6` layouts (16–20) it does not. The layout crate must
-//!   produce `data` in slot order; this crate only sees slots.
+//!   produce `data` in syndrome order; this crate only sees syndromes.
 //! * **DDF caveat**: DDF layouts (8, 9, 10) compute Q over *all* n device
 //!   positions in device order, with the P and Q positions contributing zero
 //!   blocks. Call [`pq_gen`] with `data.len() == n` and zero-filled buffers at the
 //!   P/Q positions; recovery works the same way (the zero blocks are simply
 //!   surviving data). Slot `i` then equals device index `i`.
-//! * Block counts: md allows at most 256 devices, i.e. ≤ 254 data slots, so every
+//! * Block counts: md allows at most 256 devices, i.e. ≤ 254 data syndromes, so every
 //!   `g^i` is distinct; two-data recovery asserts that its two coefficients differ.
 //! * CRC: md's raid5-cache/PPL use the raw CRC32C register form ([`crc32c_raw`]),
 //!   the superblock checksum is not a CRC at all (handled by the format crate).
@@ -68,7 +68,7 @@
 //! [`streaming_store_threshold`] bytes (default 64 KiB) are written with
 //! non-temporal stores when 32-byte aligned.
 //!
-//! Length mismatches and out-of-range slots are programming errors and panic.
+//! Length mismatches and out-of-range syndromes are programming errors and panic.
 
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
@@ -293,10 +293,10 @@ impl Backend {
     }
 
     /// RAID6 read-modify-write. See [`pq_update`].
-    pub fn pq_update(self, delta: &[u8], slot: usize, p: &mut [u8], q: &mut [u8]) {
+    pub fn pq_update(self, delta: &[u8], syndrome: usize, p: &mut [u8], q: &mut [u8]) {
         assert_eq!(delta.len(), p.len(), "pq_update: length mismatch");
         assert_eq!(delta.len(), q.len(), "pq_update: length mismatch");
-        let c = gf_exp(slot);
+        let c = gf_exp(syndrome);
         match self {
             #[cfg(target_arch = "x86_64")]
             Backend::Avx2 => Self::avx2().pq_update(delta, c, p, q),
@@ -344,17 +344,17 @@ pub fn xor_gen(srcs: &[&[u8]], dst: &mut [u8]) {
     Backend::detect().xor_gen(srcs, dst)
 }
 
-/// RAID6: `data` in syndrome-slot order (`data[i]` has coefficient `g^i`, g = 2 in
+/// RAID6: `data` in syndrome-index order (`data[i]` has coefficient `g^i`, g = 2 in
 /// GF(2^8)/0x11d). `p = ⊕ data`, `q = ⊕ g^i·data[i]`. At least 1 data block
 /// (md needs 2, 1 is allowed: then P = Q = D_0). All buffers of equal length.
 pub fn pq_gen(data: &[&[u8]], p: &mut [u8], q: &mut [u8]) {
     Backend::detect().pq_gen(data, p, q)
 }
 
-/// RMW: `delta = old_data ^ new_data` of the block at syndrome slot `slot`;
-/// `p ^= delta; q ^= g^slot · delta`.
-pub fn pq_update(delta: &[u8], slot: usize, p: &mut [u8], q: &mut [u8]) {
-    Backend::detect().pq_update(delta, slot, p, q)
+/// RMW: `delta = old_data ^ new_data` of the block at syndrome index `syndrome`;
+/// `p ^= delta; q ^= g^syndrome · delta`.
+pub fn pq_update(delta: &[u8], syndrome: usize, p: &mut [u8], q: &mut [u8]) {
+    Backend::detect().pq_update(delta, syndrome, p, q)
 }
 
 /// `dst ^= coef · src` in GF(2^8)/0x11d.
@@ -363,8 +363,8 @@ pub fn gf_mul_xor(coef: u8, src: &[u8], dst: &mut [u8]) {
 }
 
 /// Rebuild the lost blocks of a RAID6 stripe in place; contents of lost buffers on
-/// entry are ignored. `data` is in syndrome-slot order, everything equally long.
-/// Panics on out-of-range or equal slots.
+/// entry are ignored. `data` is in syndrome-index order, everything equally long.
+/// Panics on out-of-range or equal syndromes.
 pub fn raid6_recover(data: &mut [&mut [u8]], p: &mut [u8], q: &mut [u8], lost: Lost) {
     Backend::detect().raid6_recover(data, p, q, lost)
 }

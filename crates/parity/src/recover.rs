@@ -2,7 +2,7 @@
 //! md-format.md 3.4), expressed as calls of the fused syndrome kernel.
 //!
 //! Lost data buffers are temporarily `mem::take`n out of the caller's slice, which
-//! leaves an empty slice in their slot: the kernels treat an empty data block as a
+//! leaves an empty slice in their syndrome: the kernels treat an empty data block as a
 //! zero block (a "hole" in the Horner evaluation). They are put back before return.
 
 use crate::gf::{gf_exp, gf_inv};
@@ -56,7 +56,7 @@ pub(crate) fn raid6_recover(
     let len = p.len();
     assert_eq!(q.len(), len, "P and Q must have the same length");
     check_lengths(data, len);
-    let slot_ok = |a: usize| assert!(a < n, "lost slot {a} out of range (data blocks: {n})");
+    let index_ok = |a: usize| assert!(a < n, "lost syndrome {a} out of range (data blocks: {n})");
     match lost {
         Lost::Nothing => {}
         Lost::P => {
@@ -72,7 +72,7 @@ pub(crate) fn raid6_recover(
             be.syndrome_impl(&srcs, top(&srcs), Mode::Gen, p, q, &mut [], &mut [], len);
         }
         Lost::Data(a) => {
-            slot_ok(a);
+            index_ok(a);
             let da = std::mem::take(&mut data[a]);
             {
                 let mut srcs: Vec<&[u8]> = Vec::with_capacity(n);
@@ -88,7 +88,7 @@ pub(crate) fn raid6_recover(
             data[a] = da;
         }
         Lost::DataP(a) => {
-            slot_ok(a);
+            index_ok(a);
             let da = std::mem::take(&mut data[a]);
             {
                 let srcs: Vec<&[u8]> = data.iter().map(|d| &**d).collect();
@@ -99,7 +99,7 @@ pub(crate) fn raid6_recover(
             data[a] = da;
         }
         Lost::DataQ(a) => {
-            slot_ok(a);
+            index_ok(a);
             let da = std::mem::take(&mut data[a]);
             {
                 let srcs: Vec<&[u8]> = data.iter().map(|d| &**d).collect();
@@ -110,15 +110,15 @@ pub(crate) fn raid6_recover(
             data[a] = da;
         }
         Lost::DataData(x, y) => {
-            slot_ok(x);
-            slot_ok(y);
-            assert_ne!(x, y, "DataData needs two distinct slots");
+            index_ok(x);
+            index_ok(y);
+            assert_ne!(x, y, "DataData needs two distinct syndromes");
             let (a, b) = if x < y { (x, y) } else { (y, x) };
             assert!(
                 (b - a) % 255 != 0,
-                "slots {a} and {b} share a Q coefficient (more than 255 data blocks)"
+                "syndromes {a} and {b} share a Q coefficient (more than 255 data blocks)"
             );
-            // Take the higher slot first so the lower index stays valid.
+            // Take the higher syndrome first so the lower index stays valid.
             let db = std::mem::take(&mut data[b]);
             let da = std::mem::take(&mut data[a]);
             {

@@ -30,7 +30,7 @@ pub mod reference {
         }
     }
 
-    /// `P = ⊕ D_i`, `Q = ⊕ g^i·D_i`, Q evaluated by Horner from the highest slot down.
+    /// `P = ⊕ D_i`, `Q = ⊕ g^i·D_i`, Q evaluated by Horner from the highest syndrome down.
     pub fn pq_gen(data: &[&[u8]], p: &mut [u8], q: &mut [u8]) {
         assert!(!data.is_empty(), "pq_gen needs at least one data block");
         same_len(data, p.len());
@@ -55,12 +55,12 @@ pub mod reference {
         }
     }
 
-    /// `p ^= delta; q ^= g^slot · delta`.
-    pub fn pq_update(delta: &[u8], slot: usize, p: &mut [u8], q: &mut [u8]) {
+    /// `p ^= delta; q ^= g^syndrome · delta`.
+    pub fn pq_update(delta: &[u8], syndrome: usize, p: &mut [u8], q: &mut [u8]) {
         assert_eq!(delta.len(), p.len());
         assert_eq!(delta.len(), q.len());
         let mut c = 1u8;
-        for _ in 0..slot % 255 {
+        for _ in 0..syndrome % 255 {
             c = mul2(c);
         }
         for k in 0..delta.len() {

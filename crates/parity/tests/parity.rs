@@ -235,7 +235,7 @@ fn arb_lost(n: usize) -> impl Strategy<Value = Lost> {
         a.clone().prop_map(Lost::Data),
         a.clone().prop_map(Lost::DataP),
         a.clone().prop_map(Lost::DataQ),
-        // A distinct second slot (for a single data block fall back to `Data`).
+        // A distinct second syndrome (for a single data block fall back to `Data`).
         (a, 1..n.max(2)).prop_map(move |(x, d)| if n < 2 {
             Lost::Data(x)
         } else {
@@ -298,32 +298,32 @@ proptest! {
     }
 
     #[test]
-    fn pq_update_equals_regen((len, n, align, seed) in arb_geom(24), slot_pick in any::<usize>()) {
+    fn pq_update_equals_regen((len, n, align, seed) in arb_geom(24), pick in any::<usize>()) {
         let mut rng = SmallRng::seed_from_u64(seed);
         let mut b = Blocks::random(&mut rng, n, len, align);
-        let slot = slot_pick % n;
+        let syndrome = pick % n;
         let (mut p0, mut q0) = (vec![0u8; len], vec![0u8; len]);
         reference::pq_gen(&b.get(), &mut p0, &mut q0);
         let mut new = vec![0u8; len];
         rng.fill(&mut new[..]);
-        let delta: Vec<u8> = b.get()[slot].iter().zip(&new).map(|(o, n)| o ^ n).collect();
-        b.get_mut()[slot].copy_from_slice(&new);
+        let delta: Vec<u8> = b.get()[syndrome].iter().zip(&new).map(|(o, n)| o ^ n).collect();
+        b.get_mut()[syndrome].copy_from_slice(&new);
         let (mut p1, mut q1) = (vec![0u8; len], vec![0u8; len]);
         reference::pq_gen(&b.get(), &mut p1, &mut q1);
 
         let (mut rp, mut rq) = (p0.clone(), q0.clone());
-        reference::pq_update(&delta, slot, &mut rp, &mut rq);
+        reference::pq_update(&delta, syndrome, &mut rp, &mut rq);
         prop_assert_eq!(&rp, &p1);
         prop_assert_eq!(&rq, &q1);
         for be in backends() {
             let (mut p, mut q) = (p0.clone(), q0.clone());
-            be.pq_update(&delta, slot, &mut p, &mut q);
-            prop_assert_eq!(&p, &p1, "{:?} P slot {}", be, slot);
-            prop_assert_eq!(&q, &q1, "{:?} Q slot {}", be, slot);
+            be.pq_update(&delta, syndrome, &mut p, &mut q);
+            prop_assert_eq!(&p, &p1, "{:?} P syndrome {}", be, syndrome);
+            prop_assert_eq!(&q, &q1, "{:?} Q syndrome {}", be, syndrome);
         }
         // Slot numbers wrap mod 255 like g^i.
         let (mut p, mut q) = (p0.clone(), q0.clone());
-        parity::pq_update(&delta, slot + 255, &mut p, &mut q);
+        parity::pq_update(&delta, syndrome + 255, &mut p, &mut q);
         prop_assert_eq!(&q, &q1);
     }
 
@@ -401,7 +401,7 @@ fn pq_gen_no_data_panics() {
 
 #[test]
 #[should_panic]
-fn recover_same_slot_panics() {
+fn recover_same_syndrome_panics() {
     let (mut a, mut b) = ([0u8; 4], [0u8; 4]);
     let (mut p, mut q) = ([0u8; 4], [0u8; 4]);
     parity::raid6_recover(&mut [&mut a, &mut b], &mut p, &mut q, Lost::DataData(1, 1));

@@ -10,7 +10,7 @@
 //! * reconstruct-write (RCW): read the data chunks not fully overwritten, compute parity from
 //!   all data; a full stripe reads nothing;
 //! * read-modify-write (RMW): read old data of the chunks being written and old parity, fold
-//!   the difference into parity (`P ^= Δ`, `Q ^= g^slot·Δ`);
+//!   the difference into parity (`P ^= Δ`, `Q ^= g^syndrome·Δ`);
 //! * degraded: read every usable member, reconstruct the missing chunks, apply the new data and
 //!   recompute all parity; only when a member of the row is missing (faulty, or rebuilding and
 //!   not yet past the interval) and neither RCW nor RMW can do without its old bytes.
@@ -700,7 +700,7 @@ impl Array {
             overlay(d, &mut new);
             parity::xor_into(delta, &new);
             match q.as_mut() {
-                Some(q) => parity::pq_update(delta, roles.slot(d), &mut p, q),
+                Some(q) => parity::pq_update(delta, roles.syndrome(d), &mut p, q),
                 None => parity::xor_into(&mut p, delta),
             }
             new_data.push(new);
@@ -949,11 +949,11 @@ impl Array {
             return (p, None);
         }
         let mut q = self.bufs.get(len);
-        let mut by_slot: Vec<&[u8]> = vec![&[]; data.len()];
+        let mut by_syndrome: Vec<&[u8]> = vec![&[]; data.len()];
         for (d, buf) in data.iter().enumerate() {
-            by_slot[roles.slot(d)] = buf;
+            by_syndrome[roles.syndrome(d)] = buf;
         }
-        parity::pq_gen(&by_slot, &mut p, &mut q);
+        parity::pq_gen(&by_syndrome, &mut p, &mut q);
         (p, Some(q))
     }
 
@@ -969,12 +969,12 @@ impl Array {
         let Some(dev_bufs) = self.read_rebuilt(at, len, self.heal_mode(), torn)? else {
             return Ok(None);
         };
-        let mut slots: Vec<Option<PoolBuf>> = dev_bufs.into_iter().map(Some).collect();
+        let mut by_dev: Vec<Option<PoolBuf>> = dev_bufs.into_iter().map(Some).collect();
         let data = (0..self.geometry.data_disks())
-            .map(|d| slots[roles.data_dev(d)].take().expect("data chunk"))
+            .map(|d| by_dev[roles.data_dev(d)].take().expect("data chunk"))
             .collect();
-        let p = slots[roles.p_dev()].take().expect("P chunk");
-        let q = roles.q_dev().map(|qd| slots[qd].take().expect("Q chunk"));
+        let p = by_dev[roles.p_dev()].take().expect("P chunk");
+        let q = roles.q_dev().map(|qd| by_dev[qd].take().expect("Q chunk"));
         Ok(Some(RowBufs { data, p, q }))
     }
 
@@ -1152,13 +1152,13 @@ impl Array {
         let mut cells: Vec<Option<&mut [u8]>> = dev_bufs.into_iter().map(Some).collect();
         let p = cells[p_dev].take().expect("P");
         let q = cells[q_dev].take().expect("Q");
-        let mut by_slot: Vec<Option<&mut [u8]>> = (0..m).map(|_| None).collect();
+        let mut by_syndrome: Vec<Option<&mut [u8]>> = (0..m).map(|_| None).collect();
         for d in 0..m {
-            by_slot[roles.slot(d)] = cells[roles.data_dev(d)].take();
+            by_syndrome[roles.syndrome(d)] = cells[roles.data_dev(d)].take();
         }
-        let mut data: Vec<&mut [u8]> = by_slot
+        let mut data: Vec<&mut [u8]> = by_syndrome
             .into_iter()
-            .map(|s| s.expect("every slot filled"))
+            .map(|s| s.expect("every syndrome index filled"))
             .collect();
         parity::raid6_recover(&mut data, p, q, lost);
     }
@@ -1167,17 +1167,17 @@ impl Array {
 /// Translate missing devices of a RAID6 stripe into what the recovery math needs.
 fn lost_of(roles: &StripeRoles, missing: &[usize]) -> parity::Lost {
     use layout::ChunkRole;
-    let mut slots = Vec::new();
+    let mut syndromes = Vec::new();
     let (mut p, mut q) = (false, false);
     for &dev in missing {
         match roles.role_of(dev) {
-            ChunkRole::Data(d) => slots.push(roles.slot(d)),
+            ChunkRole::Data(d) => syndromes.push(roles.syndrome(d)),
             ChunkRole::P => p = true,
             ChunkRole::Q => q = true,
         }
     }
-    slots.sort_unstable();
-    match (slots.as_slice(), p, q) {
+    syndromes.sort_unstable();
+    match (syndromes.as_slice(), p, q) {
         ([], false, false) => parity::Lost::Nothing,
         ([], true, false) => parity::Lost::P,
         ([], false, true) => parity::Lost::Q,

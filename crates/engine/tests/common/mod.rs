@@ -166,13 +166,13 @@ pub fn redundancy_error(sa: &SimArray) -> Option<String> {
             for s in 0..stripes {
                 let roles = g.stripe_roles(s);
                 let at = |dev: usize| &images[dev][offsets[dev] + s as usize * chunk..][..chunk];
-                let mut by_slot: Vec<&[u8]> = vec![&[]; g.data_disks()];
+                let mut by_syndrome: Vec<&[u8]> = vec![&[]; g.data_disks()];
                 for d in 0..g.data_disks() {
-                    by_slot[roles.slot(d)] = at(roles.data_dev(d));
+                    by_syndrome[roles.syndrome(d)] = at(roles.data_dev(d));
                 }
                 let mut p = vec![0u8; chunk];
                 let mut q = vec![0u8; chunk];
-                parity::pq_gen(&by_slot, &mut p, &mut q);
+                parity::pq_gen(&by_syndrome, &mut p, &mut q);
                 if p != at(roles.p_dev()) {
                     return Some(format!("stripe {s}: P does not match data"));
                 }

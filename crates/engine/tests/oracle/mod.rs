@@ -164,7 +164,7 @@ impl Shape {
                 for s in 0..self.stripes() {
                     let row =
                         md_model::parity_row(self.md_level(), self.layout, self.members, s as u64);
-                    let slots = (self.level == Level::Raid6).then(|| md_model::slots(&row));
+                    let slots = (self.level == Level::Raid6).then(|| md_model::syndromes(&row));
                     let mut p = vec![0u8; c];
                     let mut q = vec![0u8; c];
                     for (dev, cell) in row.iter().enumerate() {

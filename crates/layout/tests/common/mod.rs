@@ -27,7 +27,7 @@ fn p_column(layout_low: u32, width: usize, stripe: u64) -> usize {
 }
 
 /// Build one parity row. Returns the cells and, for RAID6, the syndrome
-/// slot of each column (None for P/Q).
+/// syndrome of each column (None for P/Q).
 pub fn parity_row(level: u32, layout: u32, n: usize, stripe: u64) -> Vec<Cell> {
     let k = n - if level == 6 { 2 } else { 1 };
     let mut row = vec![Cell::Empty; n];
@@ -69,9 +69,9 @@ pub fn parity_row(level: u32, layout: u32, n: usize, stripe: u64) -> Vec<Cell> {
     row
 }
 
-/// RAID6 syndrome slot per column: walk from the column after Q, cyclically,
+/// RAID6 syndrome index per column: walk from the column after Q, cyclically,
 /// numbering data columns.
-pub fn slots(row: &[Cell]) -> Vec<Option<usize>> {
+pub fn syndromes(row: &[Cell]) -> Vec<Option<usize>> {
     let n = row.len();
     let q = row.iter().position(|c| *c == Cell::Q).unwrap();
     let mut out = vec![None; n];
