@@ -300,6 +300,17 @@ impl Array {
         if ios.is_empty() {
             return true;
         }
+        // Every member write is inside the commit point (DESIGN.md's ordering rules hang on it):
+        // the superblocks say "active", the bitmap or journal covers it, failures it meets are
+        // recorded before it is acknowledged.
+        assert!(
+            ios.iter().all(|op| matches!(op.kind, IoKind::Read(_)))
+                || self
+                    .writes_in_commit
+                    .load(std::sync::atomic::Ordering::Relaxed)
+                    > 0,
+            "a member write outside the commit point"
+        );
         // (index into `ios`, error) of every operation the device failed.
         let errors: Vec<(usize, io::Error)> = match &self.io.executor {
             Executor::Deterministic(rng) => {
