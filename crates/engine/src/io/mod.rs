@@ -27,9 +27,9 @@ pub(crate) mod commit;
 pub(crate) mod no_space;
 
 use crate::array::Array;
-use crate::members::Member;
+use crate::members::{Member, MemberSet};
 use std::io;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 pub(crate) enum IoKind<'a> {
@@ -104,12 +104,12 @@ impl<'a> MemberIo<'a> {
         self.outcome == IoOutcome::Ok
     }
 
-    fn run(&mut self, array: &Array) -> Option<io::Error> {
+    fn run(&mut self, cx: &IoContext<'_>) -> Option<io::Error> {
         // Integrity: a write's records are accepted beside the old ones while it is in flight
         // and replace them once it has ended (see `integrity`). A write that is not run because
         // its member left the role still sets them: the role gets these bytes from the caller's
         // next plan or from the rebuild.
-        let integrity = array.integrity.as_deref();
+        let integrity = cx.integrity;
         let records = integrity.and_then(|i| match &self.kind {
             IoKind::Read(_) => None,
             IoKind::Write(buf, _) => {
@@ -123,7 +123,7 @@ impl<'a> MemberIo<'a> {
             }
         };
         let member = match self.member.as_ref() {
-            Some(m) if array.members.slot(self.role).holds(m) => m,
+            Some(m) if cx.members.slot(self.role).holds(m) => m,
             _ => {
                 end(self.role, self.offset_bytes);
                 self.outcome = IoOutcome::Stale;
@@ -154,7 +154,7 @@ impl<'a> MemberIo<'a> {
                 None
             }
             Ok(()) => {
-                let verified = match (&self.kind, &array.config.read_verifier) {
+                let verified = match (&self.kind, cx.verifier) {
                     (IoKind::Read(buf), Some(v)) => {
                         v.verify(member.name(), self.role, self.offset_bytes, buf)
                     }
@@ -264,6 +264,91 @@ impl IoPath {
         }
     }
 
+    /// Run `ios`. Each `outcome` tells how it ended; a member that failed has been marked
+    /// faulty on return. Returns true if all succeeded.
+    pub fn run(&self, cx: &IoContext<'_>, ios: &mut [MemberIo<'_>]) -> bool {
+        if ios.is_empty() {
+            return true;
+        }
+        // Every member write is inside the commit point (DESIGN.md's ordering rules hang on it):
+        // the superblocks say "active", the bitmap or journal covers it, failures it meets are
+        // recorded before it is acknowledged.
+        assert!(
+            ios.iter().all(|op| matches!(op.kind, IoKind::Read(_)))
+                || cx.writes_in_commit.load(Ordering::Relaxed) > 0,
+            "a member write outside the commit point"
+        );
+        // (index into `ios`, error) of every operation the device failed.
+        let errors: Vec<(usize, io::Error)> = match &self.executor {
+            Executor::Deterministic(rng) => {
+                use rand::seq::SliceRandom;
+                let mut order: Vec<usize> = (0..ios.len()).collect();
+                order.shuffle(&mut *rng.lock());
+                order
+                    .into_iter()
+                    .filter_map(|i| ios[i].run(cx).map(|e| (i, e)))
+                    .collect()
+            }
+            Executor::Threads(_) if ios.len() == 1 || self.is_cheap(ios) => {
+                // One operation, or small ones on members that answer at memory speed: a
+                // hand-off to another thread would cost more than the I/O itself.
+                let mut errors = Vec::new();
+                for (i, op) in ios.iter_mut().enumerate() {
+                    let started = cx.clock.now();
+                    if let Some(e) = op.run(cx) {
+                        errors.push((i, e));
+                    }
+                    let took = cx.clock.now().saturating_sub(started);
+                    self.note_latency(op.len(), took);
+                }
+                errors
+            }
+            Executor::Threads(pool) => self.run_parallel(cx, pool, ios),
+        };
+        // Only the member the operation ran against is failed: the role may have changed
+        // hands since (a spare filling it now is not to blame).
+        for (i, e) in &errors {
+            let op = &ios[*i];
+            if let Some(m) = &op.member {
+                let why = format!(
+                    "{} at data byte {} failed: {e}",
+                    op.op_name(),
+                    op.offset_bytes
+                );
+                cx.members.fail_role(op.role, Some(m), &why);
+            }
+        }
+        ios.iter().all(MemberIo::ok)
+    }
+
+    fn run_parallel(
+        &self,
+        cx: &IoContext<'_>,
+        pool: &rayon::ThreadPool,
+        ios: &mut [MemberIo<'_>],
+    ) -> Vec<(usize, io::Error)> {
+        // The caller's thread does the first operation itself: one hand-off fewer.
+        let found = parking_lot::Mutex::new(Vec::new());
+        let (first, rest) = ios.split_first_mut().expect("more than one operation");
+        pool.in_place_scope(|s| {
+            for (i, op) in rest.iter_mut().enumerate() {
+                let found = &found;
+                s.spawn(move |_| {
+                    if let Some(e) = op.run(cx) {
+                        found.lock().push((i + 1, e));
+                    }
+                });
+            }
+            let started = cx.clock.now();
+            if let Some(e) = first.run(cx) {
+                found.lock().push((0, e));
+            }
+            let took = cx.clock.now().saturating_sub(started);
+            self.note_latency(first.len(), took);
+        });
+        found.into_inner()
+    }
+
     /// Run `f` once per index in `0..n`: in parallel on the pool, or in order when simulated.
     pub fn for_each(&self, n: usize, f: impl Fn(usize) + Sync) {
         match &self.executor {
@@ -276,6 +361,17 @@ impl IoPath {
             Executor::Deterministic(_) => (0..n).for_each(f),
         }
     }
+}
+
+/// What member I/O needs besides the operations: the member set (whose failures it records),
+/// the integrity records and the read verifier it checks reads with, the clock it times small
+/// operations by, and the count of write groups inside the commit point (every write must be).
+pub(crate) struct IoContext<'a> {
+    pub members: &'a MemberSet,
+    pub integrity: Option<&'a crate::integrity::Integrity>,
+    pub verifier: Option<&'a dyn ReadVerifier>,
+    pub clock: &'a dyn crate::clock::Clock,
+    pub writes_in_commit: &'a AtomicUsize,
 }
 
 /// How member operations of one request are run.
@@ -294,91 +390,16 @@ impl Array {
         matches!(self.io.executor, Executor::Deterministic(_))
     }
 
-    /// Run `ios`. Each `outcome` tells how it ended; a member that failed has been marked
-    /// faulty on return. Returns true if all succeeded.
+    /// Run `ios` (see [`IoPath::run`]).
     pub(crate) fn run_io(&self, ios: &mut [MemberIo<'_>]) -> bool {
-        if ios.is_empty() {
-            return true;
-        }
-        // Every member write is inside the commit point (DESIGN.md's ordering rules hang on it):
-        // the superblocks say "active", the bitmap or journal covers it, failures it meets are
-        // recorded before it is acknowledged.
-        assert!(
-            ios.iter().all(|op| matches!(op.kind, IoKind::Read(_)))
-                || self
-                    .writes_in_commit
-                    .load(std::sync::atomic::Ordering::Relaxed)
-                    > 0,
-            "a member write outside the commit point"
-        );
-        // (index into `ios`, error) of every operation the device failed.
-        let errors: Vec<(usize, io::Error)> = match &self.io.executor {
-            Executor::Deterministic(rng) => {
-                use rand::seq::SliceRandom;
-                let mut order: Vec<usize> = (0..ios.len()).collect();
-                order.shuffle(&mut *rng.lock());
-                order
-                    .into_iter()
-                    .filter_map(|i| ios[i].run(self).map(|e| (i, e)))
-                    .collect()
-            }
-            Executor::Threads(_) if ios.len() == 1 || self.io.is_cheap(ios) => {
-                // One operation, or small ones on members that answer at memory speed: a
-                // hand-off to another thread would cost more than the I/O itself.
-                let mut errors = Vec::new();
-                for (i, op) in ios.iter_mut().enumerate() {
-                    let started = self.sync.clock.now();
-                    if let Some(e) = op.run(self) {
-                        errors.push((i, e));
-                    }
-                    let took = self.sync.clock.now().saturating_sub(started);
-                    self.io.note_latency(op.len(), took);
-                }
-                errors
-            }
-            Executor::Threads(pool) => self.run_parallel(pool, ios),
+        let cx = IoContext {
+            members: &self.members,
+            integrity: self.integrity.as_deref(),
+            verifier: self.config.read_verifier.as_deref(),
+            clock: self.sync.clock.as_ref(),
+            writes_in_commit: &self.writes_in_commit,
         };
-        // Only the member the operation ran against is failed: the role may have changed
-        // hands since (a spare filling it now is not to blame).
-        for (i, e) in &errors {
-            let op = &ios[*i];
-            if let Some(m) = &op.member {
-                let why = format!(
-                    "{} at data byte {} failed: {e}",
-                    op.op_name(),
-                    op.offset_bytes
-                );
-                self.members.fail_role(op.role, Some(m), &why);
-            }
-        }
-        ios.iter().all(MemberIo::ok)
-    }
-
-    fn run_parallel(
-        &self,
-        pool: &rayon::ThreadPool,
-        ios: &mut [MemberIo<'_>],
-    ) -> Vec<(usize, io::Error)> {
-        // The caller's thread does the first operation itself: one hand-off fewer.
-        let found = parking_lot::Mutex::new(Vec::new());
-        let (first, rest) = ios.split_first_mut().expect("more than one operation");
-        pool.in_place_scope(|s| {
-            for (i, op) in rest.iter_mut().enumerate() {
-                let found = &found;
-                s.spawn(move |_| {
-                    if let Some(e) = op.run(self) {
-                        found.lock().push((i + 1, e));
-                    }
-                });
-            }
-            let started = self.sync.clock.now();
-            if let Some(e) = first.run(self) {
-                found.lock().push((0, e));
-            }
-            let took = self.sync.clock.now().saturating_sub(started);
-            self.io.note_latency(first.len(), took);
-        });
-        found.into_inner()
+        self.io.run(&cx, ios)
     }
 
     /// A read of `role` over `len` bytes at `offset_bytes`, planned against the member that is
