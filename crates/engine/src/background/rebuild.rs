@@ -11,13 +11,13 @@
 
 use crate::array::Array;
 use crate::background::Stop;
-use crate::integrity::heal::Heal;
 use crate::io::bufpool::PoolBuf;
 use crate::io::commit::WriteSet;
 use crate::io::{IoKind, MemberIo};
 use crate::lock::LockRange;
 use crate::members::FULLY_IN_SYNC;
 use crate::personality::raid456::Torn;
+use crate::personality::raid456_heal::Heal;
 use layout::Level;
 
 /// Rebuilds record what they cannot recover in pages of this many bytes.

@@ -5,10 +5,10 @@
 use crate::array::Array;
 use crate::background::rebuild::row_pieces;
 use crate::background::{Stop, SyncAction};
-use crate::integrity::heal::Heal;
 use crate::io::bufpool::PoolBuf;
 use crate::io::commit::WriteSet;
 use crate::lock::LockRange;
+use crate::personality::raid456_heal::Heal;
 
 impl Array {
     /// One window of a resync, check or repair at `pos` (per-member bytes; array bytes for

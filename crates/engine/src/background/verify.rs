@@ -10,9 +10,9 @@
 use crate::array::Array;
 use crate::background::Stop;
 use crate::error::{EngineError, Result};
-use crate::integrity::heal::Heal;
 use crate::integrity::IntegrityCounts;
 use crate::lock::LockRange;
+use crate::personality::raid456_heal::Heal;
 
 /// What one verify request found.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

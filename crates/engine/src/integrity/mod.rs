@@ -24,8 +24,6 @@
 //! whose other holders are missing or rebuilding) is written with FUA, so a cut never leaves
 //! it without a valid copy, which would lose the records of data flushed long before.
 
-pub(crate) mod copies_heal;
-pub(crate) mod heal;
 pub(crate) mod record_cache;
 
 use crate::integrity::record_cache::{CacheStats, Page, RecordCache};

@@ -24,11 +24,11 @@
 
 use crate::array::Array;
 use crate::error::{EngineError, Result};
-use crate::integrity::heal::Heal;
 use crate::io::bufpool::PoolBuf;
 use crate::io::commit::WriteSet;
 use crate::io::{IoOutcome, MemberIo};
 use crate::personality::intent::WriteIntent;
+use crate::personality::raid456_heal::Heal;
 use crate::personality::stripe_cache::{covers_all, merge, BatchError, Completion, Piece, Row};
 use crate::policy::journal::StripeImage;
 use layout::{Level, StripeRoles};

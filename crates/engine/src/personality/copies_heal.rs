@@ -22,11 +22,11 @@
 
 use crate::array::Array;
 use crate::error::Result;
-use crate::integrity::heal::Heal;
 use crate::integrity::BlockKind;
 use crate::io::bufpool::PoolBuf;
 use crate::io::commit::WriteSet;
 use crate::io::IoOutcome;
+use crate::personality::raid456_heal::Heal;
 use layout::Loc;
 
 const PAGE: usize = format::RECORD_BLOCK;
