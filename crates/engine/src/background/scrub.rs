@@ -50,7 +50,7 @@ impl Array {
 
     /// Compare the parity of stripes `r0..r1` with their data; rewrite it where it differs if
     /// `fix`. Returns mismatched sectors, counted per 4 KiB page as md does. With integrity
-    /// records every block is verified first, and what fails is handled as `heal` says.
+    /// records every block is verified first, and what fails is handled as `raid456_heal` says.
     pub(crate) fn scrub_window(
         &self,
         r0: u64,

@@ -1,7 +1,7 @@
 //! Verify reads (Denehy et al., FAST '05): a request beside read, write and flush that reads the
 //! 4 KiB page rows under array byte ranges (the same pages of every member of a stripe, md's
 //! unit of parity work), compares redundancy with the data and, where they disagree, rewrites
-//! parity or the other mirror copies from the data (the data wins, as in a resync). With integrity records, every block is checked against its record first (`heal`).
+//! parity or the other mirror copies from the data (the data wins, as in a resync). With integrity records, every block is checked against its record first (`raid456_heal`).
 //!
 //! The layer above (a file system's journal, an administrator, `guide`) names the ranges that
 //! may have had writes in flight; each page row is read once however many ranges touch it. The
@@ -148,7 +148,7 @@ impl Array {
         let chunk = self.geometry.chunk_sectors() * 512;
         let window = self.window_rows() * chunk;
         // After an unclean stop, blocks that fail their records in rows a crash may have torn
-        // are unflushed writes: settled as found, as the resync would (see `heal`).
+        // are unflushed writes: settled as found, as the resync would (see `raid456_heal`).
         let heal = if fix { self.heal_mode() } else { Heal::Count };
         let mut bad = 0;
         let mut at = a;

@@ -21,7 +21,7 @@
 //! without touching the device; the rest of the stack then serves it from redundancy when there
 //! is some, or answers EIO. A successful write over a recorded range clears it (the member holds
 //! what was written). The list lives in md's v1.2 bad-block log (`format::encode_bad_blocks`);
-//! the superblock's BAD_BLOCKS bit is set with it (`meta`), so `mdadm --examine-badblocks` lists
+//! the superblock's BAD_BLOCKS bit is set with it (`superblocks.rs`), so `mdadm --examine-badblocks` lists
 //! it and md honours it. A member whose log is full, or cannot be written, is failed instead
 //! (md does the same when `rdev_set_badblocks` fails).
 //!

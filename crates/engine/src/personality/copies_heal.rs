@@ -145,7 +145,7 @@ impl Array {
         }
         if mode == Heal::Settle && (settled > 0 || plans.iter().any(|p| p.rewrite.contains(&true)))
         {
-            // What an unclean stop left undecided is decided now, for good (as in `heal`).
+            // What an unclean stop left undecided is decided now, for good (as in `raid456_heal`).
             self.flush_members();
         }
         if let Some(out) = out {
