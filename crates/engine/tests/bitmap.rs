@@ -2,12 +2,10 @@
 //! cover, clear only after quiet passes and never while degraded, resync after a crash visits
 //! only dirty chunks, and a re-added member recovers only what it missed.
 
-mod common;
-
-use common::devs;
 use device::{Device, SimDevice};
 use engine::{assemble, Array, ArrayConfig, AssembleOptions, BitmapSpec, CreateSpec, SyncAction};
 use layout::Level;
+use simkit::devs;
 use std::sync::Arc;
 
 const MEMBER: u64 = 16 << 20;

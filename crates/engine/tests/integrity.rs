@@ -5,14 +5,12 @@
 //!
 //! Seeds: `IRONRAID_SEED` alone, else `IRONRAID_INTEGRITY_CASES` per test (default 300).
 
-mod common;
-
-use common::records::{self, config, Fault, FAULTS};
 use device::{Device, SimDevice};
 use engine::{assemble, Array, AssembleOptions, IntegrityCounts};
 use layout::{ChunkRole, Level};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use simkit::records::{self, config, Fault, FAULTS};
 use std::sync::Arc;
 
 const MEMBER: u64 = 2 << 20;
@@ -233,8 +231,8 @@ fn kinds(level: Level) -> Vec<Kind> {
     }
 }
 
-fn for_each_case(test: &str, case: impl Fn(u64) + std::panic::RefUnwindSafe) {
-    records::for_each_case("integrity", 0x1a7e_0000, test, case)
+fn for_each_case(test: &str, case: impl Fn(u64)) {
+    testkit::for_each_seed!(test, testkit::Seeds::integrity(0x1a7e_0000), case)
 }
 
 /// One fault of every class on every kind of block: the client reads the right data with no
@@ -447,7 +445,7 @@ fn table_fault(seed: u64, level: Level, scrub: bool) {
     rig.array.close().expect("stop");
     let loaded = |rig: &Rig| {
         assemble(
-            common::devs(&rig.sims),
+            simkit::devs(&rig.sims),
             AssembleOptions {
                 config: config(seed ^ 3),
                 ..Default::default()

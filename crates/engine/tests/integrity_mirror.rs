@@ -7,14 +7,12 @@
 //!
 //! Seeds: `IRONRAID_SEED` alone, else `IRONRAID_INTEGRITY_CASES` per test (default 300).
 
-mod common;
-
-use common::records::{self, config, Fault, FAULTS};
 use device::{Device, SimDevice};
 use engine::{assemble, Array, AssembleOptions, IntegrityCounts};
 use layout::{Level, Loc};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use simkit::records::{self, config, Fault, FAULTS};
 use std::sync::Arc;
 
 const MEMBER: u64 = 2 << 20;
@@ -230,8 +228,8 @@ impl Rig {
     }
 }
 
-fn for_each_case(test: &str, case: impl Fn(u64) + std::panic::RefUnwindSafe) {
-    records::for_each_case("integrity_mirror", 0x3a7e_0000, test, case)
+fn for_each_case(test: &str, case: impl Fn(u64)) {
+    testkit::for_each_seed!(test, testkit::Seeds::integrity(0x3a7e_0000), case)
 }
 
 /// One fault of any class on one copy: every read returns the right data and the read that
@@ -598,7 +596,7 @@ fn degraded_two_way_mirror_keeps_flushed_records_through_a_cut() {
                 level: Level::Raid1,
                 layout: None,
                 chunk_bytes: 4096,
-                members: common::devs(&sims[..2]),
+                members: simkit::devs(&sims[..2]),
                 spares: vec![],
                 size_bytes: None,
                 assume_clean: true,
@@ -615,7 +613,7 @@ fn degraded_two_way_mirror_keeps_flushed_records_through_a_cut() {
                 let mut config = config(seed ^ salt);
                 config.integrity_cache_bytes = cache_bytes;
                 assemble(
-                    common::devs(devs),
+                    simkit::devs(devs),
                     AssembleOptions {
                         config,
                         ..Default::default()

@@ -3,8 +3,6 @@
 //! md's format has no way to tell; with records (`CreateSpec::integrity`) every read returns
 //! what was written.
 
-mod common;
-
 use device::{Device, Faults, SimDevice};
 use engine::{assemble, AssembleOptions};
 use layout::Level;

@@ -3,12 +3,10 @@
 //! on every member), rebuild and check skip unused regions, and a map the superblocks have
 //! moved past counts as all used.
 
-mod common;
-
-use common::devs;
 use device::{Device, SimDevice};
 use engine::{assemble, Array, ArrayConfig, AssembleOptions, CreateSpec, SyncAction};
 use layout::Level;
+use simkit::devs;
 use std::sync::Arc;
 
 const MEMBER: u64 = 16 << 20;

@@ -1,6 +1,8 @@
-//! Shared by the integrity fault tests (`integrity`, `integrity_mirror`): the fault classes,
-//! the seeds, and arrays with or without records over simulated members.
+//! Shared by the integrity fault tests (`integrity`, `integrity_mirror`, `integrity_unclean`):
+//! the fault classes, and arrays with or without records over simulated members. Their seeds
+//! are `testkit::Seeds::integrity`.
 
+use crate::array::{clean_spec, devs};
 use device::SimDevice;
 use engine::{assemble, Array, ArrayConfig, AssembleOptions, CreateSpec, Created};
 use layout::Level;
@@ -29,6 +31,8 @@ pub const FAULTS: [Fault; 6] = [
     Fault::Misdirected,
 ];
 
+/// The integrity tests' array config for `seed`: deterministic, small sync windows, and for
+/// half the seeds a record cache of a few pages.
 pub fn config(seed: u64) -> ArrayConfig {
     ArrayConfig {
         deterministic_seed: Some(seed),
@@ -66,25 +70,13 @@ pub fn array(
         })
         .collect();
     let created = engine::create(&CreateSpec {
-        name: "integrity".into(),
-        level,
-        layout,
-        chunk_bytes: chunk,
-        members: super::devs(&sims),
-        spares: vec![],
-        size_bytes: None,
-        assume_clean: true,
-        force: false,
-        bitmap: None,
         discard: true,
-        journal: None,
-        journal_write_back: false,
         integrity,
-        guided: false,
+        ..clean_spec("integrity", level, layout, chunk, devs(&sims), vec![])
     })
     .expect("create");
     let array = assemble(
-        super::devs(&sims),
+        devs(&sims),
         AssembleOptions {
             config: config(seed),
             ..Default::default()
@@ -92,58 +84,6 @@ pub fn array(
     )
     .expect("assemble");
     (sims, created, array)
-}
-
-/// Seeds: `IRONRAID_SEED` alone, else `IRONRAID_INTEGRITY_CASES` (default 300) from `base`.
-pub fn cases(base: u64) -> Vec<u64> {
-    let env = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<u64>().ok());
-    if let Some(seed) = env("IRONRAID_SEED") {
-        return vec![seed];
-    }
-    (0..env("IRONRAID_INTEGRITY_CASES").unwrap_or(300))
-        .map(|i| base + i)
-        .collect()
-}
-
-/// Run `case` for every seed; a failure prints how to replay it.
-pub fn for_each_case(
-    binary: &str,
-    base: u64,
-    test: &str,
-    case: impl Fn(u64) + std::panic::RefUnwindSafe,
-) {
-    for_each_seed(binary, cases(base), test, case)
-}
-
-/// [`for_each_case`] with at most `default` seeds unless `IRONRAID_INTEGRITY_CASES` says.
-pub fn for_each_case_up_to(
-    binary: &str,
-    base: u64,
-    default: usize,
-    test: &str,
-    case: impl Fn(u64) + std::panic::RefUnwindSafe,
-) {
-    let mut seeds = cases(base);
-    if std::env::var("IRONRAID_INTEGRITY_CASES").is_err() {
-        seeds.truncate(default);
-    }
-    for_each_seed(binary, seeds, test, case)
-}
-
-fn for_each_seed(
-    binary: &str,
-    seeds: Vec<u64>,
-    test: &str,
-    case: impl Fn(u64) + std::panic::RefUnwindSafe,
-) {
-    for seed in seeds {
-        if let Err(e) = std::panic::catch_unwind(|| case(seed)) {
-            eprintln!(
-                "\n*** {test} failed with seed {seed}; replay with:\n    IRONRAID_SEED={seed} cargo test -p engine --release --test {binary} -- {test} --exact --nocapture\n"
-            );
-            std::panic::resume_unwind(e);
-        }
-    }
 }
 
 /// Run a sync action (`check`, `repair`, …) to its end.
@@ -157,6 +97,7 @@ pub fn run_action(array: &Array, action: &str) {
     panic!("{action} did not finish");
 }
 
+/// The integrity counters of `array`'s status.
 pub fn counts(array: &Array) -> engine::IntegrityCounts {
     array.status().integrity.expect("integrity status").counts
 }
@@ -165,7 +106,7 @@ pub fn counts(array: &Array) -> engine::IntegrityCounts {
 pub fn reassemble(array: &Array, sims: &[Arc<SimDevice>], seed: u64) -> Array {
     array.close().expect("clean stop");
     assemble(
-        super::devs(sims),
+        devs(sims),
         AssembleOptions {
             config: config(seed ^ 0x5a5a),
             ..Default::default()
