@@ -42,18 +42,7 @@ fn sims(n: usize, prefix: &str, seed: u64) -> Vec<Arc<SimDevice>> {
 }
 
 fn open(all: &[Arc<SimDevice>]) -> Arc<Array> {
-    let a = Arc::new(
-        assemble(
-            devs(all),
-            AssembleOptions {
-                name: None,
-                config: simkit::config(),
-                force: false,
-                ..Default::default()
-            },
-        )
-        .expect("assemble"),
-    );
+    let a = Arc::new(simkit::reassemble(all).expect("assemble"));
     a.set_sync_speed(None, Some(u64::MAX));
     a
 }

@@ -32,38 +32,16 @@ fn create(level: Level, sims: &[Arc<SimDevice>]) {
 
 fn create_with_layout(level: Level, layout: Option<u32>, sims: &[Arc<SimDevice>]) {
     engine::create(&CreateSpec {
-        name: "bm".into(),
-        level,
-        layout,
-        chunk_bytes: 64 << 10,
-        members: devs(sims),
-        spares: vec![],
-        size_bytes: None,
-        assume_clean: true,
-        force: false,
         bitmap: Some(BitmapSpec {
             chunk_bytes: Some(BITMAP_CHUNK),
         }),
-        discard: false,
-        journal: None,
-        journal_write_back: false,
-        integrity: false,
-        guided: false,
+        ..simkit::clean_spec("bm", level, layout, 64 << 10, devs(sims), vec![])
     })
     .expect("create");
 }
 
 fn boot(sims: &[Arc<SimDevice>]) -> Array {
-    assemble(
-        devs(sims),
-        AssembleOptions {
-            name: None,
-            config: config(),
-            force: false,
-            ..Default::default()
-        },
-    )
-    .expect("assemble")
+    simkit::reassemble_with(sims, config()).expect("assemble")
 }
 
 /// Set bits on `dev`'s bitmap, by chunk index.

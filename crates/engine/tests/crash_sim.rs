@@ -213,21 +213,13 @@ impl Rig {
                 // integrity always does.
                 let discard = (bitmap.is_some() && rng.gen_bool(0.5)) || policy.integrity();
                 let created = engine::create(&engine::CreateSpec {
-                    name: "crash".into(),
-                    level,
-                    layout,
-                    chunk_bytes: chunk as u64,
-                    members: devs(&sims),
-                    spares: vec![],
-                    size_bytes: None,
-                    assume_clean: true,
-                    force: false,
                     bitmap,
                     discard,
                     journal: log.clone().map(|l| l as Arc<dyn Device>),
                     journal_write_back: policy.write_back(),
                     integrity: policy.integrity(),
                     guided: policy.guided(),
+                    ..simkit::clean_spec("crash", level, layout, chunk as u64, devs(&sims), vec![])
                 })
                 .expect("create");
                 sims.extend(log);

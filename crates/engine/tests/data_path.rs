@@ -165,21 +165,15 @@ fn probed_raid5(
         .map(|p| p.clone() as Arc<dyn Device>)
         .collect();
     engine::create(&engine::CreateSpec {
-        name: "probe".into(),
-        level: Level::Raid5,
-        layout: None,
-        chunk_bytes,
-        members: members.clone(),
-        spares: vec![],
-        size_bytes: None,
-        assume_clean: true,
-        force: false,
-        bitmap: None,
-        discard: false,
-        journal: None,
-        journal_write_back: false,
         integrity,
-        guided: false,
+        ..simkit::clean_spec(
+            "probe",
+            Level::Raid5,
+            None,
+            chunk_bytes,
+            members.clone(),
+            vec![],
+        )
     })
     .expect("create");
     let data_offset_bytes = engine::read_superblock(sims[0].as_ref())
@@ -659,23 +653,14 @@ fn stale_member_is_not_read_as_current() {
 #[test]
 fn create_refuses_members_already_in_an_array() {
     let sa = sim_array(Level::Raid1, None, 2, 0, 4 << 20, 11);
-    let err = engine::create(&engine::CreateSpec {
-        name: "again".into(),
-        level: Level::Raid1,
-        layout: None,
-        chunk_bytes: 0,
-        members: devs(&sa.sims),
-        spares: vec![],
-        size_bytes: None,
-        assume_clean: true,
-        force: false,
-        bitmap: None,
-        discard: false,
-        journal: None,
-        journal_write_back: false,
-        integrity: false,
-        guided: false,
-    })
+    let err = engine::create(&simkit::clean_spec(
+        "again",
+        Level::Raid1,
+        None,
+        0,
+        devs(&sa.sims),
+        vec![],
+    ))
     .expect_err("refused")
     .to_string();
     assert!(err.contains("sim0") && err.contains("--force"), "{err}");

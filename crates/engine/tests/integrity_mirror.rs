@@ -592,21 +592,16 @@ fn degraded_two_way_mirror_keeps_flushed_records_through_a_cut() {
             };
             let sims = [sim("sim0", 0), sim("sim1", 1), sim("spare2", 2)];
             engine::create(&engine::CreateSpec {
-                name: "cut".into(),
-                level: Level::Raid1,
-                layout: None,
-                chunk_bytes: 4096,
-                members: simkit::devs(&sims[..2]),
-                spares: vec![],
-                size_bytes: None,
-                assume_clean: true,
-                force: false,
-                bitmap: None,
                 discard: true,
-                journal: None,
-                journal_write_back: false,
                 integrity: true,
-                guided: false,
+                ..simkit::clean_spec(
+                    "cut",
+                    Level::Raid1,
+                    None,
+                    4096,
+                    simkit::devs(&sims[..2]),
+                    vec![],
+                )
             })
             .expect("create");
             let boot = |devs: &[Arc<SimDevice>], salt: u64, cache_bytes: usize| {

@@ -254,21 +254,15 @@ fn with_integrity_a_verify_checks_the_records_too() {
         .map(|i| Arc::new(device::SimDevice::new(format!("m{i}"), 4 << 20, 9 + i)))
         .collect();
     engine::create(&engine::CreateSpec {
-        name: "v".into(),
-        level: Level::Raid5,
-        layout: None,
-        chunk_bytes: 16 << 10,
-        members: simkit::devs(&sims),
-        spares: vec![],
-        size_bytes: None,
-        assume_clean: true,
-        force: false,
-        bitmap: None,
-        discard: false,
-        journal: None,
-        journal_write_back: false,
         integrity: true,
-        guided: false,
+        ..simkit::clean_spec(
+            "v",
+            Level::Raid5,
+            None,
+            16 << 10,
+            simkit::devs(&sims),
+            vec![],
+        )
     })
     .expect("create");
     let array = engine::assemble(simkit::devs(&sims), engine::AssembleOptions::default())

@@ -59,16 +59,7 @@ pub fn sim_array_with(
         })
         .collect();
     create_clean("test", level, layout, chunk_bytes, devs(&sims), vec![]);
-    let array = assemble(
-        devs(&sims),
-        AssembleOptions {
-            name: None,
-            config,
-            force: false,
-            ..Default::default()
-        },
-    )
-    .expect("assemble");
+    let array = reassemble_with(&sims, config).expect("assemble");
     SimArray {
         sims,
         array,
@@ -79,12 +70,15 @@ pub fn sim_array_with(
 
 /// Assemble `sims` again (after a stop or a simulated crash) with [`config`].
 pub fn reassemble(sims: &[Arc<SimDevice>]) -> engine::Result<Array> {
+    reassemble_with(sims, config())
+}
+
+/// Assemble `sims` (not forced, the name from their superblocks) with `config`.
+pub fn reassemble_with(sims: &[Arc<SimDevice>], config: ArrayConfig) -> engine::Result<Array> {
     assemble(
         devs(sims),
         AssembleOptions {
-            name: None,
-            config: config(),
-            force: false,
+            config,
             ..Default::default()
         },
     )
