@@ -1,12 +1,18 @@
 //! Shared by the integrity fault tests (`integrity`, `integrity_mirror`, `integrity_unclean`):
-//! the fault classes, and arrays with or without records over simulated members. Their seeds
-//! are `testkit::Seeds::integrity`.
+//! the fault classes, arrays with or without records over simulated members, and the [`Rig`]
+//! that writes to one and damages its members' blocks behind its back. Their seeds are
+//! `testkit::Seeds::integrity`.
 
 use crate::array::{clean_spec, devs};
-use device::SimDevice;
+use device::{Device, SimDevice};
 use engine::{assemble, Array, ArrayConfig, AssembleOptions, CreateSpec, Created};
 use layout::Level;
+use rand::Rng;
+use rand_chacha::ChaCha8Rng;
 use std::sync::Arc;
+
+/// The unit the records cover, and the unit a fault damages.
+pub const PAGE: u64 = 4096;
 
 /// A silent fault behind the array's back.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -113,4 +119,161 @@ pub fn reassemble(array: &Array, sims: &[Arc<SimDevice>], seed: u64) -> Array {
         },
     )
     .expect("reassemble")
+}
+
+/// An array with or without records, what the rig wrote to it (`model`: the array's bytes),
+/// and its members' blocks within reach behind its back.
+pub struct Rig {
+    pub sims: Vec<Arc<SimDevice>>,
+    pub array: Array,
+    pub model: Vec<u8>,
+    /// Byte offset of the data area on every member.
+    pub data_offset: u64,
+    pub component_sectors: u64,
+    pub level: Level,
+    pub seed: u64,
+}
+
+impl Rig {
+    /// A rig over `created` (from [`array`]) after a few random writes (4 to 11, of 1 to 63
+    /// sectors, from `rng`) and a flush.
+    pub fn with_writes(
+        seed: u64,
+        level: Level,
+        (sims, created, array): (Vec<Arc<SimDevice>>, Created, Array),
+        rng: &mut ChaCha8Rng,
+    ) -> Rig {
+        let mut rig = Rig {
+            model: vec![0u8; array.size_bytes() as usize],
+            sims,
+            array,
+            data_offset: created.data_offset_sectors * 512,
+            component_sectors: created.component_sectors,
+            level,
+            seed,
+        };
+        for _ in 0..rng.gen_range(4..12) {
+            let len = rng.gen_range(1..64usize) * 512;
+            let at = rng.gen_range(0..(rig.model.len() - len) / 512) as u64 * 512;
+            rig.write(at, len, rng);
+        }
+        rig.array.flush().expect("flush");
+        rig
+    }
+
+    /// Write `len` random bytes at `at` through the array, and into the model.
+    pub fn write(&mut self, at: u64, len: usize, rng: &mut ChaCha8Rng) {
+        let mut buf = vec![0u8; len];
+        rng.fill(&mut buf[..]);
+        self.array.write(at, &buf, false).expect("write");
+        self.model[at as usize..at as usize + len].copy_from_slice(&buf);
+    }
+
+    /// Member `dev`'s page at byte `off` of its data area, read behind the array's back.
+    pub fn block(&self, dev: usize, off: u64) -> Vec<u8> {
+        let mut b = device::AlignedBuf::zeroed(PAGE as usize);
+        self.sims[dev]
+            .read_at(&mut b, self.data_offset + off)
+            .expect("raw read");
+        b.to_vec()
+    }
+
+    /// Overwrite member `dev`'s bytes at byte `off` of its data area behind the array's back.
+    pub fn put(&self, dev: usize, off: u64, bytes: &[u8]) {
+        self.sims[dev].scribble(self.data_offset + off, bytes);
+    }
+
+    /// Damage member `dev`'s page at byte `off` of its data area in place: the faults that need
+    /// no write through the array (`Rot`, `Garbage`, `Zeros`, `Torn`); each changes the page.
+    pub fn damage(&self, fault: Fault, dev: usize, off: u64, rng: &mut ChaCha8Rng) {
+        let b = match fault {
+            Fault::Rot => {
+                let bit = rng.gen_range(0..PAGE * 8);
+                self.sims[dev].flip_bit(self.data_offset + off + bit / 8, (bit % 8) as u8);
+                return;
+            }
+            Fault::Garbage => {
+                let mut g = vec![0u8; PAGE as usize];
+                rng.fill(&mut g[..]);
+                // The rig's data comes from a stream seeded alike: make sure it is a change.
+                if g == self.block(dev, off) {
+                    g[0] ^= 0xff;
+                }
+                g
+            }
+            Fault::Zeros => {
+                let mut b = self.block(dev, off);
+                if b.iter().all(|&x| x == 0) {
+                    b[rng.gen_range(0..PAGE as usize)] = 1;
+                } else {
+                    b.fill(0);
+                }
+                b
+            }
+            Fault::Torn => {
+                let mut b = self.block(dev, off);
+                let orig = b.clone();
+                let first = rng.gen_range(0..7usize);
+                let last = rng.gen_range(first + 1..8);
+                for s in first..last {
+                    rng.fill(&mut b[s * 512..(s + 1) * 512]);
+                }
+                if b == orig {
+                    b[first * 512] ^= 0xff;
+                }
+                b
+            }
+            Fault::Lost | Fault::Misdirected => {
+                panic!("{fault:?} is a write through the array: the test places it")
+            }
+        };
+        self.put(dev, off, &b);
+    }
+
+    /// The whole array, read through it.
+    pub fn read_all(&self) -> engine::Result<Vec<u8>> {
+        let mut buf = vec![0u8; self.model.len()];
+        self.array.read(0, &mut buf)?;
+        Ok(buf)
+    }
+
+    /// Run a sync action to its end.
+    pub fn run_action(&self, action: &str) {
+        run_action(&self.array, action)
+    }
+
+    pub fn counts(&self) -> engine::IntegrityCounts {
+        counts(&self.array)
+    }
+
+    /// Stop cleanly and assemble again.
+    pub fn reassemble(&mut self) {
+        self.array = reassemble(&self.array, &self.sims, self.seed);
+    }
+
+    /// Assemble the members but `left_out` (degraded), with the config of `seed`.
+    pub fn assemble_without(&self, left_out: &[usize], seed: u64) -> Array {
+        let others: Vec<Arc<dyn Device>> = self
+            .sims
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !left_out.contains(i))
+            .map(|(_, s)| s.clone() as Arc<dyn Device>)
+            .collect();
+        assemble(
+            others,
+            AssembleOptions {
+                config: config(seed),
+                ..Default::default()
+            },
+        )
+        .expect("degraded assembly")
+    }
+
+    /// Where the record tables sit on the members.
+    pub fn zone(&self) -> format::Zone {
+        let n = self.sims.len();
+        let copies = format::table_copies(self.level.md_level(), n).expect("copies");
+        format::Zone::new(n, copies, self.component_sectors)
+    }
 }
