@@ -132,7 +132,21 @@ macro_rules! for_each_seed {
 
 #[cfg(test)]
 mod tests {
-    use super::Seeds;
+    use super::{run_each, Replay, Seeds};
+
+    /// Canary: a seed that fails fails the test (the replay line is printed, the panic goes on).
+    #[test]
+    fn a_failing_seed_fails_the_run() {
+        let replay = Replay {
+            package: "testkit",
+            binary: "seeds",
+            test: "a_failing_seed_fails_the_run",
+        };
+        let seeds = Seeds::sim(3);
+        let failed = std::panic::catch_unwind(|| run_each(replay, seeds, |_| panic!("bad seed")));
+        assert!(failed.is_err(), "a panicking case passed");
+        run_each(replay, seeds, |_| {});
+    }
 
     #[test]
     fn consecutive_seeds_from_the_base_and_capped_by_at_most() {
