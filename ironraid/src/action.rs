@@ -5,9 +5,9 @@
 //! every 2 s otherwise. It returns when `<action>_finished` arrives after `<action>_started`,
 //! and fails if the action is interrupted or fails.
 
-use crate::control::{self, EventLine, Request};
+use crate::control::{self, expect_ok, fetch_detail, EventLine, Request};
+use crate::size;
 use crate::status::Detail;
-use crate::{expect_ok, fetch_detail, size};
 use anyhow::bail;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::{BufRead, IsTerminal};

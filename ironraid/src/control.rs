@@ -3,11 +3,10 @@
 //! The daemon serves it; `status`, `detail`, `stop`, `fail` … are clients. Requests are small
 //! and bounded (`MAX_REQUEST_BYTES`); a malformed request gets an error response, never a crash.
 
-use crate::guide::GuideResult;
+use crate::results::{GuideResult, VerifyResult};
 use crate::rundir;
 use crate::status::Detail;
-use crate::verify::VerifyResult;
-use anyhow::{bail, Context};
+use anyhow::{anyhow, bail, Context};
 use serde::{Deserialize, Serialize};
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
@@ -139,6 +138,28 @@ pub fn call(name: &str, req: &Request) -> anyhow::Result<Response> {
 pub fn call_unhurried(name: &str, req: &Request) -> anyhow::Result<Response> {
     let (resp, _) = send(name, req, None)?;
     Ok(resp)
+}
+
+/// The daemon's answer as a result: its error message when it refused.
+pub fn expect_ok(resp: Response) -> anyhow::Result<()> {
+    if resp.ok {
+        Ok(())
+    } else {
+        bail!(
+            "{}",
+            resp.error
+                .unwrap_or_else(|| "daemon refused without a reason".into())
+        )
+    }
+}
+
+/// The detail of array `name`, from its daemon.
+pub fn fetch_detail(name: &str) -> anyhow::Result<Detail> {
+    let resp = call(name, &Request::Detail)?;
+    if !resp.ok {
+        bail!("{}", resp.error.unwrap_or_default());
+    }
+    resp.detail.ok_or_else(|| anyhow!("daemon sent no detail"))
 }
 
 /// Subscribe to the events of array `name`: the reader yields one [`EventLine`] per line and

@@ -6,37 +6,11 @@
 //! * `fallback`: no guidance; the bitmap resync runs now.
 
 use crate::control::{self, Request};
+use crate::results::{Ext4Summary, GuideResult, VerifyResult};
 use crate::size;
-use crate::verify::VerifyResult;
 use anyhow::{anyhow, bail};
 use engine::Array;
-use serde::{Deserialize, Serialize};
 use std::path::Path;
-
-/// What a guide did.
-#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
-pub struct GuideResult {
-    pub guide: String,
-    /// The verify of the guide's ranges (None: fell back).
-    pub verify: Option<VerifyResult>,
-    /// What the ext4 journal said (ext4 guide only).
-    pub ext4: Option<Ext4Summary>,
-}
-
-#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
-pub struct Ext4Summary {
-    pub block_size: u32,
-    pub journal_bytes: u64,
-    /// Committed transactions still in the log.
-    pub transactions: usize,
-    /// Distinct home blocks they name.
-    pub home_blocks: u64,
-    /// Journal blocks past the last commit that may have been written.
-    pub window_blocks: u64,
-    /// Bytes in the verify set (before rounding to whole page rows).
-    pub set_bytes: u64,
-    pub ranges: usize,
-}
 
 /// Run guide `kind` on `array` (in the daemon).
 pub fn run(

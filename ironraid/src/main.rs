@@ -17,6 +17,7 @@ mod metrics;
 mod monitor;
 mod monitor_scan;
 mod overview;
+mod results;
 mod rundir;
 mod scan;
 mod server;
@@ -29,6 +30,7 @@ mod watch;
 
 use anyhow::{anyhow, bail, Context};
 use clap::{ArgAction, Parser, Subcommand};
+use control::{expect_ok, fetch_detail};
 use device::{Device, OpenMode, RemoteOptions};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -521,18 +523,6 @@ fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
     }
 }
 
-fn expect_ok(resp: control::Response) -> anyhow::Result<()> {
-    if resp.ok {
-        Ok(())
-    } else {
-        bail!(
-            "{}",
-            resp.error
-                .unwrap_or_else(|| "daemon refused without a reason".into())
-        )
-    }
-}
-
 /// Whether `dev` has md's superblock magic where any version keeps it: 1.2 at 4 KiB, 1.1 at
 /// the start, 1.0 8 KiB before the end (4 KiB aligned), 0.90 in the last 64 KiB-aligned 64 KiB.
 fn carries_md_magic(dev: &dyn Device) -> bool {
@@ -693,14 +683,6 @@ fn usage_error(msg: &str) -> ! {
         .expect("the create subcommand is defined above")
         .error(clap::error::ErrorKind::ArgumentConflict, msg)
         .exit()
-}
-
-fn fetch_detail(name: &str) -> anyhow::Result<status::Detail> {
-    let resp = control::call(name, &control::Request::Detail)?;
-    if !resp.ok {
-        bail!("{}", resp.error.unwrap_or_default());
-    }
-    resp.detail.ok_or_else(|| anyhow!("daemon sent no detail"))
 }
 
 fn detail(name: &str, json: bool) -> anyhow::Result<()> {

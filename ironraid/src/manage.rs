@@ -1,8 +1,8 @@
 //! Member management and rate limits on a running array: `fail`, `remove`, `add`, `speed`.
 
-use crate::control::{self, Request};
+use crate::control::{self, expect_ok, Request};
 use crate::member::{self, name as member_name};
-use crate::{expect_ok, size};
+use crate::size;
 use anyhow::anyhow;
 use std::path::Path;
 

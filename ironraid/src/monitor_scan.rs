@@ -189,7 +189,7 @@ fn dead_daemons() -> Vec<String> {
 
 /// What `--oneshot` reports for a running array: md's DegradedArray and Fail.
 fn trouble(name: &str) -> Vec<EventLine> {
-    let Ok(d) = crate::fetch_detail(name) else {
+    let Ok(d) = control::fetch_detail(name) else {
         return vec![gone(name)];
     };
     let in_sync = d.members.iter().filter(|m| m.state == "in_sync").count();

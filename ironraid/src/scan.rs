@@ -71,7 +71,7 @@ pub fn examine_scan(members: &[PathBuf], config_flag: Option<&Path>) -> anyhow::
 /// `detail --scan`: one ARRAY line per running array, ready for the config.
 pub fn detail_scan() -> anyhow::Result<()> {
     for name in control::running_arrays() {
-        let Ok(d) = crate::fetch_detail(&name) else {
+        let Ok(d) = control::fetch_detail(&name) else {
             continue;
         };
         // The default socket goes without saying: `run` always serves it (and it moves with

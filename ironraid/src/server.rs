@@ -3,8 +3,8 @@
 
 use crate::control::{EventLine, Request, Response, MAX_REQUEST_BYTES};
 use crate::member::Opener;
+use crate::results::VerifyResult;
 use crate::status::Detail;
-use crate::verify::VerifyResult;
 use engine::{Array, Event, MemberState};
 use std::path::Path;
 use std::sync::mpsc::RecvTimeoutError;

@@ -2,72 +2,13 @@
 //! are read whole, redundancy compared and rewritten from the data where it disagrees).
 
 use crate::control::{self, Request};
+use crate::results::VerifyResult;
 use crate::size;
 use anyhow::{anyhow, bail, Context};
-use serde::{Deserialize, Serialize};
 use std::path::Path;
 
 /// Ranges per control request (a request line stays far below `MAX_REQUEST_BYTES`).
 const RANGES_PER_REQUEST: usize = 1000;
-
-/// What a verify request found, as the control socket and `--json` give it.
-#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
-pub struct VerifyResult {
-    pub ranges: usize,
-    /// Array bytes under the stripes read (each stripe once): the request's cost.
-    pub bytes_verified: u64,
-    /// Sectors whose redundancy disagreed with the data (per 4 KiB page, as md counts).
-    pub mismatch_sectors: u64,
-    /// Whether what disagreed was rewritten (false: the array is read-only; only reported).
-    pub repaired: bool,
-    /// Blocks that failed their integrity records, and what became of them (integrity only).
-    pub integrity: Option<VerifyIntegrity>,
-}
-
-#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
-pub struct VerifyIntegrity {
-    pub data_mismatches: u64,
-    pub p_mismatches: u64,
-    pub q_mismatches: u64,
-    pub repaired: u64,
-    pub records_fixed: u64,
-    pub resolved_after_crash: u64,
-}
-
-impl VerifyResult {
-    pub fn from_engine(r: &engine::VerifyReport) -> VerifyResult {
-        VerifyResult {
-            ranges: r.ranges,
-            bytes_verified: r.bytes_verified,
-            mismatch_sectors: r.mismatch_sectors,
-            repaired: r.repaired,
-            integrity: r.integrity.as_ref().map(|c| VerifyIntegrity {
-                data_mismatches: c.data_mismatches,
-                p_mismatches: c.p_mismatches,
-                q_mismatches: c.q_mismatches,
-                repaired: c.repaired,
-                records_fixed: c.records_fixed,
-                resolved_after_crash: c.resolved_after_crash,
-            }),
-        }
-    }
-
-    fn add(&mut self, o: &VerifyResult) {
-        self.ranges += o.ranges;
-        self.bytes_verified += o.bytes_verified;
-        self.mismatch_sectors += o.mismatch_sectors;
-        self.repaired = o.repaired;
-        if let Some(oi) = &o.integrity {
-            let i = self.integrity.get_or_insert_with(VerifyIntegrity::default);
-            i.data_mismatches += oi.data_mismatches;
-            i.p_mismatches += oi.p_mismatches;
-            i.q_mismatches += oi.q_mismatches;
-            i.repaired += oi.repaired;
-            i.records_fixed += oi.records_fixed;
-            i.resolved_after_crash += oi.resolved_after_crash;
-        }
-    }
-}
 
 /// Ranges from text: one `OFFSET LENGTH` per line (sizes as on the command line); blank lines
 /// and `#` comments are skipped.

@@ -8,11 +8,10 @@ mod common;
 use common::*;
 use nbd::codec::{self, Request};
 use nbd::proto::*;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
-use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 const MIB: usize = 1 << 20;
@@ -24,40 +23,6 @@ fn free_port() -> u16 {
         .local_addr()
         .unwrap()
         .port()
-}
-
-/// `ironraid run ARGS... MEMBERS...` with stdout piped; the daemon and the lines it printed
-/// once its control socket answers.
-fn run_printing(env: &Env, args: &[&str], lines: usize) -> (Daemon, Vec<String>) {
-    let log = env.dir.path().join("daemon.log");
-    let mut child: Child = env
-        .cmd()
-        .arg("run")
-        .args(args)
-        .args(&env.members)
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut printed = Vec::new();
-    for _ in 0..lines {
-        let mut l = String::new();
-        out.read_line(&mut l).unwrap();
-        assert!(
-            !l.is_empty(),
-            "daemon printed {printed:?} and ended:\n{}",
-            std::fs::read_to_string(&log).unwrap_or_default()
-        );
-        printed.push(l.trim().to_string());
-    }
-    let ctl = env.rundir().join(format!("{}.ctl", env.name));
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while UnixStream::connect(&ctl).is_err() {
-        assert!(Instant::now() < deadline, "no control socket");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    (Daemon { child, log }, printed)
 }
 
 fn nbdinfo_size(uri: &str) -> u64 {
@@ -75,8 +40,7 @@ fn uris_extra_endpoints_export_name_and_socket_mode() {
     let extra = env.dir.path().join("extra.sock");
     let tcp = format!("nbd://127.0.0.1:{port}");
     let unix = format!("nbd+unix:///disk0?socket={}", extra.display());
-    let (d, printed) = run_printing(
-        &env,
+    let (d, printed) = env.run_printing(
         &[
             "--nbd",
             &tcp,
@@ -203,7 +167,7 @@ fn idle_tcp_connections_cannot_lock_out_a_real_client() {
     let env = Env::new("flood", 2, 16 << 20);
     env.create("1", &[]);
     let port = free_port();
-    let (d, _) = run_printing(&env, &["--nbd", &format!("tcp:127.0.0.1:{port}")], 0);
+    let (d, _) = env.run_printing(&["--nbd", &format!("tcp:127.0.0.1:{port}")], 0);
     // More than the server's connection limit (128), none sending a byte.
     let idle: Vec<std::net::TcpStream> = (0..200)
         .map(|_| std::net::TcpStream::connect(("127.0.0.1", port)).unwrap())

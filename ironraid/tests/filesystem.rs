@@ -2,21 +2,9 @@
 
 mod common;
 
-use common::{require_tools, sh, Env, Loop};
+use common::{require_tools, sh, wait_for, Env, Loop};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
-
-fn wait_for(path: &std::path::Path) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !path.exists() {
-        assert!(
-            Instant::now() < deadline,
-            "{} did not appear",
-            path.display()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
+use std::time::Duration;
 
 struct Fuse {
     child: std::process::Child,

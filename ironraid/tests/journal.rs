@@ -7,7 +7,8 @@ mod common;
 mod journal_log;
 
 use common::{
-    canon, mdadm_field, member_state, random_file, require_tools, sh, wait_for, Env, FuseExport,
+    assert_same_image, canon, mdadm_field, member_state, random_file, require_tools, sh, wait_for,
+    Env, FuseExport,
 };
 use journal_log::{decode_log, log_super, model_parity, newest_pages, Model, PAGE};
 use std::collections::BTreeMap;
@@ -261,19 +262,7 @@ fn log_holds_what_was_written_in_mds_format() {
     for (&page, bytes) in &model.0 {
         std::os::unix::fs::FileExt::write_all_at(&f, bytes, page * PAGE as u64).unwrap();
     }
-    let cmp = sh(
-        "qemu-img",
-        &[
-            "compare",
-            "-f",
-            "raw",
-            "-F",
-            "raw",
-            refimg.to_str().unwrap(),
-            &uri,
-        ],
-    );
-    assert!(cmp.contains("identical"), "{cmp}");
+    assert_same_image(&refimg, &uri);
     env.stop(d);
 }
 

@@ -12,19 +12,6 @@ use std::time::Duration;
 
 const MIB: u64 = 1 << 20;
 
-/// Kills a process it owns if the test ends early (a failed assertion), so no daemon outlives
-/// the test holding its output pipe.
-struct Reap(std::process::Child);
-
-impl Drop for Reap {
-    fn drop(&mut self) {
-        if let Ok(None) = self.0.try_wait() {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-}
-
 fn unit(name: &str) -> String {
     let p = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../systemd")

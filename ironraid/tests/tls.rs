@@ -6,11 +6,8 @@
 mod common;
 
 use common::*;
-use std::io::{BufRead, BufReader};
-use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Output};
 
 fn openssl(dir: &Path, args: &[&str]) {
     let out = Command::new("openssl")
@@ -113,35 +110,6 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// `ironraid run ARGS... MEMBERS...`; the daemon and the URIs it printed (two endpoints).
-fn run_tls(env: &Env, args: &[String]) -> (Daemon, Vec<String>) {
-    let log = env.dir.path().join(format!("daemon-{}.log", args.len()));
-    let mut child = env
-        .cmd()
-        .arg("run")
-        .args(args)
-        .args(&env.members)
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut uris = Vec::new();
-    for _ in 0..2 {
-        let mut l = String::new();
-        out.read_line(&mut l).unwrap();
-        assert!(!l.is_empty(), "{}", std::fs::read_to_string(&log).unwrap());
-        uris.push(l.trim().to_string());
-    }
-    let ctl = env.rundir().join(format!("{}.ctl", env.name));
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while UnixStream::connect(&ctl).is_err() {
-        assert!(Instant::now() < deadline, "no control socket");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    (Daemon { child, log }, uris)
-}
-
 fn nbdinfo(uri: &str) -> Output {
     Command::new("nbdinfo")
         .args(["--size", uri])
@@ -161,8 +129,7 @@ fn nbd_over_tls_with_nbdinfo_and_qemu_img_and_plain_clients_refused() {
     let client_dir = make_certificates(&certs);
     let port = free_port();
     let pem = |f: &str| certs.join(f).display().to_string();
-    let (d, uris) = run_tls(
-        &env,
+    let (d, uris) = env.run_printing(
         &[
             "--nbd".into(),
             format!("nbd://127.0.0.1:{port}"),
@@ -171,6 +138,7 @@ fn nbd_over_tls_with_nbdinfo_and_qemu_img_and_plain_clients_refused() {
             "--tls-key".into(),
             pem("server-key.pem"),
         ],
+        2,
     );
     let nbds = format!("nbds://127.0.0.1:{port}/sec");
     assert!(uris.contains(&nbds), "{uris:?}");
@@ -214,8 +182,7 @@ fn nbd_over_tls_with_nbdinfo_and_qemu_img_and_plain_clients_refused() {
     env.stop(d);
 
     // --tls-ca: client certificates signed by that CA are required.
-    let (d, _) = run_tls(
-        &env,
+    let (d, _) = env.run_printing(
         &[
             "--nbd".into(),
             format!("nbd://127.0.0.1:{port}"),
@@ -226,6 +193,7 @@ fn nbd_over_tls_with_nbdinfo_and_qemu_img_and_plain_clients_refused() {
             "--tls-ca".into(),
             pem("ca-cert.pem"),
         ],
+        2,
     );
     let out = nbdinfo(&with_ca);
     assert!(

@@ -3,13 +3,11 @@
 //! (`mdadm --assemble --force`), foreign members never accepted, and the role table made
 //! durable before the array is handed out; a forgotten member refused unless `--run`.
 
-mod common;
-
-use common::{config, devs};
 use device::{Device, SimDevice};
 use engine::{assemble, Array, AssembleOptions, MemberState};
 use format::{Superblock, ROLE_FAULTY};
 use layout::Level;
+use simkit::{config, devs};
 use std::sync::Arc;
 
 const MIB: u64 = 1 << 20;
@@ -29,7 +27,7 @@ fn sims(prefix: &str, n: usize, seed: u64) -> Vec<Arc<SimDevice>> {
 }
 
 fn make(level: Level, members: &[Arc<SimDevice>], spares: &[Arc<SimDevice>]) {
-    common::create_clean("asm", level, None, CHUNK, devs(members), devs(spares));
+    simkit::create_clean("asm", level, None, CHUNK, devs(members), devs(spares));
 }
 
 fn opts(force: bool) -> AssembleOptions {

@@ -6,14 +6,12 @@
 //! * a rebuild goes on past a block it cannot rebuild, records it on the new member, and the
 //!   spare becomes active; the records survive a restart and md's log format holds them.
 
-mod common;
-
-use common::devs;
 use device::{Device, SimDevice};
 use engine::{assemble, Array, AssembleOptions, ErrorKind};
 use layout::Level;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use simkit::devs;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -44,18 +42,7 @@ fn sims(n: usize, prefix: &str, seed: u64) -> Vec<Arc<SimDevice>> {
 }
 
 fn open(all: &[Arc<SimDevice>]) -> Arc<Array> {
-    let a = Arc::new(
-        assemble(
-            devs(all),
-            AssembleOptions {
-                name: None,
-                config: common::config(),
-                force: false,
-                ..Default::default()
-            },
-        )
-        .expect("assemble"),
-    );
+    let a = Arc::new(simkit::reassemble(all).expect("assemble"));
     a.set_sync_speed(None, Some(u64::MAX));
     a
 }
@@ -71,7 +58,7 @@ fn rig_with(level: Level, n: usize, spares: usize, integrity: bool) -> Rig {
     let spare_sims = sims(spares, "s", 77);
     let created = engine::create(&engine::CreateSpec {
         integrity,
-        ..common::clean_spec("bb", level, None, CHUNK, devs(&members), devs(&spare_sims))
+        ..simkit::clean_spec("bb", level, None, CHUNK, devs(&members), devs(&spare_sims))
     })
     .expect("create");
     let all: Vec<Arc<SimDevice>> = members.iter().chain(&spare_sims).cloned().collect();
@@ -393,7 +380,7 @@ fn bad_sector_case(seed: u64) {
         })
         .collect();
     let spare = Arc::new(SimDevice::new("s0", 2 << 20, seed ^ 0x5bad));
-    let created = common::create_clean(
+    let created = simkit::create_clean(
         "bbsim",
         level,
         layout,
@@ -524,7 +511,11 @@ fn bad_sector_case(seed: u64) {
 
 #[test]
 fn bad_sectors_simulated() {
-    common::for_each_seed("bad_sectors_simulated", 200, bad_sector_case);
+    testkit::for_each_seed!(
+        "bad_sectors_simulated",
+        testkit::Seeds::sim(200),
+        bad_sector_case
+    );
 }
 
 #[test]

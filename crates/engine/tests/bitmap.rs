@@ -2,12 +2,10 @@
 //! cover, clear only after quiet passes and never while degraded, resync after a crash visits
 //! only dirty chunks, and a re-added member recovers only what it missed.
 
-mod common;
-
-use common::devs;
 use device::{Device, SimDevice};
 use engine::{assemble, Array, ArrayConfig, AssembleOptions, BitmapSpec, CreateSpec, SyncAction};
 use layout::Level;
+use simkit::devs;
 use std::sync::Arc;
 
 const MEMBER: u64 = 16 << 20;
@@ -34,38 +32,16 @@ fn create(level: Level, sims: &[Arc<SimDevice>]) {
 
 fn create_with_layout(level: Level, layout: Option<u32>, sims: &[Arc<SimDevice>]) {
     engine::create(&CreateSpec {
-        name: "bm".into(),
-        level,
-        layout,
-        chunk_bytes: 64 << 10,
-        members: devs(sims),
-        spares: vec![],
-        size_bytes: None,
-        assume_clean: true,
-        force: false,
         bitmap: Some(BitmapSpec {
             chunk_bytes: Some(BITMAP_CHUNK),
         }),
-        discard: false,
-        journal: None,
-        journal_write_back: false,
-        integrity: false,
-        guided: false,
+        ..simkit::clean_spec("bm", level, layout, 64 << 10, devs(sims), vec![])
     })
     .expect("create");
 }
 
 fn boot(sims: &[Arc<SimDevice>]) -> Array {
-    assemble(
-        devs(sims),
-        AssembleOptions {
-            name: None,
-            config: config(),
-            force: false,
-            ..Default::default()
-        },
-    )
-    .expect("assemble")
+    simkit::reassemble_with(sims, config()).expect("assemble")
 }
 
 /// Set bits on `dev`'s bitmap, by chunk index.

@@ -3,9 +3,6 @@
 //! while it says another node resyncs their range. A recording coordinator stands in for the
 //! other nodes (the real one, over etcd, is the cluster issue's).
 
-mod common;
-
-use common::devs;
 use device::{Device, SimDevice};
 use engine::cluster::{Coordinator, SyncKind};
 use engine::{
@@ -13,6 +10,7 @@ use engine::{
 };
 use layout::Level;
 use parking_lot::Mutex;
+use simkit::devs;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -108,7 +106,7 @@ fn run_background(a: &Array) {
 #[test]
 fn every_superblock_update_is_bracketed_and_a_rebuild_announces_its_windows() {
     let sims = sims(5, 40);
-    common::create_clean(
+    simkit::create_clean(
         "coord",
         Level::Raid5,
         None,
@@ -160,7 +158,7 @@ fn every_superblock_update_is_bracketed_and_a_rebuild_announces_its_windows() {
 #[test]
 fn a_member_the_cluster_refuses_is_not_written_and_removals_are_put_to_the_vote() {
     let sims = sims(5, 50);
-    common::create_clean(
+    simkit::create_clean(
         "coord",
         Level::Raid1,
         None,
@@ -191,7 +189,7 @@ fn a_member_the_cluster_refuses_is_not_written_and_removals_are_put_to_the_vote(
 #[test]
 fn a_write_waits_while_another_node_resyncs_its_range() {
     let sims = sims(3, 60);
-    common::create_clean("coord", Level::Raid1, None, 64 << 10, devs(&sims), vec![]);
+    simkit::create_clean("coord", Level::Raid1, None, 64 << 10, devs(&sims), vec![]);
     let coord = Arc::new(Recording::default());
     let clock = Arc::new(ManualClock::default());
     let a = boot(&sims, &coord, &clock);
@@ -214,7 +212,7 @@ fn a_node_slot_the_bitmap_does_not_have_is_refused_at_assembly() {
     let sims = sims(3, 70);
     let spec = engine::CreateSpec {
         bitmap: Some(engine::BitmapSpec::default()),
-        ..common::clean_spec("coord", Level::Raid1, None, 64 << 10, devs(&sims), vec![])
+        ..simkit::clean_spec("coord", Level::Raid1, None, 64 << 10, devs(&sims), vec![])
     };
     engine::create(&spec).expect("create");
     let clock = Arc::new(ManualClock::default());

@@ -17,20 +17,15 @@
 //!
 //! `IRONRAID_CRASH_CASES` sets cases per level (CI: 1000), `IRONRAID_SEED` replays one.
 
-mod common;
-mod crash_model;
-mod oracle;
-
-use crash_model::CrashModel;
-
-use common::devs;
 use device::{Device, Faults, PowerRail, SimDevice};
 use engine::{assemble, Array, ArrayConfig, AssembleOptions, ManualClock, SyncAction};
 use layout::Level;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use simkit::devs;
 use std::sync::Arc;
 use std::time::Duration;
+use testkit::{oracle, CrashModel, Seeds};
 
 const MEMBER_BYTES: u64 = 2 << 20;
 /// The simulated log device: a ring of about 2 MiB, which the workload wraps several times.
@@ -202,7 +197,7 @@ impl Rig {
             .collect();
         let created = match policy {
             Policy::Resync => {
-                common::create_clean("crash", level, layout, chunk as u64, devs(&sims), vec![])
+                simkit::create_clean("crash", level, layout, chunk as u64, devs(&sims), vec![])
             }
             _ => {
                 let log = policy.journal().then(|| {
@@ -218,21 +213,13 @@ impl Rig {
                 // integrity always does.
                 let discard = (bitmap.is_some() && rng.gen_bool(0.5)) || policy.integrity();
                 let created = engine::create(&engine::CreateSpec {
-                    name: "crash".into(),
-                    level,
-                    layout,
-                    chunk_bytes: chunk as u64,
-                    members: devs(&sims),
-                    spares: vec![],
-                    size_bytes: None,
-                    assume_clean: true,
-                    force: false,
                     bitmap,
                     discard,
                     journal: log.clone().map(|l| l as Arc<dyn Device>),
                     journal_write_back: policy.write_back(),
                     integrity: policy.integrity(),
                     guided: policy.guided(),
+                    ..simkit::clean_spec("crash", level, layout, chunk as u64, devs(&sims), vec![])
                 })
                 .expect("create");
                 sims.extend(log);
@@ -1252,33 +1239,14 @@ fn crash_case_full(
     check_degraded_reads(&mut rig, array, &model, &mut rng);
 }
 
-/// Seeds: `IRONRAID_SEED` alone, else `IRONRAID_CRASH_CASES` (default 1000) from
-/// `IRONRAID_SEED_BASE`.
-fn seeds() -> Vec<u64> {
-    let env = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<u64>().ok());
-    if let Some(seed) = env("IRONRAID_SEED") {
-        return vec![seed];
-    }
-    let base = env("IRONRAID_SEED_BASE").unwrap_or(0xc0ffee);
-    (0..env("IRONRAID_CRASH_CASES").unwrap_or(1000))
-        .map(|i| base.wrapping_add(i))
-        .collect()
-}
-
 fn run_level(test: &str, level: Level, mode: Mode) {
     run_level_with(test, level, mode, Policy::Resync)
 }
 
 fn run_level_with(test: &str, level: Level, mode: Mode, policy: Policy) {
-    for seed in seeds() {
-        let res = std::panic::catch_unwind(|| crash_case_with(seed, level, mode, policy, false));
-        if let Err(e) = res {
-            eprintln!(
-                "\n*** {test} failed with seed {seed}; replay with:\n    IRONRAID_SEED={seed} cargo test -p engine --release --test crash_sim -- {test} --exact --nocapture\n"
-            );
-            std::panic::resume_unwind(e);
-        }
-    }
+    testkit::for_each_seed!(test, Seeds::crash(), |seed| {
+        crash_case_with(seed, level, mode, policy, false)
+    });
 }
 
 #[test]
@@ -1610,20 +1578,12 @@ fn level_tolerance(level: Level) -> usize {
 }
 
 fn run_hole(test: &str, level: Level, policy: Policy) {
-    for seed in seeds() {
-        let res = std::panic::catch_unwind(|| hole_case(seed, level, policy));
-        match res {
-            Ok(false) => {}
-            Ok(true) => {
-                eprintln!("\n*** {test}: write-hole corruption with seed {seed}; replay with:\n    IRONRAID_SEED={seed} cargo test -p engine --release --test crash_sim -- {test} --exact --nocapture\n");
-                panic!("{test}: seed {seed} read back corrupted data after losing a member");
-            }
-            Err(e) => {
-                eprintln!("\n*** {test} failed with seed {seed}; replay with:\n    IRONRAID_SEED={seed} cargo test -p engine --release --test crash_sim -- {test} --exact --nocapture\n");
-                std::panic::resume_unwind(e);
-            }
-        }
-    }
+    testkit::for_each_seed!(test, Seeds::crash(), |seed| {
+        assert!(
+            !hole_case(seed, level, policy),
+            "{test}: write-hole corruption: seed {seed} read back corrupted data after losing a member"
+        )
+    });
 }
 
 #[test]

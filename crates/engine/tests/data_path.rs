@@ -1,17 +1,15 @@
 //! What the data path promises, observed through the simulated members' counters.
 
-mod common;
-
-use common::{devs, sim_array};
 use device::{Device, SimDevice};
 use layout::Level;
+use simkit::{devs, sim_array};
 use std::sync::Arc;
 
-fn reads(sa: &common::SimArray) -> u64 {
+fn reads(sa: &simkit::SimArray) -> u64 {
     sa.sims.iter().map(|s| s.stats().reads).sum()
 }
 
-fn writes(sa: &common::SimArray) -> u64 {
+fn writes(sa: &simkit::SimArray) -> u64 {
     sa.sims.iter().map(|s| s.stats().writes).sum()
 }
 
@@ -31,7 +29,7 @@ fn full_stripe_write_issues_no_reads() {
         let mut back = vec![0u8; data.len()];
         sa.array.read(stripe, &mut back).unwrap();
         assert!(back == data);
-        common::check_redundancy(&sa);
+        simkit::check_redundancy(&sa);
     }
 }
 
@@ -53,13 +51,13 @@ fn small_write_takes_read_modify_write_large_partial_takes_reconstruct_write() {
         1,
         "RCW reads the one data chunk not overwritten"
     );
-    common::check_redundancy(&sa);
+    simkit::check_redundancy(&sa);
     // RAID6 RMW reads old data, P and Q.
     let sa = sim_array(Level::Raid6, None, 8, 64 << 10, 8 << 20, 3);
     let before = reads(&sa);
     sa.array.write(8192, &[3u8; 4096], false).unwrap();
     assert_eq!(reads(&sa) - before, 3);
-    common::check_redundancy(&sa);
+    simkit::check_redundancy(&sa);
 }
 
 /// A member that records where each write lands and can hold writes to one byte range until
@@ -167,21 +165,15 @@ fn probed_raid5(
         .map(|p| p.clone() as Arc<dyn Device>)
         .collect();
     engine::create(&engine::CreateSpec {
-        name: "probe".into(),
-        level: Level::Raid5,
-        layout: None,
-        chunk_bytes,
-        members: members.clone(),
-        spares: vec![],
-        size_bytes: None,
-        assume_clean: true,
-        force: false,
-        bitmap: None,
-        discard: false,
-        journal: None,
-        journal_write_back: false,
         integrity,
-        guided: false,
+        ..simkit::clean_spec(
+            "probe",
+            Level::Raid5,
+            None,
+            chunk_bytes,
+            members.clone(),
+            vec![],
+        )
     })
     .expect("create");
     let data_offset_bytes = engine::read_superblock(sims[0].as_ref())
@@ -214,7 +206,7 @@ fn concurrent_writes_to_one_stripe_share_one_parity_update() {
     const WRITERS: u64 = 4;
     let config = engine::ArrayConfig {
         write_hold: std::time::Duration::from_secs(2),
-        ..common::config()
+        ..simkit::config()
     };
     let (sims, probes, array, data_offset) = probed_raid5(5, CHUNK, 16 << 20, false, config);
     let array = Arc::new(array);
@@ -261,13 +253,13 @@ fn concurrent_writes_to_one_stripe_share_one_parity_update() {
             );
         }
     }
-    let sa = common::SimArray {
+    let sa = simkit::SimArray {
         sims,
         array: Arc::try_unwrap(array).ok().unwrap(),
         level: Level::Raid5,
         layout: None,
     };
-    common::check_redundancy(&sa);
+    simkit::check_redundancy(&sa);
 }
 
 /// Fifteen writers send consecutive pieces of one data chunk while a batch of its stripe is in
@@ -287,7 +279,7 @@ fn merge_case(piece_bytes: u64, integrity: bool) {
     // With the held 4 KiB, 64 KiB of 4 KiB pieces: all in data chunk 0.
     const WRITERS: u64 = 15;
     let (sims, probes, array, data_offset) =
-        probed_raid5(4, CHUNK, 16 << 20, integrity, common::config());
+        probed_raid5(4, CHUNK, 16 << 20, integrity, simkit::config());
     let array = Arc::new(array);
     let stripe_bytes = 3 * CHUNK;
     // The first write marks the array dirty (a superblock write per member); get it done first.
@@ -339,13 +331,13 @@ fn merge_case(piece_bytes: u64, integrity: bool) {
             "{case}: piece {i} is not its writer's"
         );
     }
-    let sa = common::SimArray {
+    let sa = simkit::SimArray {
         sims,
         array: Arc::try_unwrap(array).ok().unwrap(),
         level: Level::Raid5,
         layout: None,
     };
-    common::check_redundancy(&sa);
+    simkit::check_redundancy(&sa);
 }
 
 /// A frontend's gathered run (the WRITEs of a sequential stream that arrived together, see
@@ -358,7 +350,7 @@ fn a_gathered_run_is_one_stripe_write() {
     const CHUNK: u64 = 64 << 10;
     for piece_bytes in [4096u64, 1024] {
         let (sims, probes, array, data_offset) =
-            probed_raid5(4, CHUNK, 16 << 20, false, common::config());
+            probed_raid5(4, CHUNK, 16 << 20, false, simkit::config());
         let array = Arc::new(array);
         let stripe_bytes = 3 * CHUNK;
         array.write(40 * stripe_bytes, &[0u8; 4096], false).unwrap();
@@ -421,13 +413,13 @@ fn a_gathered_run_is_one_stripe_write() {
                 "{case}: write {i} is not its own"
             );
         }
-        let sa = common::SimArray {
+        let sa = simkit::SimArray {
             sims,
             array: Arc::try_unwrap(array).ok().unwrap(),
             level: Level::Raid5,
             layout: None,
         };
-        common::check_redundancy(&sa);
+        simkit::check_redundancy(&sa);
     }
 }
 
@@ -438,9 +430,9 @@ fn small_writes_do_not_wait_for_the_hold() {
     const HOLD: std::time::Duration = std::time::Duration::from_secs(5);
     let config = engine::ArrayConfig {
         write_hold: HOLD,
-        ..common::config()
+        ..simkit::config()
     };
-    let sa = common::sim_array_with(Level::Raid5, None, 4, 64 << 10, 16 << 20, 9, config);
+    let sa = simkit::sim_array_with(Level::Raid5, None, 4, 64 << 10, 16 << 20, 9, config);
     let started = std::time::Instant::now();
     std::thread::scope(|s| {
         for stream in 0..4u64 {
@@ -458,7 +450,7 @@ fn small_writes_do_not_wait_for_the_hold() {
         took < HOLD / 2,
         "4 streams of 8 sequential 4 KiB writes took {took:?} with a {HOLD:?} hold"
     );
-    common::check_redundancy(&sa);
+    simkit::check_redundancy(&sa);
 }
 
 /// A write announced before its data has arrived (a frontend still receiving the payload, see
@@ -470,7 +462,7 @@ fn an_announced_write_joins_the_batch_it_was_announced_to() {
     const HOLD: std::time::Duration = std::time::Duration::from_secs(10);
     let config = engine::ArrayConfig {
         write_hold: HOLD,
-        ..common::config()
+        ..simkit::config()
     };
     let (_sims, probes, array, data_offset) = probed_raid5(4, CHUNK, 16 << 20, false, config);
     let array = Arc::new(array);
@@ -593,7 +585,7 @@ fn member_failure_is_recorded_in_survivors_superblocks() {
     sa.sims[2].set_dead(false);
     sa.array.close().unwrap();
     drop(sa.array);
-    let again = common::reassemble(&sa.sims).unwrap();
+    let again = simkit::reassemble(&sa.sims).unwrap();
     assert_eq!(again.status().missing_roles, vec![2]);
 }
 
@@ -650,7 +642,7 @@ fn stale_member_is_not_read_as_current() {
     // Member 1 comes back with its old image (older events): it must be left out.
     sa.sims[1].set_dead(false);
     sa.sims[1].scribble(0, &snapshot);
-    let again = common::reassemble(&sa.sims).unwrap();
+    let again = simkit::reassemble(&sa.sims).unwrap();
     for _ in 0..8 {
         let mut buf = vec![0u8; 4096];
         again.read(0, &mut buf).unwrap();
@@ -661,23 +653,14 @@ fn stale_member_is_not_read_as_current() {
 #[test]
 fn create_refuses_members_already_in_an_array() {
     let sa = sim_array(Level::Raid1, None, 2, 0, 4 << 20, 11);
-    let err = engine::create(&engine::CreateSpec {
-        name: "again".into(),
-        level: Level::Raid1,
-        layout: None,
-        chunk_bytes: 0,
-        members: devs(&sa.sims),
-        spares: vec![],
-        size_bytes: None,
-        assume_clean: true,
-        force: false,
-        bitmap: None,
-        discard: false,
-        journal: None,
-        journal_write_back: false,
-        integrity: false,
-        guided: false,
-    })
+    let err = engine::create(&simkit::clean_spec(
+        "again",
+        Level::Raid1,
+        None,
+        0,
+        devs(&sa.sims),
+        vec![],
+    ))
     .expect_err("refused")
     .to_string();
     assert!(err.contains("sim0") && err.contains("--force"), "{err}");

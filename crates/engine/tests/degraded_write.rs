@@ -4,13 +4,11 @@
 //! Member reads are counted on the simulated devices; the data must read back and, once a
 //! spare is rebuilt, every stripe's parity must match its data.
 
-mod common;
-
-use common::{sim_array, SimArray};
 use device::{Device, SimDevice};
 use layout::Level;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use simkit::{sim_array, SimArray};
 use std::sync::Arc;
 use std::time::Duration;
 

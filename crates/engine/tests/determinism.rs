@@ -7,14 +7,12 @@
 //! first sequence number), journal recovery, write-back caching, superblock commits, a member
 //! failing, a spare added (its UUID) and rebuilt, and a clean stop and restart.
 
-mod common;
-
-use common::devs;
 use device::{Device, SimDevice};
 use engine::{assemble, Array, ArrayConfig, AssembleOptions, ManualClock, SyncAction};
 use layout::Level;
 use rand::{Rng, RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use simkit::devs;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -111,7 +109,7 @@ fn run(seed: u64) -> Trace {
         &engine::CreateSpec {
             journal: Some(rig.log.clone()),
             journal_write_back: true,
-            ..common::clean_spec("det", Level::Raid5, None, CHUNK, devs(&rig.members), vec![])
+            ..simkit::clean_spec("det", Level::Raid5, None, CHUNK, devs(&rig.members), vec![])
         },
         rig.clock.as_ref(),
     )

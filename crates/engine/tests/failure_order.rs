@@ -5,8 +5,6 @@
 //! acknowledged before the failure record landed, a power cut at that moment would bring member
 //! 1 back as current, holding old data where B's acknowledged write should be.
 
-mod common;
-
 use device::{Device, SimDevice};
 use engine::{assemble, AssembleOptions};
 use layout::Level;
@@ -77,7 +75,7 @@ fn writes_that_skip_a_failed_member_wait_for_its_failure_record() {
     let m0 = Member::new("m0");
     let m1 = Member::new("m1");
     let devs = || -> Vec<Arc<dyn Device>> { vec![m0.clone(), m1.clone()] };
-    common::create_clean("order", Level::Raid1, None, 64 << 10, devs(), vec![]);
+    simkit::create_clean("order", Level::Raid1, None, 64 << 10, devs(), vec![]);
     let array = Arc::new(assemble(devs(), AssembleOptions::default()).expect("assemble"));
     // The array goes active before the test starts timing.
     array.write(0, &[1u8; 4096], false).expect("first write");

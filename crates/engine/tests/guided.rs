@@ -3,8 +3,6 @@
 //! guide comes in time, when a client writes first, or when told to; a fallback survives a
 //! restart until its resync has finished.
 
-mod common;
-
 use device::{Device, SimDevice};
 use engine::{Array, ArrayConfig, AssembleOptions, ManualClock, SyncAction};
 use layout::Level;
@@ -35,12 +33,12 @@ impl Rig {
 
     fn boot(&self) -> Array {
         engine::assemble(
-            common::devs(&self.sims),
+            simkit::devs(&self.sims),
             AssembleOptions {
                 config: ArrayConfig {
                     clock: Some(self.clock.clone()),
                     guide_timeout: TIMEOUT,
-                    ..common::config()
+                    ..simkit::config()
                 },
                 ..Default::default()
             },
@@ -82,22 +80,22 @@ impl Rig {
     }
 
     fn consistent(&self) -> bool {
-        let sa = common::SimArray {
+        let sa = simkit::SimArray {
             sims: self.sims.clone(),
             array: self.boot_read_only_array(),
             level: Level::Raid5,
             layout: None,
         };
-        common::redundancy_error(&sa).is_none()
+        simkit::redundancy_error(&sa).is_none()
     }
 
     fn boot_read_only_array(&self) -> Array {
         engine::assemble(
-            common::devs(&self.sims),
+            simkit::devs(&self.sims),
             AssembleOptions {
                 config: ArrayConfig {
                     read_only: true,
-                    ..common::config()
+                    ..simkit::config()
                 },
                 ..Default::default()
             },
@@ -112,7 +110,7 @@ fn spec(sims: &[Arc<SimDevice>], level: Level, bitmap: bool, guided: bool) -> en
         level,
         layout: None,
         chunk_bytes: CHUNK,
-        members: common::devs(sims),
+        members: simkit::devs(sims),
         spares: vec![],
         size_bytes: None,
         assume_clean: true,
@@ -309,7 +307,7 @@ fn guidance_is_refused_where_it_means_nothing() {
         assert!(b.iter().all(|&x| x == 0), "a refused create wrote");
     }
     engine::create(&spec(&sims, Level::Raid5, true, false)).expect("create bitmap");
-    let array = engine::assemble(common::devs(&sims), AssembleOptions::default()).expect("a");
+    let array = engine::assemble(simkit::devs(&sims), AssembleOptions::default()).expect("a");
     assert!(array.status().guidance.is_none());
     let e = array.end_guidance("x", &[]).unwrap_err().to_string();
     assert!(e.contains("does not use the guided"), "{e}");
@@ -320,7 +318,7 @@ fn guidance_is_refused_where_it_means_nothing() {
     let mut s = spec(&sims, Level::Raid1, true, true);
     s.force = true;
     engine::create(&s).expect("create guided RAID1");
-    let array = engine::assemble(common::devs(&sims), AssembleOptions::default()).expect("a");
+    let array = engine::assemble(simkit::devs(&sims), AssembleOptions::default()).expect("a");
     let e = array.end_guidance("x", &[]).unwrap_err().to_string();
     assert!(e.contains("nothing to guide"), "{e}");
 }

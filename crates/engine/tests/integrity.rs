@@ -5,29 +5,18 @@
 //!
 //! Seeds: `IRONRAID_SEED` alone, else `IRONRAID_INTEGRITY_CASES` per test (default 300).
 
-mod common;
-
-use common::records::{self, config, Fault, FAULTS};
-use device::{Device, SimDevice};
-use engine::{assemble, Array, AssembleOptions, EngineError, IntegrityCounts};
+use device::Device;
+use engine::{assemble, AssembleOptions, EngineError, IntegrityCounts};
 use layout::{ChunkRole, Level};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use std::sync::Arc;
+use simkit::records::{self, config, Fault, FAULTS, PAGE};
 
 const MEMBER: u64 = 2 << 20;
-const PAGE: u64 = 4096;
 
-struct Rig {
-    sims: Vec<Arc<SimDevice>>,
-    array: Array,
-    model: Vec<u8>,
-    data_offset: u64,
-    chunk: u64,
-    component_sectors: u64,
-    level: Level,
-    seed: u64,
-}
+/// The rig of these tests: [`records::Rig`] over a RAID4/5/6 array, seen row by row through
+/// [`RowAccess`].
+type Rig = records::Rig;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Kind {
@@ -36,69 +25,71 @@ enum Kind {
     Q,
 }
 
-impl Rig {
-    fn new(seed: u64, level: Level, integrity: bool) -> Rig {
-        let mut rng = ChaCha8Rng::seed_from_u64(seed);
-        let (layout, n) = match level {
-            Level::Raid4 => (None, rng.gen_range(3..=5)),
-            Level::Raid5 => (Some(rng.gen_range(0..=5)), rng.gen_range(3..=6)),
-            _ => {
-                let layouts = [0, 1, 2, 3, 5, 16, 17, 18, 19, 20];
-                (
-                    Some(layouts[rng.gen_range(0..layouts.len())]),
-                    rng.gen_range(4..=7),
-                )
-            }
-        };
-        let chunk = 4096u64 << rng.gen_range(0..4);
-        let (sims, created, array) =
-            records::array(seed, level, layout, chunk, n, MEMBER, integrity);
-        let data_offset = created.data_offset_sectors * 512;
-        let mut rig = Rig {
-            model: vec![0u8; array.size_bytes() as usize],
-            sims,
-            array,
-            data_offset,
-            chunk,
-            component_sectors: created.component_sectors,
-            level,
-            seed,
-        };
-        for _ in 0..rng.gen_range(4..12) {
-            let len = rng.gen_range(1..64usize) * 512;
-            let at = rng.gen_range(0..(rig.model.len() - len) / 512) as u64 * 512;
-            rig.write(at, len, &mut rng);
+/// A rig over a random RAID4/5/6 geometry of `level`, with records when `integrity`.
+fn new_rig(seed: u64, level: Level, integrity: bool) -> Rig {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let (layout, n) = match level {
+        Level::Raid4 => (None, rng.gen_range(3..=5)),
+        Level::Raid5 => (Some(rng.gen_range(0..=5)), rng.gen_range(3..=6)),
+        _ => {
+            let layouts = [0, 1, 2, 3, 5, 16, 17, 18, 19, 20];
+            (
+                Some(layouts[rng.gen_range(0..layouts.len())]),
+                rng.gen_range(4..=7),
+            )
         }
-        rig.array.flush().expect("flush");
-        rig
-    }
+    };
+    let chunk = 4096u64 << rng.gen_range(0..4);
+    let parts = records::array(seed, level, layout, chunk, n, MEMBER, integrity);
+    Rig::with_writes(seed, level, parts, &mut rng)
+}
 
-    fn write(&mut self, at: u64, len: usize, rng: &mut ChaCha8Rng) {
-        let mut buf = vec![0u8; len];
-        rng.fill(&mut buf[..]);
-        self.array.write(at, &buf, false).expect("write");
-        self.model[at as usize..at as usize + len].copy_from_slice(&buf);
+/// A parity rig's blocks by row: (row, page offset in the chunk), and which member holds a
+/// row's data, P or Q.
+trait RowAccess {
+    fn chunk(&self) -> u64;
+    fn geometry(&self) -> &layout::Geometry;
+    fn pick_page(&self, rng: &mut ChaCha8Rng) -> (u64, u64);
+    fn dev_of(&self, row: u64, kind: Kind, rng: &mut ChaCha8Rng) -> usize;
+    fn rewrite_row_page(&mut self, row: u64, d: usize, pg: u64, rng: &mut ChaCha8Rng);
+    fn inject(
+        &mut self,
+        fault: Fault,
+        kind: Kind,
+        row: u64,
+        pg: u64,
+        rng: &mut ChaCha8Rng,
+    ) -> usize;
+    fn inject_at(&mut self, fault: Fault, dev: usize, row: u64, pg: u64, rng: &mut ChaCha8Rng);
+}
+
+/// `e` reports damage on the members of `devs` at member byte `offset_bytes`.
+fn assert_damage_named(rig: &Rig, e: &EngineError, devs: &[usize], offset_bytes: u64, ctx: &str) {
+    let EngineError::Corruption {
+        member,
+        offset_bytes: at,
+        ..
+    } = e
+    else {
+        panic!("{ctx}: damage beyond redundancy is reported as corruption, not: {e:?}");
+    };
+    assert_eq!(*at, offset_bytes, "{ctx}: {e}");
+    for &d in devs {
+        let name = rig.sims[d].name();
+        assert!(
+            member.split(", ").any(|m| m == name),
+            "{ctx}: {name} not named: {e}"
+        );
+    }
+}
+
+impl RowAccess for Rig {
+    fn chunk(&self) -> u64 {
+        self.geometry().chunk_sectors() * 512
     }
 
     fn geometry(&self) -> &layout::Geometry {
         self.array.geometry()
-    }
-
-    /// Member `dev`'s byte offset (in the simulated device) of its block at `off` in the data area.
-    fn raw(&self, off: u64) -> u64 {
-        self.data_offset + off
-    }
-
-    fn block(&self, dev: usize, off: u64) -> Vec<u8> {
-        let mut b = device::AlignedBuf::zeroed(PAGE as usize);
-        self.sims[dev]
-            .read_at(&mut b, self.raw(off))
-            .expect("raw read");
-        b.to_vec()
-    }
-
-    fn put(&self, dev: usize, off: u64, bytes: &[u8]) {
-        self.sims[dev].scribble(self.raw(off), bytes);
     }
 
     /// A random page of a random row: (row, page offset in the chunk).
@@ -106,28 +97,8 @@ impl Rig {
         let rows = self.geometry().stripes();
         (
             rng.gen_range(0..rows),
-            rng.gen_range(0..self.chunk / PAGE) * PAGE,
+            rng.gen_range(0..self.chunk() / PAGE) * PAGE,
         )
-    }
-
-    /// `e` reports damage on the members of `devs` at member byte `offset_bytes`.
-    fn assert_damage_named(&self, e: &EngineError, devs: &[usize], offset_bytes: u64, ctx: &str) {
-        let EngineError::Corruption {
-            member,
-            offset_bytes: at,
-            ..
-        } = e
-        else {
-            panic!("{ctx}: damage beyond redundancy is reported as corruption, not: {e:?}");
-        };
-        assert_eq!(*at, offset_bytes, "{ctx}: {e}");
-        for &d in devs {
-            let name = self.sims[d].name();
-            assert!(
-                member.split(", ").any(|m| m == name),
-                "{ctx}: {name} not named: {e}"
-            );
-        }
     }
 
     fn dev_of(&self, row: u64, kind: Kind, rng: &mut ChaCha8Rng) -> usize {
@@ -141,7 +112,7 @@ impl Rig {
 
     /// Rewrite data chunk `d`'s page of `row` through the array (it, P and Q change).
     fn rewrite_row_page(&mut self, row: u64, d: usize, pg: u64, rng: &mut ChaCha8Rng) {
-        let at = (row * self.geometry().data_disks() as u64 + d as u64) * self.chunk + pg;
+        let at = (row * self.geometry().data_disks() as u64 + d as u64) * self.chunk() + pg;
         self.write(at, PAGE as usize, rng);
     }
 
@@ -161,88 +132,28 @@ impl Rig {
 
     /// Inject `fault` into member `dev`'s block of (row, pg).
     fn inject_at(&mut self, fault: Fault, dev: usize, row: u64, pg: u64, rng: &mut ChaCha8Rng) {
-        let off = row * self.chunk + pg;
-        match fault {
-            Fault::Rot => {
-                let bit = rng.gen_range(0..PAGE * 8);
-                self.sims[dev].flip_bit(self.raw(off) + bit / 8, (bit % 8) as u8);
-            }
-            Fault::Garbage => {
-                let mut g = vec![0u8; PAGE as usize];
-                rng.fill(&mut g[..]);
-                // The rig's data comes from a stream seeded alike: make sure it is a change.
-                if g == self.block(dev, off) {
-                    g[0] ^= 0xff;
-                }
-                self.put(dev, off, &g);
-            }
-            Fault::Zeros => {
-                let mut b = self.block(dev, off);
-                if b.iter().all(|&x| x == 0) {
-                    b[rng.gen_range(0..PAGE as usize)] = 1;
-                } else {
-                    b.fill(0);
-                }
-                self.put(dev, off, &b);
-            }
-            Fault::Torn => {
-                let mut b = self.block(dev, off);
-                let orig = b.clone();
-                let first = rng.gen_range(0..7usize);
-                let last = rng.gen_range(first + 1..8);
-                for s in first..last {
-                    rng.fill(&mut b[s * 512..(s + 1) * 512]);
-                }
-                if b == orig {
-                    b[first * 512] ^= 0xff;
-                }
-                self.put(dev, off, &b);
-            }
-            Fault::Lost | Fault::Misdirected => {
-                // The write happens through the array; the member then keeps the old block.
-                let roles = self.geometry().stripe_roles(row);
-                let d = match roles.role_of(dev) {
-                    ChunkRole::Data(d) => d,
-                    _ => rng.gen_range(0..self.geometry().data_disks()),
-                };
-                let before = self.block(dev, off);
-                self.rewrite_row_page(row, d, pg, rng);
-                self.array.flush().expect("flush");
-                let new = self.block(dev, off);
-                self.put(dev, off, &before);
-                if fault == Fault::Misdirected {
-                    // Another block of the same member, in another row, takes the write.
-                    let rows = self.geometry().stripes();
-                    let other = (row + 1 + rng.gen_range(0..rows - 1)) % rows;
-                    let victim = other * self.chunk + pg;
-                    self.put(dev, victim, &new);
-                }
-            }
+        let off = row * self.chunk() + pg;
+        if !matches!(fault, Fault::Lost | Fault::Misdirected) {
+            return self.damage(fault, dev, off, rng);
         }
-    }
-
-    fn read_all(&self) -> engine::Result<Vec<u8>> {
-        let mut buf = vec![0u8; self.model.len()];
-        self.array.read(0, &mut buf)?;
-        Ok(buf)
-    }
-
-    fn run_action(&self, action: &str) {
-        records::run_action(&self.array, action)
-    }
-
-    fn counts(&self) -> IntegrityCounts {
-        records::counts(&self.array)
-    }
-
-    fn reassemble(&mut self) {
-        self.array = records::reassemble(&self.array, &self.sims, self.seed);
-    }
-
-    fn zone(&self) -> format::Zone {
-        let n = self.sims.len();
-        let copies = format::table_copies(self.level.md_level(), n).expect("copies");
-        format::Zone::new(n, copies, self.component_sectors)
+        // The write happens through the array; the member then keeps the old block.
+        let roles = self.geometry().stripe_roles(row);
+        let d = match roles.role_of(dev) {
+            ChunkRole::Data(d) => d,
+            _ => rng.gen_range(0..self.geometry().data_disks()),
+        };
+        let before = self.block(dev, off);
+        self.rewrite_row_page(row, d, pg, rng);
+        self.array.flush().expect("flush");
+        let new = self.block(dev, off);
+        self.put(dev, off, &before);
+        if fault == Fault::Misdirected {
+            // Another block of the same member, in another row, takes the write.
+            let rows = self.geometry().stripes();
+            let other = (row + 1 + rng.gen_range(0..rows - 1)) % rows;
+            let victim = other * self.chunk() + pg;
+            self.put(dev, victim, &new);
+        }
     }
 }
 
@@ -253,8 +164,8 @@ fn kinds(level: Level) -> Vec<Kind> {
     }
 }
 
-fn for_each_case(test: &str, case: impl Fn(u64) + std::panic::RefUnwindSafe) {
-    records::for_each_case("integrity", 0x1a7e_0000, test, case)
+fn for_each_case(test: &str, case: impl Fn(u64)) {
+    testkit::for_each_seed!(test, testkit::Seeds::integrity(0x1a7e_0000), case)
 }
 
 /// One fault of every class on every kind of block: the client reads the right data with no
@@ -262,7 +173,7 @@ fn for_each_case(test: &str, case: impl Fn(u64) + std::panic::RefUnwindSafe) {
 /// reconstruction), `repair` fixes it, and a second check finds nothing.
 fn single_fault(seed: u64, level: Level) {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let mut rig = Rig::new(seed, level, true);
+    let mut rig = new_rig(seed, level, true);
     let fault = FAULTS[rng.gen_range(0..FAULTS.len())];
     let ks = kinds(level);
     let kind = ks[rng.gen_range(0..ks.len())];
@@ -311,21 +222,7 @@ fn single_fault(seed: u64, level: Level) {
     // Redundancy is whole again: any member may go and every byte still reads back.
     let lose = rng.gen_range(0..rig.sims.len());
     rig.array.close().expect("stop");
-    let others: Vec<Arc<dyn Device>> = rig
-        .sims
-        .iter()
-        .enumerate()
-        .filter(|(i, _)| *i != lose)
-        .map(|(_, s)| s.clone() as Arc<dyn Device>)
-        .collect();
-    let degraded = assemble(
-        others,
-        AssembleOptions {
-            config: config(seed ^ 7),
-            ..Default::default()
-        },
-    )
-    .expect("degraded assembly");
+    let degraded = rig.assemble_without(&[lose], seed ^ 7);
     let mut buf = vec![0u8; rig.model.len()];
     degraded
         .read(0, &mut buf)
@@ -355,7 +252,7 @@ fn single_faults_raid6() {
 /// data or an error, never wrong data.
 fn double_fault(seed: u64, level: Level) {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let mut rig = Rig::new(seed, level, true);
+    let mut rig = new_rig(seed, level, true);
     let (row, pg) = rig.pick_page(&mut rng);
     let ks = kinds(level);
     let mut hit = Vec::new();
@@ -371,7 +268,7 @@ fn double_fault(seed: u64, level: Level) {
     let ctx = format!("seed {seed} {level:?} members {hit:?} row {row} page {pg}");
     let roles = rig.geometry().stripe_roles(row);
     for d in 0..rig.geometry().data_disks() {
-        let at = (row * rig.geometry().data_disks() as u64 + d as u64) * rig.chunk + pg;
+        let at = (row * rig.geometry().data_disks() as u64 + d as u64) * rig.chunk() + pg;
         let mut buf = vec![0u8; PAGE as usize];
         match rig.array.read(at, &mut buf) {
             Ok(()) => assert!(
@@ -384,7 +281,7 @@ fn double_fault(seed: u64, level: Level) {
                     level != Level::Raid6,
                     "{ctx}: RAID6 must repair two faults: {e}"
                 );
-                rig.assert_damage_named(&e, &hit, row * rig.chunk + pg, &ctx);
+                assert_damage_named(&rig, &e, &hit, row * rig.chunk() + pg, &ctx);
             }
         }
     }
@@ -408,7 +305,7 @@ fn double_faults_raid6_repaired() {
 /// at assembly, the other copy is used, and the bad one is rewritten.
 fn table_fault(seed: u64, level: Level, scrub: bool) {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let mut rig = Rig::new(seed, level, true);
+    let mut rig = new_rig(seed, level, true);
     let zone = rig.zone();
     let subject = rng.gen_range(0..rig.sims.len());
     let copy = rng.gen_range(0..zone.copies);
@@ -420,7 +317,7 @@ fn table_fault(seed: u64, level: Level, scrub: bool) {
     if which == 2 {
         // Lost table write: the holder keeps the old table block while the data changes.
         let old = rig.block(holder, off);
-        let rows_per_table = format::RECORDS_PER_TABLE as u64 * PAGE / rig.chunk;
+        let rows_per_table = format::RECORDS_PER_TABLE as u64 * PAGE / rig.chunk();
         let row = (index * rows_per_table + rng.gen_range(0..rows_per_table.max(1)))
             .min(rig.geometry().stripes() - 1);
         let (_, pg) = rig.pick_page(&mut rng);
@@ -432,7 +329,7 @@ fn table_fault(seed: u64, level: Level, scrub: bool) {
         rig.put(holder, off, &old);
     } else if which == 1 {
         let bit = rng.gen_range(0..PAGE * 8);
-        rig.sims[holder].flip_bit(rig.raw(off) + bit / 8, (bit % 8) as u8);
+        rig.sims[holder].flip_bit(rig.data_offset + off + bit / 8, (bit % 8) as u8);
     } else {
         let mut g = vec![0u8; PAGE as usize];
         rng.fill(&mut g[..]);
@@ -470,7 +367,7 @@ fn table_fault(seed: u64, level: Level, scrub: bool) {
     rig.array.close().expect("stop");
     let loaded = |rig: &Rig| {
         assemble(
-            common::devs(&rig.sims),
+            simkit::devs(&rig.sims),
             AssembleOptions {
                 config: config(seed ^ 3),
                 ..Default::default()
@@ -536,7 +433,7 @@ fn canary_without_integrity_faults_reach_the_client() {
     let mut cases = 0;
     for seed in 0..60u64 {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
-        let mut rig = Rig::new(seed, Level::Raid5, false);
+        let mut rig = new_rig(seed, Level::Raid5, false);
         let fault =
             [Fault::Rot, Fault::Garbage, Fault::Lost, Fault::Misdirected][seed as usize % 4];
         let (row, pg) = rig.pick_page(&mut rng);
@@ -559,7 +456,7 @@ fn canary_without_integrity_faults_reach_the_client() {
 fn a_member_that_keeps_losing_rewrites_is_failed() {
     let seed = 77;
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let rig = Rig::new(seed, Level::Raid5, true);
+    let rig = new_rig(seed, Level::Raid5, true);
     let victim = 1;
     rig.sims[victim].set_faults(device::Faults {
         lost_write: 1.0,
@@ -570,7 +467,7 @@ fn a_member_that_keeps_losing_rewrites_is_failed() {
     for i in 0..6u64 {
         let row = (i * 7) % rows;
         let pg = 0;
-        let off = row * rig.chunk + pg;
+        let off = row * rig.chunk() + pg;
         let mut g = vec![0u8; PAGE as usize];
         rng.fill(&mut g[..]);
         rig.put(victim, off, &g);

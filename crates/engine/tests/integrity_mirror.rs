@@ -7,71 +7,51 @@
 //!
 //! Seeds: `IRONRAID_SEED` alone, else `IRONRAID_INTEGRITY_CASES` per test (default 300).
 
-mod common;
-
-use common::records::{self, config, Fault, FAULTS};
 use device::{Device, SimDevice};
-use engine::{assemble, Array, AssembleOptions, ErrorKind, IntegrityCounts};
+use engine::{assemble, AssembleOptions, ErrorKind};
 use layout::{Level, Loc};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use simkit::records::{self, config, Fault, FAULTS, PAGE};
 use std::sync::Arc;
 
 const MEMBER: u64 = 2 << 20;
-const PAGE: u64 = 4096;
 
-struct Rig {
-    sims: Vec<Arc<SimDevice>>,
-    array: Array,
-    model: Vec<u8>,
-    data_offset: u64,
-    component_sectors: u64,
-    level: Level,
-    seed: u64,
+/// The rig of these tests: [`records::Rig`] over a RAID1/RAID10 array, seen page by page
+/// through [`CopyAccess`].
+type Rig = records::Rig;
+
+/// A rig over a random RAID1/RAID10 geometry of `level`, with records when `integrity`.
+fn new_rig(seed: u64, level: Level, integrity: bool) -> Rig {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let (layout, n) = match level {
+        Level::Raid1 => (None, rng.gen_range(2..=4)),
+        _ => {
+            // near 2, near 3, far 2, offset 2
+            let layouts = [0x102, 0x103, 0x201, 0x10201];
+            let l = layouts[rng.gen_range(0..layouts.len())];
+            let min = if l == 0x103 { 3 } else { 2 };
+            (Some(l), rng.gen_range(min.max(3)..=6))
+        }
+    };
+    let chunk = 4096u64 << rng.gen_range(0..4);
+    // Sub-page writes too: the array reads, patches and writes whole pages.
+    let parts = records::array(seed, level, layout, chunk, n, MEMBER, integrity);
+    Rig::with_writes(seed, level, parts, &mut rng)
 }
 
-impl Rig {
-    fn new(seed: u64, level: Level, integrity: bool) -> Rig {
-        let mut rng = ChaCha8Rng::seed_from_u64(seed);
-        let (layout, n) = match level {
-            Level::Raid1 => (None, rng.gen_range(2..=4)),
-            _ => {
-                // near 2, near 3, far 2, offset 2
-                let layouts = [0x102, 0x103, 0x201, 0x10201];
-                let l = layouts[rng.gen_range(0..layouts.len())];
-                let min = if l == 0x103 { 3 } else { 2 };
-                (Some(l), rng.gen_range(min.max(3)..=6))
-            }
-        };
-        let chunk = 4096u64 << rng.gen_range(0..4);
-        let (sims, created, array) =
-            records::array(seed, level, layout, chunk, n, MEMBER, integrity);
-        let mut rig = Rig {
-            model: vec![0u8; array.size_bytes() as usize],
-            sims,
-            array,
-            data_offset: created.data_offset_sectors * 512,
-            component_sectors: created.component_sectors,
-            level,
-            seed,
-        };
-        // Sub-page writes too: the array reads, patches and writes whole pages.
-        for _ in 0..rng.gen_range(4..12) {
-            let len = rng.gen_range(1..64usize) * 512;
-            let at = rng.gen_range(0..(rig.model.len() - len) / 512) as u64 * 512;
-            rig.write(at, len, &mut rng);
-        }
-        rig.array.flush().expect("flush");
-        rig
-    }
+/// A mirror rig's blocks by array page and copy.
+trait CopyAccess {
+    fn pages(&self) -> u64;
+    fn copies(&self, page: u64) -> Vec<Loc>;
+    fn copy_block(&self, loc: Loc) -> Vec<u8>;
+    fn put_copy(&self, loc: Loc, bytes: &[u8]);
+    fn inject(&mut self, fault: Fault, page: u64, loc: Loc, rng: &mut ChaCha8Rng);
+    fn read_page_from_each_copy(&self, page: u64) -> engine::Result<bool>;
+    fn pick_page(&self, rng: &mut ChaCha8Rng) -> u64;
+}
 
-    fn write(&mut self, at: u64, len: usize, rng: &mut ChaCha8Rng) {
-        let mut buf = vec![0u8; len];
-        rng.fill(&mut buf[..]);
-        self.array.write(at, &buf, false).expect("write");
-        self.model[at as usize..at as usize + len].copy_from_slice(&buf);
-    }
-
+impl CopyAccess for Rig {
     fn pages(&self) -> u64 {
         self.model.len() as u64 / PAGE
     }
@@ -84,84 +64,34 @@ impl Rig {
             .collect()
     }
 
-    fn raw(&self, loc: Loc) -> u64 {
-        self.data_offset + loc.dev_sector * 512
+    fn copy_block(&self, loc: Loc) -> Vec<u8> {
+        self.block(loc.dev, loc.dev_sector * 512)
     }
 
-    fn block(&self, loc: Loc) -> Vec<u8> {
-        let mut b = device::AlignedBuf::zeroed(PAGE as usize);
-        self.sims[loc.dev]
-            .read_at(&mut b, self.raw(loc))
-            .expect("raw read");
-        b.to_vec()
-    }
-
-    fn put(&self, loc: Loc, bytes: &[u8]) {
-        self.sims[loc.dev].scribble(self.raw(loc), bytes);
+    fn put_copy(&self, loc: Loc, bytes: &[u8]) {
+        self.put(loc.dev, loc.dev_sector * 512, bytes);
     }
 
     /// Inject `fault` into copy `loc` of array page `page`.
     fn inject(&mut self, fault: Fault, page: u64, loc: Loc, rng: &mut ChaCha8Rng) {
-        match fault {
-            Fault::Rot => {
-                let bit = rng.gen_range(0..PAGE * 8);
-                self.sims[loc.dev].flip_bit(self.raw(loc) + bit / 8, (bit % 8) as u8);
-            }
-            Fault::Garbage => {
-                let mut g = vec![0u8; PAGE as usize];
-                rng.fill(&mut g[..]);
-                // The rig's data comes from a stream seeded alike: make sure it is a change.
-                if g == self.block(loc) {
-                    g[0] ^= 0xff;
-                }
-                self.put(loc, &g);
-            }
-            Fault::Zeros => {
-                let mut b = self.block(loc);
-                if b.iter().all(|&x| x == 0) {
-                    b[rng.gen_range(0..PAGE as usize)] = 1;
-                } else {
-                    b.fill(0);
-                }
-                self.put(loc, &b);
-            }
-            Fault::Torn => {
-                let mut b = self.block(loc);
-                let first = rng.gen_range(0..7usize);
-                let last = rng.gen_range(first + 1..8);
-                let orig = b.clone();
-                for s in first..last {
-                    rng.fill(&mut b[s * 512..(s + 1) * 512]);
-                }
-                if b == orig {
-                    b[first * 512] ^= 0xff;
-                }
-                self.put(loc, &b);
-            }
-            Fault::Lost | Fault::Misdirected => {
-                // The write goes through the array; this copy keeps the old block.
-                let before = self.block(loc);
-                self.write(page * PAGE, PAGE as usize, rng);
-                self.array.flush().expect("flush");
-                let new = self.block(loc);
-                self.put(loc, &before);
-                if fault == Fault::Misdirected {
-                    // Another page's copy on the same member takes the write.
-                    let victim = (0..self.pages())
-                        .map(|_| rng.gen_range(0..self.pages()))
-                        .filter(|&p| p != page)
-                        .find_map(|p| self.copies(p).into_iter().find(|c| c.dev == loc.dev))
-                        .expect("another page on the member");
-                    self.put(victim, &new);
-                }
-            }
+        if !matches!(fault, Fault::Lost | Fault::Misdirected) {
+            return self.damage(fault, loc.dev, loc.dev_sector * 512, rng);
         }
-    }
-
-    fn read_all(&self) -> engine::Result<Vec<u8>> {
-        let mut buf = vec![0u8; self.model.len()];
-        self.array.read(0, &mut buf)?;
-        Ok(buf)
+        // The write goes through the array; this copy keeps the old block.
+        let before = self.copy_block(loc);
+        self.write(page * PAGE, PAGE as usize, rng);
+        self.array.flush().expect("flush");
+        let new = self.copy_block(loc);
+        self.put_copy(loc, &before);
+        if fault == Fault::Misdirected {
+            // Another page's copy on the same member takes the write.
+            let victim = (0..self.pages())
+                .map(|_| rng.gen_range(0..self.pages()))
+                .filter(|&p| p != page)
+                .find_map(|p| self.copies(p).into_iter().find(|c| c.dev == loc.dev))
+                .expect("another page on the member");
+            self.put_copy(victim, &new);
+        }
     }
 
     /// Read `page` as many times as it has copies: reads rotate over the copies, so each is
@@ -177,43 +107,6 @@ impl Rig {
         Ok(right)
     }
 
-    fn run_action(&self, action: &str) {
-        records::run_action(&self.array, action)
-    }
-
-    fn counts(&self) -> IntegrityCounts {
-        records::counts(&self.array)
-    }
-
-    fn reassemble(&mut self) {
-        self.array = records::reassemble(&self.array, &self.sims, self.seed);
-    }
-
-    fn assemble_without(&self, left_out: &[usize], seed: u64) -> Array {
-        let others: Vec<Arc<dyn Device>> = self
-            .sims
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| !left_out.contains(i))
-            .map(|(_, s)| s.clone() as Arc<dyn Device>)
-            .collect();
-        assemble(
-            others,
-            AssembleOptions {
-                config: config(seed),
-                ..Default::default()
-            },
-        )
-        .expect("degraded assembly")
-    }
-
-    fn zone(&self) -> format::Zone {
-        let n = self.sims.len();
-        let copies = format::table_copies(self.level.md_level(), n).expect("copies");
-        format::Zone::new(n, copies, self.component_sectors)
-    }
-
-    /// A page the workload wrote (non-zero in the model), else any page.
     /// A page the rig wrote: a page never written lies in a region the used-region map calls
     /// unused, which `check` skips (its faults are found by reads only).
     fn pick_page(&self, rng: &mut ChaCha8Rng) -> u64 {
@@ -230,8 +123,8 @@ impl Rig {
     }
 }
 
-fn for_each_case(test: &str, case: impl Fn(u64) + std::panic::RefUnwindSafe) {
-    records::for_each_case("integrity_mirror", 0x3a7e_0000, test, case)
+fn for_each_case(test: &str, case: impl Fn(u64)) {
+    testkit::for_each_seed!(test, testkit::Seeds::integrity(0x3a7e_0000), case)
 }
 
 /// One fault of any class on one copy: every read returns the right data and the read that
@@ -239,7 +132,7 @@ fn for_each_case(test: &str, case: impl Fn(u64) + std::panic::RefUnwindSafe) {
 /// may go with every byte still readable.
 fn single_fault(seed: u64, level: Level) {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let mut rig = Rig::new(seed, level, true);
+    let mut rig = new_rig(seed, level, true);
     let fault = FAULTS[rng.gen_range(0..FAULTS.len())];
     let page = rig.pick_page(&mut rng);
     let copies = rig.copies(page);
@@ -314,7 +207,7 @@ fn single_faults_raid10() {
 /// copy left good repairs the others.
 fn multi_fault(seed: u64, level: Level) {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let mut rig = Rig::new(seed, level, true);
+    let mut rig = new_rig(seed, level, true);
     let page = rig.pick_page(&mut rng);
     let copies = rig.copies(page);
     let hit = rng.gen_range(2..=copies.len());
@@ -336,8 +229,8 @@ fn multi_fault(seed: u64, level: Level) {
             // A check counts the page and goes on to the end.
             rig.run_action("check");
             assert!(rig.counts().unrecoverable > before, "{ctx}");
-            let first = rig.block(copies[0]);
-            if copies[1..].iter().any(|c| rig.block(*c) != first) {
+            let first = rig.copy_block(copies[0]);
+            if copies[1..].iter().any(|c| rig.copy_block(*c) != first) {
                 assert!(
                     rig.array.status().sync.mismatch_sectors >= 8,
                     "{ctx}: the check stopped at the page"
@@ -365,7 +258,7 @@ fn multi_faults_raid10_never_wrong_data() {
 /// rewritten; reads stay right meanwhile.
 fn table_fault(seed: u64, level: Level) {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let mut rig = Rig::new(seed, level, true);
+    let mut rig = new_rig(seed, level, true);
     let zone = rig.zone();
     let subject = rng.gen_range(0..zone.raid_disks);
     let copy = rng.gen_range(0..zone.copies);
@@ -411,9 +304,9 @@ fn degraded_two_way_mirror_verifies_with_its_twins_records() {
         "degraded_two_way_mirror_verifies_with_its_twins_records",
         |seed| {
             let mut rng = ChaCha8Rng::seed_from_u64(seed);
-            let mut rig = Rig::new(seed, Level::Raid1, true);
+            let mut rig = new_rig(seed, Level::Raid1, true);
             while rig.sims.len() != 2 {
-                rig = Rig::new(rng.gen(), Level::Raid1, true);
+                rig = new_rig(rng.gen(), Level::Raid1, true);
             }
             let gone = rng.gen_range(0..2);
             let survivor = 1 - gone;
@@ -466,9 +359,9 @@ fn degraded_two_way_mirror_verifies_with_its_twins_records() {
 fn rebuild_reads_verified_copies() {
     for_each_case("rebuild_reads_verified_copies", |seed| {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
-        let mut rig = Rig::new(seed, Level::Raid1, true);
+        let mut rig = new_rig(seed, Level::Raid1, true);
         while rig.sims.len() < 3 {
-            rig = Rig::new(rng.gen(), Level::Raid1, true);
+            rig = new_rig(rng.gen(), Level::Raid1, true);
         }
         let page = rig.pick_page(&mut rng);
         let copies = rig.copies(page);
@@ -508,7 +401,7 @@ fn canary_without_integrity_faults_reach_the_client() {
     for seed in 0..60u64 {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let level = [Level::Raid1, Level::Raid10][seed as usize % 2];
-        let mut rig = Rig::new(seed, level, false);
+        let mut rig = new_rig(seed, level, false);
         let fault =
             [Fault::Rot, Fault::Garbage, Fault::Lost, Fault::Misdirected][seed as usize % 4];
         let page = rig.pick_page(&mut rng);
@@ -535,9 +428,9 @@ fn canary_without_integrity_faults_reach_the_client() {
 #[test]
 fn a_mirror_member_that_keeps_losing_rewrites_is_failed() {
     let mut rng = ChaCha8Rng::seed_from_u64(78);
-    let mut rig = Rig::new(78, Level::Raid1, true);
+    let mut rig = new_rig(78, Level::Raid1, true);
     while rig.sims.len() < 3 {
-        rig = Rig::new(rng.gen(), Level::Raid1, true);
+        rig = new_rig(rng.gen(), Level::Raid1, true);
     }
     let victim = 1;
     rig.sims[victim].set_faults(device::Faults {
@@ -553,7 +446,7 @@ fn a_mirror_member_that_keeps_losing_rewrites_is_failed() {
             .expect("copy");
         let mut g = vec![0u8; PAGE as usize];
         rng.fill(&mut g[..]);
-        rig.put(loc, &g);
+        rig.put_copy(loc, &g);
     }
     for &page in &pages {
         assert!(
@@ -595,28 +488,23 @@ fn degraded_two_way_mirror_keeps_flushed_records_through_a_cut() {
             };
             let sims = [sim("sim0", 0), sim("sim1", 1), sim("spare2", 2)];
             engine::create(&engine::CreateSpec {
-                name: "cut".into(),
-                level: Level::Raid1,
-                layout: None,
-                chunk_bytes: 4096,
-                members: common::devs(&sims[..2]),
-                spares: vec![],
-                size_bytes: None,
-                assume_clean: true,
-                force: false,
-                bitmap: None,
                 discard: true,
-                journal: None,
-                journal_write_back: false,
                 integrity: true,
-                guided: false,
+                ..simkit::clean_spec(
+                    "cut",
+                    Level::Raid1,
+                    None,
+                    4096,
+                    simkit::devs(&sims[..2]),
+                    vec![],
+                )
             })
             .expect("create");
             let boot = |devs: &[Arc<SimDevice>], salt: u64, cache_bytes: usize| {
                 let mut config = config(seed ^ salt);
                 config.integrity_cache_bytes = cache_bytes;
                 assemble(
-                    common::devs(devs),
+                    simkit::devs(devs),
                     AssembleOptions {
                         config,
                         ..Default::default()

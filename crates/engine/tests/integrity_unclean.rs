@@ -11,14 +11,12 @@
 //!
 //! Seeds: `IRONRAID_SEED` alone, else `IRONRAID_INTEGRITY_CASES` per test (default 60).
 
-mod common;
-
-use common::records;
 use device::{Device, SimDevice};
 use engine::{assemble, Array, AssembleOptions};
 use layout::Level;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use simkit::records;
 use std::sync::Arc;
 
 const MEMBER: u64 = 2 << 20;
@@ -98,7 +96,7 @@ impl Case {
             }
         }
         let array = assemble(
-            common::devs(&self.sims),
+            simkit::devs(&self.sims),
             AssembleOptions {
                 config: records::config(seed ^ 0x5a5a),
                 ..Default::default()
@@ -189,7 +187,7 @@ fn damage_beyond_redundancy(level: Level, base: u64) {
     let test = format!("{level:?}").to_lowercase();
     // Each case reads the whole array four times and rebuilds a spare twice: fewer seeds than
     // the other integrity tests by default.
-    records::for_each_case_up_to("integrity_unclean", base, 60, &test, |seed| {
+    testkit::for_each_seed!(&test, testkit::Seeds::integrity(base).at_most(60), |seed| {
         let clean = run(seed, level, true);
         let unclean = run(seed, level, false);
         assert_eq!(

@@ -2,12 +2,10 @@
 //! concurrent writers, a lost log device turns the array read-only without losing data, and
 //! a missing one is replaced or dropped explicitly.
 
-mod common;
-
-use common::devs;
 use device::{Device, SimDevice};
 use engine::{assemble, Array, ArrayConfig, AssembleOptions, CreateSpec, EngineError};
 use layout::Level;
+use simkit::devs;
 use std::sync::Arc;
 
 const MEMBER_BYTES: u64 = 8 << 20;
@@ -26,7 +24,7 @@ impl Rig {
         let log = Arc::new(SimDevice::new("log", log_bytes, 99));
         engine::create(&CreateSpec {
             journal: Some(log.clone()),
-            ..common::clean_spec("j", level, None, CHUNK, devs(&members), vec![])
+            ..simkit::clean_spec("j", level, None, CHUNK, devs(&members), vec![])
         })
         .expect("create with a journal");
         Rig { members, log }

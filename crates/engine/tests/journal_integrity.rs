@@ -4,12 +4,10 @@
 //! still caches went to their own member first, every block of such a row read EIO once
 //! another of its blocks was lost (seed 0: row 0's d0 page as well).
 
-mod common;
-
-use common::devs;
 use device::{Device, SimDevice};
 use engine::{assemble, Array, ArrayConfig, AssembleOptions, CreateSpec, SyncAction};
 use layout::Level;
+use simkit::devs;
 use std::sync::Arc;
 
 const MEMBER_BYTES: u64 = 8 << 20;
@@ -51,7 +49,7 @@ fn write_back_with_records_after_a_cut_damage_and_a_member_loss_serves_every_wri
             journal: Some(log.clone()),
             journal_write_back: true,
             integrity: true,
-            ..common::clean_spec("j", Level::Raid5, None, CHUNK, devs(&members), vec![])
+            ..simkit::clean_spec("j", Level::Raid5, None, CHUNK, devs(&members), vec![])
         })
         .expect("create");
         let all = |m: &[Arc<SimDevice>]| {

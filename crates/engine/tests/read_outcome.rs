@@ -4,8 +4,6 @@
 //!
 //! The verifier here knows which member ranges were scribbled over behind the array's back.
 
-mod common;
-
 use device::{Device, SimDevice};
 use engine::{assemble, Array, ArrayConfig, AssembleOptions, ReadVerifier};
 use layout::Level;
@@ -45,7 +43,7 @@ fn rig(level: Level, n: usize) -> Rig {
         .collect();
     let devs =
         || -> Vec<Arc<dyn Device>> { sims.iter().map(|s| s.clone() as Arc<dyn Device>).collect() };
-    let created = common::create_clean("verify", level, None, CHUNK, devs(), vec![]);
+    let created = simkit::create_clean("verify", level, None, CHUNK, devs(), vec![]);
     let bad = Arc::new(KnownBad::default());
     let array = assemble(
         devs(),

@@ -1,17 +1,14 @@
 //! Rebuild onto spares, resync after power cuts, scrubbing — on simulated members.
 
-mod common;
-mod crash_model;
-
-use common::{devs, for_each_seed};
-use crash_model::CrashModel;
 use device::{Device, SimDevice};
 use engine::{assemble, Array, AssembleOptions, MemberState};
 use layout::Level;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use simkit::devs;
 use std::sync::Arc;
 use std::time::Duration;
+use testkit::CrashModel;
 
 fn sims(n: usize, bytes: u64, seed: u64) -> Vec<Arc<SimDevice>> {
     named("sim", n, bytes, seed)
@@ -36,22 +33,11 @@ fn make(
     spares: &[Arc<SimDevice>],
     chunk: u64,
 ) {
-    common::create_clean("rec", level, layout, chunk, devs(members), devs(spares));
+    simkit::create_clean("rec", level, layout, chunk, devs(members), devs(spares));
 }
 
 fn open(all: &[Arc<SimDevice>]) -> Arc<Array> {
-    let a = Arc::new(
-        assemble(
-            devs(all),
-            AssembleOptions {
-                name: None,
-                config: common::config(),
-                force: false,
-                ..Default::default()
-            },
-        )
-        .expect("assemble"),
-    );
+    let a = Arc::new(simkit::reassemble(all).expect("assemble"));
     a.set_sync_speed(None, Some(u64::MAX));
     a.start_background();
     a
@@ -221,7 +207,7 @@ fn rebuild_resumes_from_checkpoint_after_stop() {
             devs(&survivors),
             AssembleOptions {
                 name: None,
-                config: common::config(),
+                config: simkit::config(),
                 ..Default::default()
             },
         )
@@ -375,9 +361,9 @@ fn power_cut_then_resync_keeps_flushed_data_and_restores_redundancy() {
         (Level::Raid10, 4),
         (Level::Raid4, 3),
     ] {
-        for_each_seed(
+        testkit::for_each_seed!(
             "power_cut_then_resync_keeps_flushed_data_and_restores_redundancy",
-            25,
+            testkit::Seeds::sim(25),
             |seed| crash_case(seed, level, n),
         );
     }

@@ -7,14 +7,12 @@
 //! member above its rebuilt point, or of a member that left its role after the read was planned,
 //! shows up as a block that differs from the model.
 
-mod common;
-
-use common::devs;
 use device::{Device, SimDevice};
 use engine::{assemble, Array, ArrayConfig, AssembleOptions};
 use layout::Level;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use simkit::devs;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -35,7 +33,7 @@ fn start(level: Level, n: usize, seed: u64) -> (Arc<Array>, Vec<Arc<SimDevice>>)
             ))
         })
         .collect();
-    common::create_clean(
+    simkit::create_clean(
         "roles",
         level,
         None,

@@ -1,12 +1,10 @@
 //! md's safe mode: an array idle for 200 ms is recorded clean, so a crash while idle costs no
 //! resync; the next write records "active" again before it goes out.
 
-mod common;
-
-use common::devs;
 use device::SimDevice;
 use engine::{assemble, Array, ArrayConfig, AssembleOptions, ManualClock};
 use layout::Level;
+use simkit::devs;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -36,7 +34,7 @@ fn an_idle_array_is_recorded_clean_and_a_crash_then_needs_no_resync() {
     let sims: Vec<Arc<SimDevice>> = (0..4)
         .map(|i| Arc::new(SimDevice::new(format!("sim{i}"), 8 << 20, 60 + i)))
         .collect();
-    common::create_clean("safe", Level::Raid5, None, 64 << 10, devs(&sims), vec![]);
+    simkit::create_clean("safe", Level::Raid5, None, 64 << 10, devs(&sims), vec![]);
     let clock = Arc::new(ManualClock::default());
     let a = boot(&sims, &clock);
     a.write(0, &[7u8; 65536], false).unwrap();

@@ -3,9 +3,7 @@
 //! md's format has no way to tell; with records (`CreateSpec::integrity`) every read returns
 //! what was written.
 
-mod common;
-
-use device::{Device, Faults, SimDevice};
+use device::{Faults, SimDevice};
 use engine::{assemble, AssembleOptions};
 use layout::Level;
 use std::sync::Arc;
@@ -18,24 +16,10 @@ fn wrong_data_with(fault: Faults, integrity: bool) -> bool {
     let sims: Vec<Arc<SimDevice>> = (0..4)
         .map(|i| Arc::new(SimDevice::new(format!("m{i}"), 4 << 20, 77 + i)))
         .collect();
-    let devs =
-        || -> Vec<Arc<dyn Device>> { sims.iter().map(|s| s.clone() as Arc<dyn Device>).collect() };
+    let devs = || simkit::devs(&sims);
     engine::create(&engine::CreateSpec {
-        name: "silent".into(),
-        level: Level::Raid5,
-        layout: None,
-        chunk_bytes: 64 << 10,
-        members: devs(),
-        spares: vec![],
-        size_bytes: None,
-        assume_clean: true,
-        force: false,
-        bitmap: None,
-        discard: false,
-        journal: None,
-        journal_write_back: false,
         integrity,
-        guided: false,
+        ..simkit::clean_spec("silent", Level::Raid5, None, 64 << 10, devs(), vec![])
     })
     .expect("create");
     let array = assemble(devs(), AssembleOptions::default()).expect("assemble");

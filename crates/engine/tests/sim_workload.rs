@@ -1,109 +1,12 @@
 //! Seeded random workloads on every level and layout, with members failing mid-run, compared
 //! byte for byte with a plain in-memory model of the logical disk.
 
-mod common;
-
-use common::{all_geometries, for_each_seed, sim_array};
 use layout::Level;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use simkit::{all_geometries, run_workload, sim_array, DiskModel};
 
 const MEMBER_BYTES: u64 = 3 << 20;
-
-/// The plain in-memory model of the logical disk and the one comparison the workload makes:
-/// every read, and the final image, must equal it byte for byte.
-struct Model {
-    bytes: Vec<u8>,
-}
-
-impl Model {
-    fn new(size_bytes: u64) -> Model {
-        Model {
-            bytes: vec![0u8; size_bytes as usize],
-        }
-    }
-
-    fn write(&mut self, offset_bytes: u64, data: &[u8]) {
-        let at = offset_bytes as usize;
-        self.bytes[at..at + data.len()].copy_from_slice(data);
-    }
-
-    /// `got` was read at `offset_bytes`: it must be what the model holds there.
-    fn check(&self, offset_bytes: u64, got: &[u8], what: &str) {
-        let at = offset_bytes as usize;
-        let want = &self.bytes[at..at + got.len()];
-        if let Some(i) = got.iter().zip(want).position(|(g, w)| g != w) {
-            panic!(
-                "{what}: read {offset_bytes}+{} differs from model at byte {} ({:#04x}, model {:#04x})",
-                got.len(),
-                offset_bytes + i as u64,
-                got[i],
-                want[i]
-            );
-        }
-    }
-
-    /// Read the whole array and check it.
-    fn check_array(&self, array: &engine::Array) {
-        let mut all = vec![0u8; self.bytes.len()];
-        array.read(0, &mut all).expect("final read");
-        self.check(0, &all, "final image");
-    }
-}
-
-/// `steps` random operations (60% writes, 30% reads checked against `model`, 10% flushes),
-/// killing members (within the level's tolerance) at the chosen steps. Returns the killed ones.
-fn run_workload(
-    sa: &common::SimArray,
-    model: &mut Model,
-    rng: &mut ChaCha8Rng,
-    steps: usize,
-    kill_at: &[usize],
-) -> Vec<usize> {
-    let size = sa.array.size_bytes();
-    let n = sa.sims.len();
-    let mut failed = Vec::new();
-    for step in 0..steps {
-        if kill_at.contains(&step) {
-            let mut victims: Vec<usize> = (0..n).filter(|i| !failed.contains(i)).collect();
-            victims.retain(|&v| {
-                let mut f = vec![false; n];
-                for &x in failed.iter().chain(std::iter::once(&v)) {
-                    f[x] = true;
-                }
-                sa.array.geometry().survives(&f)
-            });
-            if let Some(&v) = victims.get(
-                rng.gen_range(0..victims.len().max(1))
-                    .min(victims.len().saturating_sub(1)),
-            ) {
-                sa.sims[v].set_dead(true);
-                failed.push(v);
-            }
-        }
-        let max_sectors = (size / 512).min(1024);
-        let len = rng.gen_range(1..=max_sectors) * 512;
-        let off = rng.gen_range(0..=(size - len) / 512) * 512;
-        match rng.gen_range(0..10) {
-            0..=4 => {
-                let data: Vec<u8> = (0..len).map(|_| rng.gen()).collect();
-                sa.array
-                    .write(off, &data, rng.gen_bool(0.1))
-                    .unwrap_or_else(|e| panic!("write {off}+{len}: {e}"));
-                model.write(off, &data);
-            }
-            5..=8 => {
-                let mut buf = vec![0u8; len as usize];
-                sa.array
-                    .read(off, &mut buf)
-                    .unwrap_or_else(|e| panic!("read {off}+{len}: {e}"));
-                model.check(off, &buf, &format!("step {step}"));
-            }
-            _ => sa.array.flush().expect("flush"),
-        }
-    }
-    failed
-}
 
 fn run_case(seed: u64, level: Level, layout: Option<u32>, n: usize) {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
@@ -111,7 +14,7 @@ fn run_case(seed: u64, level: Level, layout: Option<u32>, n: usize) {
     let sa = sim_array(level, layout, n, chunk, MEMBER_BYTES, seed);
     let size = sa.array.size_bytes();
     assert!(size > 0);
-    let mut model = Model::new(size);
+    let mut model = DiskModel::new(size);
     let tolerance = sa.array.geometry().max_degraded();
     let steps = 60;
     let kill_at: Vec<usize> = (0..tolerance.min(2))
@@ -120,16 +23,18 @@ fn run_case(seed: u64, level: Level, layout: Option<u32>, n: usize) {
     let failed = run_workload(&sa, &mut model, &mut rng, steps, &kill_at);
     model.check_array(&sa.array);
     if failed.is_empty() {
-        common::check_redundancy(&sa);
+        simkit::check_redundancy(&sa);
     }
 }
 
 #[test]
 fn random_workload_every_level_with_failures() {
     for (level, layout, n) in all_geometries() {
-        for_each_seed("random_workload_every_level_with_failures", 6, |seed| {
-            run_case(seed, level, layout, n)
-        });
+        testkit::for_each_seed!(
+            "random_workload_every_level_with_failures",
+            testkit::Seeds::sim(6),
+            |seed| { run_case(seed, level, layout, n) }
+        );
     }
 }
 
@@ -151,7 +56,7 @@ fn panic_message(f: impl FnOnce()) -> Option<String> {
 fn workload_harness_detects_corruption() {
     let sa = sim_array(Level::Raid0, None, 2, 4096, 4 << 20, 1);
     let mut rng = ChaCha8Rng::seed_from_u64(1);
-    let mut model = Model::new(sa.array.size_bytes());
+    let mut model = DiskModel::new(sa.array.size_bytes());
     run_workload(&sa, &mut model, &mut rng, 60, &[]);
     model.check_array(&sa.array);
     // Byte 100 of member 0's data area is logical byte 100 (RAID0, first chunk).
@@ -259,9 +164,9 @@ fn concurrent_clients_share_stripes_with_a_failure() {
         (Level::Raid10, Some(0x102), 4),
         (Level::Raid0, None, 3),
     ] {
-        for_each_seed(
+        testkit::for_each_seed!(
             "concurrent_clients_share_stripes_with_a_failure",
-            4,
+            testkit::Seeds::sim(4),
             |seed| concurrent_case(seed, level, layout, n),
         );
     }

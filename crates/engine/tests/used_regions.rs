@@ -3,12 +3,10 @@
 //! on every member), rebuild and check skip unused regions, and a map the superblocks have
 //! moved past counts as all used.
 
-mod common;
-
-use common::devs;
 use device::{Device, SimDevice};
 use engine::{assemble, Array, ArrayConfig, AssembleOptions, CreateSpec, SyncAction};
 use layout::Level;
+use simkit::devs;
 use std::sync::Arc;
 
 const MEMBER: u64 = 16 << 20;
@@ -51,21 +49,9 @@ fn fresh_array(level: Level, layout: Option<u32>, n: usize) -> (Vec<Arc<SimDevic
         d.scribble(8 << 20, &[0xee; 4096]); // garbage a discard must clear
     }
     engine::create(&CreateSpec {
-        name: "used".into(),
-        level,
-        layout,
-        chunk_bytes: CHUNK,
-        members: devs(&s),
-        spares: vec![],
-        size_bytes: None,
         assume_clean: false,
-        force: false,
-        bitmap: None,
         discard: true,
-        journal: None,
-        journal_write_back: false,
-        integrity: false,
-        guided: false,
+        ..simkit::clean_spec("used", level, layout, CHUNK, devs(&s), vec![])
     })
     .expect("create");
     let a = boot(&s);

@@ -2,20 +2,18 @@
 //! verified range covers it; the data always wins; client I/O running beside verification stays
 //! correct.
 
-mod common;
-
-use common::{for_each_seed, sim_array, SimArray};
 use device::Device;
 use engine::ArrayConfig;
 use layout::Level;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use simkit::{sim_array, SimArray};
 use std::sync::Arc;
 
 const MEMBER: u64 = 2 << 20;
 
 fn redundancy_ok(sa: &SimArray) -> bool {
-    common::redundancy_error(sa).is_none()
+    simkit::redundancy_error(sa).is_none()
 }
 
 fn data_offset(sa: &SimArray, dev: usize) -> u64 {
@@ -49,7 +47,7 @@ fn damage_redundancy(sa: &SimArray, off: u64) -> usize {
 }
 
 fn redundant_geometries() -> Vec<(Level, Option<u32>, usize)> {
-    common::all_geometries()
+    simkit::all_geometries()
         .into_iter()
         .filter(|(l, _, _)| !matches!(l, Level::Linear | Level::Raid0))
         .collect()
@@ -57,9 +55,9 @@ fn redundant_geometries() -> Vec<(Level, Option<u32>, usize)> {
 
 #[test]
 fn verify_repairs_what_its_ranges_cover_and_nothing_else() {
-    for_each_seed(
+    testkit::for_each_seed!(
         "verify_repairs_what_its_ranges_cover_and_nothing_else",
-        3,
+        testkit::Seeds::sim(3),
         |seed| {
             let mut rng = ChaCha8Rng::seed_from_u64(seed);
             for (level, layout, n) in redundant_geometries() {
@@ -142,14 +140,14 @@ fn overlapping_ranges_read_each_stripe_once() {
 fn a_read_only_array_reports_without_repairing() {
     let config = ArrayConfig {
         read_only: true,
-        ..common::config()
+        ..simkit::config()
     };
     let sa = sim_array(Level::Raid6, Some(2), 5, 16 << 10, MEMBER, 2);
     drop(sa.array);
     let sims = sa.sims.clone();
     let sa = SimArray {
         array: engine::assemble(
-            common::devs(&sims),
+            simkit::devs(&sims),
             engine::AssembleOptions {
                 config: config.clone(),
                 ..Default::default()
@@ -189,9 +187,9 @@ fn bad_requests_get_clear_errors() {
 /// redundancy agrees at the end (the verifier's rewrite never carries stale data over a write).
 #[test]
 fn verify_beside_client_writes_keeps_data_and_redundancy() {
-    for_each_seed(
+    testkit::for_each_seed!(
         "verify_beside_client_writes_keeps_data_and_redundancy",
-        4,
+        testkit::Seeds::sim(4),
         |seed| {
             for (level, layout, n) in [
                 (Level::Raid5, Some(2), 4),
@@ -256,24 +254,18 @@ fn with_integrity_a_verify_checks_the_records_too() {
         .map(|i| Arc::new(device::SimDevice::new(format!("m{i}"), 4 << 20, 9 + i)))
         .collect();
     engine::create(&engine::CreateSpec {
-        name: "v".into(),
-        level: Level::Raid5,
-        layout: None,
-        chunk_bytes: 16 << 10,
-        members: common::devs(&sims),
-        spares: vec![],
-        size_bytes: None,
-        assume_clean: true,
-        force: false,
-        bitmap: None,
-        discard: false,
-        journal: None,
-        journal_write_back: false,
         integrity: true,
-        guided: false,
+        ..simkit::clean_spec(
+            "v",
+            Level::Raid5,
+            None,
+            16 << 10,
+            simkit::devs(&sims),
+            vec![],
+        )
     })
     .expect("create");
-    let array = engine::assemble(common::devs(&sims), engine::AssembleOptions::default())
+    let array = engine::assemble(simkit::devs(&sims), engine::AssembleOptions::default())
         .expect("assemble");
     let data = vec![0x33u8; 48 << 10];
     array.write(0, &data, false).expect("write");

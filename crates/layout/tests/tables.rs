@@ -1,10 +1,8 @@
 //! Worked examples of md-format.md and exhaustive small-geometry comparisons
-//! between the crate and the independent grid model in `common`.
+//! between the crate and the independent grid model in `testkit::md_model`.
 
-mod common;
-
-use common::{parity_row, raid0_model, raid10_model, render, syndromes, Cell};
 use layout::*;
+use testkit::md_model::{self, parity_row, raid0_model, raid10_model, render, syndromes, Cell};
 
 fn geo(level: Level, layout: u32, n: usize, chunk: u64, size: u64) -> Geometry {
     Geometry::new(GeometrySpec {
@@ -419,7 +417,7 @@ fn linear_against_model() {
     let sizes = [37u64, 16, 9, 64];
     for rounding in [0u64, 8, 3] {
         let g = sized(Level::Linear, 0, rounding, &sizes).unwrap();
-        let model = common::linear_model(&sizes, rounding);
+        let model = md_model::linear_model(&sizes, rounding);
         assert_eq!(g.array_sectors(), model.len() as u64);
         for (r, &(dev, s)) in model.iter().enumerate() {
             let c = g.map_copies(r as u64);

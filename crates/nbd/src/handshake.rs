@@ -12,8 +12,9 @@ use tracing::debug;
 
 use crate::backend::{Backend, Export};
 use crate::codec::{self, ClientOption, InfoRequest, MetaContextRequest};
+use crate::limits::Limits;
 use crate::proto::*;
-use crate::server::Limits;
+use crate::shutdown::stopped;
 
 /// Option data longer than the limit but at most this long is read and
 /// discarded (answered `NBD_REP_ERR_TOO_BIG`); anything longer closes.
@@ -186,7 +187,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Haggle<'_, S> {
         let mut hdr = [0u8; OPTION_HEADER_LEN];
         tokio::select! {
             r = self.stream.read_exact(&mut hdr) => { r?; }
-            _ = crate::server::stopped(shutdown) => return Ok(Step::Close),
+            _ = stopped(shutdown) => return Ok(Step::Close),
         }
         let Ok(h) = codec::parse_option_header(&hdr) else {
             debug!("closing: bad option magic");

@@ -5,11 +5,18 @@
 //! - [`codec`]: parsing/encoding of every message, big-endian, no I/O, never
 //!   panics on arbitrary input (proptest + fuzz targets);
 //! - [`command`]: pure validation of a request against the negotiation;
+//! - [`Limits`], `shutdown`, `stream`: what the phases below the server share
+//!   (resource limits, the shutdown signal, the socket in blocking mode);
 //! - `handshake`: async protocol state machine over any
 //!   `AsyncRead + AsyncWrite` stream;
-//! - `transmission`: the request loop on blocking threads per connection;
+//! - `transmission`: the request loop on blocking threads per connection,
+//!   starting from what the handshake negotiated;
 //! - [`Server`]: Unix/TCP listeners, connection limits, graceful shutdown,
 //!   generic over the [`Backend`] trait.
+//!
+//! The list runs bottom-up: a module imports only modules listed before it
+//! (and the helpers `backend`, `budget`, `buf`, `threads`); `scripts/module-cycles`
+//! checks that no import circle comes back.
 //!
 //! # Supported
 //! Fixed newstyle handshake (`FIXED_NEWSTYLE | NO_ZEROES`; unknown client
@@ -81,14 +88,18 @@ pub mod buf;
 pub mod codec;
 pub mod command;
 mod handshake;
+mod limits;
 pub mod proto;
 mod server;
+mod shutdown;
+mod stream;
 mod threads;
 mod tls;
 mod transmission;
 
 pub use backend::{errno_for, Backend, BlockSizes, Export, GatheredWrite, WriteHint, MAX_PAYLOAD};
 pub use budget::{DEFAULT_MAX_INFLIGHT_BYTES, DEFAULT_MAX_INFLIGHT_BYTES_PER_CONN};
-pub use server::{Limits, Server};
+pub use limits::Limits;
+pub use server::Server;
 pub use threads::DEFAULT_SHUTDOWN_BACKEND_TIMEOUT;
 pub use tls::TlsConfig;

@@ -12,7 +12,7 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio_rustls::rustls::{self, pki_types::CertificateDer, pki_types::PrivateKeyDer};
 use tokio_rustls::{server::TlsStream, TlsAcceptor};
 
-use crate::transmission::Stream;
+use crate::stream::Stream;
 
 /// The server's certificate, and whether TLS is required (nbdkit's `--tls=require`) or only
 /// offered.

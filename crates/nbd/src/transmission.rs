@@ -52,7 +52,10 @@ use crate::budget::{Budget, PayloadGrant};
 use crate::buf::AlignedBuf;
 use crate::codec::{self, Request};
 use crate::command::{validate, Command, ExportParams, Rejection};
+use crate::handshake::Negotiated;
 use crate::proto::*;
+use crate::shutdown::stopped;
+use crate::stream::Stream;
 use crate::threads::{ThreadToken, ThreadTracker};
 
 mod gather;
@@ -68,94 +71,6 @@ const INLINE_MAX_LEN: u32 = 128 * 1024;
 /// is pending and the previous request took less than this long in the
 /// backend: a slow backend must not hold up a request that arrives meanwhile.
 const INLINE_MAX_NS: u64 = 200_000;
-
-/// A connected socket in blocking mode.
-pub(crate) enum Stream {
-    Unix(std::os::unix::net::UnixStream),
-    Tcp(std::net::TcpStream),
-}
-
-impl Stream {
-    fn try_clone(&self) -> io::Result<Stream> {
-        Ok(match self {
-            Stream::Unix(s) => Stream::Unix(s.try_clone()?),
-            Stream::Tcp(s) => Stream::Tcp(s.try_clone()?),
-        })
-    }
-
-    fn shutdown(&self, how: Shutdown) -> io::Result<()> {
-        match self {
-            Stream::Unix(s) => s.shutdown(how),
-            Stream::Tcp(s) => s.shutdown(how),
-        }
-    }
-}
-
-impl Read for Stream {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        match self {
-            Stream::Unix(s) => s.read(buf),
-            Stream::Tcp(s) => s.read(buf),
-        }
-    }
-}
-
-impl Write for Stream {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        match self {
-            Stream::Unix(s) => s.write(buf),
-            Stream::Tcp(s) => s.write(buf),
-        }
-    }
-
-    fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
-        match self {
-            Stream::Unix(s) => s.write_vectored(bufs),
-            Stream::Tcp(s) => s.write_vectored(bufs),
-        }
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
-}
-
-/// A tokio socket that can leave the reactor for blocking I/O.
-pub(crate) trait IntoBlocking {
-    fn into_blocking(self) -> io::Result<Stream>;
-    /// Who is at the other end, for an administrator (`tcp:ADDR`, `unix:pid N`).
-    fn peer(&self) -> String;
-}
-
-impl IntoBlocking for tokio::net::UnixStream {
-    fn peer(&self) -> String {
-        match self.peer_cred().ok().and_then(|c| c.pid()) {
-            Some(pid) => format!("unix:pid {pid}"),
-            None => "unix:unknown process".into(),
-        }
-    }
-
-    fn into_blocking(self) -> io::Result<Stream> {
-        let s = self.into_std()?;
-        s.set_nonblocking(false)?;
-        Ok(Stream::Unix(s))
-    }
-}
-
-impl IntoBlocking for tokio::net::TcpStream {
-    fn peer(&self) -> String {
-        match self.peer_addr() {
-            Ok(a) => format!("tcp:{a}"),
-            Err(_) => "tcp:unknown peer".into(),
-        }
-    }
-
-    fn into_blocking(self) -> io::Result<Stream> {
-        let s = self.into_std()?;
-        s.set_nonblocking(false)?;
-        Ok(Stream::Tcp(s))
-    }
-}
 
 /// Per-connection state shared by the connection's threads.
 struct Ctx {
@@ -234,7 +149,7 @@ enum Next {
 pub(crate) async fn serve(
     stream: Stream,
     backend: Arc<dyn Backend>,
-    neg: crate::handshake::Negotiated,
+    neg: Negotiated,
     cfg: ConnConfig,
     mut shutdown: watch::Receiver<bool>,
 ) -> io::Result<()> {
@@ -281,7 +196,7 @@ pub(crate) async fn serve(
     spawn_thread(conn.clone(), alive)?;
     tokio::select! {
         _ = gone.recv() => {}
-        _ = crate::server::stopped(&mut shutdown) => {
+        _ = stopped(&mut shutdown) => {
             conn.stop.store(true, Ordering::SeqCst);
             // Wakes the thread blocked in `recv` (it sees end-of-file).
             let _ = conn.ctl.shutdown(Shutdown::Read);

@@ -2,6 +2,8 @@
 
 #![allow(dead_code)]
 
+use std::io::{BufRead, BufReader};
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -132,7 +134,7 @@ impl Env {
         // The control socket answering (not merely existing: a killed daemon leaves its files)
         // means the NBD listeners, bound before it, are up too.
         let ctl = self.rundir().join(format!("{}.ctl", self.name));
-        while !self.socket().exists() || std::os::unix::net::UnixStream::connect(&ctl).is_err() {
+        while !self.socket().exists() || UnixStream::connect(&ctl).is_err() {
             if let Ok(Some(st)) = d.child.try_wait() {
                 return Err(format!("({st}) {}", d.log_text()));
             }
@@ -144,6 +146,47 @@ impl Env {
             std::thread::sleep(Duration::from_millis(20));
         }
         Ok(d)
+    }
+
+    /// `ironraid run ARGS... MEMBERS...` with its standard output read: the daemon and the first
+    /// `lines` lines it printed (its endpoints), once its control socket answers.
+    pub fn run_printing<S: AsRef<std::ffi::OsStr>>(
+        &self,
+        args: &[S],
+        lines: usize,
+    ) -> (Daemon, Vec<String>) {
+        let log = self.dir.path().join(format!(
+            "daemon-{}.log",
+            Instant::now().elapsed().as_nanos()
+        ));
+        let mut child = self
+            .cmd()
+            .arg("run")
+            .args(args)
+            .args(&self.members)
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("spawn ironraid run");
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        let mut printed = Vec::new();
+        for _ in 0..lines {
+            let mut l = String::new();
+            out.read_line(&mut l).unwrap();
+            assert!(
+                !l.is_empty(),
+                "daemon printed {printed:?} and ended:\n{}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
+            printed.push(l.trim().to_string());
+        }
+        let ctl = self.rundir().join(format!("{}.ctl", self.name));
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while UnixStream::connect(&ctl).is_err() {
+            assert!(Instant::now() < deadline, "no control socket");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        (Daemon { child, log }, printed)
     }
 
     /// A sparse file `name` of `bytes` in the test directory (a spare, a member to add).
@@ -255,6 +298,23 @@ pub fn sh(prog: &str, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// The export at `uri` reads exactly like the file `image`, every byte (qemu-img compare).
+pub fn assert_same_image(image: &Path, uri: &str) {
+    let cmp = sh(
+        "qemu-img",
+        &[
+            "compare",
+            "-f",
+            "raw",
+            "-F",
+            "raw",
+            image.to_str().unwrap(),
+            uri,
+        ],
+    );
+    assert!(cmp.contains("identical"), "{cmp}");
+}
+
 /// A file of `len` pseudo-random bytes (seeded).
 pub fn random_file(path: &Path, len: usize, seed: u64) {
     use rand::{Rng, SeedableRng};
@@ -333,6 +393,19 @@ impl Loop {
 impl Drop for Loop {
     fn drop(&mut self) {
         let _ = Command::new("losetup").args(["-d", &self.0]).status();
+    }
+}
+
+/// Kills a process it owns if the test ends early (a failed assertion), so no daemon outlives
+/// the test holding its output pipe.
+pub struct Reap(pub Child);
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
     }
 }
 

@@ -3,12 +3,8 @@
 //! from the grid-filling reference model of the layout tests (written from md-format.md's prose,
 //! in a different style from the crate); parity is computed byte by byte here, Q with a
 //! shift-and-add GF(2⁸) multiply over md's polynomial 0x11d.
-#![allow(dead_code)]
 
-#[path = "../../../layout/tests/common/mod.rs"]
-mod md_model;
-
-use md_model::Cell;
+use crate::md_model::{self, Cell};
 
 /// md's RAID levels as the superblock numbers them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -164,15 +160,15 @@ impl Shape {
                 for s in 0..self.stripes() {
                     let row =
                         md_model::parity_row(self.md_level(), self.layout, self.members, s as u64);
-                    let slots = (self.level == Level::Raid6).then(|| md_model::syndromes(&row));
+                    let syndromes = (self.level == Level::Raid6).then(|| md_model::syndromes(&row));
                     let mut p = vec![0u8; c];
                     let mut q = vec![0u8; c];
                     for (dev, cell) in row.iter().enumerate() {
                         if let Cell::D(_) = cell {
                             let chunk = &images[dev][s * c..(s + 1) * c];
-                            let g = slots
+                            let g = syndromes
                                 .as_ref()
-                                .map(|sl| gf_pow2(sl[dev].expect("data slot")));
+                                .map(|sl| gf_pow2(sl[dev].expect("data syndrome index")));
                             for i in 0..c {
                                 p[i] ^= chunk[i];
                                 if let Some(g) = g {
@@ -198,11 +194,16 @@ impl Shape {
     }
 }
 
-#[test]
-fn oracle_gf_matches_known_products() {
-    // 2^8 reduces by 0x11d: 0x80 * 2 = 0x1d.
-    assert_eq!(gf_mul(0x80, 2), 0x1d);
-    assert_eq!(gf_pow2(8), 0x1d);
-    assert_eq!(gf_mul(0x53, 0xca), gf_mul(0xca, 0x53));
-    assert_eq!(gf_mul(7, 1), 7);
+#[cfg(test)]
+mod tests {
+    use super::{gf_mul, gf_pow2};
+
+    #[test]
+    fn oracle_gf_matches_known_products() {
+        // 2^8 reduces by 0x11d: 0x80 * 2 = 0x1d.
+        assert_eq!(gf_mul(0x80, 2), 0x1d);
+        assert_eq!(gf_pow2(8), 0x1d);
+        assert_eq!(gf_mul(0x53, 0xca), gf_mul(0xca, 0x53));
+        assert_eq!(gf_mul(7, 1), 7);
+    }
 }

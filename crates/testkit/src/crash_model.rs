@@ -1,7 +1,6 @@
 //! A sector-granular model of what an array may hold after a power cut: per sector, the data
 //! known durable (flushed, or written FUA) and the hashes of the writes issued since, any of
 //! which may have landed whole or not at all. Shared by the crash tests.
-#![allow(dead_code)]
 
 /// A sector-granular model of what the array may hold after a power cut: per sector, the data
 /// known durable and the hashes of writes since (any of which may have landed).
@@ -107,15 +106,20 @@ impl CrashModel {
     }
 }
 
-/// Canary: the crash model rejects a sector that is neither flushed nor a later write.
-#[test]
-fn crash_model_canary() {
-    let mut model = CrashModel::new(vec![0u8; 4096]);
-    model.issue(512, &[7u8; 512]);
-    let mut disk = vec![0u8; 4096];
-    assert!(model.check(&disk).is_ok());
-    disk[512..1024].fill(7);
-    assert!(model.check(&disk).is_ok());
-    disk[2048] = 1;
-    assert!(model.check(&disk).is_err(), "accepted a corrupted sector");
+#[cfg(test)]
+mod tests {
+    use super::CrashModel;
+
+    /// Canary: the crash model rejects a sector that is neither flushed nor a later write.
+    #[test]
+    fn crash_model_canary() {
+        let mut model = CrashModel::new(vec![0u8; 4096]);
+        model.issue(512, &[7u8; 512]);
+        let mut disk = vec![0u8; 4096];
+        assert!(model.check(&disk).is_ok());
+        disk[512..1024].fill(7);
+        assert!(model.check(&disk).is_ok());
+        disk[2048] = 1;
+        assert!(model.check(&disk).is_err(), "accepted a corrupted sector");
+    }
 }

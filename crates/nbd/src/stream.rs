@@ -1,0 +1,93 @@
+//! A connection's socket once it leaves the tokio reactor: the handshake runs async, the
+//! transmission phase (and the TLS proxy feeding it) on blocking threads.
+
+use std::io::{self, IoSlice, Read, Write};
+use std::net::Shutdown;
+
+/// A connected socket in blocking mode.
+pub(crate) enum Stream {
+    Unix(std::os::unix::net::UnixStream),
+    Tcp(std::net::TcpStream),
+}
+
+impl Stream {
+    pub(crate) fn try_clone(&self) -> io::Result<Stream> {
+        Ok(match self {
+            Stream::Unix(s) => Stream::Unix(s.try_clone()?),
+            Stream::Tcp(s) => Stream::Tcp(s.try_clone()?),
+        })
+    }
+
+    pub(crate) fn shutdown(&self, how: Shutdown) -> io::Result<()> {
+        match self {
+            Stream::Unix(s) => s.shutdown(how),
+            Stream::Tcp(s) => s.shutdown(how),
+        }
+    }
+}
+
+impl Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Stream::Unix(s) => s.read(buf),
+            Stream::Tcp(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Stream::Unix(s) => s.write(buf),
+            Stream::Tcp(s) => s.write(buf),
+        }
+    }
+
+    fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        match self {
+            Stream::Unix(s) => s.write_vectored(bufs),
+            Stream::Tcp(s) => s.write_vectored(bufs),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A tokio socket that can leave the reactor for blocking I/O.
+pub(crate) trait IntoBlocking {
+    fn into_blocking(self) -> io::Result<Stream>;
+    /// Who is at the other end, for an administrator (`tcp:ADDR`, `unix:pid N`).
+    fn peer(&self) -> String;
+}
+
+impl IntoBlocking for tokio::net::UnixStream {
+    fn peer(&self) -> String {
+        match self.peer_cred().ok().and_then(|c| c.pid()) {
+            Some(pid) => format!("unix:pid {pid}"),
+            None => "unix:unknown process".into(),
+        }
+    }
+
+    fn into_blocking(self) -> io::Result<Stream> {
+        let s = self.into_std()?;
+        s.set_nonblocking(false)?;
+        Ok(Stream::Unix(s))
+    }
+}
+
+impl IntoBlocking for tokio::net::TcpStream {
+    fn peer(&self) -> String {
+        match self.peer_addr() {
+            Ok(a) => format!("tcp:{a}"),
+            Err(_) => "tcp:unknown peer".into(),
+        }
+    }
+
+    fn into_blocking(self) -> io::Result<Stream> {
+        let s = self.into_std()?;
+        s.set_nonblocking(false)?;
+        Ok(Stream::Tcp(s))
+    }
+}
