@@ -239,3 +239,18 @@ fn a_node_slot_the_bitmap_does_not_have_is_refused_at_assembly() {
     let first = Arc::new(Recording::default());
     boot(&sims, &first, &clock);
 }
+
+#[test]
+fn assembly_records_a_changed_role_table_inside_the_brackets() {
+    let sims = sims(4, 80);
+    simkit::create_clean("coord", Level::Raid5, None, 64 << 10, devs(&sims), vec![]);
+    let clock = Arc::new(ManualClock::default());
+    // Without one member: assembly records the role table before anything else happens.
+    let coord = Arc::new(Recording::default());
+    let a = boot(&sims[..3], &coord, &clock);
+    let finished = coord.finished_events.lock().clone();
+    assert_eq!(coord.starts.load(Ordering::SeqCst), finished.len() as u64);
+    let on_disk = engine::read_superblock(sims[0].as_ref()).unwrap().events;
+    assert_eq!(finished.first().copied(), Some(on_disk), "{finished:?}");
+    drop(a);
+}

@@ -606,7 +606,7 @@ fn build(
     let table_changed = table_changed || journal.table_changed;
     let resync_from = journal.resync_from.or(resync_from);
     if table_changed && !opts.config.read_only {
-        commit_at_assembly(&mut meta, &name)?;
+        commit_at_assembly(&mut meta, &name, opts.config.coordinator.as_deref())?;
     }
     // The guided flag needs the bitmap it falls back to; without a readable map the array
     // runs as a bitmap array (always safe).
@@ -1146,8 +1146,17 @@ fn load_bitmap(
 }
 
 /// Make the running role table durable on every present member before any write can happen.
-fn commit_at_assembly(meta: &mut Meta, name: &str) -> Result<()> {
+/// Bracketed by the cluster's metadata update like every later commit (`MemberSet::commit`).
+fn commit_at_assembly(
+    meta: &mut Meta,
+    name: &str,
+    coordinator: Option<&dyn crate::cluster::Coordinator>,
+) -> Result<()> {
+    let local = crate::cluster::Local;
+    let coordinator = coordinator.unwrap_or(&local);
+    coordinator.metadata_update_start();
     let failed = meta.commit();
+    coordinator.metadata_update_finish(meta.events);
     if let Some((member, err)) = failed.into_iter().next() {
         return Err(EngineError::Assemble {
             member: member.name().into(),
