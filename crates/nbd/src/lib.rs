@@ -102,4 +102,4 @@ pub use budget::{DEFAULT_MAX_INFLIGHT_BYTES, DEFAULT_MAX_INFLIGHT_BYTES_PER_CONN
 pub use limits::Limits;
 pub use server::Server;
 pub use threads::DEFAULT_SHUTDOWN_BACKEND_TIMEOUT;
-pub use tls::TlsConfig;
+pub use tls::{read_certs, read_key, TlsConfig};

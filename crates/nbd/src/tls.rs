@@ -25,7 +25,8 @@ fn invalid(what: String) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidInput, what)
 }
 
-fn read_certs(path: &Path) -> io::Result<Vec<CertificateDer<'static>>> {
+/// The PEM certificates in `path` (at least one), for either side of a TLS connection.
+pub fn read_certs(path: &Path) -> io::Result<Vec<CertificateDer<'static>>> {
     let file = std::fs::File::open(path)
         .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
     let certs = rustls_pemfile::certs(&mut BufReader::new(file)).collect::<io::Result<Vec<_>>>()?;
@@ -35,7 +36,8 @@ fn read_certs(path: &Path) -> io::Result<Vec<CertificateDer<'static>>> {
     Ok(certs)
 }
 
-fn read_key(path: &Path) -> io::Result<PrivateKeyDer<'static>> {
+/// The PEM private key in `path`.
+pub fn read_key(path: &Path) -> io::Result<PrivateKeyDer<'static>> {
     let file = std::fs::File::open(path)
         .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
     rustls_pemfile::private_key(&mut BufReader::new(file))?

@@ -18,10 +18,11 @@
 
 use super::transport::{write_all_vectored, RecvHalf, SendHalf, Sock, Split};
 use super::uri::{NbdUri, TlsParams, Transport};
+use nbd::{read_certs, read_key};
 use parking_lot::Mutex;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::pki_types::ServerName;
 use rustls::{ClientConfig, ClientConnection, RootCertStore};
-use std::io::{self, BufReader, Read, Write};
+use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -40,23 +41,6 @@ pub struct TlsSetup {
 
 fn invalid(what: String) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidInput, what)
-}
-
-fn read_certs(path: &Path) -> io::Result<Vec<CertificateDer<'static>>> {
-    let file = std::fs::File::open(path)
-        .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
-    let certs = rustls_pemfile::certs(&mut BufReader::new(file)).collect::<io::Result<Vec<_>>>()?;
-    if certs.is_empty() {
-        return Err(invalid(format!("{}: no PEM certificate", path.display())));
-    }
-    Ok(certs)
-}
-
-fn read_key(path: &Path) -> io::Result<PrivateKeyDer<'static>> {
-    let file = std::fs::File::open(path)
-        .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
-    rustls_pemfile::private_key(&mut BufReader::new(file))?
-        .ok_or_else(|| invalid(format!("{}: no PEM private key", path.display())))
 }
 
 impl TlsSetup {
