@@ -96,7 +96,7 @@ impl Array {
         dev: &dyn Device,
         force: bool,
     ) -> Result<(Option<format::Superblock>, format::Superblock)> {
-        if self.geometry.max_degraded() == 0 {
+        if self.personality.redundancy() == 0 {
             return Err(EngineError::Unsupported(format!(
                 "{} has no redundancy; it cannot use a spare",
                 self.name

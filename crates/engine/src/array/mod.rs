@@ -19,6 +19,7 @@ use crate::lock::{LocalLocks, RangeLock};
 use crate::members::Meta;
 use crate::members::{Member, MemberSet, Slot};
 use crate::personality::stripe_cache::StripeCache;
+use crate::personality::Personality;
 use crate::policy::{BitmapPolicy, ConsistencyPolicy, JournalPolicy, ResyncPolicy};
 use layout::{Geometry, Level};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -107,6 +108,8 @@ pub struct Array {
     was_dirty: bool,
     never_run: bool,
     pub(crate) io: IoPath,
+    /// What the level does (md's personality): the data path and the background windows.
+    pub(crate) personality: Box<dyn Personality>,
     pub(crate) policy: Box<dyn ConsistencyPolicy>,
     /// Which regions may hold data (None: every region counts as used).
     pub(crate) used: Option<Arc<crate::policy::used::UsedRegions>>,
@@ -290,14 +293,15 @@ impl Array {
             _ => None,
         };
         let policy = new_policy(p.bitmap, p.journal, p.guided);
-        let resync_from = if p.geometry.max_degraded() > 0 {
+        let personality = crate::personality::for_geometry(&p.geometry);
+        let resync_from = if personality.redundancy() > 0 {
             policy.resync_from(p.meta.resync_offset)
         } else {
             None
         };
         debug_assert_eq!(resync_from, p.resync_from, "assembly and policy disagree");
         let stripes = Arc::new(StripeCache::new(p.config.stripe_cache_bytes));
-        let parity = p.geometry.level().is_parity();
+        let parity = personality.uses_stripe_cache();
         let chunk_bytes = p.geometry.chunk_sectors() * 512;
         let pool_bytes = p.config.stripe_cache_bytes;
         let locks = LocalLocks::new(parity, chunk_bytes, stripes.clone());
@@ -337,6 +341,7 @@ impl Array {
             was_dirty,
             never_run,
             io: IoPath::new(executor),
+            personality,
             policy,
             used: p.used,
             integrity: p.integrity,
@@ -418,11 +423,7 @@ impl Array {
     }
 
     fn read_members(&self, offset_bytes: u64, buf: &mut [u8]) -> Result<()> {
-        if self.geometry.level().is_parity() {
-            self.parity_read(offset_bytes, buf)
-        } else {
-            self.mirror_read(offset_bytes, buf)
-        }
+        self.personality.read(self, offset_bytes, buf)
     }
 
     /// Write `data` at `offset_bytes`; returns once it is on the members (durable with `fua`).
@@ -443,11 +444,9 @@ impl Array {
         self.as_client_write(|| {
             self.verify_before_use(offset_bytes, data.len() as u64, true)?;
             let watched = self.watch_begin(offset_bytes, data.len() as u64, Some(data));
-            let res = if self.geometry.level().is_parity() {
-                self.parity_write(offset_bytes, data, fua, intent)
-            } else {
-                self.mirror_write(offset_bytes, data, fua)
-            };
+            let res = self
+                .personality
+                .write(self, offset_bytes, data, fua, intent);
             self.records_after_write(res.is_ok() && fua);
             self.watch_end(watched, res.is_ok(), fua);
             res
@@ -773,7 +772,7 @@ impl Array {
         let role = self.members.role_named(name).ok_or_else(|| {
             EngineError::InvalidArgument(format!("{name} is not an active member of {}", self.name))
         })?;
-        if self.geometry.max_degraded() == 0 {
+        if self.personality.redundancy() == 0 {
             return Err(EngineError::Unsupported(format!(
                 "{} has no redundancy; cannot fail {name}",
                 self.name
@@ -790,7 +789,7 @@ impl Array {
         let Some(role) = self
             .members
             .role_named(name)
-            .filter(|_| self.geometry.max_degraded() > 0)
+            .filter(|_| self.personality.redundancy() > 0)
         else {
             // The journal, a stranger, or a level without redundancy: fail_member answers.
             return self.fail_member(name);

@@ -14,12 +14,10 @@
 //! min, pause while clients did I/O in the last few milliseconds.
 
 pub(crate) mod rebuild;
-pub(crate) mod scrub;
 pub(crate) mod verify;
 
 use crate::array::Array;
 use crate::clock::Clock;
-use layout::Level;
 use parking_lot::{Condvar, Mutex};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -279,7 +277,9 @@ impl Walk {
                     Some(next) => next,
                     None => {
                         work_from = Some(self.pos);
-                        array.recover_window(role, self.pos, self.end)?
+                        array
+                            .personality
+                            .recover_window(array, role, self.pos, self.end)?
                     }
                 },
             },
@@ -387,7 +387,7 @@ impl Array {
                 st.interrupt = st.running != SyncAction::Idle;
             }
             "check" | "repair" | "resync" => {
-                if self.geometry.max_degraded() == 0 {
+                if self.personality.redundancy() == 0 {
                     return Err(crate::EngineError::Unsupported(format!(
                         "{} has no redundancy to check",
                         self.name
@@ -498,7 +498,7 @@ impl Array {
 
     /// A parity level with a role not complete.
     pub(crate) fn parity_degraded(&self) -> bool {
-        self.geometry.level().is_parity() && self.members.slots.iter().any(|s| !s.is_complete())
+        self.personality.uses_stripe_cache() && self.members.slots.iter().any(|s| !s.is_complete())
     }
 
     fn has_spare_or_partial(&self) -> bool {
@@ -524,8 +524,8 @@ impl Array {
             Job::Scrub(a) => (a, 0),
         };
         let end = match job {
-            Job::Recover(role) => self.recovery_end(role),
-            _ => self.sync_total(action),
+            Job::Recover(role) => self.personality.recovery_end(role),
+            _ => self.personality.sync_total(action),
         };
         st.running = action;
         st.started = self.sync.clock.now();
@@ -831,21 +831,12 @@ impl Array {
         }
     }
 
-    /// Bytes the action walks: per-device bytes (array bytes for a RAID10 resync/scrub).
-    pub(crate) fn sync_total(&self, action: SyncAction) -> u64 {
-        let g = &self.geometry;
-        match g.level() {
-            Level::Raid4 | Level::Raid5 | Level::Raid6 => g.stripes() * g.chunk_sectors() * 512,
-            Level::Raid10 if action != SyncAction::Recover => g.array_sectors() * 512,
-            Level::Raid10 => {
-                (0..g.raid_disks())
-                    .map(|d| g.used_device_sectors(d))
-                    .max()
-                    .unwrap_or(0)
-                    * 512
-            }
-            _ => g.spec().component_sectors * 512,
-        }
+    /// One window of a resync, check or repair at sync coordinate `pos`, its mismatches
+    /// counted (md's `mismatch_cnt`); returns where the next window starts.
+    pub(crate) fn scrub_step(&self, action: SyncAction, pos: u64, end: u64) -> Result<u64, Stop> {
+        let (next, bad) = self.personality.scrub_window(self, action, pos, end)?;
+        self.sync.st.lock().mismatches += bad;
+        Ok(next)
     }
 
     /// Pause as md's speed limits ask; `Err` if told to stop.

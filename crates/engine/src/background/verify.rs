@@ -11,8 +11,6 @@ use crate::array::Array;
 use crate::background::Stop;
 use crate::error::{EngineError, Result};
 use crate::integrity::IntegrityCounts;
-use crate::lock::LockRange;
-use crate::personality::raid456_heal::Heal;
 
 /// What one verify request found.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -31,7 +29,7 @@ pub struct VerifyReport {
 }
 
 /// Sorted, merged, non-empty `[start, end)` intervals.
-fn merge(mut v: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
+pub(crate) fn merge(mut v: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
     v.retain(|(a, b)| a < b);
     crate::personality::stripe_cache::merge(v)
 }
@@ -43,7 +41,7 @@ impl Array {
         for &(off, len) in ranges {
             self.check_range(off, len)?;
         }
-        if self.geometry.max_degraded() == 0 {
+        if self.personality.redundancy() == 0 {
             return Err(EngineError::Unsupported(format!(
                 "{} ({}) has no redundancy to verify",
                 self.name,
@@ -64,42 +62,8 @@ impl Array {
             repaired: fix,
             ..VerifyReport::default()
         };
-        if self.geometry.level().is_parity() {
-            let spans = merge(
-                ranges
-                    .iter()
-                    .flat_map(|&(off, len)| self.page_rows(off, len))
-                    .collect(),
-            );
-            let data_disks = self.geometry.data_disks() as u64;
-            for (a, b) in spans {
-                report.mismatch_sectors += self.verify_span(a, b, fix)?;
-                report.bytes_verified += (b - a) * data_disks;
-            }
-        } else {
-            // Mirrors: every copy of the 4 KiB pages under the ranges.
-            let heal = if fix { self.heal_mode() } else { Heal::Count };
-            let pages = merge(
-                ranges
-                    .iter()
-                    .map(|&(off, len)| (off / 4096 * 4096, (off + len).div_ceil(4096) * 4096))
-                    .collect(),
-            );
-            let size = self.size_bytes();
-            for (a, b) in pages {
-                let b = b.min(size);
-                let step = self.mirror_step();
-                let mut at = a;
-                while at < b {
-                    let len = (step - at % step).min(b - at);
-                    report.mismatch_sectors += self
-                        .scrub_mirror(at, len, heal)
-                        .map_err(|e| self.verify_failed(at, len, e))?;
-                    at += len;
-                }
-                report.bytes_verified += b - a;
-            }
-        }
+        (report.mismatch_sectors, report.bytes_verified) =
+            self.personality.verify(self, ranges, fix)?;
         report.integrity = counts()
             .zip(before)
             .map(|(after, before)| after.since(&before));
@@ -122,62 +86,9 @@ impl Array {
         Ok(report)
     }
 
-    /// The member bytes (whole 4 KiB pages, the same on every member) of the page rows under
-    /// array bytes `off..off + len`: md checks a stripe 4 KiB at a time (`STRIPE_SIZE`), and so
-    /// a verify read costs what was in flight, not whole chunk rows.
-    fn page_rows(&self, off: u64, len: u64) -> Vec<(u64, u64)> {
-        const PAGE: u64 = 4096;
-        let chunk = self.geometry.chunk_sectors() * 512;
-        let data_disks = self.geometry.data_disks() as u64;
-        let end = ((off + len).div_ceil(PAGE) * PAGE).min(self.size_bytes());
-        let mut at = off / PAGE * PAGE;
-        let mut spans = Vec::new();
-        while at < end {
-            let c = at / chunk;
-            let stop = ((c + 1) * chunk).min(end);
-            let member = c / data_disks * chunk + at % chunk;
-            spans.push((member, member + (stop - at)));
-            at = stop;
-        }
-        spans
-    }
-
-    /// Page rows over member bytes `a..b`, a window at a time, the window's rows claimed while
-    /// they are checked.
-    fn verify_span(&self, a: u64, b: u64, fix: bool) -> Result<u64> {
-        let chunk = self.geometry.chunk_sectors() * 512;
-        let window = self.window_rows() * chunk;
-        // After an unclean stop, blocks that fail their records in rows a crash may have torn
-        // are unflushed writes: settled as found, as the resync would (see `raid456_heal`).
-        let heal = if fix { self.heal_mode() } else { Heal::Count };
-        let mut bad = 0;
-        let mut at = a;
-        while at < b {
-            let end = ((at / window + 1) * window).min(b);
-            let mut tries = 0;
-            let found = loop {
-                let guard = self.range_lock().lock(LockRange::Stripes {
-                    first: at / chunk,
-                    end: end.div_ceil(chunk),
-                });
-                let res = self.scrub_span(at, end - at, fix, heal);
-                drop(guard);
-                match res {
-                    // A member failed while being read: plan again without it.
-                    Err(Stop::Interrupted) if tries < 4 => tries += 1,
-                    other => break other,
-                }
-            };
-            let rows = at / chunk * chunk * self.geometry.data_disks() as u64;
-            bad += found.map_err(|e| self.verify_failed(rows, end - at, e))?;
-            at = end;
-        }
-        Ok(bad)
-    }
-
     /// A failed read keeps its own kind (damage stays `Corruption`); one that kept being
     /// interrupted by failing members is I/O.
-    fn verify_failed(&self, at: u64, len: u64, e: Stop) -> EngineError {
+    pub(crate) fn verify_failed(&self, at: u64, len: u64, e: Stop) -> EngineError {
         match e {
             Stop::Interrupted => self.unrecoverable(
                 at,

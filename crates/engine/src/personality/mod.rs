@@ -1,4 +1,9 @@
-//! The md personalities' data paths: how a level reads, writes and reads degraded.
+//! The md personalities: what a level does, asked through one trait ([`Personality`], after md's
+//! `struct md_personality`) instead of "which level am I?" along the path.
+//!
+//! Three implementations: [`Striped`] (linear, RAID0: one copy, no redundancy), [`Copies`]
+//! (RAID1, RAID10: plain copies) and [`Parity`] (RAID4/5/6). [`for_geometry`] picks one; it is
+//! the one place outside `lifecycle/` that matches on the level.
 //!
 //! `raid456`: RAID4/5/6, stripe by stripe through the stripe cache (`stripe_cache`), with the
 //! write plans (full stripe, read-modify-write, reconstruct-write) and degraded reads that
@@ -6,11 +11,445 @@
 //! levels whose sectors have one or more plain copies (linear, RAID0, RAID1, RAID10).
 //! `raid456_heal` and `copies_heal`: data that failed its integrity records, rebuilt from what
 //! redundancy vouches for, rewritten and read back (the records themselves are `integrity/`).
+//! `raid456_sync` and `copies_sync`: the windows of recovery, resync, check/repair and verify
+//! reads (the walker that schedules and paces them is `background/`).
+//!
+//! Sync coordinates (md's `sync_request` space): per-member bytes for RAID1 and the parity
+//! levels (the same bytes of every member), array bytes for RAID10 resync and scrub. The
+//! bitmap, the used-region map and the walker count in them; the personality converts.
 
 pub(crate) mod copies;
 pub(crate) mod copies_heal;
+pub(crate) mod copies_sync;
 pub(crate) mod gathered;
 pub(crate) mod intent;
 pub(crate) mod raid456;
 pub(crate) mod raid456_heal;
+pub(crate) mod raid456_sync;
 pub(crate) mod stripe_cache;
+
+use crate::array::Array;
+use crate::background::{Stop, SyncAction};
+use crate::error::Result;
+use layout::{Geometry, Level};
+
+/// What the engine asks of a level. Pure questions take only the geometry the personality was
+/// made for; I/O takes the array (as md's personalities take `mddev`).
+pub(crate) trait Personality: Send + Sync {
+    /// Members that may be missing with every byte still readable (md's `max_degraded`).
+    fn redundancy(&self) -> usize;
+
+    /// Whether writes go through the stripe cache (parity and its claims, md's raid5 conf).
+    fn uses_stripe_cache(&self) -> bool {
+        false
+    }
+
+    /// Bytes of sync coordinates `action` walks (md's resync size; a RAID10 recovery walks the
+    /// per-member bytes of the role it rebuilds).
+    fn sync_total(&self, action: SyncAction) -> u64;
+
+    /// Where the recovery of `role` ends (per-member bytes).
+    fn recovery_end(&self, role: usize) -> u64;
+
+    /// Array bytes `offset..offset + len` as the sync coordinates of the whole stripes inside
+    /// them (what a discard may release): `(start, len)`, empty if none is whole.
+    fn sync_range_within(&self, offset: u64, len: u64) -> (u64, u64);
+
+    /// The sync coordinates `start..end` of the stripes (4 KiB pages for copies) covering
+    /// array bytes `offset..offset + len`.
+    fn sync_range_covering(&self, offset: u64, len: u64) -> (u64, u64);
+
+    /// The array byte where sync coordinate `at` (a stripe boundary) starts.
+    fn array_bytes_of(&self, at: u64) -> u64;
+
+    /// Where sync coordinates `at..at + len` (whole regions) lie on the members, as
+    /// `(role, offset, len)`, runs merged.
+    fn member_spans(&self, at: u64, len: u64) -> Vec<(usize, u64, u64)>;
+
+    /// Whether a used-region map can follow this layout (regions covering whole stripes).
+    fn keeps_used_map(&self) -> bool;
+
+    /// Whether a recovery's per-member bytes are not the bitmap's and the used map's sync
+    /// coordinates (RAID10): skipping clean or unused chunks maps each chunk back first.
+    fn recovery_maps_chunks(&self) -> bool {
+        false
+    }
+
+    /// How many per-member bytes one recovery step of a copies level covers (and the unit a
+    /// bitmap skip rounds to).
+    fn recovery_unit(&self) -> u64;
+
+    fn read(&self, a: &Array, offset_bytes: u64, buf: &mut [u8]) -> Result<()>;
+
+    fn write(
+        &self,
+        a: &Array,
+        offset_bytes: u64,
+        data: &[u8],
+        fua: bool,
+        intent: Option<intent::WriteIntent>,
+    ) -> Result<()>;
+
+    /// Rebuild one window of `role` at `pos`; returns where the next window starts.
+    fn recover_window(&self, a: &Array, role: usize, pos: u64, end: u64) -> Result<u64, Stop>;
+
+    /// One window of a resync, check or repair at sync coordinate `pos`; returns where the next
+    /// starts and the mismatched sectors found.
+    fn scrub_window(
+        &self,
+        a: &Array,
+        action: SyncAction,
+        pos: u64,
+        end: u64,
+    ) -> Result<(u64, u64), Stop>;
+
+    /// Verify reads over array byte ranges (checked, in range): mismatched sectors and bytes
+    /// verified.
+    fn verify(&self, a: &Array, ranges: &[(u64, u64)], fix: bool) -> Result<(u64, u64)>;
+}
+
+/// The personality of a geometry: the level match the rest of the engine does not make.
+pub(crate) fn for_geometry(g: &Geometry) -> Box<dyn Personality> {
+    match g.level() {
+        Level::Raid4 | Level::Raid5 | Level::Raid6 => Box::new(Parity { g: g.clone() }),
+        Level::Raid1 | Level::Raid10 => Box::new(Copies { g: g.clone() }),
+        Level::Linear | Level::Raid0 => Box::new(Striped { g: g.clone() }),
+    }
+}
+
+/// Linear and RAID0: one copy of every sector; nothing to sync, check or verify.
+pub(crate) struct Striped {
+    g: Geometry,
+}
+
+/// RAID1 and RAID10: every sector has plain copies.
+pub(crate) struct Copies {
+    g: Geometry,
+}
+
+/// RAID4/5/6: data chunks and their parity, written through the stripe cache.
+pub(crate) struct Parity {
+    g: Geometry,
+}
+
+/// Bytes of each member the parity levels sync: whole stripes.
+fn parity_sync_bytes(g: &Geometry) -> u64 {
+    g.stripes() * g.chunk_sectors() * 512
+}
+
+impl Personality for Striped {
+    fn redundancy(&self) -> usize {
+        0
+    }
+
+    fn sync_total(&self, _action: SyncAction) -> u64 {
+        self.g.spec().component_sectors * 512
+    }
+
+    fn recovery_end(&self, role: usize) -> u64 {
+        self.g.used_device_sectors(role) * 512
+    }
+
+    fn sync_range_within(&self, offset: u64, len: u64) -> (u64, u64) {
+        (offset, len)
+    }
+
+    fn sync_range_covering(&self, offset: u64, len: u64) -> (u64, u64) {
+        (offset / 4096 * 4096, (offset + len).div_ceil(4096) * 4096)
+    }
+
+    fn array_bytes_of(&self, at: u64) -> u64 {
+        at
+    }
+
+    fn member_spans(&self, at: u64, len: u64) -> Vec<(usize, u64, u64)> {
+        (0..self.g.raid_disks())
+            .map(|role| (role, at, len))
+            .collect()
+    }
+
+    fn keeps_used_map(&self) -> bool {
+        false
+    }
+
+    fn recovery_unit(&self) -> u64 {
+        self.g.chunk_sectors().max(8) * 512
+    }
+
+    fn read(&self, a: &Array, offset_bytes: u64, buf: &mut [u8]) -> Result<()> {
+        a.mirror_read(offset_bytes, buf)
+    }
+
+    fn write(
+        &self,
+        a: &Array,
+        offset_bytes: u64,
+        data: &[u8],
+        fua: bool,
+        _intent: Option<intent::WriteIntent>,
+    ) -> Result<()> {
+        a.mirror_write(offset_bytes, data, fua)
+    }
+
+    fn recover_window(&self, _a: &Array, _role: usize, _pos: u64, _end: u64) -> Result<u64, Stop> {
+        unreachable!("a level without redundancy has nothing to recover onto")
+    }
+
+    fn scrub_window(
+        &self,
+        _a: &Array,
+        _action: SyncAction,
+        _pos: u64,
+        _end: u64,
+    ) -> Result<(u64, u64), Stop> {
+        unreachable!("a level without redundancy is never resynced or checked")
+    }
+
+    fn verify(&self, _a: &Array, _ranges: &[(u64, u64)], _fix: bool) -> Result<(u64, u64)> {
+        unreachable!("a level without redundancy is never verified")
+    }
+}
+
+impl Personality for Copies {
+    fn redundancy(&self) -> usize {
+        self.g.max_degraded()
+    }
+
+    fn sync_total(&self, action: SyncAction) -> u64 {
+        let g = &self.g;
+        match g.level() {
+            Level::Raid10 if action == SyncAction::Recover => {
+                (0..g.raid_disks())
+                    .map(|d| g.used_device_sectors(d))
+                    .max()
+                    .unwrap_or(0)
+                    * 512
+            }
+            Level::Raid10 => g.array_sectors() * 512,
+            _ => g.spec().component_sectors * 512,
+        }
+    }
+
+    fn recovery_end(&self, role: usize) -> u64 {
+        self.g.used_device_sectors(role) * 512
+    }
+
+    fn sync_range_within(&self, offset: u64, len: u64) -> (u64, u64) {
+        (offset, len)
+    }
+
+    fn sync_range_covering(&self, offset: u64, len: u64) -> (u64, u64) {
+        (offset / 4096 * 4096, (offset + len).div_ceil(4096) * 4096)
+    }
+
+    fn array_bytes_of(&self, at: u64) -> u64 {
+        at
+    }
+
+    fn member_spans(&self, at: u64, len: u64) -> Vec<(usize, u64, u64)> {
+        let g = &self.g;
+        if g.level() == Level::Raid1 {
+            return (0..g.raid_disks()).map(|role| (role, at, len)).collect();
+        }
+        // RAID10 sync coordinates are array bytes: every copy of every chunk.
+        let chunk = g.chunk_sectors() * 512;
+        assert!(
+            at.is_multiple_of(chunk) && len.is_multiple_of(chunk),
+            "regions cover whole chunks"
+        );
+        let mut spans: Vec<(usize, u64, u64)> = (at..at + len)
+            .step_by(chunk as usize)
+            .flat_map(|c| g.map_copies(c / 512).iter().collect::<Vec<_>>())
+            .map(|loc| (loc.dev, loc.dev_sector * 512, chunk))
+            .collect();
+        spans.sort_unstable();
+        let mut merged: Vec<(usize, u64, u64)> = Vec::with_capacity(spans.len());
+        for (role, off, n) in spans {
+            match merged.last_mut() {
+                Some((r, o, l)) if *r == role && *o + *l == off => *l += n,
+                _ => merged.push((role, off, n)),
+            }
+        }
+        merged
+    }
+
+    fn keeps_used_map(&self) -> bool {
+        self.g.level() == Level::Raid1 || (self.g.chunk_sectors() * 512).is_power_of_two()
+    }
+
+    fn recovery_maps_chunks(&self) -> bool {
+        self.g.level() == Level::Raid10
+    }
+
+    fn recovery_unit(&self) -> u64 {
+        if self.g.level() == Level::Raid1 {
+            1 << 20
+        } else {
+            self.g.chunk_sectors() * 512
+        }
+    }
+
+    fn read(&self, a: &Array, offset_bytes: u64, buf: &mut [u8]) -> Result<()> {
+        a.mirror_read(offset_bytes, buf)
+    }
+
+    fn write(
+        &self,
+        a: &Array,
+        offset_bytes: u64,
+        data: &[u8],
+        fua: bool,
+        _intent: Option<intent::WriteIntent>,
+    ) -> Result<()> {
+        a.mirror_write(offset_bytes, data, fua)
+    }
+
+    fn recover_window(&self, a: &Array, role: usize, pos: u64, end: u64) -> Result<u64, Stop> {
+        a.recover_copies(self.recovery_unit(), role, pos, end)
+    }
+
+    fn scrub_window(
+        &self,
+        a: &Array,
+        action: SyncAction,
+        pos: u64,
+        end: u64,
+    ) -> Result<(u64, u64), Stop> {
+        let step = self.recovery_unit();
+        let off = pos / step * step;
+        let len = step.min(end - off);
+        let bad = a.scrub_mirror(off, len, raid456_heal::Heal::of(action))?;
+        Ok((off + len, bad))
+    }
+
+    fn verify(&self, a: &Array, ranges: &[(u64, u64)], fix: bool) -> Result<(u64, u64)> {
+        a.verify_copies(self.recovery_unit(), ranges, fix)
+    }
+}
+
+impl Personality for Parity {
+    fn redundancy(&self) -> usize {
+        self.g.max_degraded()
+    }
+
+    fn uses_stripe_cache(&self) -> bool {
+        true
+    }
+
+    fn sync_total(&self, _action: SyncAction) -> u64 {
+        parity_sync_bytes(&self.g)
+    }
+
+    fn recovery_end(&self, _role: usize) -> u64 {
+        parity_sync_bytes(&self.g)
+    }
+
+    fn sync_range_within(&self, offset: u64, len: u64) -> (u64, u64) {
+        let chunk = self.g.chunk_sectors() * 512;
+        let row = chunk * self.g.data_disks() as u64;
+        let first = offset.div_ceil(row);
+        let end = (offset + len) / row;
+        if end <= first {
+            return (0, 0);
+        }
+        (first * chunk, (end - first) * chunk)
+    }
+
+    fn sync_range_covering(&self, offset: u64, len: u64) -> (u64, u64) {
+        let chunk = self.g.chunk_sectors() * 512;
+        let row = chunk * self.g.data_disks() as u64;
+        (offset / row * chunk, (offset + len).div_ceil(row) * chunk)
+    }
+
+    fn array_bytes_of(&self, at: u64) -> u64 {
+        at * self.g.data_disks() as u64
+    }
+
+    fn member_spans(&self, at: u64, len: u64) -> Vec<(usize, u64, u64)> {
+        (0..self.g.raid_disks())
+            .map(|role| (role, at, len))
+            .collect()
+    }
+
+    fn keeps_used_map(&self) -> bool {
+        (self.g.chunk_sectors() * 512).is_power_of_two()
+    }
+
+    fn recovery_unit(&self) -> u64 {
+        self.g.chunk_sectors() * 512
+    }
+
+    fn read(&self, a: &Array, offset_bytes: u64, buf: &mut [u8]) -> Result<()> {
+        a.parity_read(offset_bytes, buf)
+    }
+
+    fn write(
+        &self,
+        a: &Array,
+        offset_bytes: u64,
+        data: &[u8],
+        fua: bool,
+        intent: Option<intent::WriteIntent>,
+    ) -> Result<()> {
+        a.parity_write(offset_bytes, data, fua, intent)
+    }
+
+    fn recover_window(&self, a: &Array, role: usize, pos: u64, _end: u64) -> Result<u64, Stop> {
+        a.recover_rows(role, pos)
+    }
+
+    fn scrub_window(
+        &self,
+        a: &Array,
+        action: SyncAction,
+        pos: u64,
+        end: u64,
+    ) -> Result<(u64, u64), Stop> {
+        a.scrub_rows(action, pos, end)
+    }
+
+    fn verify(&self, a: &Array, ranges: &[(u64, u64)], fix: bool) -> Result<(u64, u64)> {
+        a.verify_rows(ranges, fix)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use layout::{GeometrySpec, Level};
+
+    fn spec(level: Level, disks: usize, chunk_kib: u64) -> Geometry {
+        Geometry::new(GeometrySpec {
+            level,
+            raid_disks: disks,
+            chunk_sectors: chunk_kib * 2,
+            layout: layout::default_layout(level),
+            component_sectors: 64 << 11,
+            device_sectors: Vec::new(),
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn parity_sync_coordinates_round_trip_through_array_bytes() {
+        let p = for_geometry(&spec(Level::Raid5, 4, 64));
+        let row = 3 * 64 * 1024;
+        // Whole rows inside an unaligned range, and the rows covering it.
+        assert_eq!(p.sync_range_within(1, 2 * row), (64 * 1024, 64 * 1024));
+        assert_eq!(p.sync_range_covering(1, row), (0, 2 * 64 * 1024));
+        assert_eq!(p.array_bytes_of(64 * 1024), row);
+        assert_eq!(p.redundancy(), 1);
+    }
+
+    #[test]
+    fn raid10_member_spans_cover_every_copy_once() {
+        let g = spec(Level::Raid10, 4, 64);
+        let c = for_geometry(&g);
+        let chunk = 64 * 1024;
+        let spans = c.member_spans(0, 4 * chunk);
+        let covered: u64 = spans.iter().map(|s| s.2).sum();
+        // Two copies of four chunks.
+        assert_eq!(covered, 8 * chunk);
+        assert!(c.recovery_maps_chunks());
+    }
+}

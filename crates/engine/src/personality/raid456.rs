@@ -883,9 +883,7 @@ impl Array {
             return None;
         }
         let spare_parity = missing.len() < self.geometry.max_degraded();
-        for (row, r) in
-            crate::background::rebuild::row_pieces(at, bufs[0].len() as u64, self.chunk_bytes())
-        {
+        for (row, r) in row_pieces(at, bufs[0].len() as u64, self.chunk_bytes()) {
             if !self.row_exposed(row) {
                 continue;
             }
@@ -993,7 +991,7 @@ impl Array {
         let Some((mut bufs, missing, unread)) = self.read_present(at, len, heal)? else {
             return Ok(None);
         };
-        for (row, r) in crate::background::rebuild::row_pieces(at, len as u64, self.chunk_bytes()) {
+        for (row, r) in row_pieces(at, len as u64, self.chunk_bytes()) {
             let roles = self.geometry.stripe_roles(row);
             let slices = bufs.iter_mut().map(|b| &mut b[r.clone()]).collect();
             self.reconstruct(&roles, slices, &missing);
@@ -1276,4 +1274,24 @@ impl crate::members::FailureWatch for Exposure {
     fn member_failed(&self) {
         self.sync.wake();
     }
+}
+
+/// Member bytes `at..at + len` cut at row boundaries (`chunk` bytes of each member): each row
+/// with its piece's range in a buffer that starts at `at`.
+pub(crate) fn row_pieces(
+    at: u64,
+    len: u64,
+    chunk: u64,
+) -> impl Iterator<Item = (u64, std::ops::Range<usize>)> {
+    let end = at + len;
+    let mut pos = at;
+    std::iter::from_fn(move || {
+        (pos < end).then(|| {
+            let row = pos / chunk;
+            let stop = ((row + 1) * chunk).min(end);
+            let piece = (pos - at) as usize..(stop - at) as usize;
+            pos = stop;
+            (row, piece)
+        })
+    })
 }

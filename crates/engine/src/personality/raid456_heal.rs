@@ -41,6 +41,18 @@ pub(crate) enum Heal {
     Settle,
 }
 
+impl Heal {
+    /// How a resync, check or repair treats what disagrees.
+    pub(crate) fn of(action: crate::background::SyncAction) -> Heal {
+        use crate::background::SyncAction;
+        match action {
+            SyncAction::Check => Heal::Count,
+            SyncAction::Resync => Heal::Settle,
+            _ => Heal::Repair,
+        }
+    }
+}
+
 /// How a block that failed its record was resolved within the level's redundancy.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Settled {

@@ -41,7 +41,7 @@ use format::{
     bit_is_set, BitmapSuper, BITMAP_HEADER_BYTES, BITMAP_OFFSET_SECTORS, BITMAP_PAGE_BYTES,
     SB_OFFSET_SECTORS,
 };
-use layout::{Geometry, Level};
+use layout::Geometry;
 use parking_lot::Mutex;
 use std::io;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -62,11 +62,7 @@ const CLEAR_AFTER_PASSES: u32 = 2;
 
 /// md's sync size for a geometry: component sectors, array sectors for RAID10.
 pub(crate) fn sync_sectors(g: &Geometry) -> u64 {
-    match g.level() {
-        Level::Raid10 => g.array_sectors(),
-        Level::Raid4 | Level::Raid5 | Level::Raid6 => g.stripes() * g.chunk_sectors(),
-        _ => g.spec().component_sectors,
-    }
+    crate::personality::for_geometry(g).sync_total(crate::background::SyncAction::Resync) / 512
 }
 
 /// Write a new array's bitmap: the header and every bit set, as mdadm's create does (a clean
@@ -383,16 +379,12 @@ impl Array {
             return None;
         }
         let bm = self.policy.bitmap()?;
-        if self.geometry.level() == Level::Raid10 {
+        if self.personality.recovery_maps_chunks() {
             let clean = |at: u64, len: u64| bm.next_set(at, at + len) >= at + len;
             let skipped = self.skip_raid10_chunks(role, pos, end, clean, |_, _| Ok(()))?;
             return skipped.ok(); // the closure does no I/O: it cannot fail
         }
-        let unit = if self.geometry.level().is_parity() {
-            self.geometry.chunk_sectors() * 512
-        } else {
-            self.mirror_step()
-        };
+        let unit = self.personality.recovery_unit();
         let limit = end.min(pos + SKIP_MAX_BYTES);
         let found = bm.next_set(pos, limit);
         let target = if found == end {

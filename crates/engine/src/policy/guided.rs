@@ -356,7 +356,7 @@ impl Array {
             // Nothing left to compare (md's degraded, dirty array: the write hole).
             return Ok(());
         }
-        let (from, to) = self.sync_span(offset, len);
+        let (from, to) = self.personality.sync_range_covering(offset, len);
         if self.policy.next_to_resync(from, to).is_empty() || g.covered(from, to) {
             return Ok(());
         }
@@ -365,19 +365,6 @@ impl Array {
         g.verified_bytes
             .fetch_add(report.bytes_verified, Ordering::Relaxed);
         Ok(())
-    }
-
-    /// Sync coordinates (bytes of each member; array bytes for mirrors) of the stripes under
-    /// array bytes `offset..offset+len`.
-    fn sync_span(&self, offset: u64, len: u64) -> (u64, u64) {
-        let g = &self.geometry;
-        if g.level().is_parity() {
-            let chunk = g.chunk_sectors() * 512;
-            let row = chunk * g.data_disks() as u64;
-            (offset / row * chunk, (offset + len).div_ceil(row) * chunk)
-        } else {
-            (offset / 4096 * 4096, (offset + len).div_ceil(4096) * 4096)
-        }
     }
 
     /// Whether the resync after an unclean stop must wait for a guide now. Past the deadline
@@ -428,7 +415,9 @@ impl Array {
                 guide: guide.to_string(),
             };
             *g.ended.lock() = Some(self.guidance_now());
-            let total = self.sync_total(crate::background::SyncAction::Resync);
+            let total = self
+                .personality
+                .sync_total(crate::background::SyncAction::Resync);
             self.policy.resynced(0, total);
             st.resync_from = None;
             self.sync.unsynced.store(false, Ordering::Release);

@@ -26,7 +26,7 @@ use crate::lock::LockRange;
 use crate::members::paged::{PagedCopy, WriteFailures};
 use crate::members::{Member, MemberSet};
 use format::{UsedMapHeader, USED_MAP_HEADER_BYTES};
-use layout::{Geometry, Level};
+use layout::Geometry;
 use parking_lot::Mutex;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -44,12 +44,7 @@ pub(crate) struct UsedRegions {
 /// Whether a geometry can keep a used-region map: redundancy, md sync coordinates per member,
 /// and regions that cover whole stripes.
 pub(crate) fn supported(g: &Geometry) -> bool {
-    let chunk = g.chunk_sectors() * 512;
-    match g.level() {
-        Level::Raid1 => true,
-        Level::Raid4 | Level::Raid5 | Level::Raid6 | Level::Raid10 => chunk.is_power_of_two(),
-        _ => false,
-    }
+    crate::personality::for_geometry(g).keeps_used_map()
 }
 
 /// The map a new array starts with: `used` says whether every region counts as used (members
@@ -276,7 +271,7 @@ impl Array {
             return vec![(len, false)];
         };
         // Regions cover whole stripes, so each is one contiguous span of array bytes.
-        let step = self.array_bytes_of(used.region_bytes());
+        let step = self.personality.array_bytes_of(used.region_bytes());
         let end = offset + len;
         let mut runs: Vec<(u64, bool)> = Vec::new();
         let mut at = offset;
@@ -337,7 +332,7 @@ impl Array {
         let Some(used) = self.used.as_ref() else {
             return Ok(None);
         };
-        let (at, len) = self.sync_range_of(offset_bytes, len_bytes);
+        let (at, len) = self.personality.sync_range_within(offset_bytes, len_bytes);
         let rs = used.whole_regions(at, len);
         if rs.is_empty() {
             return Ok(None);
@@ -350,35 +345,9 @@ impl Array {
         })?;
         let rb = used.region_bytes();
         Ok(Some(
-            self.array_bytes_of(rs.start * rb)..self.array_bytes_of(rs.end * rb),
+            self.personality.array_bytes_of(rs.start * rb)
+                ..self.personality.array_bytes_of(rs.end * rb),
         ))
-    }
-
-    /// The array byte where sync coordinate `at` (a stripe boundary) starts.
-    fn array_bytes_of(&self, at: u64) -> u64 {
-        let g = &self.geometry;
-        if g.level().is_parity() {
-            at * g.data_disks() as u64
-        } else {
-            at
-        }
-    }
-
-    /// Array bytes `offset..offset+len` as a range of sync coordinates that it covers whole
-    /// stripes of (parity levels: rows; RAID1: the same bytes).
-    fn sync_range_of(&self, offset: u64, len: u64) -> (u64, u64) {
-        let g = &self.geometry;
-        if !g.level().is_parity() {
-            return (offset, len);
-        }
-        let chunk = g.chunk_sectors() * 512;
-        let row = chunk * g.data_disks() as u64;
-        let first = offset.div_ceil(row);
-        let end = (offset + len) / row;
-        if end <= first {
-            return (0, 0);
-        }
-        (first * chunk, (end - first) * chunk)
     }
 
     fn release_region(&self, used: &UsedRegions, r: u64) -> Result<()> {
@@ -389,6 +358,7 @@ impl Array {
             return Ok(());
         }
         let mut ios: Vec<MemberIo<'_>> = self
+            .personality
             .member_spans(at, rb)
             .into_iter()
             .map(|(role, off, len)| {
@@ -406,37 +376,6 @@ impl Array {
         Ok(())
     }
 
-    /// Where sync coordinates `at..at + len` (whole regions) lie on the members, as
-    /// `(role, offset, len)`: the same bytes of every member, except for RAID10, whose sync
-    /// coordinates are array bytes: there every copy of every chunk, runs merged.
-    fn member_spans(&self, at: u64, len: u64) -> Vec<(usize, u64, u64)> {
-        let g = &self.geometry;
-        if g.level() != Level::Raid10 {
-            return (0..self.members.slots.len())
-                .map(|role| (role, at, len))
-                .collect();
-        }
-        let chunk = g.chunk_sectors() * 512;
-        assert!(
-            at.is_multiple_of(chunk) && len.is_multiple_of(chunk),
-            "regions cover whole chunks"
-        );
-        let mut spans: Vec<(usize, u64, u64)> = (at..at + len)
-            .step_by(chunk as usize)
-            .flat_map(|c| g.map_copies(c / 512).iter().collect::<Vec<_>>())
-            .map(|loc| (loc.dev, loc.dev_sector * 512, chunk))
-            .collect();
-        spans.sort_unstable();
-        let mut merged: Vec<(usize, u64, u64)> = Vec::with_capacity(spans.len());
-        for (role, off, n) in spans {
-            match merged.last_mut() {
-                Some((r, o, l)) if *r == role && *o + *l == off => *l += n,
-                _ => merged.push((role, off, n)),
-            }
-        }
-        merged
-    }
-
     /// Rebuild over unused regions: they are zero on every member in sync, so the new member
     /// gets them discarded (no reads). Moves its in-sync point past them; `None` if `pos` is
     /// in a used region.
@@ -447,7 +386,7 @@ impl Array {
         end: u64,
     ) -> Option<std::result::Result<u64, crate::background::Stop>> {
         let used = self.used.as_ref()?;
-        if self.geometry.level() == Level::Raid10 {
+        if self.personality.recovery_maps_chunks() {
             let unused = |at: u64, len: u64| used.next_used(at, at + len).start >= at + len;
             return self.skip_raid10_chunks(role, pos, end, unused, |from, to| {
                 self.discard_on_rebuilding(role, from, to)
