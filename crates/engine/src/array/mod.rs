@@ -357,6 +357,14 @@ impl Array {
         Ok(array)
     }
 
+    /// The parity personality, where only a parity level gets (the journal, plugged and
+    /// gathered writes exist only there).
+    pub(crate) fn parity(&self) -> &crate::personality::Parity {
+        self.personality
+            .as_parity()
+            .expect("only a parity level gets here")
+    }
+
     /// The lock background windows take (through the trait: a cluster locks on every node).
     pub(crate) fn range_lock(&self) -> &dyn RangeLock {
         &self.locks

@@ -76,16 +76,23 @@ impl Array {
         let placed: Vec<_> = taken
             .into_iter()
             .map(|(i, w, watched)| {
-                let p = self.parity_place(w.offset_bytes, w.data, w.fua, w.intent, &mut led);
+                let p = self.parity().parity_place(
+                    self,
+                    w.offset_bytes,
+                    w.data,
+                    w.fua,
+                    w.intent,
+                    &mut led,
+                );
                 (i, w.fua, p, watched)
             })
             .collect();
         for (row, r) in &led {
-            self.lead_batch(*row, r);
+            self.parity().lead_batch(self, *row, r);
         }
         let done: Vec<_> = placed
             .into_iter()
-            .map(|(i, fua, p, watched)| (i, fua, self.parity_wait(p), watched))
+            .map(|(i, fua, p, watched)| (i, fua, self.parity().parity_wait(self, p), watched))
             .collect();
         self.stripes.unreserve(reserved);
         self.records_after_write(done.iter().any(|(_, fua, r, _)| *fua && r.is_ok()));

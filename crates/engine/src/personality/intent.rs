@@ -33,7 +33,8 @@ impl Array {
             && !self.is_read_only()
             && self.check_range(offset_bytes, len_bytes).is_ok();
         let rows = if announced {
-            self.announce_rows(offset_bytes, len_bytes as usize)
+            self.parity()
+                .announce_rows(self, offset_bytes, len_bytes as usize)
         } else {
             Vec::new()
         };
@@ -76,7 +77,7 @@ impl WriteIntent {
         );
         if self.rows.is_empty() {
             // Not announced when made (a level, range or state that did not call for it).
-            return array.announce_rows(offset_bytes, len);
+            return array.parity().announce_rows(array, offset_bytes, len);
         }
         std::mem::take(&mut self.rows)
     }

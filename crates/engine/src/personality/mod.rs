@@ -44,6 +44,12 @@ pub(crate) trait Personality: Send + Sync {
         false
     }
 
+    /// The parity personality, for what only parity levels have (plugged and gathered
+    /// writes, the journal's write-back cache): None for the others.
+    fn as_parity(&self) -> Option<&Parity> {
+        None
+    }
+
     /// Bytes of sync coordinates `action` walks (md's resync size; a RAID10 recovery walks the
     /// per-member bytes of the role it rebuilds).
     fn sync_total(&self, action: SyncAction) -> u64;
@@ -336,6 +342,10 @@ impl Personality for Parity {
         true
     }
 
+    fn as_parity(&self) -> Option<&Parity> {
+        Some(self)
+    }
+
     fn sync_total(&self, _action: SyncAction) -> u64 {
         parity_sync_bytes(&self.g)
     }
@@ -380,7 +390,7 @@ impl Personality for Parity {
     }
 
     fn read(&self, a: &Array, offset_bytes: u64, buf: &mut [u8]) -> Result<()> {
-        a.parity_read(offset_bytes, buf)
+        self.parity_read(a, offset_bytes, buf)
     }
 
     fn write(
@@ -391,11 +401,11 @@ impl Personality for Parity {
         fua: bool,
         intent: Option<intent::WriteIntent>,
     ) -> Result<()> {
-        a.parity_write(offset_bytes, data, fua, intent)
+        self.parity_write(a, offset_bytes, data, fua, intent)
     }
 
     fn recover_window(&self, a: &Array, role: usize, pos: u64, _end: u64) -> Result<u64, Stop> {
-        a.recover_rows(role, pos)
+        self.recover_rows(a, role, pos)
     }
 
     fn scrub_window(
@@ -405,11 +415,11 @@ impl Personality for Parity {
         pos: u64,
         end: u64,
     ) -> Result<(u64, u64), Stop> {
-        a.scrub_rows(action, pos, end)
+        self.scrub_rows(a, action, pos, end)
     }
 
     fn verify(&self, a: &Array, ranges: &[(u64, u64)], fix: bool) -> Result<(u64, u64)> {
-        a.verify_rows(ranges, fix)
+        self.verify_rows(a, ranges, fix)
     }
 }
 

@@ -30,6 +30,7 @@ use crate::io::{IoOutcome, MemberIo};
 use crate::personality::intent::WriteIntent;
 use crate::personality::raid456_heal::Heal;
 use crate::personality::stripe_cache::{covers_all, merge, BatchError, Completion, Piece, Row};
+use crate::personality::Parity;
 use crate::policy::journal::StripeImage;
 use layout::{Level, StripeRoles};
 use std::sync::Arc;
@@ -108,697 +109,6 @@ pub(crate) struct RowBufs {
 }
 
 impl Array {
-    fn chunk_bytes(&self) -> u64 {
-        self.geometry.chunk_sectors() * 512
-    }
-
-    /// The array byte at `off` in data chunk `d` of stripe `row` (md's parity layouts number
-    /// a stripe's data chunks in array order).
-    fn array_offset(&self, row: u64, d: usize, off: u64) -> u64 {
-        (row * self.geometry.data_disks() as u64 + d as u64) * self.chunk_bytes() + off
-    }
-
-    /// Pieces of a byte range: (row, data_index, offset in chunk, length, offset in request).
-    fn parity_pieces(&self, offset_bytes: u64, len: usize) -> Vec<(u64, usize, u64, usize, usize)> {
-        let chunk = self.chunk_bytes();
-        let mut out = Vec::new();
-        let mut done = 0usize;
-        while done < len {
-            let at = offset_bytes + done as u64;
-            let pos = self.geometry.locate(at / 512);
-            let off = pos.offset_sectors * 512 + at % 512;
-            let n = ((chunk - off) as usize).min(len - done);
-            out.push((pos.stripe, pos.data_index, off, n, done));
-            done += n;
-        }
-        out
-    }
-
-    pub(crate) fn parity_read(&self, offset_bytes: u64, buf: &mut [u8]) -> Result<()> {
-        let pieces = self.parity_pieces(offset_bytes, buf.len());
-        let mut direct = Vec::new();
-        let mut slow = Vec::new();
-        let mut rest: &mut [u8] = buf;
-        for &(row, d, off, len, _) in &pieces {
-            let (mine, tail) = std::mem::take(&mut rest).split_at_mut(len);
-            rest = tail;
-            let dev = self.geometry.stripe_roles(row).data_dev(d);
-            let cached = self.policy.is_cached(row);
-            // Records verify whole pages: a part of one is read through the row.
-            let partial = self.integrity.is_some()
-                && (!off.is_multiple_of(PAGE) || !(len as u64).is_multiple_of(PAGE));
-            if cached
-                || partial
-                || !self
-                    .members
-                    .slot(dev)
-                    .in_sync(row * self.chunk_bytes() + off, len as u64)
-            {
-                slow.push((row, d, off, mine));
-            } else {
-                direct.push((
-                    self.read_io(dev, row * self.chunk_bytes() + off, mine),
-                    row,
-                    d,
-                    off,
-                ));
-            }
-        }
-        let mut ios: Vec<MemberIo<'_>> = Vec::with_capacity(direct.len());
-        let mut meta = Vec::with_capacity(direct.len());
-        for (io, row, d, off) in direct {
-            ios.push(io);
-            meta.push((row, d, off));
-        }
-        if !self.run_io(&mut ios) {
-            for (io, (row, d, off)) in ios.into_iter().zip(meta) {
-                if !io.ok() {
-                    if let crate::io::IoKind::Read(b) = io.kind {
-                        slow.push((row, d, off, b));
-                    }
-                }
-            }
-        }
-        for (row, d, off, out) in slow {
-            self.degraded_read(row, d, off, out)?;
-        }
-        Ok(())
-    }
-
-    /// Read `out` from `dev` at `skip` bytes into member bytes `at..` (whole pages when
-    /// records check them); false if the member is not in sync there or the read failed.
-    fn read_own_chunk(&self, dev: usize, at: u64, skip: u64, out: &mut [u8]) -> bool {
-        let len = match self.integrity {
-            Some(_) => (skip + out.len() as u64).div_ceil(PAGE) * PAGE,
-            None => skip + out.len() as u64,
-        };
-        if !self.members.slot(dev).in_sync(at, len) {
-            return false;
-        }
-        let mut buf = self.bufs.get(len as usize);
-        let mut io = [self.read_io(dev, at, &mut buf)];
-        if !self.run_io(&mut io) {
-            return false;
-        }
-        drop(io);
-        out.copy_from_slice(&buf[skip as usize..skip as usize + out.len()]);
-        true
-    }
-
-    fn degraded_read(&self, row: u64, d: usize, off: u64, out: &mut [u8]) -> Result<()> {
-        let r = self.stripes.get(row);
-        let st = r.claim(r.st.lock());
-        drop(st);
-        // Records cover whole pages: read those around the range.
-        let (a, b) = match self.integrity {
-            Some(_) => (
-                off / PAGE * PAGE,
-                (off + out.len() as u64).div_ceil(PAGE) * PAGE,
-            ),
-            None => (off, off + out.len() as u64),
-        };
-        let res = (|| {
-            let roles = self.geometry.stripe_roles(row);
-            let at = row * self.chunk_bytes() + a;
-            // A block whose member is there is read from it: what else ails its row (a
-            // damaged or missing member) is not this read's concern.
-            if self.read_own_chunk(roles.data_dev(d), at, off - a, out) {
-                self.policy.overlay(row, d, off, out);
-                return Ok(());
-            }
-            for _ in 0..MAX_REPLANS {
-                if let Some(bufs) = self.read_row(&roles, at, (b - a) as usize, Torn::Refuse)? {
-                    let skip = (off - a) as usize;
-                    out.copy_from_slice(&bufs.data[d][skip..skip + out.len()]);
-                    // Write-back: the newest bytes may still be in the journal's cache (the
-                    // claim keeps a write-out from moving them meanwhile).
-                    self.policy.overlay(row, d, off, out);
-                    return Ok(());
-                }
-            }
-            Err(self.unrecoverable(
-                self.array_offset(row, d, off),
-                out.len() as u64,
-                "members kept failing during reconstruction",
-            ))
-        })();
-        r.release();
-        self.stripes.put(row);
-        res
-    }
-
-    /// Announce a write of `len` bytes at `offset_bytes` to every row it touches (taking a
-    /// reference to each): a leader of one of them that claims it meanwhile waits for these
-    /// pieces instead of writing its batch without them. In the order the pieces come.
-    pub(crate) fn announce_rows(&self, offset_bytes: u64, len: usize) -> Vec<(u64, Arc<Row>)> {
-        let mut rows: Vec<(u64, Arc<Row>)> = Vec::new();
-        for (row, ..) in self.parity_pieces(offset_bytes, len) {
-            if rows.last().is_none_or(|(last, _)| *last != row) {
-                let r = self.stripes.get(row);
-                r.announce();
-                rows.push((row, r));
-            }
-        }
-        rows
-    }
-
-    /// `intent`: the same write, announced before its data arrived (see [`WriteIntent`]).
-    pub(crate) fn parity_write(
-        &self,
-        offset_bytes: u64,
-        data: &[u8],
-        fua: bool,
-        intent: Option<WriteIntent>,
-    ) -> Result<()> {
-        let reserved = self.stripes.reserve(data.len());
-        let mut led = Vec::new();
-        let placed = self.parity_place(offset_bytes, data, fua, intent, &mut led);
-        for (row, r) in &led {
-            self.lead_batch(*row, r);
-        }
-        let res = self.parity_wait(placed);
-        self.stripes.unreserve(reserved);
-        res
-    }
-
-    /// Place a write's pieces into its rows (the caller has reserved their bytes); the rows it
-    /// found without a leader are appended to `led`, which the caller must then lead.
-    pub(crate) fn parity_place(
-        &self,
-        offset_bytes: u64,
-        data: &[u8],
-        fua: bool,
-        intent: Option<WriteIntent>,
-        led: &mut Vec<(u64, Arc<Row>)>,
-    ) -> Placed {
-        let pieces = self.parity_pieces(offset_bytes, data.len());
-        let done = Completion::new(pieces.len());
-        let rows = match intent {
-            Some(i) => i.take_rows(self, offset_bytes, data.len()),
-            None => self.announce_rows(offset_bytes, data.len()),
-        };
-        for (row, r) in &rows {
-            let mine = pieces.iter().filter(|p| p.0 == *row);
-            if self.place(r, mine, data, fua, &done) {
-                led.push((*row, r.clone()));
-            }
-        }
-        Placed {
-            offset_bytes,
-            len_bytes: data.len() as u64,
-            done,
-            rows,
-        }
-    }
-
-    /// Wait for a placed write's pieces to be written and let go of its rows.
-    pub(crate) fn parity_wait(&self, placed: Placed) -> Result<()> {
-        let res = placed.done.wait();
-        for (row, _) in placed.rows {
-            self.stripes.put(row);
-        }
-        let (offset_bytes, len_bytes) = (placed.offset_bytes, placed.len_bytes);
-        res.map_err(|e| match e {
-            BatchError::NoSpace => EngineError::NoSpace {
-                array: self.name.clone(),
-                offset_bytes,
-                len_bytes,
-            },
-            BatchError::ReadOnly(reason) => EngineError::ReadOnly {
-                array: self.name.clone(),
-                reason,
-            },
-            BatchError::Failed(reason) => self.unrecoverable(offset_bytes, len_bytes, &reason),
-        })
-    }
-
-    /// Place a request's pieces of one announced row (`(row, data index, offset in chunk,
-    /// length, offset in request)`, copied out of `data`). True: the row had no leader and the
-    /// caller now leads it.
-    fn place<'p>(
-        &self,
-        r: &Row,
-        pieces: impl Iterator<Item = &'p (u64, usize, u64, usize, usize)>,
-        data: &[u8],
-        fua: bool,
-        done: &Arc<Completion>,
-    ) -> bool {
-        // Copied before the lock is taken: a leader waiting for this row waits for the copy
-        // anyway (it counts us as arriving), other writers need not.
-        let copies: Vec<Piece> = pieces
-            .map(|&(_, d, off, len, at)| {
-                let mut bytes = self.bufs.get(len);
-                bytes.copy_from_slice(&data[at..at + len]);
-                Piece {
-                    data_index: d,
-                    offset: off,
-                    data: bytes,
-                    fua,
-                    done: done.clone(),
-                }
-            })
-            .collect();
-        let mut st = r.st.lock();
-        st.settle();
-        st.pending.extend(copies);
-        if st.leader {
-            // Its leader may be waiting for us.
-            r.cv.notify_all();
-            return false;
-        }
-        st.leader = true;
-        true
-    }
-
-    /// Claim the row, gather what writers are still placing into it (up to the write hold),
-    /// take every pending piece as one batch and write it.
-    pub(crate) fn lead_batch(&self, row: u64, r: &Row) {
-        let m = self.geometry.data_disks();
-        let st = r.claim(r.st.lock());
-        let deadline = Instant::now() + self.config.write_hold;
-        let mut st = r.gather(st, deadline, |p| covers_all(p, m));
-        assert!(
-            st.leader,
-            "row {row}: leader lost its role before taking the batch"
-        );
-        assert!(
-            !st.pending.is_empty(),
-            "row {row}: a leader without pieces (its own are pending until it takes them)"
-        );
-        let batch = std::mem::take(&mut st.pending);
-        st.leader = false;
-        st.hurry = false;
-        drop(st);
-        let res = self.write_batch(row, &batch).map_err(|e| match e {
-            EngineError::NoSpace { .. } => BatchError::NoSpace,
-            EngineError::ReadOnly { reason, .. } => BatchError::ReadOnly(reason),
-            e => BatchError::Failed(e.to_string()),
-        });
-        r.release();
-        for p in &batch {
-            p.done.complete(&res);
-        }
-    }
-
-    fn write_batch(&self, row: u64, batch: &[Piece]) -> Result<()> {
-        if self.policy.logs_pages() {
-            if self.policy.write_back() && self.cache_batch(row, batch)? {
-                return Ok(());
-            }
-            // Write-through from here: what the cache holds of this row goes first.
-            self.write_out_row(row)?;
-        }
-        let roles = self.geometry.stripe_roles(row);
-        let mut intervals = merge(batch.iter().map(|p| (p.offset, p.end())).collect());
-        if self.policy.logs_pages() || self.integrity.is_some() {
-            // The journal logs, and records cover, whole 4 KiB pages: widen each interval to
-            // them (the rest of a page is read and written back unchanged).
-            intervals = merge(
-                intervals
-                    .into_iter()
-                    .map(|(a, b)| (a / PAGE * PAGE, b.div_ceil(PAGE) * PAGE))
-                    .collect(),
-            );
-        }
-        for (a, b) in intervals {
-            self.write_interval(row, &roles, a, b, batch)?;
-        }
-        if self.is_failed() {
-            return Err(self.unrecoverable(row * self.chunk_bytes(), 0, "too many members failed"));
-        }
-        Ok(())
-    }
-
-    fn write_interval(
-        &self,
-        row: u64,
-        roles: &StripeRoles,
-        a: u64,
-        b: u64,
-        batch: &[Piece],
-    ) -> Result<()> {
-        let m = self.geometry.data_disks();
-        let mut dirty = vec![false; m];
-        let mut full = vec![false; m];
-        for (d, (is_dirty, is_full)) in dirty.iter_mut().zip(full.iter_mut()).enumerate() {
-            let cov = merge(
-                batch
-                    .iter()
-                    .filter(|p| p.data_index == d && p.offset < b && p.end() > a)
-                    .map(|p| (p.offset.max(a), p.end().min(b)))
-                    .collect(),
-            );
-            *is_dirty = !cov.is_empty();
-            *is_full = cov.first() == Some(&(a, b));
-        }
-        let fua = batch.iter().any(|p| p.fua);
-        let ctx = Interval {
-            row,
-            roles,
-            a,
-            b,
-            batch,
-            dirty: &dirty,
-            full: &full,
-            fua,
-        };
-        let mut degrade = false;
-        for _ in 0..MAX_REPLANS {
-            let at = row * self.chunk_bytes() + a;
-            let outcome = match self.plan_write(roles, at, b - a, &dirty, &full, degrade) {
-                WritePlan::Degraded => self.degraded_write(&ctx)?,
-                WritePlan::Rmw => self.rmw_write(&ctx)?,
-                WritePlan::Rcw => self.rcw_write(&ctx)?,
-                WritePlan::DataOnly => self.data_only_write(&ctx)?,
-            };
-            match outcome {
-                Outcome::Done => return Ok(()),
-                Outcome::Degrade => degrade = true,
-                Outcome::Replan => {}
-            }
-        }
-        Err(self.unrecoverable(
-            self.array_offset(row, 0, a),
-            b - a,
-            "members kept failing during a stripe write",
-        ))
-    }
-
-    /// Pick the write that reads fewest chunks, as md's `handle_stripe_dirtying` does, with
-    /// members missing over `at..at+len` (faulty, or rebuilding below it) counted: RMW needs the
-    /// old bytes of every dirty data chunk, RCW those of every data chunk not fully overwritten;
-    /// a missing parity chunk is neither read nor written (the rebuild recomputes it). Only when
-    /// neither can run without a missing chunk does the write read every member and reconstruct.
-    pub(crate) fn plan_write(
-        &self,
-        roles: &StripeRoles,
-        at: u64,
-        len: u64,
-        dirty: &[bool],
-        full: &[bool],
-        degrade: bool,
-    ) -> WritePlan {
-        if degrade {
-            return WritePlan::Degraded;
-        }
-        let present = |dev: usize| self.members.slot(dev).in_sync(at, len);
-        let parity_present = std::iter::once(roles.p_dev())
-            .chain(roles.q_dev())
-            .filter(|&dev| present(dev))
-            .count();
-        let data = || (0..dirty.len()).map(|d| (d, present(roles.data_dev(d))));
-        let parity_all = 1 + usize::from(roles.q_dev().is_some());
-        if self.policy.logs_pages() && parity_present < parity_all {
-            // The journal logs every parity page and replays it onto whichever member holds
-            // the role by then (a rebuild may have passed this stripe): parity is computed
-            // in full even for a member that is missing now.
-            return if data().all(|(d, here)| here || full[d]) {
-                WritePlan::Rcw
-            } else {
-                WritePlan::Degraded
-            };
-        }
-        // A chunk recorded bad there is written but cannot be read: a plan that must read it
-        // is out (a full write of the block is what clears the record).
-        let bad = |dev: usize| {
-            self.members
-                .slot(dev)
-                .member()
-                .is_some_and(|m| m.health.overlaps(at, len))
-        };
-
-        let parity_bad = std::iter::once(roles.p_dev())
-            .chain(roles.q_dev())
-            .any(|dev| present(dev) && bad(dev));
-        let rmw_ok =
-            data().all(|(d, here)| !dirty[d] || (here && !bad(roles.data_dev(d)))) && !parity_bad;
-        let rcw_ok = parity_present == 0
-            || data().all(|(d, here)| (here && !bad(roles.data_dev(d))) || full[d]);
-        let rmw_reads = dirty.iter().filter(|&&x| x).count() + parity_present;
-        // With no parity left to write, RCW reads only what it writes back partly.
-        let rcw_reads = (0..dirty.len())
-            .filter(|&d| !full[d] && (parity_present > 0 || dirty[d]))
-            .count();
-        let parity_lost = || {
-            std::iter::once(roles.p_dev())
-                .chain(roles.q_dev())
-                .all(|dev| present(dev) && self.recorded_bad(dev, at, len))
-        };
-        let data_writable =
-            || data().all(|(d, here)| !dirty[d] || (here && (full[d] || !bad(roles.data_dev(d)))));
-        match (rmw_ok, rcw_ok) {
-            (true, true) if rmw_reads < rcw_reads => WritePlan::Rmw,
-            (_, true) => WritePlan::Rcw,
-            (true, false) => WritePlan::Rmw,
-            (false, false) if parity_lost() && data_writable() => WritePlan::DataOnly,
-            (false, false) => WritePlan::Degraded,
-        }
-    }
-
-    /// Whether `dev`'s member has all of `at..at + len` recorded bad.
-    fn recorded_bad(&self, dev: usize, at: u64, len: u64) -> bool {
-        self.members
-            .slot(dev)
-            .member()
-            .is_some_and(|m| m.health.covers(at, len))
-    }
-
-    fn rcw_write(&self, c: &Interval<'_>) -> Result<Outcome> {
-        let len = (c.b - c.a) as usize;
-        let at = c.row * self.chunk_bytes() + c.a;
-        // A chunk written whole by one piece is used as it is: no copy into a stripe buffer.
-        let sole: Vec<Option<&[u8]>> = (0..c.dirty.len()).map(|d| c.sole_piece(d)).collect();
-        let mut owned: Vec<Option<PoolBuf>> = sole
-            .iter()
-            .map(|s| s.is_none().then(|| self.bufs.get(len)))
-            .collect();
-        let len64 = len as u64;
-        let present = |dev: usize| self.members.slot(dev).in_sync(at, len64);
-        // With a journal, parity is always computed in full (see `plan_write`).
-        let parity_present = self.policy.logs_pages()
-            || std::iter::once(c.roles.p_dev())
-                .chain(c.roles.q_dev())
-                .any(present);
-        // Chunks not overwritten whole are read to compute parity, and a dirty one also to be
-        // written back whole; with no parity left, only the dirty ones that are still there.
-        let needs_read = |d: usize| {
-            !c.full[d] && (parity_present || (c.dirty[d] && present(c.roles.data_dev(d))))
-        };
-        let mut ios: Vec<MemberIo<'_>> = owned
-            .iter_mut()
-            .enumerate()
-            .filter(|(d, _)| needs_read(*d))
-            .filter_map(|(d, buf)| {
-                buf.as_mut()
-                    .map(|b| self.read_io(c.roles.data_dev(d), at, b))
-            })
-            .collect();
-        if !ios.is_empty() && !self.run_io(&mut ios) {
-            return Ok(replan_after(&ios));
-        }
-        drop(ios);
-        for (d, buf) in owned.iter_mut().enumerate() {
-            if let Some(b) = buf {
-                c.overlay(d, b);
-            }
-        }
-        let refs: Vec<&[u8]> = sole
-            .iter()
-            .zip(&owned)
-            .map(|(s, o)| s.unwrap_or_else(|| o.as_deref().expect("owned when not sole")))
-            .collect();
-        let (p, q) = self.compute_parity(c.roles, &refs);
-        self.write_row(c, at, &c.dirty_of(&refs), &p, q.as_deref())?;
-        Ok(Outcome::Done)
-    }
-
-    /// [`WritePlan::DataOnly`]: the dirty data chunks, their old bytes read where the batch
-    /// does not cover them whole; the parity stays as it is, recorded bad.
-    fn data_only_write(&self, c: &Interval<'_>) -> Result<Outcome> {
-        let len = (c.b - c.a) as usize;
-        let at = c.row * self.chunk_bytes() + c.a;
-        let dirty: Vec<usize> = (0..c.dirty.len()).filter(|&d| c.dirty[d]).collect();
-        let mut bufs: Vec<PoolBuf> = dirty.iter().map(|_| self.bufs.get(len)).collect();
-        let mut ios: Vec<MemberIo<'_>> = bufs
-            .iter_mut()
-            .zip(&dirty)
-            .filter(|(_, &d)| !c.full[d])
-            .map(|(b, &d)| self.read_io(c.roles.data_dev(d), at, b))
-            .collect();
-        if !ios.is_empty() && !self.run_io(&mut ios) {
-            return Ok(replan_after(&ios));
-        }
-        drop(ios);
-        for (b, &d) in bufs.iter_mut().zip(&dirty) {
-            c.overlay(d, b);
-        }
-        let mut ios: Vec<MemberIo<'_>> = bufs
-            .iter()
-            .zip(&dirty)
-            .map(|(b, &d)| self.write_io(c.roles.data_dev(d), at, b, c.fua))
-            .collect();
-        self.commit_stripe_writes(&WriteSet::stripe(at, len as u64), &mut ios, None)?;
-        Ok(Outcome::Done)
-    }
-
-    fn rmw_write(&self, c: &Interval<'_>) -> Result<Outcome> {
-        let len = (c.b - c.a) as usize;
-        let at = c.row * self.chunk_bytes() + c.a;
-        let dirty: Vec<usize> = (0..c.dirty.len()).filter(|&d| c.dirty[d]).collect();
-        let (new_data, p, q) =
-            match self.rmw_compute(c.roles, at, len, &dirty, |d, b| c.overlay(d, b)) {
-                Ok(done) => done,
-                Err(outcome) => return Ok(outcome),
-            };
-        let written: Vec<(usize, &[u8])> = dirty
-            .iter()
-            .zip(&new_data)
-            .map(|(&d, b)| (d, &b[..]))
-            .collect();
-        self.write_row(c, at, &written, &p, q.as_deref())?;
-        Ok(Outcome::Done)
-    }
-
-    /// Read-modify-write's reads and arithmetic over `at..at + len` of a row: the old bytes of
-    /// data chunks `dirty` and of the parity, the new bytes of those chunks by `overlay`
-    /// (given a data index and the old bytes), and the parity moved by the difference.
-    /// Returns the new data (in `dirty`'s order), P and Q; `Err`: a member failed meanwhile.
-    pub(crate) fn rmw_compute(
-        &self,
-        roles: &StripeRoles,
-        at: u64,
-        len: usize,
-        dirty: &[usize],
-        overlay: impl Fn(usize, &mut [u8]),
-    ) -> std::result::Result<(Vec<PoolBuf>, PoolBuf, Option<PoolBuf>), Outcome> {
-        let mut old: Vec<PoolBuf> = dirty.iter().map(|_| self.bufs.get(len)).collect();
-        let mut p = self.bufs.get(len);
-        let mut q = roles.q_dev().map(|_| self.bufs.get(len));
-        {
-            let mut ios: Vec<MemberIo<'_>> = old
-                .iter_mut()
-                .zip(dirty)
-                .map(|(buf, &d)| self.read_io(roles.data_dev(d), at, buf))
-                .collect();
-            // A missing parity chunk is neither read nor written; its buffer only takes the
-            // arithmetic.
-            if self.members.slot(roles.p_dev()).in_sync(at, len as u64) {
-                ios.push(self.read_io(roles.p_dev(), at, &mut p));
-            }
-            if let (Some(qd), Some(qb)) = (roles.q_dev(), q.as_mut()) {
-                if self.members.slot(qd).in_sync(at, len as u64) {
-                    ios.push(self.read_io(qd, at, qb));
-                }
-            }
-            if !self.run_io(&mut ios) {
-                return Err(replan_after(&ios));
-            }
-        }
-        let mut new_data: Vec<PoolBuf> = Vec::with_capacity(dirty.len());
-        for (delta, &d) in old.iter_mut().zip(dirty) {
-            let mut new = delta.duplicate();
-            overlay(d, &mut new);
-            parity::xor_into(delta, &new);
-            match q.as_mut() {
-                Some(q) => parity::pq_update(delta, roles.syndrome(d), &mut p, q),
-                None => parity::xor_into(&mut p, delta),
-            }
-            new_data.push(new);
-        }
-        Ok((new_data, p, q))
-    }
-
-    fn degraded_write(&self, c: &Interval<'_>) -> Result<Outcome> {
-        let at = c.row * self.chunk_bytes() + c.a;
-        // The write leaves the row exposed as it was (its bit stays set): what it rebuilds
-        // here is not served, only carried into the parity.
-        let len = (c.b - c.a) as usize;
-        let Some(mut bufs) = self.read_row(c.roles, at, len, Torn::Carry)? else {
-            return Ok(Outcome::Replan);
-        };
-        for (d, buf) in bufs.data.iter_mut().enumerate() {
-            c.overlay(d, buf);
-        }
-        let refs: Vec<&[u8]> = bufs.data.iter().map(|b| &b[..]).collect();
-        let (p, q) = self.compute_parity(c.roles, &refs);
-        bufs.p = p;
-        bufs.q = q;
-        let refs: Vec<&[u8]> = bufs.data.iter().map(|b| &b[..]).collect();
-        self.write_row(c, at, &c.dirty_of(&refs), &bufs.p, bufs.q.as_deref())?;
-        Ok(Outcome::Done)
-    }
-
-    /// Write data chunks `(data index, bytes)` and the parity of an interval to every member
-    /// in sync there (a missing or rebuilding one gets its bytes from the rebuild).
-    fn write_row(
-        &self,
-        c: &Interval<'_>,
-        at: u64,
-        data: &[(usize, &[u8])],
-        p: &[u8],
-        q: Option<&[u8]>,
-    ) -> Result<()> {
-        let len = p.len() as u64;
-        // A data chunk a missing member does not get still changes what the role should hold:
-        // reconstruction of it is verified against its record. Like a member write's, the new
-        // record is accepted beside the old one while the row is written and replaces it only
-        // once the parity holding it is out: a table written meanwhile (a flush, a journal
-        // reclaim) must not make durable a record whose data may never land.
-        let unheld: Vec<(usize, Vec<u32>)> = self.integrity.as_ref().map_or(Vec::new(), |integ| {
-            data.iter()
-                .map(|&(d, buf)| (c.roles.data_dev(d), buf))
-                .filter(|&(dev, _)| !self.members.slot(dev).in_sync(at, len))
-                .map(|(dev, buf)| (dev, integ.begin_write(dev, at, buf, None)))
-                .collect()
-        });
-        // A full stripe's records: its data's, and P's by CRC linearity (no pass over P).
-        let records: Option<Vec<Vec<u32>>> = self
-            .integrity
-            .as_ref()
-            .filter(|_| data.len() == self.geometry.data_disks())
-            .map(|integ| data.iter().map(|(_, buf)| integ.records_of(buf)).collect());
-        let mut ios: Vec<MemberIo<'_>> = data
-            .iter()
-            .enumerate()
-            .filter(|(_, (d, _))| self.members.slot(c.roles.data_dev(*d)).in_sync(at, len))
-            .map(|(i, &(d, buf))| {
-                let mut io = self.write_io(c.roles.data_dev(d), at, buf, c.fua);
-                io.records = records.as_ref().map(|r| r[i].clone());
-                io
-            })
-            .collect();
-        if self.members.slot(c.roles.p_dev()).in_sync(at, len) {
-            let mut io = self.write_io(c.roles.p_dev(), at, p, c.fua);
-            io.records = records
-                .as_ref()
-                .zip(self.integrity.as_ref())
-                .map(|(r, integ)| integ.records_of_xor(r));
-            ios.push(io);
-        }
-        if let (Some(qd), Some(qb)) = (c.roles.q_dev(), q) {
-            if self.members.slot(qd).in_sync(at, len) {
-                ios.push(self.write_io(qd, at, qb, c.fua));
-            }
-        }
-        let image = StripeImage {
-            row: c.row,
-            at,
-            data,
-            p,
-            q,
-            parity_only: false,
-        };
-        let res = self.commit_stripe_writes(&WriteSet::stripe(at, len), &mut ios, Some(&image));
-        // A row that failed may have reached some members: the missing role's block then
-        // verifies as either contents, as a write in flight does.
-        if let (Ok(()), Some(integ)) = (&res, &self.integrity) {
-            for (dev, records) in unheld {
-                integ.end_write(dev, at, &records);
-            }
-        }
-        res
-    }
-
     /// How client I/O treats blocks that fail their records: until the resync an unclean stop
     /// owes has run, unflushed writes may have left rows that no single fault explains, which
     /// may then be settled as found (as the resync itself would) where [`Array::settle_scope`]
@@ -856,13 +166,751 @@ impl Array {
             .unsynced
             .load(std::sync::atomic::Ordering::Acquire)
     }
+}
+
+impl Parity {
+    fn chunk_bytes(&self, array: &Array) -> u64 {
+        array.geometry.chunk_sectors() * 512
+    }
+
+    /// The array byte at `off` in data chunk `d` of stripe `row` (md's parity layouts number
+    /// a stripe's data chunks in array order).
+    fn array_offset(&self, array: &Array, row: u64, d: usize, off: u64) -> u64 {
+        (row * array.geometry.data_disks() as u64 + d as u64) * self.chunk_bytes(array) + off
+    }
+
+    /// Pieces of a byte range: (row, data_index, offset in chunk, length, offset in request).
+    fn parity_pieces(
+        &self,
+        array: &Array,
+        offset_bytes: u64,
+        len: usize,
+    ) -> Vec<(u64, usize, u64, usize, usize)> {
+        let chunk = self.chunk_bytes(array);
+        let mut out = Vec::new();
+        let mut done = 0usize;
+        while done < len {
+            let at = offset_bytes + done as u64;
+            let pos = array.geometry.locate(at / 512);
+            let off = pos.offset_sectors * 512 + at % 512;
+            let n = ((chunk - off) as usize).min(len - done);
+            out.push((pos.stripe, pos.data_index, off, n, done));
+            done += n;
+        }
+        out
+    }
+
+    pub(crate) fn parity_read(
+        &self,
+        array: &Array,
+        offset_bytes: u64,
+        buf: &mut [u8],
+    ) -> Result<()> {
+        let pieces = self.parity_pieces(array, offset_bytes, buf.len());
+        let mut direct = Vec::new();
+        let mut slow = Vec::new();
+        let mut rest: &mut [u8] = buf;
+        for &(row, d, off, len, _) in &pieces {
+            let (mine, tail) = std::mem::take(&mut rest).split_at_mut(len);
+            rest = tail;
+            let dev = array.geometry.stripe_roles(row).data_dev(d);
+            let cached = array.policy.is_cached(row);
+            // Records verify whole pages: a part of one is read through the row.
+            let partial = array.integrity.is_some()
+                && (!off.is_multiple_of(PAGE) || !(len as u64).is_multiple_of(PAGE));
+            if cached
+                || partial
+                || !array
+                    .members
+                    .slot(dev)
+                    .in_sync(row * self.chunk_bytes(array) + off, len as u64)
+            {
+                slow.push((row, d, off, mine));
+            } else {
+                direct.push((
+                    array.read_io(dev, row * self.chunk_bytes(array) + off, mine),
+                    row,
+                    d,
+                    off,
+                ));
+            }
+        }
+        let mut ios: Vec<MemberIo<'_>> = Vec::with_capacity(direct.len());
+        let mut meta = Vec::with_capacity(direct.len());
+        for (io, row, d, off) in direct {
+            ios.push(io);
+            meta.push((row, d, off));
+        }
+        if !array.run_io(&mut ios) {
+            for (io, (row, d, off)) in ios.into_iter().zip(meta) {
+                if !io.ok() {
+                    if let crate::io::IoKind::Read(b) = io.kind {
+                        slow.push((row, d, off, b));
+                    }
+                }
+            }
+        }
+        for (row, d, off, out) in slow {
+            self.degraded_read(array, row, d, off, out)?;
+        }
+        Ok(())
+    }
+
+    /// Read `out` from `dev` at `skip` bytes into member bytes `at..` (whole pages when
+    /// records check them); false if the member is not in sync there or the read failed.
+    fn read_own_chunk(
+        &self,
+        array: &Array,
+        dev: usize,
+        at: u64,
+        skip: u64,
+        out: &mut [u8],
+    ) -> bool {
+        let len = match array.integrity {
+            Some(_) => (skip + out.len() as u64).div_ceil(PAGE) * PAGE,
+            None => skip + out.len() as u64,
+        };
+        if !array.members.slot(dev).in_sync(at, len) {
+            return false;
+        }
+        let mut buf = array.bufs.get(len as usize);
+        let mut io = [array.read_io(dev, at, &mut buf)];
+        if !array.run_io(&mut io) {
+            return false;
+        }
+        drop(io);
+        out.copy_from_slice(&buf[skip as usize..skip as usize + out.len()]);
+        true
+    }
+
+    fn degraded_read(
+        &self,
+        array: &Array,
+        row: u64,
+        d: usize,
+        off: u64,
+        out: &mut [u8],
+    ) -> Result<()> {
+        let r = array.stripes.get(row);
+        let st = r.claim(r.st.lock());
+        drop(st);
+        // Records cover whole pages: read those around the range.
+        let (a, b) = match array.integrity {
+            Some(_) => (
+                off / PAGE * PAGE,
+                (off + out.len() as u64).div_ceil(PAGE) * PAGE,
+            ),
+            None => (off, off + out.len() as u64),
+        };
+        let res = (|| {
+            let roles = array.geometry.stripe_roles(row);
+            let at = row * self.chunk_bytes(array) + a;
+            // A block whose member is there is read from it: what else ails its row (a
+            // damaged or missing member) is not this read's concern.
+            if self.read_own_chunk(array, roles.data_dev(d), at, off - a, out) {
+                array.policy.overlay(row, d, off, out);
+                return Ok(());
+            }
+            for _ in 0..MAX_REPLANS {
+                if let Some(bufs) =
+                    self.read_row(array, &roles, at, (b - a) as usize, Torn::Refuse)?
+                {
+                    let skip = (off - a) as usize;
+                    out.copy_from_slice(&bufs.data[d][skip..skip + out.len()]);
+                    // Write-back: the newest bytes may still be in the journal's cache (the
+                    // claim keeps a write-out from moving them meanwhile).
+                    array.policy.overlay(row, d, off, out);
+                    return Ok(());
+                }
+            }
+            Err(array.unrecoverable(
+                self.array_offset(array, row, d, off),
+                out.len() as u64,
+                "members kept failing during reconstruction",
+            ))
+        })();
+        r.release();
+        array.stripes.put(row);
+        res
+    }
+
+    /// Announce a write of `len` bytes at `offset_bytes` to every row it touches (taking a
+    /// reference to each): a leader of one of them that claims it meanwhile waits for these
+    /// pieces instead of writing its batch without them. In the order the pieces come.
+    pub(crate) fn announce_rows(
+        &self,
+        array: &Array,
+        offset_bytes: u64,
+        len: usize,
+    ) -> Vec<(u64, Arc<Row>)> {
+        let mut rows: Vec<(u64, Arc<Row>)> = Vec::new();
+        for (row, ..) in self.parity_pieces(array, offset_bytes, len) {
+            if rows.last().is_none_or(|(last, _)| *last != row) {
+                let r = array.stripes.get(row);
+                r.announce();
+                rows.push((row, r));
+            }
+        }
+        rows
+    }
+
+    /// `intent`: the same write, announced before its data arrived (see [`WriteIntent`]).
+    pub(crate) fn parity_write(
+        &self,
+        array: &Array,
+        offset_bytes: u64,
+        data: &[u8],
+        fua: bool,
+        intent: Option<WriteIntent>,
+    ) -> Result<()> {
+        let reserved = array.stripes.reserve(data.len());
+        let mut led = Vec::new();
+        let placed = self.parity_place(array, offset_bytes, data, fua, intent, &mut led);
+        for (row, r) in &led {
+            self.lead_batch(array, *row, r);
+        }
+        let res = self.parity_wait(array, placed);
+        array.stripes.unreserve(reserved);
+        res
+    }
+
+    /// Place a write's pieces into its rows (the caller has reserved their bytes); the rows it
+    /// found without a leader are appended to `led`, which the caller must then lead.
+    pub(crate) fn parity_place(
+        &self,
+        array: &Array,
+        offset_bytes: u64,
+        data: &[u8],
+        fua: bool,
+        intent: Option<WriteIntent>,
+        led: &mut Vec<(u64, Arc<Row>)>,
+    ) -> Placed {
+        let pieces = self.parity_pieces(array, offset_bytes, data.len());
+        let done = Completion::new(pieces.len());
+        let rows = match intent {
+            Some(i) => i.take_rows(array, offset_bytes, data.len()),
+            None => self.announce_rows(array, offset_bytes, data.len()),
+        };
+        for (row, r) in &rows {
+            let mine = pieces.iter().filter(|p| p.0 == *row);
+            if self.place(array, r, mine, data, fua, &done) {
+                led.push((*row, r.clone()));
+            }
+        }
+        Placed {
+            offset_bytes,
+            len_bytes: data.len() as u64,
+            done,
+            rows,
+        }
+    }
+
+    /// Wait for a placed write's pieces to be written and let go of its rows.
+    pub(crate) fn parity_wait(&self, array: &Array, placed: Placed) -> Result<()> {
+        let res = placed.done.wait();
+        for (row, _) in placed.rows {
+            array.stripes.put(row);
+        }
+        let (offset_bytes, len_bytes) = (placed.offset_bytes, placed.len_bytes);
+        res.map_err(|e| match e {
+            BatchError::NoSpace => EngineError::NoSpace {
+                array: array.name.clone(),
+                offset_bytes,
+                len_bytes,
+            },
+            BatchError::ReadOnly(reason) => EngineError::ReadOnly {
+                array: array.name.clone(),
+                reason,
+            },
+            BatchError::Failed(reason) => array.unrecoverable(offset_bytes, len_bytes, &reason),
+        })
+    }
+
+    /// Place a request's pieces of one announced row (`(row, data index, offset in chunk,
+    /// length, offset in request)`, copied out of `data`). True: the row had no leader and the
+    /// caller now leads it.
+    fn place<'p>(
+        &self,
+        array: &Array,
+        r: &Row,
+        pieces: impl Iterator<Item = &'p (u64, usize, u64, usize, usize)>,
+        data: &[u8],
+        fua: bool,
+        done: &Arc<Completion>,
+    ) -> bool {
+        // Copied before the lock is taken: a leader waiting for this row waits for the copy
+        // anyway (it counts us as arriving), other writers need not.
+        let copies: Vec<Piece> = pieces
+            .map(|&(_, d, off, len, at)| {
+                let mut bytes = array.bufs.get(len);
+                bytes.copy_from_slice(&data[at..at + len]);
+                Piece {
+                    data_index: d,
+                    offset: off,
+                    data: bytes,
+                    fua,
+                    done: done.clone(),
+                }
+            })
+            .collect();
+        let mut st = r.st.lock();
+        st.settle();
+        st.pending.extend(copies);
+        if st.leader {
+            // Its leader may be waiting for us.
+            r.cv.notify_all();
+            return false;
+        }
+        st.leader = true;
+        true
+    }
+
+    /// Claim the row, gather what writers are still placing into it (up to the write hold),
+    /// take every pending piece as one batch and write it.
+    pub(crate) fn lead_batch(&self, array: &Array, row: u64, r: &Row) {
+        let m = array.geometry.data_disks();
+        let st = r.claim(r.st.lock());
+        let deadline = Instant::now() + array.config.write_hold;
+        let mut st = r.gather(st, deadline, |p| covers_all(p, m));
+        assert!(
+            st.leader,
+            "row {row}: leader lost its role before taking the batch"
+        );
+        assert!(
+            !st.pending.is_empty(),
+            "row {row}: a leader without pieces (its own are pending until it takes them)"
+        );
+        let batch = std::mem::take(&mut st.pending);
+        st.leader = false;
+        st.hurry = false;
+        drop(st);
+        let res = self.write_batch(array, row, &batch).map_err(|e| match e {
+            EngineError::NoSpace { .. } => BatchError::NoSpace,
+            EngineError::ReadOnly { reason, .. } => BatchError::ReadOnly(reason),
+            e => BatchError::Failed(e.to_string()),
+        });
+        r.release();
+        for p in &batch {
+            p.done.complete(&res);
+        }
+    }
+
+    fn write_batch(&self, array: &Array, row: u64, batch: &[Piece]) -> Result<()> {
+        if array.policy.logs_pages() {
+            if array.policy.write_back() && array.cache_batch(row, batch)? {
+                return Ok(());
+            }
+            // Write-through from here: what the cache holds of this row goes first.
+            array.write_out_row(row)?;
+        }
+        let roles = array.geometry.stripe_roles(row);
+        let mut intervals = merge(batch.iter().map(|p| (p.offset, p.end())).collect());
+        if array.policy.logs_pages() || array.integrity.is_some() {
+            // The journal logs, and records cover, whole 4 KiB pages: widen each interval to
+            // them (the rest of a page is read and written back unchanged).
+            intervals = merge(
+                intervals
+                    .into_iter()
+                    .map(|(a, b)| (a / PAGE * PAGE, b.div_ceil(PAGE) * PAGE))
+                    .collect(),
+            );
+        }
+        for (a, b) in intervals {
+            self.write_interval(array, row, &roles, a, b, batch)?;
+        }
+        if array.is_failed() {
+            return Err(array.unrecoverable(
+                row * self.chunk_bytes(array),
+                0,
+                "too many members failed",
+            ));
+        }
+        Ok(())
+    }
+
+    fn write_interval(
+        &self,
+        array: &Array,
+        row: u64,
+        roles: &StripeRoles,
+        a: u64,
+        b: u64,
+        batch: &[Piece],
+    ) -> Result<()> {
+        let m = array.geometry.data_disks();
+        let mut dirty = vec![false; m];
+        let mut full = vec![false; m];
+        for (d, (is_dirty, is_full)) in dirty.iter_mut().zip(full.iter_mut()).enumerate() {
+            let cov = merge(
+                batch
+                    .iter()
+                    .filter(|p| p.data_index == d && p.offset < b && p.end() > a)
+                    .map(|p| (p.offset.max(a), p.end().min(b)))
+                    .collect(),
+            );
+            *is_dirty = !cov.is_empty();
+            *is_full = cov.first() == Some(&(a, b));
+        }
+        let fua = batch.iter().any(|p| p.fua);
+        let ctx = Interval {
+            row,
+            roles,
+            a,
+            b,
+            batch,
+            dirty: &dirty,
+            full: &full,
+            fua,
+        };
+        let mut degrade = false;
+        for _ in 0..MAX_REPLANS {
+            let at = row * self.chunk_bytes(array) + a;
+            let plan = if degrade {
+                WritePlan::Degraded
+            } else {
+                self.plan_write(array, roles, at, b - a, &dirty, &full)
+            };
+            let outcome = match plan {
+                WritePlan::Degraded => self.degraded_write(array, &ctx)?,
+                WritePlan::Rmw => self.rmw_write(array, &ctx)?,
+                WritePlan::Rcw => self.rcw_write(array, &ctx)?,
+                WritePlan::DataOnly => self.data_only_write(array, &ctx)?,
+            };
+            match outcome {
+                Outcome::Done => return Ok(()),
+                Outcome::Degrade => degrade = true,
+                Outcome::Replan => {}
+            }
+        }
+        Err(array.unrecoverable(
+            self.array_offset(array, row, 0, a),
+            b - a,
+            "members kept failing during a stripe write",
+        ))
+    }
+
+    /// Pick the write that reads fewest chunks, as md's `handle_stripe_dirtying` does, with
+    /// members missing over `at..at+len` (faulty, or rebuilding below it) counted: RMW needs the
+    /// old bytes of every dirty data chunk, RCW those of every data chunk not fully overwritten;
+    /// a missing parity chunk is neither read nor written (the rebuild recomputes it). Only when
+    /// neither can run without a missing chunk does the write read every member and reconstruct.
+    pub(crate) fn plan_write(
+        &self,
+        array: &Array,
+        roles: &StripeRoles,
+        at: u64,
+        len: u64,
+        dirty: &[bool],
+        full: &[bool],
+    ) -> WritePlan {
+        let present = |dev: usize| array.members.slot(dev).in_sync(at, len);
+        let parity_present = std::iter::once(roles.p_dev())
+            .chain(roles.q_dev())
+            .filter(|&dev| present(dev))
+            .count();
+        let data = || (0..dirty.len()).map(|d| (d, present(roles.data_dev(d))));
+        let parity_all = 1 + usize::from(roles.q_dev().is_some());
+        if array.policy.logs_pages() && parity_present < parity_all {
+            // The journal logs every parity page and replays it onto whichever member holds
+            // the role by then (a rebuild may have passed this stripe): parity is computed
+            // in full even for a member that is missing now.
+            return if data().all(|(d, here)| here || full[d]) {
+                WritePlan::Rcw
+            } else {
+                WritePlan::Degraded
+            };
+        }
+        // A chunk recorded bad there is written but cannot be read: a plan that must read it
+        // is out (a full write of the block is what clears the record).
+        let bad = |dev: usize| {
+            array
+                .members
+                .slot(dev)
+                .member()
+                .is_some_and(|m| m.health.overlaps(at, len))
+        };
+
+        let parity_bad = std::iter::once(roles.p_dev())
+            .chain(roles.q_dev())
+            .any(|dev| present(dev) && bad(dev));
+        let rmw_ok =
+            data().all(|(d, here)| !dirty[d] || (here && !bad(roles.data_dev(d)))) && !parity_bad;
+        let rcw_ok = parity_present == 0
+            || data().all(|(d, here)| (here && !bad(roles.data_dev(d))) || full[d]);
+        let rmw_reads = dirty.iter().filter(|&&x| x).count() + parity_present;
+        // With no parity left to write, RCW reads only what it writes back partly.
+        let rcw_reads = (0..dirty.len())
+            .filter(|&d| !full[d] && (parity_present > 0 || dirty[d]))
+            .count();
+        let parity_lost = || {
+            std::iter::once(roles.p_dev())
+                .chain(roles.q_dev())
+                .all(|dev| present(dev) && self.recorded_bad(array, dev, at, len))
+        };
+        let data_writable =
+            || data().all(|(d, here)| !dirty[d] || (here && (full[d] || !bad(roles.data_dev(d)))));
+        match (rmw_ok, rcw_ok) {
+            (true, true) if rmw_reads < rcw_reads => WritePlan::Rmw,
+            (_, true) => WritePlan::Rcw,
+            (true, false) => WritePlan::Rmw,
+            (false, false) if parity_lost() && data_writable() => WritePlan::DataOnly,
+            (false, false) => WritePlan::Degraded,
+        }
+    }
+
+    /// Whether `dev`'s member has all of `at..at + len` recorded bad.
+    fn recorded_bad(&self, array: &Array, dev: usize, at: u64, len: u64) -> bool {
+        array
+            .members
+            .slot(dev)
+            .member()
+            .is_some_and(|m| m.health.covers(at, len))
+    }
+
+    fn rcw_write(&self, array: &Array, c: &Interval<'_>) -> Result<Outcome> {
+        let len = (c.b - c.a) as usize;
+        let at = c.row * self.chunk_bytes(array) + c.a;
+        // A chunk written whole by one piece is used as it is: no copy into a stripe buffer.
+        let sole: Vec<Option<&[u8]>> = (0..c.dirty.len()).map(|d| c.sole_piece(d)).collect();
+        let mut owned: Vec<Option<PoolBuf>> = sole
+            .iter()
+            .map(|s| s.is_none().then(|| array.bufs.get(len)))
+            .collect();
+        let len64 = len as u64;
+        let present = |dev: usize| array.members.slot(dev).in_sync(at, len64);
+        // With a journal, parity is always computed in full (see `plan_write`).
+        let parity_present = array.policy.logs_pages()
+            || std::iter::once(c.roles.p_dev())
+                .chain(c.roles.q_dev())
+                .any(present);
+        // Chunks not overwritten whole are read to compute parity, and a dirty one also to be
+        // written back whole; with no parity left, only the dirty ones that are still there.
+        let needs_read = |d: usize| {
+            !c.full[d] && (parity_present || (c.dirty[d] && present(c.roles.data_dev(d))))
+        };
+        let mut ios: Vec<MemberIo<'_>> = owned
+            .iter_mut()
+            .enumerate()
+            .filter(|(d, _)| needs_read(*d))
+            .filter_map(|(d, buf)| {
+                buf.as_mut()
+                    .map(|b| array.read_io(c.roles.data_dev(d), at, b))
+            })
+            .collect();
+        if !ios.is_empty() && !array.run_io(&mut ios) {
+            return Ok(replan_after(&ios));
+        }
+        drop(ios);
+        for (d, buf) in owned.iter_mut().enumerate() {
+            if let Some(b) = buf {
+                c.overlay(d, b);
+            }
+        }
+        let refs: Vec<&[u8]> = sole
+            .iter()
+            .zip(&owned)
+            .map(|(s, o)| s.unwrap_or_else(|| o.as_deref().expect("owned when not sole")))
+            .collect();
+        let (p, q) = self.compute_parity(array, c.roles, &refs);
+        self.write_row(array, c, at, &c.dirty_of(&refs), &p, q.as_deref())?;
+        Ok(Outcome::Done)
+    }
+
+    /// [`WritePlan::DataOnly`]: the dirty data chunks, their old bytes read where the batch
+    /// does not cover them whole; the parity stays as it is, recorded bad.
+    fn data_only_write(&self, array: &Array, c: &Interval<'_>) -> Result<Outcome> {
+        let len = (c.b - c.a) as usize;
+        let at = c.row * self.chunk_bytes(array) + c.a;
+        let dirty: Vec<usize> = (0..c.dirty.len()).filter(|&d| c.dirty[d]).collect();
+        let mut bufs: Vec<PoolBuf> = dirty.iter().map(|_| array.bufs.get(len)).collect();
+        let mut ios: Vec<MemberIo<'_>> = bufs
+            .iter_mut()
+            .zip(&dirty)
+            .filter(|(_, &d)| !c.full[d])
+            .map(|(b, &d)| array.read_io(c.roles.data_dev(d), at, b))
+            .collect();
+        if !ios.is_empty() && !array.run_io(&mut ios) {
+            return Ok(replan_after(&ios));
+        }
+        drop(ios);
+        for (b, &d) in bufs.iter_mut().zip(&dirty) {
+            c.overlay(d, b);
+        }
+        let mut ios: Vec<MemberIo<'_>> = bufs
+            .iter()
+            .zip(&dirty)
+            .map(|(b, &d)| array.write_io(c.roles.data_dev(d), at, b, c.fua))
+            .collect();
+        array.commit_stripe_writes(&WriteSet::stripe(at, len as u64), &mut ios, None)?;
+        Ok(Outcome::Done)
+    }
+
+    fn rmw_write(&self, array: &Array, c: &Interval<'_>) -> Result<Outcome> {
+        let len = (c.b - c.a) as usize;
+        let at = c.row * self.chunk_bytes(array) + c.a;
+        let dirty: Vec<usize> = (0..c.dirty.len()).filter(|&d| c.dirty[d]).collect();
+        let (new_data, p, q) =
+            match self.rmw_compute(array, c.roles, at, len, &dirty, |d, b| c.overlay(d, b)) {
+                Ok(done) => done,
+                Err(outcome) => return Ok(outcome),
+            };
+        let written: Vec<(usize, &[u8])> = dirty
+            .iter()
+            .zip(&new_data)
+            .map(|(&d, b)| (d, &b[..]))
+            .collect();
+        self.write_row(array, c, at, &written, &p, q.as_deref())?;
+        Ok(Outcome::Done)
+    }
+
+    /// Read-modify-write's reads and arithmetic over `at..at + len` of a row: the old bytes of
+    /// data chunks `dirty` and of the parity, the new bytes of those chunks by `overlay`
+    /// (given a data index and the old bytes), and the parity moved by the difference.
+    /// Returns the new data (in `dirty`'s order), P and Q; `Err`: a member failed meanwhile.
+    pub(crate) fn rmw_compute(
+        &self,
+        array: &Array,
+        roles: &StripeRoles,
+        at: u64,
+        len: usize,
+        dirty: &[usize],
+        overlay: impl Fn(usize, &mut [u8]),
+    ) -> std::result::Result<(Vec<PoolBuf>, PoolBuf, Option<PoolBuf>), Outcome> {
+        let mut old: Vec<PoolBuf> = dirty.iter().map(|_| array.bufs.get(len)).collect();
+        let mut p = array.bufs.get(len);
+        let mut q = roles.q_dev().map(|_| array.bufs.get(len));
+        {
+            let mut ios: Vec<MemberIo<'_>> = old
+                .iter_mut()
+                .zip(dirty)
+                .map(|(buf, &d)| array.read_io(roles.data_dev(d), at, buf))
+                .collect();
+            // A missing parity chunk is neither read nor written; its buffer only takes the
+            // arithmetic.
+            if array.members.slot(roles.p_dev()).in_sync(at, len as u64) {
+                ios.push(array.read_io(roles.p_dev(), at, &mut p));
+            }
+            if let (Some(qd), Some(qb)) = (roles.q_dev(), q.as_mut()) {
+                if array.members.slot(qd).in_sync(at, len as u64) {
+                    ios.push(array.read_io(qd, at, qb));
+                }
+            }
+            if !array.run_io(&mut ios) {
+                return Err(replan_after(&ios));
+            }
+        }
+        let mut new_data: Vec<PoolBuf> = Vec::with_capacity(dirty.len());
+        for (delta, &d) in old.iter_mut().zip(dirty) {
+            let mut new = delta.duplicate();
+            overlay(d, &mut new);
+            parity::xor_into(delta, &new);
+            match q.as_mut() {
+                Some(q) => parity::pq_update(delta, roles.syndrome(d), &mut p, q),
+                None => parity::xor_into(&mut p, delta),
+            }
+            new_data.push(new);
+        }
+        Ok((new_data, p, q))
+    }
+
+    fn degraded_write(&self, array: &Array, c: &Interval<'_>) -> Result<Outcome> {
+        let at = c.row * self.chunk_bytes(array) + c.a;
+        // The write leaves the row exposed as it was (its bit stays set): what it rebuilds
+        // here is not served, only carried into the parity.
+        let len = (c.b - c.a) as usize;
+        let Some(mut bufs) = self.read_row(array, c.roles, at, len, Torn::Carry)? else {
+            return Ok(Outcome::Replan);
+        };
+        for (d, buf) in bufs.data.iter_mut().enumerate() {
+            c.overlay(d, buf);
+        }
+        let refs: Vec<&[u8]> = bufs.data.iter().map(|b| &b[..]).collect();
+        let (p, q) = self.compute_parity(array, c.roles, &refs);
+        bufs.p = p;
+        bufs.q = q;
+        let refs: Vec<&[u8]> = bufs.data.iter().map(|b| &b[..]).collect();
+        self.write_row(array, c, at, &c.dirty_of(&refs), &bufs.p, bufs.q.as_deref())?;
+        Ok(Outcome::Done)
+    }
+
+    /// Write data chunks `(data index, bytes)` and the parity of an interval to every member
+    /// in sync there (a missing or rebuilding one gets its bytes from the rebuild).
+    fn write_row(
+        &self,
+        array: &Array,
+        c: &Interval<'_>,
+        at: u64,
+        data: &[(usize, &[u8])],
+        p: &[u8],
+        q: Option<&[u8]>,
+    ) -> Result<()> {
+        let len = p.len() as u64;
+        // A data chunk a missing member does not get still changes what the role should hold:
+        // reconstruction of it is verified against its record. Like a member write's, the new
+        // record is accepted beside the old one while the row is written and replaces it only
+        // once the parity holding it is out: a table written meanwhile (a flush, a journal
+        // reclaim) must not make durable a record whose data may never land.
+        let unheld: Vec<(usize, Vec<u32>)> = array.integrity.as_ref().map_or(Vec::new(), |integ| {
+            data.iter()
+                .map(|&(d, buf)| (c.roles.data_dev(d), buf))
+                .filter(|&(dev, _)| !array.members.slot(dev).in_sync(at, len))
+                .map(|(dev, buf)| (dev, integ.begin_write(dev, at, buf, None)))
+                .collect()
+        });
+        // A full stripe's records: its data's, and P's by CRC linearity (no pass over P).
+        let records: Option<Vec<Vec<u32>>> = array
+            .integrity
+            .as_ref()
+            .filter(|_| data.len() == array.geometry.data_disks())
+            .map(|integ| data.iter().map(|(_, buf)| integ.records_of(buf)).collect());
+        let mut ios: Vec<MemberIo<'_>> = data
+            .iter()
+            .enumerate()
+            .filter(|(_, (d, _))| array.members.slot(c.roles.data_dev(*d)).in_sync(at, len))
+            .map(|(i, &(d, buf))| {
+                let mut io = array.write_io(c.roles.data_dev(d), at, buf, c.fua);
+                io.records = records.as_ref().map(|r| r[i].clone());
+                io
+            })
+            .collect();
+        if array.members.slot(c.roles.p_dev()).in_sync(at, len) {
+            let mut io = array.write_io(c.roles.p_dev(), at, p, c.fua);
+            io.records = records
+                .as_ref()
+                .zip(array.integrity.as_ref())
+                .map(|(r, integ)| integ.records_of_xor(r));
+            ios.push(io);
+        }
+        if let (Some(qd), Some(qb)) = (c.roles.q_dev(), q) {
+            if array.members.slot(qd).in_sync(at, len) {
+                ios.push(array.write_io(qd, at, qb, c.fua));
+            }
+        }
+        let image = StripeImage {
+            row: c.row,
+            at,
+            data,
+            p,
+            q,
+            parity_only: false,
+        };
+        let res = array.commit_stripe_writes(&WriteSet::stripe(at, len), &mut ios, Some(&image));
+        // A row that failed may have reached some members: the missing role's block then
+        // verifies as either contents, as a write in flight does.
+        if let (Ok(()), Some(integ)) = (&res, &array.integrity) {
+            for (dev, records) in unheld {
+                integ.end_write(dev, at, &records);
+            }
+        }
+        res
+    }
 
     /// Whether `row` is one of [`Array::exposed_rows`].
-    pub(crate) fn row_exposed(&self, row: u64) -> bool {
-        let chunk = self.chunk_bytes();
-        self.policy.torn_bytes().is_some()
-            && self.resync_owed()
-            && !self
+    pub(crate) fn row_exposed(&self, array: &Array, row: u64) -> bool {
+        let chunk = self.chunk_bytes(array);
+        array.policy.torn_bytes().is_some()
+            && array.resync_owed()
+            && !array
                 .policy
                 .next_to_resync(row * chunk, (row + 1) * chunk)
                 .is_empty()
@@ -875,30 +923,31 @@ impl Array {
     /// row and the data index of the guessed chunk.
     pub(crate) fn torn_guess(
         &self,
+        array: &Array,
         at: u64,
         bufs: &[PoolBuf],
         missing: &[usize],
     ) -> Option<(u64, usize)> {
-        if self.integrity.is_some() || missing.is_empty() {
+        if array.integrity.is_some() || missing.is_empty() {
             return None;
         }
-        let spare_parity = missing.len() < self.geometry.max_degraded();
-        for (row, r) in row_pieces(at, bufs[0].len() as u64, self.chunk_bytes()) {
-            if !self.row_exposed(row) {
+        let spare_parity = missing.len() < array.geometry.max_degraded();
+        for (row, r) in row_pieces(at, bufs[0].len() as u64, self.chunk_bytes(array)) {
+            if !self.row_exposed(array, row) {
                 continue;
             }
-            let roles = self.geometry.stripe_roles(row);
+            let roles = array.geometry.stripe_roles(row);
             let Some(d) =
-                (0..self.geometry.data_disks()).find(|&d| missing.contains(&roles.data_dev(d)))
+                (0..array.geometry.data_disks()).find(|&d| missing.contains(&roles.data_dev(d)))
             else {
                 continue;
             };
             let cut = |dev: usize| &bufs[dev][r.clone()];
-            let data: Vec<&[u8]> = (0..self.geometry.data_disks())
+            let data: Vec<&[u8]> = (0..array.geometry.data_disks())
                 .map(|d| cut(roles.data_dev(d)))
                 .collect();
             let agrees = spare_parity && {
-                let (p, q) = self.compute_parity(&roles, &data);
+                let (p, q) = self.compute_parity(array, &roles, &data);
                 p[..] == *cut(roles.p_dev())
                     && roles.q_dev().is_none_or(|qd| q.as_deref() == Some(cut(qd)))
             };
@@ -911,18 +960,18 @@ impl Array {
 
     /// A degraded read of data chunk `d` of an exposed row, without records to check the
     /// reconstruction against: an unrecoverable read, not a guess.
-    fn refuse_torn(&self, row: u64, d: usize, off: u64, len: usize) -> EngineError {
-        let at = self.array_offset(row, d, off);
-        let n = self
+    fn refuse_torn(&self, array: &Array, row: u64, d: usize, off: u64, len: usize) -> EngineError {
+        let at = self.array_offset(array, row, d, off);
+        let n = array
             .sync
             .torn_reads_refused
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        tracing::error!(array = %self.name, offset = at, len,
+        tracing::error!(array = %array.name, offset = at, len,
             "read refused: the block must be rebuilt from a row a crash may have torn");
         if n.is_power_of_two() || n == 0 {
-            self.members.events.emit(
+            array.members.events.emit(
                 "torn_read_refused",
-                &self.name,
+                &array.name,
                 None,
                 format!(
                     "array bytes {at}+{len} must be rebuilt from a row a crash may have left \
@@ -931,22 +980,23 @@ impl Array {
                 ),
             );
         }
-        self.unrecoverable(at, len as u64, TORN_REASON)
+        array.unrecoverable(at, len as u64, TORN_REASON)
     }
 
     /// P (and Q) of a stripe's data chunks, given in data-index order.
     pub(crate) fn compute_parity(
         &self,
+        array: &Array,
         roles: &StripeRoles,
         data: &[&[u8]],
     ) -> (PoolBuf, Option<PoolBuf>) {
         let len = data[0].len();
-        let mut p = self.bufs.get(len);
+        let mut p = array.bufs.get(len);
         if roles.q_dev().is_none() {
             parity::xor_gen(data, &mut p);
             return (p, None);
         }
-        let mut q = self.bufs.get(len);
+        let mut q = array.bufs.get(len);
         let mut by_syndrome: Vec<&[u8]> = vec![&[]; data.len()];
         for (d, buf) in data.iter().enumerate() {
             by_syndrome[roles.syndrome(d)] = buf;
@@ -959,16 +1009,17 @@ impl Array {
     /// ([`Array::read_rebuilt`]).
     pub(crate) fn read_row(
         &self,
+        array: &Array,
         roles: &StripeRoles,
         at: u64,
         len: usize,
         torn: Torn,
     ) -> Result<Option<RowBufs>> {
-        let Some(dev_bufs) = self.read_rebuilt(at, len, self.heal_mode(), torn)? else {
+        let Some(dev_bufs) = self.read_rebuilt(array, at, len, array.heal_mode(), torn)? else {
             return Ok(None);
         };
         let mut by_dev: Vec<Option<PoolBuf>> = dev_bufs.into_iter().map(Some).collect();
-        let data = (0..self.geometry.data_disks())
+        let data = (0..array.geometry.data_disks())
             .map(|d| by_dev[roles.data_dev(d)].take().expect("data chunk"))
             .collect();
         let p = by_dev[roles.p_dev()].take().expect("P chunk");
@@ -983,34 +1034,37 @@ impl Array {
     /// meanwhile; plan again.
     pub(crate) fn read_rebuilt(
         &self,
+        array: &Array,
         at: u64,
         len: usize,
         heal: Heal,
         torn: Torn,
     ) -> Result<Option<Vec<PoolBuf>>> {
-        let Some((mut bufs, missing, unread)) = self.read_present(at, len, heal)? else {
+        let Some((mut bufs, missing, unread)) = self.read_present(array, at, len, heal)? else {
             return Ok(None);
         };
-        for (row, r) in row_pieces(at, len as u64, self.chunk_bytes()) {
-            let roles = self.geometry.stripe_roles(row);
+        for (row, r) in row_pieces(at, len as u64, self.chunk_bytes(array)) {
+            let roles = array.geometry.stripe_roles(row);
             let slices = bufs.iter_mut().map(|b| &mut b[r.clone()]).collect();
-            self.reconstruct(&roles, slices, &missing);
+            self.reconstruct(array, &roles, slices, &missing);
         }
         if torn != Torn::Carry {
-            if let Some((row, d)) = self.torn_guess(at, &bufs, &missing) {
-                let off = at.max(row * self.chunk_bytes()) % self.chunk_bytes();
+            if let Some((row, d)) = self.torn_guess(array, at, &bufs, &missing) {
+                let off = at.max(row * self.chunk_bytes(array)) % self.chunk_bytes(array);
                 return Err(match torn {
-                    Torn::Refuse => self.refuse_torn(row, d, off, len),
-                    _ => {
-                        self.unrecoverable(self.array_offset(row, d, off), len as u64, TORN_REASON)
-                    }
+                    Torn::Refuse => self.refuse_torn(array, row, d, off, len),
+                    _ => array.unrecoverable(
+                        self.array_offset(array, row, d, off),
+                        len as u64,
+                        TORN_REASON,
+                    ),
                 });
             }
         }
-        self.verify_rebuilt(at, &bufs, &missing)?;
+        self.verify_rebuilt(array, at, &bufs, &missing)?;
         if heal != Heal::Count {
             for dev in unread {
-                self.correct_read_error(dev, at, &bufs[dev], WriteSet::repair(at, len as u64));
+                array.correct_read_error(dev, at, &bufs[dev], WriteSet::repair(at, len as u64));
             }
         }
         Ok(Some(bufs))
@@ -1025,26 +1079,32 @@ impl Array {
     /// With integrity records, members that read back corrupt are healed page by page
     /// ([`Array::heal`], as `heal` says); without, a corrupt member counts as missing over the
     /// whole range.
-    pub(crate) fn read_present(&self, at: u64, len: usize, heal: Heal) -> Result<Option<Present>> {
-        let n = self.geometry.raid_disks();
+    pub(crate) fn read_present(
+        &self,
+        array: &Array,
+        at: u64,
+        len: usize,
+        heal: Heal,
+    ) -> Result<Option<Present>> {
+        let n = array.geometry.raid_disks();
         let mut missing: Vec<usize> = (0..n)
-            .filter(|&dev| !self.members.slot(dev).in_sync(at, len as u64))
+            .filter(|&dev| !array.members.slot(dev).in_sync(at, len as u64))
             .collect();
-        if missing.len() > self.geometry.max_degraded() {
-            return Err(self.unrecoverable(
+        if missing.len() > array.geometry.max_degraded() {
+            return Err(array.unrecoverable(
                 at,
                 len as u64,
                 "more members missing than the level tolerates",
             ));
         }
-        let mut bufs: Vec<PoolBuf> = (0..n).map(|_| self.bufs.get(len)).collect();
+        let mut bufs: Vec<PoolBuf> = (0..n).map(|_| array.bufs.get(len)).collect();
         let mut ios: Vec<MemberIo<'_>> = bufs
             .iter_mut()
             .enumerate()
             .filter(|(dev, _)| !missing.contains(dev))
-            .map(|(dev, buf)| self.read_io(dev, at, buf))
+            .map(|(dev, buf)| array.read_io(dev, at, buf))
             .collect();
-        self.run_io(&mut ios);
+        array.run_io(&mut ios);
         let mut replan = false;
         let mut corrupt = Vec::new();
         let mut unread = Vec::new();
@@ -1061,22 +1121,22 @@ impl Array {
             return Ok(None);
         }
         missing.extend(&unread);
-        if !unread.is_empty() && missing.len() > self.geometry.max_degraded() {
-            self.record_unreadable(at, len, &missing, &unread);
-            return Err(self.unrecoverable(
+        if !unread.is_empty() && missing.len() > array.geometry.max_degraded() {
+            self.record_unreadable(array, at, len, &missing, &unread);
+            return Err(array.unrecoverable(
                 at,
                 len as u64,
                 "unreadable sectors beyond the level's redundancy",
             ));
         }
-        if self.integrity.is_some() && !corrupt.is_empty() {
-            self.heal(at, &mut bufs, &missing, &corrupt, heal)?;
+        if array.integrity.is_some() && !corrupt.is_empty() {
+            self.heal(array, at, &mut bufs, &missing, &corrupt, heal)?;
         } else {
             // Read fine but wrong: rebuilt from the others like a missing chunk.
             missing.extend(corrupt);
         }
-        if missing.len() > self.geometry.max_degraded() {
-            return Err(self.unrecoverable(
+        if missing.len() > array.geometry.max_degraded() {
+            return Err(array.unrecoverable(
                 at,
                 len as u64,
                 "corrupt and missing chunks exceed the level's redundancy",
@@ -1089,7 +1149,14 @@ impl Array {
     /// Chunks of `unread` members over `at..at + len` could not be read and, with the other
     /// `missing` ones, exceed the redundancy: find the pages that really fail (reading them one
     /// by one) and record those the row cannot rebuild as bad blocks on their members.
-    fn record_unreadable(&self, at: u64, len: usize, missing: &[usize], unread: &[usize]) {
+    fn record_unreadable(
+        &self,
+        array: &Array,
+        at: u64,
+        len: usize,
+        missing: &[usize],
+        unread: &[usize],
+    ) {
         let pages = (len as u64).div_ceil(PAGE);
         let others = missing.len() - unread.len();
         let mut failing: Vec<Vec<usize>> = vec![Vec::new(); pages as usize];
@@ -1097,26 +1164,26 @@ impl Array {
             for (pg, failed) in failing.iter_mut().enumerate() {
                 let off = at + pg as u64 * PAGE;
                 let n = PAGE.min(at + len as u64 - off) as usize;
-                let mut buf = self.bufs.get(n);
-                let mut io = [self.read_io(dev, off, &mut buf)];
-                self.run_io(&mut io);
+                let mut buf = array.bufs.get(n);
+                let mut io = [array.read_io(dev, off, &mut buf)];
+                array.run_io(&mut io);
                 if io[0].outcome == IoOutcome::ReadError {
                     failed.push(dev);
                 }
             }
         }
         for (pg, failed) in failing.iter().enumerate() {
-            if others + failed.len() <= self.geometry.max_degraded() {
+            if others + failed.len() <= array.geometry.max_degraded() {
                 continue;
             }
             let off = at + pg as u64 * PAGE;
             for &dev in failed {
-                if let Some(m) = self.members.slot(dev).in_sync_member(off, PAGE) {
+                if let Some(m) = array.members.slot(dev).in_sync_member(off, PAGE) {
                     // Recorded already: a known bad block, not a new read error.
-                    if m.health.covers(off, PAGE) || self.members.note_read_error(dev, &m) {
+                    if m.health.covers(off, PAGE) || array.members.note_read_error(dev, &m) {
                         continue;
                     }
-                    self.members.record_bad_blocks(
+                    array.members.record_bad_blocks(
                         dev,
                         &m,
                         off,
@@ -1132,6 +1199,7 @@ impl Array {
     /// `dev_bufs[dev]` holds device `dev`'s chunk of the stripe.
     pub(crate) fn reconstruct(
         &self,
+        array: &Array,
         roles: &StripeRoles,
         dev_bufs: Vec<&mut [u8]>,
         missing: &[usize],
@@ -1140,12 +1208,12 @@ impl Array {
             return;
         }
         let mut dev_bufs = dev_bufs;
-        if self.geometry.level() != Level::Raid6 {
+        if array.geometry.level() != Level::Raid6 {
             parity::raid5_recover(&mut dev_bufs, missing[0]);
             return;
         }
         let lost = lost_of(roles, missing);
-        let m = self.geometry.data_disks();
+        let m = array.geometry.data_disks();
         let (p_dev, q_dev) = (roles.p_dev(), roles.q_dev().expect("raid6 has Q"));
         let mut cells: Vec<Option<&mut [u8]>> = dev_bufs.into_iter().map(Some).collect();
         let p = cells[p_dev].take().expect("P");

@@ -25,6 +25,7 @@ use crate::error::Result;
 use crate::integrity::{BlockKind, Integrity};
 use crate::io::bufpool::PoolBuf;
 use crate::io::commit::WriteSet;
+use crate::personality::Parity;
 use layout::{ChunkRole, StripeRoles};
 
 const PAGE: usize = format::RECORD_BLOCK;
@@ -102,50 +103,69 @@ struct HealTally {
 }
 
 impl Array {
+    /// A block rewritten on `dev` read back wrong: after a few of those the member is failed
+    /// (it answers but does not keep what it is given). Returns whether it was.
+    pub(crate) fn strike_rewrite(&self, dev: usize) -> bool {
+        let integ = self.integrity.as_ref().expect("integrity");
+        if !integ.strike(dev) {
+            return false;
+        }
+        let member = self.members.slot(dev).usable();
+        self.members.fail_role(
+            dev,
+            member.as_ref(),
+            "rewritten blocks keep reading back wrong (integrity)",
+        );
+        true
+    }
+}
+
+impl Parity {
     /// Repair, in `bufs` and on the members, the pages of `corrupt` members that fail their
     /// records; `bufs[dev]` holds member `dev`'s bytes at `at`, `missing` members hold nothing.
     pub(crate) fn heal(
         &self,
+        array: &Array,
         at: u64,
         bufs: &mut [PoolBuf],
         missing: &[usize],
         corrupt: &[usize],
         mode: Heal,
     ) -> Result<()> {
-        let integ = self
+        let integ = array
             .integrity
             .as_ref()
             .expect("heal needs integrity records");
         let pages = bufs[corrupt[0]].len() / PAGE;
-        let mode = self.settle_scope(mode, at, (pages * PAGE) as u64, missing.is_empty());
+        let mode = array.settle_scope(mode, at, (pages * PAGE) as u64, missing.is_empty());
         let mut tally = HealTally::default();
         for pg in 0..pages {
-            let Some(page) = self.failed_page(integ, at, pg, bufs, corrupt) else {
+            let Some(page) = self.failed_page(array, integ, at, pg, bufs, corrupt) else {
                 continue;
             };
             tally.failing += page.bad.len();
             for &dev in &page.bad {
                 integ.count_mismatch(kind_of(&page.roles, dev));
             }
-            if let Some(settled) = self.rebuild_page(integ, &page, bufs, missing) {
+            if let Some(settled) = self.rebuild_page(array, integ, &page, bufs, missing) {
                 if mode != Heal::Count {
-                    self.apply_settled(integ, &page, bufs, settled, &mut tally);
+                    self.apply_settled(array, integ, &page, bufs, settled, &mut tally);
                 }
                 continue;
             }
-            self.beyond_redundancy(integ, &page, bufs, mode, &mut tally)?;
+            self.beyond_redundancy(array, integ, &page, bufs, mode, &mut tally)?;
         }
         if tally.failing > 0 {
-            self.report_heal(at, mode, &tally);
+            self.report_heal(array, at, mode, &tally);
         }
         let settled = mode == Heal::Settle && (!tally.rewrites.is_empty() || tally.resolved);
         for (dev, off, pg) in tally.rewrites {
-            self.rewrite_block(dev, off, &bufs[dev][pg * PAGE..(pg + 1) * PAGE])?;
+            self.rewrite_block(array, dev, off, &bufs[dev][pg * PAGE..(pg + 1) * PAGE])?;
         }
         if settled {
             // What an unclean stop left undecided is decided now, for good: a cut before this
             // is durable could bring back the other outcome after the client saw this one.
-            self.flush_members();
+            array.flush_members();
         }
         Ok(())
     }
@@ -153,6 +173,7 @@ impl Array {
     /// Page `pg` of `bufs`, if blocks of `corrupt` members there fail their records.
     fn failed_page(
         &self,
+        array: &Array,
         integ: &Integrity,
         at: u64,
         pg: usize,
@@ -169,7 +190,7 @@ impl Array {
         if bad.is_empty() {
             return None;
         }
-        let chunk = self.geometry.chunk_sectors() * 512;
+        let chunk = array.geometry.chunk_sectors() * 512;
         let found = bad
             .iter()
             .map(|&dev| bufs[dev][r.clone()].to_vec())
@@ -177,7 +198,7 @@ impl Array {
         Some(FailedPage {
             pg,
             off,
-            roles: self.geometry.stripe_roles(off / chunk),
+            roles: array.geometry.stripe_roles(off / chunk),
             bad,
             found,
         })
@@ -187,6 +208,7 @@ impl Array {
     /// the missing members; how each was resolved, or `None` if one was not.
     fn rebuild_page(
         &self,
+        array: &Array,
         integ: &Integrity,
         page: &FailedPage,
         bufs: &mut [PoolBuf],
@@ -195,10 +217,11 @@ impl Array {
         let (off, r, roles) = (page.off, page.bytes(), &page.roles);
         let mut erased: Vec<usize> = missing.iter().chain(&page.bad).copied().collect();
         erased.sort_unstable();
-        if erased.len() > self.geometry.max_degraded() {
+        if erased.len() > array.geometry.max_degraded() {
             return None;
         }
         self.reconstruct(
+            array,
             roles,
             bufs.iter_mut().map(|b| &mut b[r.clone()]).collect(),
             &erased,
@@ -207,7 +230,7 @@ impl Array {
         // is vouched for (read or rebuilt, matching its record), parity that fails its
         // record is recomputed whatever its record says (a write torn between parity and
         // record, a rebuild of a row a cut left mid-write).
-        let data_vouched = (0..self.geometry.raid_disks())
+        let data_vouched = (0..array.geometry.raid_disks())
             .filter(|&dev| kind_of(roles, dev) == BlockKind::Data)
             .filter(|dev| erased.contains(dev))
             .all(|dev| integ.block_ok(dev, off, &bufs[dev][r.clone()]));
@@ -230,6 +253,7 @@ impl Array {
     /// Records for what was resolved; rewrites queued for what was rebuilt.
     fn apply_settled(
         &self,
+        array: &Array,
         integ: &Integrity,
         page: &FailedPage,
         bufs: &[PoolBuf],
@@ -239,7 +263,7 @@ impl Array {
         let off = page.off;
         for (dev, how) in settled {
             if how == Settled::Parity {
-                tracing::warn!(array = %self.name, role = dev, offset = off,
+                tracing::warn!(array = %array.name, role = dev, offset = off,
                     "parity and its record disagree with verified data: recomputed");
                 integ.set_block(dev, off, &bufs[dev][page.bytes()]);
                 integ.count_record_fixed();
@@ -247,7 +271,7 @@ impl Array {
             if how != Settled::StaleRecord {
                 tally.rewrites.push((dev, off, page.pg));
             } else {
-                tracing::warn!(array = %self.name, role = dev, offset = off,
+                tracing::warn!(array = %array.name, role = dev, offset = off,
                     "integrity record was stale (the row agrees with the block): fixed");
                 let i = page.bad.iter().position(|&b| b == dev).expect("bad");
                 integ.set_block(dev, off, &page.found[i]);
@@ -262,6 +286,7 @@ impl Array {
     /// an unclean stop.
     fn beyond_redundancy(
         &self,
+        array: &Array,
         integ: &Integrity,
         page: &FailedPage,
         bufs: &mut [PoolBuf],
@@ -271,11 +296,11 @@ impl Array {
         let (off, r, bad) = (page.off, page.bytes(), &page.bad);
         if mode != Heal::Settle {
             integ.count_unrecoverable();
-            tracing::error!(array = %self.name, offset = off, roles = ?bad,
+            tracing::error!(array = %array.name, offset = off, roles = ?bad,
                 "blocks fail their records beyond what redundancy can rebuild");
-            self.members.events.emit(
+            array.members.events.emit(
                 "integrity_unrecoverable",
-                &self.name,
+                &array.name,
                 None,
                 format!(
                     "roles {bad:?} at member byte {off} fail their records beyond the \
@@ -289,7 +314,7 @@ impl Array {
                 }
                 return Ok(());
             }
-            return Err(self.members.corruption(
+            return Err(array.members.corruption(
                 bad,
                 off,
                 PAGE as u64,
@@ -308,7 +333,7 @@ impl Array {
         Ok(())
     }
 
-    fn report_heal(&self, at: u64, mode: Heal, tally: &HealTally) {
+    fn report_heal(&self, array: &Array, at: u64, mode: Heal, tally: &HealTally) {
         let kind = if mode == Heal::Count {
             "integrity_mismatch"
         } else {
@@ -324,9 +349,9 @@ impl Array {
                 tally.settled_blocks
             )
         };
-        self.members.events.emit(
+        array.members.events.emit(
             kind,
-            &self.name,
+            &array.name,
             None,
             format!(
                 "{} blocks near member byte {at} failed their records: {what}",
@@ -337,41 +362,25 @@ impl Array {
 
     /// Write a rebuilt block back to `dev` and read it again; a member that keeps returning
     /// wrong data after rewrites is failed.
-    fn rewrite_block(&self, dev: usize, off: u64, page: &[u8]) -> Result<()> {
-        let integ = self.integrity.as_ref().expect("integrity");
-        let mut io = [self.write_io(dev, off, page, false)];
-        self.commit_writes(&WriteSet::repair(off, PAGE as u64), &mut io)?;
+    fn rewrite_block(&self, array: &Array, dev: usize, off: u64, page: &[u8]) -> Result<()> {
+        let integ = array.integrity.as_ref().expect("integrity");
+        let mut io = [array.write_io(dev, off, page, false)];
+        array.commit_writes(&WriteSet::repair(off, PAGE as u64), &mut io)?;
         if !io[0].ok() {
             return Ok(());
         }
-        let mut back = self.bufs.get(PAGE);
-        let mut io = [self.read_io(dev, off, &mut back)];
-        self.run_io(&mut io);
+        let mut back = array.bufs.get(PAGE);
+        let mut io = [array.read_io(dev, off, &mut back)];
+        array.run_io(&mut io);
         if io[0].ok() {
             integ.count_repaired();
-            tracing::info!(array = %self.name, role = dev, offset = off, "block rebuilt from redundancy and rewritten");
+            tracing::info!(array = %array.name, role = dev, offset = off, "block rebuilt from redundancy and rewritten");
             return Ok(());
         }
         drop(io);
-        tracing::warn!(array = %self.name, role = dev, offset = off, "rewritten block reads back wrong");
-        self.strike_rewrite(dev);
+        tracing::warn!(array = %array.name, role = dev, offset = off, "rewritten block reads back wrong");
+        array.strike_rewrite(dev);
         Ok(())
-    }
-
-    /// A block rewritten on `dev` read back wrong: after a few of those the member is failed
-    /// (it answers but does not keep what it is given). Returns whether it was.
-    pub(crate) fn strike_rewrite(&self, dev: usize) -> bool {
-        let integ = self.integrity.as_ref().expect("integrity");
-        if !integ.strike(dev) {
-            return false;
-        }
-        let member = self.members.slot(dev).usable();
-        self.members.fail_role(
-            dev,
-            member.as_ref(),
-            "rewritten blocks keep reading back wrong (integrity)",
-        );
-        true
     }
 
     /// The data blocks of `missing` members, just reconstructed in `bufs`, match their records
@@ -381,21 +390,22 @@ impl Array {
     /// write from damage, and a reconstruction nothing vouches for is not served.
     pub(crate) fn verify_rebuilt(
         &self,
+        array: &Array,
         at: u64,
         bufs: &[PoolBuf],
         missing: &[usize],
     ) -> Result<()> {
-        let Some(integ) = &self.integrity else {
+        let Some(integ) = &array.integrity else {
             return Ok(());
         };
-        let chunk = self.geometry.chunk_sectors() * 512;
+        let chunk = array.geometry.chunk_sectors() * 512;
         for &dev in missing {
             for (pg, page) in bufs[dev].chunks(PAGE).enumerate() {
                 let off = at + (pg * PAGE) as u64;
-                let roles = self.geometry.stripe_roles(off / chunk);
+                let roles = array.geometry.stripe_roles(off / chunk);
                 if kind_of(&roles, dev) == BlockKind::Data && !integ.block_ok(dev, off, page) {
                     integ.count_unrecoverable();
-                    return Err(self.members.corruption(
+                    return Err(array.members.corruption(
                         &[dev],
                         off,
                         PAGE as u64,

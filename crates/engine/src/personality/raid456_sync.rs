@@ -12,27 +12,28 @@ use crate::lock::LockRange;
 use crate::personality::raid456::row_pieces;
 use crate::personality::raid456::Torn;
 use crate::personality::raid456_heal::Heal;
+use crate::personality::Parity;
 
 /// Rebuilds record what they cannot recover in pages of this many bytes.
 const PAGE: u64 = crate::members::badblocks::BAD_PAGE;
 /// How often one window's sources are read again while members fail meanwhile.
 const MAX_SOURCE_TRIES: usize = 4;
 
-impl Array {
+impl Parity {
     /// Rebuild `role`'s chunks of the stripes from member byte `pos` on, one window under the
     /// stripes' claims; returns where the next window starts.
-    pub(crate) fn recover_rows(&self, role: usize, pos: u64) -> Result<u64, Stop> {
-        let chunk = self.geometry.chunk_sectors() * 512;
+    pub(crate) fn recover_rows(&self, array: &Array, role: usize, pos: u64) -> Result<u64, Stop> {
+        let chunk = array.geometry.chunk_sectors() * 512;
         let row = pos / chunk;
-        let last = (row + self.window_rows()).min(self.geometry.stripes());
-        let guard = self.range_lock().lock(LockRange::Stripes {
+        let last = (row + self.window_rows(array)).min(array.geometry.stripes());
+        let guard = array.range_lock().lock(LockRange::Stripes {
             first: row,
             end: last,
         });
-        let res = self.rebuild_window(role, row, last);
+        let res = self.rebuild_window(array, role, row, last);
         if res.is_ok() {
             // Under the lock: no write to these stripes can slip in between.
-            self.members.slots[role].advance(last * chunk);
+            array.members.slots[role].advance(last * chunk);
         }
         drop(guard);
         res?;
@@ -43,73 +44,81 @@ impl Array {
     /// next position and the mismatched sectors.
     pub(crate) fn scrub_rows(
         &self,
+        array: &Array,
         action: SyncAction,
         pos: u64,
         end: u64,
     ) -> Result<(u64, u64), Stop> {
         let fix = action != SyncAction::Check;
         let heal = Heal::of(action);
-        let chunk = self.geometry.chunk_sectors() * 512;
+        let chunk = array.geometry.chunk_sectors() * 512;
         let row = pos / chunk;
         // Not past `end`: a bitmap-guided resync stops where the dirty chunks do.
-        let last = (row + self.window_rows())
-            .min(self.geometry.stripes())
+        let last = (row + self.window_rows(array))
+            .min(array.geometry.stripes())
             .min(end.div_ceil(chunk));
-        let guard = self.range_lock().lock(LockRange::Stripes {
+        let guard = array.range_lock().lock(LockRange::Stripes {
             first: row,
             end: last,
         });
-        let res = self.scrub_window(row, last, fix, heal);
+        let res = self.scrub_window(array, row, last, fix, heal);
         drop(guard);
         Ok((last * chunk, res?))
     }
 
     /// Verify reads of the page rows under array byte `ranges`: mismatched sectors and bytes
     /// verified.
-    pub(crate) fn verify_rows(&self, ranges: &[(u64, u64)], fix: bool) -> Result<(u64, u64)> {
+    pub(crate) fn verify_rows(
+        &self,
+        array: &Array,
+        ranges: &[(u64, u64)],
+        fix: bool,
+    ) -> Result<(u64, u64)> {
         let spans = crate::background::verify::merge(
             ranges
                 .iter()
-                .flat_map(|&(off, len)| self.page_rows(off, len))
+                .flat_map(|&(off, len)| self.page_rows(array, off, len))
                 .collect(),
         );
-        let data_disks = self.geometry.data_disks() as u64;
+        let data_disks = array.geometry.data_disks() as u64;
         let (mut bad, mut bytes) = (0, 0);
         for (a, b) in spans {
-            bad += self.verify_span(a, b, fix)?;
+            bad += self.verify_span(array, a, b, fix)?;
             bytes += (b - a) * data_disks;
         }
         Ok((bad, bytes))
     }
 }
 
-impl Array {
+impl Parity {
     /// Stripes per unit of background work: about `sync_window_bytes` of each member.
-    pub(crate) fn window_rows(&self) -> u64 {
-        (self.config.sync_window_bytes / (self.geometry.chunk_sectors() * 512)).max(1)
+    pub(crate) fn window_rows(&self, array: &Array) -> u64 {
+        (array.config.sync_window_bytes / (array.geometry.chunk_sectors() * 512)).max(1)
     }
 
     /// Read every usable member over stripes `r0..r1` (one I/O per member) and reconstruct
     /// each stripe's missing chunks. `Ok(None)`: a member failed meanwhile; try again.
     pub(crate) fn read_window(
         &self,
+        array: &Array,
         r0: u64,
         r1: u64,
         heal: Heal,
     ) -> Result<Option<Vec<PoolBuf>>, Stop> {
-        let chunk = self.geometry.chunk_sectors() * 512;
-        self.read_span(r0 * chunk, (r1 - r0) * chunk, heal)
+        let chunk = array.geometry.chunk_sectors() * 512;
+        self.read_span(array, r0 * chunk, (r1 - r0) * chunk, heal)
     }
 
     /// [`Array::read_window`] over member bytes `at..at + len`: whole rows or parts of rows
     /// (whole pages), each row's missing blocks reconstructed from the same bytes of the others.
     pub(crate) fn read_span(
         &self,
+        array: &Array,
         at: u64,
         len: u64,
         heal: Heal,
     ) -> Result<Option<Vec<PoolBuf>>, Stop> {
-        self.read_rebuilt(at, len as usize, heal, Torn::Pass)
+        self.read_rebuilt(array, at, len as usize, heal, Torn::Pass)
             .map_err(Stop::Failed)
     }
 
@@ -117,20 +126,26 @@ impl Array {
     /// whose I/O overlaps: the reads of the second half (other members) run while the first
     /// half's write to the new member is on its way, as a reader and a writer would run side by
     /// side. Both writes have ended when this returns; the caller moves the in-sync point.
-    pub(crate) fn rebuild_window(&self, role: usize, r0: u64, r1: u64) -> Result<(), Stop> {
-        let chunk = self.geometry.chunk_sectors() * 512;
+    pub(crate) fn rebuild_window(
+        &self,
+        array: &Array,
+        role: usize,
+        r0: u64,
+        r1: u64,
+    ) -> Result<(), Stop> {
+        let chunk = array.geometry.chunk_sectors() * 512;
         let mid = r0 + (r1 - r0).div_ceil(2);
         std::thread::scope(|scope| {
             let mut writing: Option<std::thread::ScopedJoinHandle<'_, Result<(), Stop>>> = None;
             let mut lost: Vec<u64> = Vec::new();
             for (a, b) in [(r0, mid), (mid, r1)].into_iter().filter(|(a, b)| a < b) {
-                let (bufs, gone) = self.read_rebuild_sources(a, b)?;
+                let (bufs, gone) = self.read_rebuild_sources(array, a, b)?;
                 lost.extend(gone);
                 if let Some(w) = writing.take() {
                     w.join().expect("rebuild writer panicked")?;
                 }
-                let write = move || self.write_rebuilt(role, a * chunk, &bufs[role]);
-                if self.is_deterministic() {
+                let write = move || array.write_rebuilt(role, a * chunk, &bufs[role]);
+                if array.is_deterministic() {
                     write()?;
                 } else {
                     writing = Some(scope.spawn(write));
@@ -144,9 +159,9 @@ impl Array {
             // nobody knows which, so a reconstruction from it is a guess as well (writes of
             // the row's other data then leave it as it is; a write of the lost data makes it
             // whole). Integrity records tell the two apart instead.
-            for (at, len) in self.record_unrebuilt(role, &lost) {
-                if self.integrity.is_none() {
-                    self.record_torn_parity(role, at, len);
+            for (at, len) in array.record_unrebuilt(role, &lost) {
+                if array.integrity.is_none() {
+                    self.record_torn_parity(array, role, at, len);
                 }
             }
             Ok(())
@@ -155,17 +170,17 @@ impl Array {
 
     /// The parity of the rows of member bytes `at..at + len` a crash may have torn where
     /// `role` holds data, recorded bad.
-    fn record_torn_parity(&self, role: usize, at: u64, len: u64) {
-        let chunk = self.geometry.chunk_sectors() * 512;
+    fn record_torn_parity(&self, array: &Array, role: usize, at: u64, len: u64) {
+        let chunk = array.geometry.chunk_sectors() * 512;
         for (row, r) in row_pieces(at, len, chunk) {
-            let roles = self.geometry.stripe_roles(row);
-            let holds_data = (0..self.geometry.data_disks()).any(|d| roles.data_dev(d) == role);
-            if !holds_data || !self.row_exposed(row) {
+            let roles = array.geometry.stripe_roles(row);
+            let holds_data = (0..array.geometry.data_disks()).any(|d| roles.data_dev(d) == role);
+            if !holds_data || !self.row_exposed(array, row) {
                 continue;
             }
             for dev in std::iter::once(roles.p_dev()).chain(roles.q_dev()) {
-                if let Some(member) = self.members.slots[dev].usable() {
-                    self.members.record_bad_blocks(
+                if let Some(member) = array.members.slots[dev].usable() {
+                    array.members.record_bad_blocks(
                         dev,
                         &member,
                         at + r.start as u64,
@@ -181,20 +196,25 @@ impl Array {
     /// the window cannot be rebuilt whole (unreadable or corrupt blocks beyond redundancy), it
     /// is read page by page: the pages that cannot be rebuilt are returned (member bytes) and
     /// the rebuild goes on past them, as md's recovery does.
-    fn read_rebuild_sources(&self, r0: u64, r1: u64) -> Result<(Vec<PoolBuf>, Vec<u64>), Stop> {
+    fn read_rebuild_sources(
+        &self,
+        array: &Array,
+        r0: u64,
+        r1: u64,
+    ) -> Result<(Vec<PoolBuf>, Vec<u64>), Stop> {
         for _ in 0..MAX_SOURCE_TRIES {
-            match self.read_window(r0, r1, Heal::Repair) {
+            match self.read_window(array, r0, r1, Heal::Repair) {
                 Ok(Some(bufs)) => return Ok((bufs, Vec::new())),
                 Ok(None) => {}
-                Err(Stop::Failed(why)) if self.sources_left(r0, r1) => {
-                    tracing::warn!(array = %self.name, row = r0, "rebuild window not whole ({why}): page by page");
-                    return self.read_sources_by_page(r0, r1);
+                Err(Stop::Failed(why)) if self.sources_left(array, r0, r1) => {
+                    tracing::warn!(array = %array.name, row = r0, "rebuild window not whole ({why}): page by page");
+                    return self.read_sources_by_page(array, r0, r1);
                 }
                 Err(stop) => return Err(stop),
             }
         }
-        let chunk = self.geometry.chunk_sectors() * 512;
-        Err(Stop::Failed(self.unrecoverable(
+        let chunk = array.geometry.chunk_sectors() * 512;
+        Err(Stop::Failed(array.unrecoverable(
             r0 * chunk,
             (r1 - r0) * chunk,
             "members kept failing",
@@ -203,27 +223,28 @@ impl Array {
 
     /// Enough members remain over stripes `r0..r1` for the level to rebuild what is missing:
     /// what failed there is blocks, not members.
-    pub(crate) fn sources_left(&self, r0: u64, r1: u64) -> bool {
-        let chunk = self.geometry.chunk_sectors() * 512;
+    pub(crate) fn sources_left(&self, array: &Array, r0: u64, r1: u64) -> bool {
+        let chunk = array.geometry.chunk_sectors() * 512;
         let (at, len) = (r0 * chunk, (r1 - r0) * chunk);
-        let absent = (0..self.geometry.raid_disks())
-            .filter(|&dev| !self.members.slot(dev).in_sync(at, len))
+        let absent = (0..array.geometry.raid_disks())
+            .filter(|&dev| !array.members.slot(dev).in_sync(at, len))
             .count();
-        !self.is_failed() && absent <= self.personality.redundancy()
+        !array.is_failed() && absent <= array.personality.redundancy()
     }
 
     /// Stripes `r0..r1` read and rebuilt one 4 KiB page row at a time; returns the buffers (as
     /// [`Array::read_window`]) and the pages that could not be rebuilt (left zero).
     pub(crate) fn read_sources_by_page(
         &self,
+        array: &Array,
         r0: u64,
         r1: u64,
     ) -> Result<(Vec<PoolBuf>, Vec<u64>), Stop> {
-        let chunk = self.geometry.chunk_sectors() * 512;
+        let chunk = array.geometry.chunk_sectors() * 512;
         let len = ((r1 - r0) * chunk) as usize;
-        let mut bufs: Vec<PoolBuf> = (0..self.geometry.raid_disks())
+        let mut bufs: Vec<PoolBuf> = (0..array.geometry.raid_disks())
             .map(|_| {
-                let mut b = self.bufs.get(len);
+                let mut b = array.bufs.get(len);
                 b.fill(0);
                 b
             })
@@ -231,7 +252,7 @@ impl Array {
         let mut lost = Vec::new();
         for at in (r0 * chunk..r1 * chunk).step_by(PAGE as usize) {
             let i = (at - r0 * chunk) as usize;
-            match self.read_source_page(at)? {
+            match self.read_source_page(array, at)? {
                 Some(page) => {
                     for (dev, b) in page.iter().enumerate() {
                         bufs[dev][i..i + PAGE as usize].copy_from_slice(b);
@@ -248,20 +269,20 @@ impl Array {
     }
 
     /// One page row at member byte `at`, rebuilt; `None`: it cannot be (the error is logged).
-    fn read_source_page(&self, at: u64) -> Result<Option<Vec<PoolBuf>>, Stop> {
-        let row = at / (self.geometry.chunk_sectors() * 512);
+    fn read_source_page(&self, array: &Array, at: u64) -> Result<Option<Vec<PoolBuf>>, Stop> {
+        let row = at / (array.geometry.chunk_sectors() * 512);
         for _ in 0..MAX_SOURCE_TRIES {
-            match self.read_rebuilt(at, PAGE as usize, self.heal_mode(), Torn::Pass) {
+            match self.read_rebuilt(array, at, PAGE as usize, array.heal_mode(), Torn::Pass) {
                 Ok(Some(bufs)) => return Ok(Some(bufs)),
                 Ok(None) => continue,
-                Err(e) if self.sources_left(row, row + 1) => {
-                    tracing::error!(array = %self.name, offset = at, "rebuild passes an unrecoverable page: {e}");
+                Err(e) if self.sources_left(array, row, row + 1) => {
+                    tracing::error!(array = %array.name, offset = at, "rebuild passes an unrecoverable page: {e}");
                     return Ok(None);
                 }
                 Err(e) => return Err(Stop::Failed(e)),
             }
         }
-        Err(Stop::Failed(self.unrecoverable(
+        Err(Stop::Failed(array.unrecoverable(
             at,
             PAGE,
             "members kept failing",
@@ -269,39 +290,47 @@ impl Array {
     }
 }
 
-impl Array {
+impl Parity {
     /// Compare the parity of stripes `r0..r1` with their data; rewrite it where it differs if
     /// `fix`. Returns mismatched sectors, counted per 4 KiB page as md does. With integrity
     /// records every block is verified first, and what fails is handled as `raid456_heal` says.
     pub(crate) fn scrub_window(
         &self,
+        array: &Array,
         r0: u64,
         r1: u64,
         fix: bool,
         heal: Heal,
     ) -> Result<u64, Stop> {
-        let chunk = (self.geometry.chunk_sectors() * 512) as usize;
+        let chunk = (array.geometry.chunk_sectors() * 512) as usize;
         // Pages nothing can rebuild (recorded bad blocks) are passed, as a rebuild passes them:
         // neither counted nor rewritten (a parity write there would clear a record).
-        let (bufs, lost) = match self.read_window(r0, r1, heal) {
+        let (bufs, lost) = match self.read_window(array, r0, r1, heal) {
             Ok(Some(bufs)) => (bufs, Vec::new()),
             Ok(None) => return Err(Stop::Interrupted),
-            Err(Stop::Failed(_)) if self.sources_left(r0, r1) => {
-                self.read_sources_by_page(r0, r1)?
+            Err(Stop::Failed(_)) if self.sources_left(array, r0, r1) => {
+                self.read_sources_by_page(array, r0, r1)?
             }
             Err(stop) => return Err(stop),
         };
-        self.compare_span(r0 * chunk as u64, &bufs, &lost, fix)
+        self.compare_span(array, r0 * chunk as u64, &bufs, &lost, fix)
     }
 
     /// Compare parity with data over member bytes `at..at + len` (whole pages, parts of rows
     /// allowed: a verify read's 4 KiB page rows); rewrite it where it differs if `fix`. The
     /// caller holds the rows' claims.
-    pub(crate) fn scrub_span(&self, at: u64, len: u64, fix: bool, heal: Heal) -> Result<u64, Stop> {
-        let Some(bufs) = self.read_span(at, len, heal)? else {
+    pub(crate) fn scrub_span(
+        &self,
+        array: &Array,
+        at: u64,
+        len: u64,
+        fix: bool,
+        heal: Heal,
+    ) -> Result<u64, Stop> {
+        let Some(bufs) = self.read_span(array, at, len, heal)? else {
             return Err(Stop::Interrupted);
         };
-        self.compare_span(at, &bufs, &[], fix)
+        self.compare_span(array, at, &bufs, &[], fix)
     }
 
     /// The parity comparison of [`Array::scrub_window`] over the member bytes `bufs` hold from
@@ -309,20 +338,21 @@ impl Array {
     /// nor is the rest of their row's parity (a parity write there would clear a record).
     fn compare_span(
         &self,
+        array: &Array,
         at: u64,
         bufs: &[PoolBuf],
         lost: &[u64],
         fix: bool,
     ) -> Result<u64, Stop> {
-        let chunk = self.geometry.chunk_sectors() * 512;
+        let chunk = array.geometry.chunk_sectors() * 512;
         let mut bad = 0u64;
         for (row, r) in row_pieces(at, bufs[0].len() as u64, chunk) {
-            let roles = self.geometry.stripe_roles(row);
+            let roles = array.geometry.stripe_roles(row);
             let cut = |dev: usize| &bufs[dev][r.clone()];
-            let data: Vec<&[u8]> = (0..self.geometry.data_disks())
+            let data: Vec<&[u8]> = (0..array.geometry.data_disks())
                 .map(|d| cut(roles.data_dev(d)))
                 .collect();
-            let (p, q) = self.compute_parity(&roles, &data);
+            let (p, q) = self.compute_parity(array, &roles, &data);
             let mut row_bad = 0;
             let piece_at = at + r.start as u64;
             let row_lost = lost.iter().any(|&l| l / chunk == row);
@@ -340,11 +370,12 @@ impl Array {
                 }
             }
             if row_bad > 0 && fix && !row_lost {
-                let mut ios = vec![self.write_io(roles.p_dev(), piece_at, &p, false)];
+                let mut ios = vec![array.write_io(roles.p_dev(), piece_at, &p, false)];
                 if let (Some(qd), Some(qb)) = (roles.q_dev(), q.as_ref()) {
-                    ios.push(self.write_io(qd, piece_at, qb, false));
+                    ios.push(array.write_io(qd, piece_at, qb, false));
                 }
-                self.commit_writes(&WriteSet::repair(piece_at, r.len() as u64), &mut ios)
+                array
+                    .commit_writes(&WriteSet::repair(piece_at, r.len() as u64), &mut ios)
                     .map_err(Stop::Failed)?;
             }
             bad += row_bad;
@@ -353,15 +384,15 @@ impl Array {
     }
 }
 
-impl Array {
+impl Parity {
     /// The member bytes (whole 4 KiB pages, the same on every member) of the page rows under
     /// array bytes `off..off + len`: md checks a stripe 4 KiB at a time (`STRIPE_SIZE`), and so
     /// a verify read costs what was in flight, not whole chunk rows.
-    fn page_rows(&self, off: u64, len: u64) -> Vec<(u64, u64)> {
+    fn page_rows(&self, array: &Array, off: u64, len: u64) -> Vec<(u64, u64)> {
         const PAGE: u64 = 4096;
-        let chunk = self.geometry.chunk_sectors() * 512;
-        let data_disks = self.geometry.data_disks() as u64;
-        let end = ((off + len).div_ceil(PAGE) * PAGE).min(self.size_bytes());
+        let chunk = array.geometry.chunk_sectors() * 512;
+        let data_disks = array.geometry.data_disks() as u64;
+        let end = ((off + len).div_ceil(PAGE) * PAGE).min(array.size_bytes());
         let mut at = off / PAGE * PAGE;
         let mut spans = Vec::new();
         while at < end {
@@ -376,23 +407,23 @@ impl Array {
 
     /// Page rows over member bytes `a..b`, a window at a time, the window's rows claimed while
     /// they are checked.
-    fn verify_span(&self, a: u64, b: u64, fix: bool) -> Result<u64> {
-        let chunk = self.geometry.chunk_sectors() * 512;
-        let window = self.window_rows() * chunk;
+    fn verify_span(&self, array: &Array, a: u64, b: u64, fix: bool) -> Result<u64> {
+        let chunk = array.geometry.chunk_sectors() * 512;
+        let window = self.window_rows(array) * chunk;
         // After an unclean stop, blocks that fail their records in rows a crash may have torn
         // are unflushed writes: settled as found, as the resync would (see `raid456_heal`).
-        let heal = if fix { self.heal_mode() } else { Heal::Count };
+        let heal = if fix { array.heal_mode() } else { Heal::Count };
         let mut bad = 0;
         let mut at = a;
         while at < b {
             let end = ((at / window + 1) * window).min(b);
             let mut tries = 0;
             let found = loop {
-                let guard = self.range_lock().lock(LockRange::Stripes {
+                let guard = array.range_lock().lock(LockRange::Stripes {
                     first: at / chunk,
                     end: end.div_ceil(chunk),
                 });
-                let res = self.scrub_span(at, end - at, fix, heal);
+                let res = self.scrub_span(array, at, end - at, fix, heal);
                 drop(guard);
                 match res {
                     // A member failed while being read: plan again without it.
@@ -400,8 +431,8 @@ impl Array {
                     other => break other,
                 }
             };
-            let rows = at / chunk * chunk * self.geometry.data_disks() as u64;
-            bad += found.map_err(|e| self.verify_failed(rows, end - at, e))?;
+            let rows = at / chunk * chunk * array.geometry.data_disks() as u64;
+            bad += found.map_err(|e| array.verify_failed(rows, end - at, e))?;
             at = end;
         }
         Ok(bad)

@@ -135,11 +135,14 @@ impl Array {
             // bytes of the cached chunks and the parity) or the rest of the row.
             let is_dirty: Vec<bool> = (0..m).map(|d| dirty_idx.contains(&d)).collect();
             let full: Vec<bool> = (0..m).map(|d| cached.covers_chunk(d, a, b)).collect();
-            let plan = self.plan_write(&roles, at, n, &is_dirty, &full, false);
+            let plan = self
+                .parity()
+                .plan_write(self, &roles, at, n, &is_dirty, &full);
             let rmw = match plan {
                 // A row recovery found may be torn on the members (see `CachedRow::recovered`).
                 WritePlan::Rmw if !cached.recovered => self
-                    .rmw_compute(&roles, at, len, &dirty_idx, |d, buf| {
+                    .parity()
+                    .rmw_compute(self, &roles, at, len, &dirty_idx, |d, buf| {
                         cached.overlay(d, a, buf)
                     })
                     .ok(),
@@ -153,7 +156,7 @@ impl Array {
                         cached.overlay(d, a, buf);
                     }
                     let refs: Vec<&[u8]> = data.iter().map(|b| &b[..]).collect();
-                    let (p, q) = self.compute_parity(&roles, &refs);
+                    let (p, q) = self.parity().compute_parity(self, &roles, &refs);
                     let chunks: Vec<(usize, PoolBuf)> = data
                         .into_iter()
                         .enumerate()
@@ -202,7 +205,7 @@ impl Array {
             return Ok(full.iter().map(|_| self.bufs.get(len)).collect());
         }
         for _ in 0..MAX_REPLANS {
-            if let Some(bufs) = self.read_row(roles, at, len, Torn::Carry)? {
+            if let Some(bufs) = self.parity().read_row(self, roles, at, len, Torn::Carry)? {
                 return Ok(bufs.data);
             }
         }
