@@ -122,8 +122,6 @@ pub struct Array {
     pub(crate) locks: LocalLocks,
     /// Partial-sector patches against every other write of their sector (`bytes.rs`).
     pub(crate) sector_locks: crate::lock::sectors::SectorLocks,
-    /// Which copy the next mirror read starts with (reads spread over the copies).
-    pub(crate) next_copy: AtomicUsize,
     pub(crate) inflight_writes: AtomicUsize,
     pub(crate) sync: Arc<SyncControl>,
     pub(crate) bufs: Arc<crate::io::bufpool::BufPool>,
@@ -349,7 +347,6 @@ impl Array {
             stripes,
             locks,
             sector_locks: crate::lock::sectors::SectorLocks::new(),
-            next_copy: AtomicUsize::new(0),
             inflight_writes: AtomicUsize::new(0),
             sync,
             bufs: crate::io::bufpool::BufPool::new(pool_bytes),
@@ -363,6 +360,13 @@ impl Array {
         self.personality
             .as_parity()
             .expect("only a parity level gets here")
+    }
+
+    /// The copies personality, where only a copies level gets.
+    pub(crate) fn copies(&self) -> &crate::personality::Copies {
+        self.personality
+            .as_copies()
+            .expect("only a copies level gets here")
     }
 
     /// The lock background windows take (through the trait: a cluster locks on every node).

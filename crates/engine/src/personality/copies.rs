@@ -15,6 +15,7 @@ use crate::error::Result;
 use crate::io::commit::WriteSet;
 use crate::io::IoOutcome;
 use crate::lock::REGION_BYTES;
+use crate::personality::Copies;
 use layout::Level;
 use std::sync::atomic::Ordering;
 
@@ -26,15 +27,15 @@ struct Piece {
     copies: layout::Copies,
 }
 
-impl Array {
+impl Copies {
     fn pieces(&self, offset_bytes: u64, len: usize) -> Vec<Piece> {
         let mut out = Vec::new();
         let mut done = 0usize;
         while done < len {
             let at = offset_bytes + done as u64;
-            let copies = self.geometry.map_copies(at / 512);
+            let copies = self.g.map_copies(at / 512);
             let mut n = (copies.run_sectors() * 512).min((len - done) as u64);
-            if self.geometry.level() == Level::Raid1 {
+            if self.g.level() == Level::Raid1 {
                 n = n.min(REGION_BYTES - at % REGION_BYTES);
             }
             assert!(n > 0, "layout returned an empty run at byte {at}");
@@ -49,32 +50,43 @@ impl Array {
         out
     }
 
-    pub(crate) fn mirror_read(&self, offset_bytes: u64, buf: &mut [u8]) -> Result<()> {
-        self.mirror_read_in(offset_bytes, buf, false)
+    pub(crate) fn mirror_read(
+        &self,
+        array: &Array,
+        offset_bytes: u64,
+        buf: &mut [u8],
+    ) -> Result<()> {
+        self.mirror_read_in(array, offset_bytes, buf, false)
     }
 
-    /// `locked`: the caller holds the range's region locks (a repair then takes none).
     /// The copy reads start with: spread over the copies, but always the first while they may
     /// differ (a resync pending), so that reading a block twice gives the same answer (md).
-    fn first_copy(&self) -> usize {
-        if self.sync.unsynced.load(Ordering::Acquire) {
+    fn first_copy(&self, array: &Array) -> usize {
+        if array.sync.unsynced.load(Ordering::Acquire) {
             0
         } else {
             self.next_copy.fetch_add(1, Ordering::Relaxed)
         }
     }
 
-    fn mirror_read_in(&self, offset_bytes: u64, buf: &mut [u8], locked: bool) -> Result<()> {
-        if let Some((a, b)) = self.whole_pages(offset_bytes, buf.len()) {
+    /// `locked`: the caller holds the range's region locks (a repair then takes none).
+    fn mirror_read_in(
+        &self,
+        array: &Array,
+        offset_bytes: u64,
+        buf: &mut [u8],
+        locked: bool,
+    ) -> Result<()> {
+        if let Some((a, b)) = self.whole_pages(array, offset_bytes, buf.len()) {
             // Records verify whole pages: read the pages around the range.
-            let mut pages = self.bufs.get((b - a) as usize);
-            self.mirror_read_in(a, &mut pages, locked)?;
+            let mut pages = array.bufs.get((b - a) as usize);
+            self.mirror_read_in(array, a, &mut pages, locked)?;
             let skip = (offset_bytes - a) as usize;
             buf.copy_from_slice(&pages[skip..skip + buf.len()]);
             return Ok(());
         }
         let pieces = self.pieces(offset_bytes, buf.len());
-        let spread = self.first_copy();
+        let spread = self.first_copy(array);
         // attempt[i]: how many copies of piece i have been tried
         let mut attempt = vec![0usize; pieces.len()];
         // corrupt[i]: a copy of piece i failed its records; the piece's copies are then settled
@@ -91,12 +103,12 @@ impl Array {
             for &i in &pending {
                 let p = &pieces[i];
                 let start = if spread == 0 { 0 } else { spread + i };
-                let Some(copy) = self.pick_copy(p, start, &mut attempt[i]) else {
+                let Some(copy) = self.pick_copy(array, p, start, &mut attempt[i]) else {
                     if corrupt[i] {
                         continue;
                     }
-                    self.record_unreadable_copies(p, i, &unread);
-                    return Err(self.unrecoverable(
+                    self.record_unreadable_copies(array, p, i, &unread);
+                    return Err(array.unrecoverable(
                         p.array_offset,
                         p.len as u64,
                         "no usable copy left",
@@ -106,10 +118,10 @@ impl Array {
                 let (mine, tail) = tail.split_at_mut(p.len);
                 rest = tail;
                 consumed = p.buf_offset + p.len;
-                ios.push(self.read_io(copy.dev, copy.dev_sector * 512, mine));
+                ios.push(array.read_io(copy.dev, copy.dev_sector * 512, mine));
                 which.push(i);
             }
-            self.run_io(&mut ios);
+            array.run_io(&mut ios);
             let failed: Vec<usize> = ios
                 .iter()
                 .zip(&which)
@@ -122,9 +134,9 @@ impl Array {
                     unread.push((i, op.role, op.offset_bytes));
                 }
             }
-            if !failed.is_empty() && self.geometry.max_degraded() == 0 {
+            if !failed.is_empty() && self.g.max_degraded() == 0 {
                 let p = &pieces[failed[0]];
-                return Err(self.unrecoverable(
+                return Err(array.unrecoverable(
                     p.array_offset,
                     p.len as u64,
                     "member read failed on a level without redundancy",
@@ -132,22 +144,41 @@ impl Array {
             }
             pending = failed;
         }
-        // The client gets what the copies were settled to, not the copy that happened to pass:
-        // after an unclean stop two copies may both pass and differ, and the next read must
-        // return the same bytes as this one.
+        self.settle_read(array, &pieces, &corrupt, buf, locked)?;
+        for (i, role, dev_off) in unread {
+            self.correct_copy(array, &pieces[i], role, dev_off, locked);
+        }
+        Ok(())
+    }
+
+    /// The pieces of a read with a copy that failed its records, settled: the client gets
+    /// what the copies were settled to, not the copy that happened to pass (after an unclean
+    /// stop two copies may both pass and differ, and the next read must return the same bytes
+    /// as this one).
+    fn settle_read(
+        &self,
+        array: &Array,
+        pieces: &[Piece],
+        corrupt: &[bool],
+        buf: &mut [u8],
+        locked: bool,
+    ) -> Result<()> {
         for p in pieces
             .iter()
-            .zip(&corrupt)
+            .zip(corrupt)
             .filter(|(_, c)| **c)
             .map(|(p, _)| p)
         {
             let out = &mut buf[p.buf_offset..p.buf_offset + p.len];
             let _guard =
-                (!locked).then(|| self.locks.lock_array_range(p.array_offset, p.len as u64));
-            self.settle_copies(p.array_offset, p.len as u64, self.heal_mode(), Some(out))?;
-        }
-        for (i, role, dev_off) in unread {
-            self.correct_copy(&pieces[i], role, dev_off, locked);
+                (!locked).then(|| array.locks.lock_array_range(p.array_offset, p.len as u64));
+            self.settle_copies(
+                array,
+                p.array_offset,
+                p.len as u64,
+                array.heal_mode(),
+                Some(out),
+            )?;
         }
         Ok(())
     }
@@ -155,7 +186,13 @@ impl Array {
     /// No copy of piece `i` (`p`) could be read: the pages of the copies whose reads failed
     /// (`unread`: piece, role, member byte) that fail again are recorded as bad blocks there
     /// (see `badblocks`), so they read EIO until written rather than being asked again.
-    fn record_unreadable_copies(&self, p: &Piece, i: usize, unread: &[(usize, usize, u64)]) {
+    fn record_unreadable_copies(
+        &self,
+        array: &Array,
+        p: &Piece,
+        i: usize,
+        unread: &[(usize, usize, u64)],
+    ) {
         let page = crate::members::badblocks::BAD_PAGE;
         for &(_, role, dev_off) in unread.iter().filter(|u| u.0 == i) {
             let (a, b) = (
@@ -163,17 +200,18 @@ impl Array {
                 (dev_off + p.len as u64).div_ceil(page) * page,
             );
             for off in (a..b).step_by(page as usize) {
-                let Some(member) = self.members.slot(role).in_sync_member(off, page) else {
+                let Some(member) = array.members.slot(role).in_sync_member(off, page) else {
                     continue;
                 };
-                let mut buf = self.bufs.get(page as usize);
-                let mut io = [self.read_io(role, off, &mut buf)];
-                self.run_io(&mut io);
+                let mut buf = array.bufs.get(page as usize);
+                let mut io = [array.read_io(role, off, &mut buf)];
+                array.run_io(&mut io);
                 if io[0].outcome == IoOutcome::ReadError
-                    && !self.members.note_read_error(role, &member)
+                    && !array.members.note_read_error(role, &member)
                 {
                     let why = "unreadable, and no other copy holds it";
-                    self.members
+                    array
+                        .members
                         .record_bad_blocks(role, &member, off, page, why);
                 }
             }
@@ -183,36 +221,42 @@ impl Array {
     /// A copy of piece `p` on `role` (at member byte `dev_off`) failed a read that another copy
     /// served: read a good copy again under the region lock (a write may have come in since)
     /// and write it back there (see `badblocks`).
-    fn correct_copy(&self, p: &Piece, role: usize, dev_off: u64, locked: bool) {
-        let _guard = (!locked).then(|| self.locks.lock_array_range(p.array_offset, p.len as u64));
-        let mut good = self.bufs.get(p.len);
+    fn correct_copy(&self, array: &Array, p: &Piece, role: usize, dev_off: u64, locked: bool) {
+        let _guard = (!locked).then(|| array.locks.lock_array_range(p.array_offset, p.len as u64));
+        let mut good = array.bufs.get(p.len);
         if self
-            .read_other_copy(role, p.array_offset, &mut good)
+            .read_other_copy(array, role, p.array_offset, &mut good)
             .is_ok()
         {
             let set = WriteSet::repair(p.array_offset, p.len as u64);
-            self.correct_read_error(role, dev_off, &good, set);
+            array.correct_read_error(role, dev_off, &good, set);
         }
     }
 
     /// With integrity records, the whole pages around array bytes `offset..offset + len` when
     /// the range is not made of whole pages.
-    fn whole_pages(&self, offset_bytes: u64, len: usize) -> Option<(u64, u64)> {
+    fn whole_pages(&self, array: &Array, offset_bytes: u64, len: usize) -> Option<(u64, u64)> {
         let page = format::RECORD_BLOCK as u64;
         let end = offset_bytes + len as u64;
-        (self.integrity.is_some()
+        (array.integrity.is_some()
             && (!offset_bytes.is_multiple_of(page) || !end.is_multiple_of(page)))
         .then(|| (offset_bytes / page * page, end.div_ceil(page) * page))
     }
 
     /// The next usable copy of a piece to try, starting from a spread-out index so that
     /// concurrent reads use all mirrors.
-    fn pick_copy(&self, p: &Piece, spread: usize, attempt: &mut usize) -> Option<layout::Loc> {
+    fn pick_copy(
+        &self,
+        array: &Array,
+        p: &Piece,
+        spread: usize,
+        attempt: &mut usize,
+    ) -> Option<layout::Loc> {
         let n = p.copies.len();
         while *attempt < n {
             let copy = p.copies.get((spread + *attempt) % n);
             *attempt += 1;
-            if self
+            if array
                 .members
                 .slot(copy.dev)
                 .in_sync(copy.dev_sector * 512, p.len as u64)
@@ -223,17 +267,22 @@ impl Array {
         None
     }
 
-    pub(crate) fn mirror_write(&self, offset_bytes: u64, data: &[u8], fua: bool) -> Result<()> {
+    pub(crate) fn mirror_write(
+        &self,
+        array: &Array,
+        offset_bytes: u64,
+        data: &[u8],
+        fua: bool,
+    ) -> Result<()> {
         let (a, b) = self
-            .whole_pages(offset_bytes, data.len())
+            .whole_pages(array, offset_bytes, data.len())
             .unwrap_or((offset_bytes, offset_bytes + data.len() as u64));
-        let _guards =
-            (self.geometry.max_degraded() > 0).then(|| self.locks.lock_array_range(a, b - a));
+        let _guards = (self.g.max_degraded() > 0).then(|| array.locks.lock_array_range(a, b - a));
         if (a, b) == (offset_bytes, offset_bytes + data.len() as u64) {
-            return self.mirror_write_locked(offset_bytes, data, fua);
+            return self.mirror_write_locked(array, offset_bytes, data, fua);
         }
         // Records cover whole pages: read the pages around the range (verified), patch, write.
-        let mut pages = self.bufs.get((b - a) as usize);
+        let mut pages = array.bufs.get((b - a) as usize);
         let page = format::RECORD_BLOCK;
         let (end, last) = (offset_bytes + data.len() as u64, b - page as u64);
         let mut edges = Vec::new();
@@ -245,47 +294,56 @@ impl Array {
         }
         for at in edges {
             let skip = (at - a) as usize;
-            self.mirror_read_in(at, &mut pages[skip..skip + page], true)?;
+            self.mirror_read_in(array, at, &mut pages[skip..skip + page], true)?;
         }
         let skip = (offset_bytes - a) as usize;
         pages[skip..skip + data.len()].copy_from_slice(data);
-        self.mirror_write_locked(a, &pages, fua)
+        self.mirror_write_locked(array, a, &pages, fua)
     }
 
     /// A write whose region locks the caller holds (pages whole when records are kept).
-    fn mirror_write_locked(&self, offset_bytes: u64, data: &[u8], fua: bool) -> Result<()> {
+    fn mirror_write_locked(
+        &self,
+        array: &Array,
+        offset_bytes: u64,
+        data: &[u8],
+        fua: bool,
+    ) -> Result<()> {
         let pieces = self.pieces(offset_bytes, data.len());
         let mut ios = Vec::new();
         let mut owner = Vec::new();
         for (i, p) in pieces.iter().enumerate() {
             let bytes = &data[p.buf_offset..p.buf_offset + p.len];
             // Every copy holds the same bytes: their records are computed once.
-            let records = self.integrity.as_ref().map(|integ| integ.records_of(bytes));
+            let records = array
+                .integrity
+                .as_ref()
+                .map(|integ| integ.records_of(bytes));
             for copy in p.copies.iter() {
-                if self
+                if array
                     .members
                     .slot(copy.dev)
                     .in_sync(copy.dev_sector * 512, p.len as u64)
                 {
-                    let mut io = self.write_io(copy.dev, copy.dev_sector * 512, bytes, fua);
+                    let mut io = array.write_io(copy.dev, copy.dev_sector * 512, bytes, fua);
                     io.records = records.clone();
                     ios.push(io);
                     owner.push(i);
-                } else if let (Some(integ), Some(records)) = (&self.integrity, &records) {
+                } else if let (Some(integ), Some(records)) = (&array.integrity, &records) {
                     // The copy's records follow what it should hold: a degraded mirror's
                     // tables stand in for the missing member's (see `Integrity::load`).
                     integ.set_records(copy.dev, copy.dev_sector * 512, records);
                 }
             }
         }
-        self.commit_writes(&WriteSet::mirror(offset_bytes, data.len() as u64), &mut ios)?;
+        array.commit_writes(&WriteSet::mirror(offset_bytes, data.len() as u64), &mut ios)?;
         let mut written = vec![false; pieces.len()];
         for (op, &i) in ios.iter().zip(&owner) {
             written[i] |= op.ok();
         }
         if let Some(i) = written.iter().position(|w| !w) {
             let p = &pieces[i];
-            return Err(self.unrecoverable(p.array_offset, p.len as u64, "write reached no copy"));
+            return Err(array.unrecoverable(p.array_offset, p.len as u64, "write reached no copy"));
         }
         Ok(())
     }

@@ -27,6 +27,7 @@ use crate::io::bufpool::PoolBuf;
 use crate::io::commit::WriteSet;
 use crate::io::IoOutcome;
 use crate::personality::raid456_heal::Heal;
+use crate::personality::Copies;
 use layout::Loc;
 
 const PAGE: usize = format::RECORD_BLOCK;
@@ -52,18 +53,19 @@ enum Chosen {
     SettledFirst,
 }
 
-impl Array {
+impl Copies {
     /// Make the copies of array bytes `at..at + len` agree (see the module doc), under region
     /// locks the caller holds; `out` receives the agreed bytes. Returns the sectors of pages
     /// whose copies differed (md's `mismatch_cnt`).
     pub(crate) fn settle_copies(
         &self,
+        array: &Array,
         at: u64,
         len: u64,
         mode: Heal,
         mut out: Option<&mut [u8]>,
     ) -> Result<u64> {
-        if self.integrity.is_some() {
+        if array.integrity.is_some() {
             assert!(
                 at.is_multiple_of(PAGE as u64) && len.is_multiple_of(PAGE as u64),
                 "records cover whole pages: {at}+{len}"
@@ -72,12 +74,12 @@ impl Array {
         let mut done = 0u64;
         let mut mismatched = 0u64;
         while done < len {
-            let copies = self.geometry.map_copies((at + done) / 512);
+            let copies = self.g.map_copies((at + done) / 512);
             let n = (copies.run_sectors() * 512).min(len - done);
             let out_run = out
                 .as_deref_mut()
                 .map(|o| &mut o[done as usize..(done + n) as usize]);
-            mismatched += self.settle_run(at + done, &copies, n as usize, mode, out_run)?;
+            mismatched += self.settle_run(array, at + done, &copies, n as usize, mode, out_run)?;
             done += n;
         }
         Ok(mismatched)
@@ -85,19 +87,20 @@ impl Array {
 
     fn settle_run(
         &self,
+        array: &Array,
         at: u64,
         copies: &layout::Copies,
         n: usize,
         mode: Heal,
         out: Option<&mut [u8]>,
     ) -> Result<u64> {
-        let mut plans = self.read_copies(at, copies, n)?;
+        let mut plans = self.read_copies(array, at, copies, n)?;
         let pages = n.div_ceil(PAGE);
         // Settling as found needs every copy of the run: with one missing, the copies left
         // cannot tell a torn write from damage.
-        let mode = self.settle_scope(mode, at, n as u64, plans.len() == copies.len());
+        let mode = array.settle_scope(mode, at, n as u64, plans.len() == copies.len());
         let fix = mode != Heal::Count;
-        let mut truth = self.bufs.get(n);
+        let mut truth = array.bufs.get(n);
         let (mut mismatched, mut failing, mut settled) = (0u64, 0usize, 0usize);
         for pg in 0..pages {
             let r = pg * PAGE..((pg + 1) * PAGE).min(n);
@@ -110,17 +113,17 @@ impl Array {
             // Records judge each page; without them, a read verifier's verdict on the read.
             let ok: Vec<bool> = plans
                 .iter()
-                .map(|p| match &self.integrity {
+                .map(|p| match &array.integrity {
                     Some(i) => i.block_ok(p.loc.dev, self.page_at(p, pg), &p.bytes[r.clone()]),
                     None => !p.rejected,
                 })
                 .collect();
             let bad = ok.iter().filter(|o| !**o).count();
             failing += bad;
-            if let Some(integ) = &self.integrity {
+            if let Some(integ) = &array.integrity {
                 (0..bad).for_each(|_| integ.count_mismatch(BlockKind::Data));
             }
-            let chosen = match self.choose_copy(&mut plans, pg, &ok, mode, at)? {
+            let chosen = match self.choose_copy(array, &mut plans, pg, &ok, mode, at)? {
                 Chosen::Passing(i) => i,
                 Chosen::First => 0,
                 Chosen::SettledFirst => {
@@ -134,19 +137,19 @@ impl Array {
                 p.rewrite[pg] |= fix && p.failed_record[pg];
             }
         }
-        if failing > 0 && self.integrity.is_some() {
-            self.report_copy_findings(at, failing, settled, mode, &plans);
+        if failing > 0 && array.integrity.is_some() {
+            self.report_copy_findings(array, at, failing, settled, mode, &plans);
         }
         for p in &plans {
-            self.rewrite_copy(at, p, &truth)?;
+            self.rewrite_copy(array, at, p, &truth)?;
         }
         if fix {
-            self.follow_truth_in_missing_copies(copies, &plans, &truth);
+            self.follow_truth_in_missing_copies(array, copies, &plans, &truth);
         }
         if mode == Heal::Settle && (settled > 0 || plans.iter().any(|p| p.rewrite.contains(&true)))
         {
             // What an unclean stop left undecided is decided now, for good (as in `raid456_heal`).
-            self.flush_members();
+            array.flush_members();
         }
         if let Some(out) = out {
             out.copy_from_slice(&truth);
@@ -155,22 +158,29 @@ impl Array {
     }
 
     /// Read every in-sync copy of the run; the copies that returned bytes.
-    fn read_copies(&self, at: u64, copies: &layout::Copies, n: usize) -> Result<Vec<CopyPlan>> {
+    fn read_copies(
+        &self,
+        array: &Array,
+        at: u64,
+        copies: &layout::Copies,
+        n: usize,
+    ) -> Result<Vec<CopyPlan>> {
         let current: Vec<Loc> = copies
             .iter()
             .filter(|c| {
-                self.members
+                array
+                    .members
                     .slot(c.dev)
                     .in_sync(c.dev_sector * 512, n as u64)
             })
             .collect();
-        let mut bufs: Vec<PoolBuf> = current.iter().map(|_| self.bufs.get(n)).collect();
+        let mut bufs: Vec<PoolBuf> = current.iter().map(|_| array.bufs.get(n)).collect();
         let mut ios: Vec<_> = current
             .iter()
             .zip(bufs.iter_mut())
-            .map(|(c, b)| self.read_io(c.dev, c.dev_sector * 512, b))
+            .map(|(c, b)| array.read_io(c.dev, c.dev_sector * 512, b))
             .collect();
-        self.run_io(&mut ios);
+        array.run_io(&mut ios);
         // Corrupt reads returned bytes (judged page by page below); failed ones failed the member.
         let outcomes: Vec<IoOutcome> = ios.iter().map(|op| op.outcome).collect();
         drop(ios);
@@ -189,7 +199,7 @@ impl Array {
             })
             .collect();
         if plans.is_empty() {
-            return Err(self.unrecoverable(at, n as u64, "no copy of the range could be read"));
+            return Err(array.unrecoverable(at, n as u64, "no copy of the range could be read"));
         }
         Ok(plans)
     }
@@ -198,6 +208,7 @@ impl Array {
     /// for a check (which counts it) and after an unclean stop (the first copy stands).
     fn choose_copy(
         &self,
+        array: &Array,
         plans: &mut [CopyPlan],
         pg: usize,
         ok: &[bool],
@@ -212,10 +223,10 @@ impl Array {
             // older): a copy passing its record proves nothing there, and md's rule holds
             // (the first copy stands), so that what a read returned before the resync got
             // here is what it leaves.
-            Some(_) if mode == Heal::Settle && !self.records_agree(plans, pg) => {
+            Some(_) if mode == Heal::Settle && !self.records_agree(array, plans, pg) => {
                 // Copies holding the first copy's bytes take its record now; the others
                 // are rewritten below.
-                let integ = self.integrity.as_ref().expect("records");
+                let integ = array.integrity.as_ref().expect("records");
                 let first = &plans[0].bytes[r.clone()];
                 for p in plans.iter().filter(|p| &p.bytes[r.clone()] == first) {
                     integ.set_block(p.loc.dev, self.page_at(p, pg), first);
@@ -233,7 +244,7 @@ impl Array {
                 // After an unclean stop: writes that were never flushed left the copies old
                 // or new, and their records may lag; the first copy stands and the others
                 // follow it.
-                if let Some(integ) = &self.integrity {
+                if let Some(integ) = &array.integrity {
                     let first = &plans[0];
                     let off = self.page_at(first, pg);
                     integ.set_block(first.loc.dev, off, &first.bytes[r.clone()]);
@@ -242,7 +253,8 @@ impl Array {
                 Chosen::SettledFirst
             }
             None => {
-                let err = self.no_copy_passes(plans, pg, at + r.start as u64, r.len() as u64);
+                let err =
+                    self.no_copy_passes(array, plans, pg, at + r.start as u64, r.len() as u64);
                 if mode != Heal::Count {
                     return Err(err);
                 }
@@ -257,11 +269,12 @@ impl Array {
     /// survivor's only other record (see `Integrity::load`).
     fn follow_truth_in_missing_copies(
         &self,
+        array: &Array,
         copies: &layout::Copies,
         plans: &[CopyPlan],
         truth: &[u8],
     ) {
-        let Some(integ) = &self.integrity else {
+        let Some(integ) = &array.integrity else {
             return;
         };
         for c in copies.iter().filter(|c| !plans.iter().any(|p| p.loc == *c)) {
@@ -277,17 +290,18 @@ impl Array {
     /// Page `pg` of every copy read (array byte `off`) fails verification.
     fn no_copy_passes(
         &self,
+        array: &Array,
         plans: &[CopyPlan],
         pg: usize,
         off: u64,
         len: u64,
     ) -> crate::error::EngineError {
-        if let Some(integ) = &self.integrity {
+        if let Some(integ) = &array.integrity {
             integ.count_unrecoverable();
-            tracing::error!(array = %self.name, array_offset = off, "every copy fails its record");
-            self.members.events.emit(
+            tracing::error!(array = %array.name, array_offset = off, "every copy fails its record");
+            array.members.events.emit(
                 "integrity_unrecoverable",
-                &self.name,
+                &array.name,
                 None,
                 format!(
                     "every copy of array byte {off} fails its integrity record: reads there fail"
@@ -295,7 +309,7 @@ impl Array {
             );
         }
         let devs: Vec<usize> = plans.iter().map(|p| p.loc.dev).collect();
-        self.members.corruption(
+        array.members.corruption(
             &devs,
             self.page_at(&plans[0], pg),
             len,
@@ -304,8 +318,8 @@ impl Array {
     }
 
     /// Do the copies' records of page `pg` agree (true without records)?
-    fn records_agree(&self, plans: &[CopyPlan], pg: usize) -> bool {
-        let Some(integ) = &self.integrity else {
+    fn records_agree(&self, array: &Array, plans: &[CopyPlan], pg: usize) -> bool {
+        let Some(integ) = &array.integrity else {
             return true;
         };
         let first = integ.record(plans[0].loc.dev, self.page_at(&plans[0], pg));
@@ -321,6 +335,7 @@ impl Array {
 
     fn report_copy_findings(
         &self,
+        array: &Array,
         at: u64,
         failing: usize,
         settled: usize,
@@ -342,9 +357,9 @@ impl Array {
                 ),
             )
         };
-        self.members.events.emit(
+        array.members.events.emit(
             kind,
-            &self.name,
+            &array.name,
             None,
             format!("{failing} copies of pages near array byte {at} failed their records: {what}"),
         );
@@ -352,7 +367,7 @@ impl Array {
 
     /// Write the pages of `p` marked for rewrite from `truth`, in runs; pages that failed their
     /// records are read back and must verify now.
-    fn rewrite_copy(&self, at: u64, p: &CopyPlan, truth: &[u8]) -> Result<()> {
+    fn rewrite_copy(&self, array: &Array, at: u64, p: &CopyPlan, truth: &[u8]) -> Result<()> {
         let n = truth.len();
         let mut pg = 0;
         while pg < p.rewrite.len() {
@@ -366,29 +381,35 @@ impl Array {
             }
             let r = first * PAGE..(pg * PAGE).min(n);
             let dev_off = p.loc.dev_sector * 512 + r.start as u64;
-            let mut io = [self.write_io(p.loc.dev, dev_off, &truth[r.clone()], false)];
-            self.commit_writes(
+            let mut io = [array.write_io(p.loc.dev, dev_off, &truth[r.clone()], false)];
+            array.commit_writes(
                 &WriteSet::repair(at + r.start as u64, r.len() as u64),
                 &mut io,
             )?;
             if !io[0].ok()
-                || self.integrity.is_none()
+                || array.integrity.is_none()
                 || !p.failed_record[first..pg].contains(&true)
             {
                 continue;
             }
-            self.read_back(p.loc.dev, dev_off, r.len(), &p.failed_record[first..pg]);
+            self.read_back(
+                array,
+                p.loc.dev,
+                dev_off,
+                r.len(),
+                &p.failed_record[first..pg],
+            );
         }
         Ok(())
     }
 
     /// Read rewritten pages of `dev` again: each that verifies counts as repaired; a member whose
     /// rewrites keep reading back wrong is failed.
-    fn read_back(&self, dev: usize, dev_off: u64, len: usize, counted: &[bool]) {
-        let integ = self.integrity.as_ref().expect("records");
-        let mut back = self.bufs.get(len);
-        let mut io = [self.read_io(dev, dev_off, &mut back)];
-        self.run_io(&mut io);
+    fn read_back(&self, array: &Array, dev: usize, dev_off: u64, len: usize, counted: &[bool]) {
+        let integ = array.integrity.as_ref().expect("records");
+        let mut back = array.bufs.get(len);
+        let mut io = [array.read_io(dev, dev_off, &mut back)];
+        array.run_io(&mut io);
         let outcome = io[0].outcome;
         drop(io);
         if matches!(outcome, IoOutcome::IoError | IoOutcome::ReadError) {
@@ -401,12 +422,12 @@ impl Array {
             let off = dev_off + (i * PAGE) as u64;
             if integ.block_ok(dev, off, page) {
                 integ.count_repaired();
-                tracing::info!(array = %self.name, role = dev, offset = off,
+                tracing::info!(array = %array.name, role = dev, offset = off,
                     "copy rewritten from a good copy");
             } else {
-                tracing::warn!(array = %self.name, role = dev, offset = off,
+                tracing::warn!(array = %array.name, role = dev, offset = off,
                     "rewritten copy reads back wrong");
-                if self.strike_rewrite(dev) {
+                if array.strike_rewrite(dev) {
                     return;
                 }
             }

@@ -7,15 +7,17 @@ use crate::background::Stop;
 use crate::error::Result;
 use crate::lock::LockRange;
 use crate::personality::raid456_heal::Heal;
+use crate::personality::Copies;
 
 /// Rebuilds record what they cannot recover in pages of this many bytes.
 const PAGE: u64 = crate::members::badblocks::BAD_PAGE;
 
-impl Array {
+impl Copies {
     /// Copy `step` bytes of `role` at `pos` (per-member bytes) from another copy under the
     /// region's lock; returns where the next step starts.
     pub(crate) fn recover_copies(
         &self,
+        array: &Array,
         step: u64,
         role: usize,
         pos: u64,
@@ -23,23 +25,23 @@ impl Array {
     ) -> Result<u64, Stop> {
         let off = pos / step * step;
         let len = step.min(end - off);
-        if let Some(array_sector) = self.geometry.reverse_copy(role, off / 512) {
+        if let Some(array_sector) = self.g.reverse_copy(role, off / 512) {
             let at = array_sector * 512;
-            let _guard = self.range_lock().lock(LockRange::Array { at, len });
-            let mut buf = self.bufs.get(len as usize);
-            let lost = match self.read_other_copy(role, at, &mut buf) {
+            let _guard = array.range_lock().lock(LockRange::Array { at, len });
+            let mut buf = array.bufs.get(len as usize);
+            let lost = match self.read_other_copy(array, role, at, &mut buf) {
                 Ok(()) => Vec::new(),
-                Err(Stop::Failed(why)) if !self.is_failed() => {
-                    tracing::warn!(array = %self.name, offset = at, "rebuild span not whole ({why}): page by page");
-                    self.read_copies_by_page(role, at, off, &mut buf)
+                Err(Stop::Failed(why)) if !array.is_failed() => {
+                    tracing::warn!(array = %array.name, offset = at, "rebuild span not whole ({why}): page by page");
+                    self.read_copies_by_page(array, role, at, off, &mut buf)
                 }
                 Err(stop) => return Err(stop),
             };
-            self.write_rebuilt(role, off, &buf)?;
-            self.record_unrebuilt(role, &lost);
-            self.members.slots[role].advance(off + len);
+            array.write_rebuilt(role, off, &buf)?;
+            array.record_unrebuilt(role, &lost);
+            array.members.slots[role].advance(off + len);
         } else {
-            self.members.slots[role].advance(off + len);
+            array.members.slots[role].advance(off + len);
         }
         Ok(off + len)
     }
@@ -48,18 +50,19 @@ impl Array {
     /// a time: mismatched sectors and bytes verified.
     pub(crate) fn verify_copies(
         &self,
+        array: &Array,
         step: u64,
         ranges: &[(u64, u64)],
         fix: bool,
     ) -> Result<(u64, u64)> {
-        let heal = if fix { self.heal_mode() } else { Heal::Count };
+        let heal = if fix { array.heal_mode() } else { Heal::Count };
         let pages = crate::background::verify::merge(
             ranges
                 .iter()
-                .map(|&(off, len)| self.personality.sync_range_covering(off, len))
+                .map(|&(off, len)| array.personality.sync_range_covering(off, len))
                 .collect(),
         );
-        let size = self.size_bytes();
+        let size = array.size_bytes();
         let (mut bad, mut bytes) = (0, 0);
         for (a, b) in pages {
             let b = b.min(size);
@@ -67,8 +70,8 @@ impl Array {
             while at < b {
                 let len = (step - at % step).min(b - at);
                 bad += self
-                    .scrub_mirror(at, len, heal)
-                    .map_err(|e| self.verify_failed(at, len, e))?;
+                    .scrub_mirror(array, at, len, heal)
+                    .map_err(|e| array.verify_failed(at, len, e))?;
                 at += len;
             }
             bytes += b - a;
@@ -77,15 +80,22 @@ impl Array {
     }
 }
 
-impl Array {
+impl Copies {
     /// Array bytes `at..` (member bytes `off..` of `role`) copied page by page from the other
     /// copies into `buf`; returns the member bytes of the pages no copy could give (left zero).
-    fn read_copies_by_page(&self, role: usize, at: u64, off: u64, buf: &mut [u8]) -> Vec<u64> {
+    fn read_copies_by_page(
+        &self,
+        array: &Array,
+        role: usize,
+        at: u64,
+        off: u64,
+        buf: &mut [u8],
+    ) -> Vec<u64> {
         let mut lost = Vec::new();
         for (k, page) in buf.chunks_mut(PAGE as usize).enumerate() {
             let delta = k as u64 * PAGE;
-            if self.read_other_copy(role, at + delta, page).is_err() {
-                tracing::error!(array = %self.name, offset = at + delta, "rebuild passes an unrecoverable page");
+            if self.read_other_copy(array, role, at + delta, page).is_err() {
+                tracing::error!(array = %array.name, offset = at + delta, "rebuild passes an unrecoverable page");
                 page.fill(0);
                 lost.push(off + delta);
             }
@@ -96,19 +106,25 @@ impl Array {
     /// Read array bytes at `at` from an in-sync copy on any member but `skip` (the caller holds
     /// the region locks). Copies met that fail their records are repaired from a good one, or
     /// the read fails.
-    pub(crate) fn read_other_copy(&self, skip: usize, at: u64, buf: &mut [u8]) -> Result<(), Stop> {
-        let copies = self.geometry.map_copies(at / 512);
+    pub(crate) fn read_other_copy(
+        &self,
+        array: &Array,
+        skip: usize,
+        at: u64,
+        buf: &mut [u8],
+    ) -> Result<(), Stop> {
+        let copies = self.g.map_copies(at / 512);
         let mut corrupt = false;
         for c in copies.iter().filter(|c| c.dev != skip) {
-            if !self
+            if !array
                 .members
                 .slot(c.dev)
                 .in_sync(c.dev_sector * 512, buf.len() as u64)
             {
                 continue;
             }
-            let mut io = [self.read_io(c.dev, c.dev_sector * 512, buf)];
-            if self.run_io(&mut io) && !corrupt {
+            let mut io = [array.read_io(c.dev, c.dev_sector * 512, buf)];
+            if array.run_io(&mut io) && !corrupt {
                 return Ok(());
             }
             corrupt |= io[0].outcome == crate::io::IoOutcome::Corrupt;
@@ -116,11 +132,11 @@ impl Array {
         if corrupt {
             // Repair the bad copies on the way (or fail: no copy passed).
             return self
-                .settle_copies(at, buf.len() as u64, Heal::Repair, Some(buf))
+                .settle_copies(array, at, buf.len() as u64, Heal::Repair, Some(buf))
                 .map(|_| ())
                 .map_err(Stop::Failed);
         }
-        Err(Stop::Failed(self.unrecoverable(
+        Err(Stop::Failed(array.unrecoverable(
             at,
             buf.len() as u64,
             &format!("no in-sync copy of array byte {at} left"),
@@ -136,14 +152,15 @@ impl Array {
     /// `None`: the chunk at `pos` needs work.
     pub(crate) fn skip_raid10_chunks(
         &self,
+        array: &Array,
         role: usize,
         pos: u64,
         end: u64,
         idle: impl Fn(u64, u64) -> bool,
         under_lock: impl FnOnce(u64, u64) -> Result<(), Stop>,
     ) -> Option<Result<u64, Stop>> {
-        assert!(self.personality.recovery_maps_chunks());
-        let step = self.personality.recovery_unit();
+        assert!(array.personality.recovery_maps_chunks());
+        let step = array.personality.recovery_unit();
         if !pos.is_multiple_of(step) {
             return None; // resumed mid-chunk (a checkpoint md wrote): the usual way first
         }
@@ -151,7 +168,7 @@ impl Array {
         let spans = |upto: u64| {
             (pos..upto).step_by(step as usize).map(move |p| {
                 let len = step.min(end - p);
-                let at = self.geometry.reverse_copy(role, p / 512).map(|s| s * 512);
+                let at = self.g.reverse_copy(role, p / 512).map(|s| s * 512);
                 (p, at, len)
             })
         };
@@ -165,7 +182,7 @@ impl Array {
             .filter_map(|(_, at, len)| at.map(|at| (at, at + len)))
             .fold((u64::MAX, 0), |(lo, hi), (a, b)| (lo.min(a), hi.max(b)));
         let _guard = (lo < hi).then(|| {
-            self.range_lock().lock(LockRange::Array {
+            array.range_lock().lock(LockRange::Array {
                 at: lo,
                 len: hi - lo,
             })
@@ -176,27 +193,33 @@ impl Array {
         if let Err(stop) = under_lock(pos, to) {
             return Some(Err(stop));
         }
-        self.members.slots[role].advance(to);
+        array.members.slots[role].advance(to);
         Some(Ok(to))
     }
 }
 
-impl Array {
+impl Copies {
     /// Bring the copies of array bytes `at..at+len` into agreement (`settle_copies`): check
     /// counts, repair and resync rewrite.
-    pub(crate) fn scrub_mirror(&self, at: u64, len: u64, heal: Heal) -> Result<u64, Stop> {
-        let _guard = self.range_lock().lock(LockRange::Array { at, len });
-        match self.settle_copies(at, len, heal, None) {
+    pub(crate) fn scrub_mirror(
+        &self,
+        array: &Array,
+        at: u64,
+        len: u64,
+        heal: Heal,
+    ) -> Result<u64, Stop> {
+        let _guard = array.range_lock().lock(LockRange::Array { at, len });
+        match self.settle_copies(array, at, len, heal, None) {
             Ok(bad) => Ok(bad),
-            Err(e) if self.is_failed() => Err(Stop::Failed(e)),
+            Err(e) if array.is_failed() => Err(Stop::Failed(e)),
             Err(e) => {
                 // Some pages no copy can give: pass them page by page, as a rebuild does.
-                tracing::warn!(array = %self.name, offset = at, "scrub span not whole ({e}): page by page");
+                tracing::warn!(array = %array.name, offset = at, "scrub span not whole ({e}): page by page");
                 let page = crate::members::badblocks::BAD_PAGE;
                 let mut bad = 0;
                 for off in (at..at + len).step_by(page as usize) {
                     bad += self
-                        .settle_copies(off, page.min(at + len - off), heal, None)
+                        .settle_copies(array, off, page.min(at + len - off), heal, None)
                         .unwrap_or(0);
                 }
                 Ok(bad)

@@ -32,6 +32,7 @@ use crate::array::Array;
 use crate::background::{Stop, SyncAction};
 use crate::error::Result;
 use layout::{Geometry, Level};
+use std::sync::atomic::AtomicUsize;
 
 /// What the engine asks of a level. Pure questions take only the geometry the personality was
 /// made for; I/O takes the array (as md's personalities take `mddev`).
@@ -47,6 +48,12 @@ pub(crate) trait Personality: Send + Sync {
     /// The parity personality, for what only parity levels have (plugged and gathered
     /// writes, the journal's write-back cache): None for the others.
     fn as_parity(&self) -> Option<&Parity> {
+        None
+    }
+
+    /// The copies personality, for what only RAID10 needs outside it (mapping recovery chunks
+    /// back to array bytes): None for the others.
+    fn as_copies(&self) -> Option<&Copies> {
         None
     }
 
@@ -118,24 +125,40 @@ pub(crate) trait Personality: Send + Sync {
 pub(crate) fn for_geometry(g: &Geometry) -> Box<dyn Personality> {
     match g.level() {
         Level::Raid4 | Level::Raid5 | Level::Raid6 => Box::new(Parity { g: g.clone() }),
-        Level::Raid1 | Level::Raid10 => Box::new(Copies { g: g.clone() }),
-        Level::Linear | Level::Raid0 => Box::new(Striped { g: g.clone() }),
+        Level::Raid1 | Level::Raid10 => Box::new(Copies::new(g)),
+        Level::Linear | Level::Raid0 => Box::new(Striped {
+            g: g.clone(),
+            one_copy: Copies::new(g),
+        }),
     }
 }
 
-/// Linear and RAID0: one copy of every sector; nothing to sync, check or verify.
+/// Linear and RAID0: one copy of every sector; nothing to sync, check or verify. Reads and
+/// writes are those of the copies levels with a single copy.
 pub(crate) struct Striped {
-    g: Geometry,
+    pub(crate) g: Geometry,
+    one_copy: Copies,
 }
 
 /// RAID1 and RAID10: every sector has plain copies.
 pub(crate) struct Copies {
-    g: Geometry,
+    pub(crate) g: Geometry,
+    /// Which copy the next read starts with (reads spread over the copies).
+    next_copy: AtomicUsize,
+}
+
+impl Copies {
+    fn new(g: &Geometry) -> Copies {
+        Copies {
+            g: g.clone(),
+            next_copy: AtomicUsize::new(0),
+        }
+    }
 }
 
 /// RAID4/5/6: data chunks and their parity, written through the stripe cache.
 pub(crate) struct Parity {
-    g: Geometry,
+    pub(crate) g: Geometry,
 }
 
 /// Bytes of each member the parity levels sync: whole stripes.
@@ -183,7 +206,7 @@ impl Personality for Striped {
     }
 
     fn read(&self, a: &Array, offset_bytes: u64, buf: &mut [u8]) -> Result<()> {
-        a.mirror_read(offset_bytes, buf)
+        self.one_copy.mirror_read(a, offset_bytes, buf)
     }
 
     fn write(
@@ -194,7 +217,7 @@ impl Personality for Striped {
         fua: bool,
         _intent: Option<intent::WriteIntent>,
     ) -> Result<()> {
-        a.mirror_write(offset_bytes, data, fua)
+        self.one_copy.mirror_write(a, offset_bytes, data, fua)
     }
 
     fn recover_window(&self, _a: &Array, _role: usize, _pos: u64, _end: u64) -> Result<u64, Stop> {
@@ -217,6 +240,10 @@ impl Personality for Striped {
 }
 
 impl Personality for Copies {
+    fn as_copies(&self) -> Option<&Copies> {
+        Some(self)
+    }
+
     fn redundancy(&self) -> usize {
         self.g.max_degraded()
     }
@@ -296,7 +323,7 @@ impl Personality for Copies {
     }
 
     fn read(&self, a: &Array, offset_bytes: u64, buf: &mut [u8]) -> Result<()> {
-        a.mirror_read(offset_bytes, buf)
+        self.mirror_read(a, offset_bytes, buf)
     }
 
     fn write(
@@ -307,11 +334,11 @@ impl Personality for Copies {
         fua: bool,
         _intent: Option<intent::WriteIntent>,
     ) -> Result<()> {
-        a.mirror_write(offset_bytes, data, fua)
+        self.mirror_write(a, offset_bytes, data, fua)
     }
 
     fn recover_window(&self, a: &Array, role: usize, pos: u64, end: u64) -> Result<u64, Stop> {
-        a.recover_copies(self.recovery_unit(), role, pos, end)
+        self.recover_copies(a, self.recovery_unit(), role, pos, end)
     }
 
     fn scrub_window(
@@ -324,12 +351,12 @@ impl Personality for Copies {
         let step = self.recovery_unit();
         let off = pos / step * step;
         let len = step.min(end - off);
-        let bad = a.scrub_mirror(off, len, raid456_heal::Heal::of(action))?;
+        let bad = self.scrub_mirror(a, off, len, raid456_heal::Heal::of(action))?;
         Ok((off + len, bad))
     }
 
     fn verify(&self, a: &Array, ranges: &[(u64, u64)], fix: bool) -> Result<(u64, u64)> {
-        a.verify_copies(self.recovery_unit(), ranges, fix)
+        self.verify_copies(a, self.recovery_unit(), ranges, fix)
     }
 }
 

@@ -169,29 +169,24 @@ impl Array {
 }
 
 impl Parity {
-    fn chunk_bytes(&self, array: &Array) -> u64 {
-        array.geometry.chunk_sectors() * 512
+    fn chunk_bytes(&self) -> u64 {
+        self.g.chunk_sectors() * 512
     }
 
     /// The array byte at `off` in data chunk `d` of stripe `row` (md's parity layouts number
     /// a stripe's data chunks in array order).
-    fn array_offset(&self, array: &Array, row: u64, d: usize, off: u64) -> u64 {
-        (row * array.geometry.data_disks() as u64 + d as u64) * self.chunk_bytes(array) + off
+    fn array_offset(&self, row: u64, d: usize, off: u64) -> u64 {
+        (row * self.g.data_disks() as u64 + d as u64) * self.chunk_bytes() + off
     }
 
     /// Pieces of a byte range: (row, data_index, offset in chunk, length, offset in request).
-    fn parity_pieces(
-        &self,
-        array: &Array,
-        offset_bytes: u64,
-        len: usize,
-    ) -> Vec<(u64, usize, u64, usize, usize)> {
-        let chunk = self.chunk_bytes(array);
+    fn parity_pieces(&self, offset_bytes: u64, len: usize) -> Vec<(u64, usize, u64, usize, usize)> {
+        let chunk = self.chunk_bytes();
         let mut out = Vec::new();
         let mut done = 0usize;
         while done < len {
             let at = offset_bytes + done as u64;
-            let pos = array.geometry.locate(at / 512);
+            let pos = self.g.locate(at / 512);
             let off = pos.offset_sectors * 512 + at % 512;
             let n = ((chunk - off) as usize).min(len - done);
             out.push((pos.stripe, pos.data_index, off, n, done));
@@ -206,14 +201,14 @@ impl Parity {
         offset_bytes: u64,
         buf: &mut [u8],
     ) -> Result<()> {
-        let pieces = self.parity_pieces(array, offset_bytes, buf.len());
+        let pieces = self.parity_pieces(offset_bytes, buf.len());
         let mut direct = Vec::new();
         let mut slow = Vec::new();
         let mut rest: &mut [u8] = buf;
         for &(row, d, off, len, _) in &pieces {
             let (mine, tail) = std::mem::take(&mut rest).split_at_mut(len);
             rest = tail;
-            let dev = array.geometry.stripe_roles(row).data_dev(d);
+            let dev = self.g.stripe_roles(row).data_dev(d);
             let cached = array.policy.is_cached(row);
             // Records verify whole pages: a part of one is read through the row.
             let partial = array.integrity.is_some()
@@ -223,12 +218,12 @@ impl Parity {
                 || !array
                     .members
                     .slot(dev)
-                    .in_sync(row * self.chunk_bytes(array) + off, len as u64)
+                    .in_sync(row * self.chunk_bytes() + off, len as u64)
             {
                 slow.push((row, d, off, mine));
             } else {
                 direct.push((
-                    array.read_io(dev, row * self.chunk_bytes(array) + off, mine),
+                    array.read_io(dev, row * self.chunk_bytes() + off, mine),
                     row,
                     d,
                     off,
@@ -303,8 +298,8 @@ impl Parity {
             None => (off, off + out.len() as u64),
         };
         let res = (|| {
-            let roles = array.geometry.stripe_roles(row);
-            let at = row * self.chunk_bytes(array) + a;
+            let roles = self.g.stripe_roles(row);
+            let at = row * self.chunk_bytes() + a;
             // A block whose member is there is read from it: what else ails its row (a
             // damaged or missing member) is not this read's concern.
             if self.read_own_chunk(array, roles.data_dev(d), at, off - a, out) {
@@ -324,7 +319,7 @@ impl Parity {
                 }
             }
             Err(array.unrecoverable(
-                self.array_offset(array, row, d, off),
+                self.array_offset(row, d, off),
                 out.len() as u64,
                 "members kept failing during reconstruction",
             ))
@@ -344,7 +339,7 @@ impl Parity {
         len: usize,
     ) -> Vec<(u64, Arc<Row>)> {
         let mut rows: Vec<(u64, Arc<Row>)> = Vec::new();
-        for (row, ..) in self.parity_pieces(array, offset_bytes, len) {
+        for (row, ..) in self.parity_pieces(offset_bytes, len) {
             if rows.last().is_none_or(|(last, _)| *last != row) {
                 let r = array.stripes.get(row);
                 r.announce();
@@ -385,7 +380,7 @@ impl Parity {
         intent: Option<WriteIntent>,
         led: &mut Vec<(u64, Arc<Row>)>,
     ) -> Placed {
-        let pieces = self.parity_pieces(array, offset_bytes, data.len());
+        let pieces = self.parity_pieces(offset_bytes, data.len());
         let done = Completion::new(pieces.len());
         let rows = match intent {
             Some(i) => i.take_rows(array, offset_bytes, data.len()),
@@ -468,7 +463,7 @@ impl Parity {
     /// Claim the row, gather what writers are still placing into it (up to the write hold),
     /// take every pending piece as one batch and write it.
     pub(crate) fn lead_batch(&self, array: &Array, row: u64, r: &Row) {
-        let m = array.geometry.data_disks();
+        let m = self.g.data_disks();
         let st = r.claim(r.st.lock());
         let deadline = Instant::now() + array.config.write_hold;
         let mut st = r.gather(st, deadline, |p| covers_all(p, m));
@@ -503,7 +498,7 @@ impl Parity {
             // Write-through from here: what the cache holds of this row goes first.
             array.write_out_row(row)?;
         }
-        let roles = array.geometry.stripe_roles(row);
+        let roles = self.g.stripe_roles(row);
         let mut intervals = merge(batch.iter().map(|p| (p.offset, p.end())).collect());
         if array.policy.logs_pages() || array.integrity.is_some() {
             // The journal logs, and records cover, whole 4 KiB pages: widen each interval to
@@ -520,7 +515,7 @@ impl Parity {
         }
         if array.is_failed() {
             return Err(array.unrecoverable(
-                row * self.chunk_bytes(array),
+                row * self.chunk_bytes(),
                 0,
                 "too many members failed",
             ));
@@ -537,7 +532,7 @@ impl Parity {
         b: u64,
         batch: &[Piece],
     ) -> Result<()> {
-        let m = array.geometry.data_disks();
+        let m = self.g.data_disks();
         let mut dirty = vec![false; m];
         let mut full = vec![false; m];
         for (d, (is_dirty, is_full)) in dirty.iter_mut().zip(full.iter_mut()).enumerate() {
@@ -564,7 +559,7 @@ impl Parity {
         };
         let mut degrade = false;
         for _ in 0..MAX_REPLANS {
-            let at = row * self.chunk_bytes(array) + a;
+            let at = row * self.chunk_bytes() + a;
             let plan = if degrade {
                 WritePlan::Degraded
             } else {
@@ -583,7 +578,7 @@ impl Parity {
             }
         }
         Err(array.unrecoverable(
-            self.array_offset(array, row, 0, a),
+            self.array_offset(row, 0, a),
             b - a,
             "members kept failing during a stripe write",
         ))
@@ -669,7 +664,7 @@ impl Parity {
 
     fn rcw_write(&self, array: &Array, c: &Interval<'_>) -> Result<Outcome> {
         let len = (c.b - c.a) as usize;
-        let at = c.row * self.chunk_bytes(array) + c.a;
+        let at = c.row * self.chunk_bytes() + c.a;
         // A chunk written whole by one piece is used as it is: no copy into a stripe buffer.
         let sole: Vec<Option<&[u8]>> = (0..c.dirty.len()).map(|d| c.sole_piece(d)).collect();
         let mut owned: Vec<Option<PoolBuf>> = sole
@@ -720,7 +715,7 @@ impl Parity {
     /// does not cover them whole; the parity stays as it is, recorded bad.
     fn data_only_write(&self, array: &Array, c: &Interval<'_>) -> Result<Outcome> {
         let len = (c.b - c.a) as usize;
-        let at = c.row * self.chunk_bytes(array) + c.a;
+        let at = c.row * self.chunk_bytes() + c.a;
         let dirty: Vec<usize> = (0..c.dirty.len()).filter(|&d| c.dirty[d]).collect();
         let mut bufs: Vec<PoolBuf> = dirty.iter().map(|_| array.bufs.get(len)).collect();
         let mut ios: Vec<MemberIo<'_>> = bufs
@@ -747,7 +742,7 @@ impl Parity {
 
     fn rmw_write(&self, array: &Array, c: &Interval<'_>) -> Result<Outcome> {
         let len = (c.b - c.a) as usize;
-        let at = c.row * self.chunk_bytes(array) + c.a;
+        let at = c.row * self.chunk_bytes() + c.a;
         let dirty: Vec<usize> = (0..c.dirty.len()).filter(|&d| c.dirty[d]).collect();
         let (new_data, p, q) =
             match self.rmw_compute(array, c.roles, at, len, &dirty, |d, b| c.overlay(d, b)) {
@@ -814,7 +809,7 @@ impl Parity {
     }
 
     fn degraded_write(&self, array: &Array, c: &Interval<'_>) -> Result<Outcome> {
-        let at = c.row * self.chunk_bytes(array) + c.a;
+        let at = c.row * self.chunk_bytes() + c.a;
         // The write leaves the row exposed as it was (its bit stays set): what it rebuilds
         // here is not served, only carried into the parity.
         let len = (c.b - c.a) as usize;
@@ -861,7 +856,7 @@ impl Parity {
         let records: Option<Vec<Vec<u32>>> = array
             .integrity
             .as_ref()
-            .filter(|_| data.len() == array.geometry.data_disks())
+            .filter(|_| data.len() == self.g.data_disks())
             .map(|integ| data.iter().map(|(_, buf)| integ.records_of(buf)).collect());
         let mut ios: Vec<MemberIo<'_>> = data
             .iter()
@@ -907,7 +902,7 @@ impl Parity {
 
     /// Whether `row` is one of [`Array::exposed_rows`].
     pub(crate) fn row_exposed(&self, array: &Array, row: u64) -> bool {
-        let chunk = self.chunk_bytes(array);
+        let chunk = self.chunk_bytes();
         array.policy.torn_bytes().is_some()
             && array.resync_owed()
             && !array
@@ -931,19 +926,18 @@ impl Parity {
         if array.integrity.is_some() || missing.is_empty() {
             return None;
         }
-        let spare_parity = missing.len() < array.geometry.max_degraded();
-        for (row, r) in row_pieces(at, bufs[0].len() as u64, self.chunk_bytes(array)) {
+        let spare_parity = missing.len() < self.g.max_degraded();
+        for (row, r) in row_pieces(at, bufs[0].len() as u64, self.chunk_bytes()) {
             if !self.row_exposed(array, row) {
                 continue;
             }
-            let roles = array.geometry.stripe_roles(row);
-            let Some(d) =
-                (0..array.geometry.data_disks()).find(|&d| missing.contains(&roles.data_dev(d)))
+            let roles = self.g.stripe_roles(row);
+            let Some(d) = (0..self.g.data_disks()).find(|&d| missing.contains(&roles.data_dev(d)))
             else {
                 continue;
             };
             let cut = |dev: usize| &bufs[dev][r.clone()];
-            let data: Vec<&[u8]> = (0..array.geometry.data_disks())
+            let data: Vec<&[u8]> = (0..self.g.data_disks())
                 .map(|d| cut(roles.data_dev(d)))
                 .collect();
             let agrees = spare_parity && {
@@ -961,7 +955,7 @@ impl Parity {
     /// A degraded read of data chunk `d` of an exposed row, without records to check the
     /// reconstruction against: an unrecoverable read, not a guess.
     fn refuse_torn(&self, array: &Array, row: u64, d: usize, off: u64, len: usize) -> EngineError {
-        let at = self.array_offset(array, row, d, off);
+        let at = self.array_offset(row, d, off);
         let n = array
             .sync
             .torn_reads_refused
@@ -1019,7 +1013,7 @@ impl Parity {
             return Ok(None);
         };
         let mut by_dev: Vec<Option<PoolBuf>> = dev_bufs.into_iter().map(Some).collect();
-        let data = (0..array.geometry.data_disks())
+        let data = (0..self.g.data_disks())
             .map(|d| by_dev[roles.data_dev(d)].take().expect("data chunk"))
             .collect();
         let p = by_dev[roles.p_dev()].take().expect("P chunk");
@@ -1043,21 +1037,19 @@ impl Parity {
         let Some((mut bufs, missing, unread)) = self.read_present(array, at, len, heal)? else {
             return Ok(None);
         };
-        for (row, r) in row_pieces(at, len as u64, self.chunk_bytes(array)) {
-            let roles = array.geometry.stripe_roles(row);
+        for (row, r) in row_pieces(at, len as u64, self.chunk_bytes()) {
+            let roles = self.g.stripe_roles(row);
             let slices = bufs.iter_mut().map(|b| &mut b[r.clone()]).collect();
-            self.reconstruct(array, &roles, slices, &missing);
+            self.reconstruct(&roles, slices, &missing);
         }
         if torn != Torn::Carry {
             if let Some((row, d)) = self.torn_guess(array, at, &bufs, &missing) {
-                let off = at.max(row * self.chunk_bytes(array)) % self.chunk_bytes(array);
+                let off = at.max(row * self.chunk_bytes()) % self.chunk_bytes();
                 return Err(match torn {
                     Torn::Refuse => self.refuse_torn(array, row, d, off, len),
-                    _ => array.unrecoverable(
-                        self.array_offset(array, row, d, off),
-                        len as u64,
-                        TORN_REASON,
-                    ),
+                    _ => {
+                        array.unrecoverable(self.array_offset(row, d, off), len as u64, TORN_REASON)
+                    }
                 });
             }
         }
@@ -1086,11 +1078,11 @@ impl Parity {
         len: usize,
         heal: Heal,
     ) -> Result<Option<Present>> {
-        let n = array.geometry.raid_disks();
+        let n = self.g.raid_disks();
         let mut missing: Vec<usize> = (0..n)
             .filter(|&dev| !array.members.slot(dev).in_sync(at, len as u64))
             .collect();
-        if missing.len() > array.geometry.max_degraded() {
+        if missing.len() > self.g.max_degraded() {
             return Err(array.unrecoverable(
                 at,
                 len as u64,
@@ -1121,7 +1113,7 @@ impl Parity {
             return Ok(None);
         }
         missing.extend(&unread);
-        if !unread.is_empty() && missing.len() > array.geometry.max_degraded() {
+        if !unread.is_empty() && missing.len() > self.g.max_degraded() {
             self.record_unreadable(array, at, len, &missing, &unread);
             return Err(array.unrecoverable(
                 at,
@@ -1135,7 +1127,7 @@ impl Parity {
             // Read fine but wrong: rebuilt from the others like a missing chunk.
             missing.extend(corrupt);
         }
-        if missing.len() > array.geometry.max_degraded() {
+        if missing.len() > self.g.max_degraded() {
             return Err(array.unrecoverable(
                 at,
                 len as u64,
@@ -1173,7 +1165,7 @@ impl Parity {
             }
         }
         for (pg, failed) in failing.iter().enumerate() {
-            if others + failed.len() <= array.geometry.max_degraded() {
+            if others + failed.len() <= self.g.max_degraded() {
                 continue;
             }
             let off = at + pg as u64 * PAGE;
@@ -1199,7 +1191,6 @@ impl Parity {
     /// `dev_bufs[dev]` holds device `dev`'s chunk of the stripe.
     pub(crate) fn reconstruct(
         &self,
-        array: &Array,
         roles: &StripeRoles,
         dev_bufs: Vec<&mut [u8]>,
         missing: &[usize],
@@ -1208,12 +1199,12 @@ impl Parity {
             return;
         }
         let mut dev_bufs = dev_bufs;
-        if array.geometry.level() != Level::Raid6 {
+        if self.g.level() != Level::Raid6 {
             parity::raid5_recover(&mut dev_bufs, missing[0]);
             return;
         }
         let lost = lost_of(roles, missing);
-        let m = array.geometry.data_disks();
+        let m = self.g.data_disks();
         let (p_dev, q_dev) = (roles.p_dev(), roles.q_dev().expect("raid6 has Q"));
         let mut cells: Vec<Option<&mut [u8]>> = dev_bufs.into_iter().map(Some).collect();
         let p = cells[p_dev].take().expect("P");

@@ -140,14 +140,14 @@ impl Parity {
         let mode = array.settle_scope(mode, at, (pages * PAGE) as u64, missing.is_empty());
         let mut tally = HealTally::default();
         for pg in 0..pages {
-            let Some(page) = self.failed_page(array, integ, at, pg, bufs, corrupt) else {
+            let Some(page) = self.failed_page(integ, at, pg, bufs, corrupt) else {
                 continue;
             };
             tally.failing += page.bad.len();
             for &dev in &page.bad {
                 integ.count_mismatch(kind_of(&page.roles, dev));
             }
-            if let Some(settled) = self.rebuild_page(array, integ, &page, bufs, missing) {
+            if let Some(settled) = self.rebuild_page(integ, &page, bufs, missing) {
                 if mode != Heal::Count {
                     self.apply_settled(array, integ, &page, bufs, settled, &mut tally);
                 }
@@ -173,7 +173,6 @@ impl Parity {
     /// Page `pg` of `bufs`, if blocks of `corrupt` members there fail their records.
     fn failed_page(
         &self,
-        array: &Array,
         integ: &Integrity,
         at: u64,
         pg: usize,
@@ -190,7 +189,7 @@ impl Parity {
         if bad.is_empty() {
             return None;
         }
-        let chunk = array.geometry.chunk_sectors() * 512;
+        let chunk = self.g.chunk_sectors() * 512;
         let found = bad
             .iter()
             .map(|&dev| bufs[dev][r.clone()].to_vec())
@@ -198,7 +197,7 @@ impl Parity {
         Some(FailedPage {
             pg,
             off,
-            roles: array.geometry.stripe_roles(off / chunk),
+            roles: self.g.stripe_roles(off / chunk),
             bad,
             found,
         })
@@ -208,7 +207,6 @@ impl Parity {
     /// the missing members; how each was resolved, or `None` if one was not.
     fn rebuild_page(
         &self,
-        array: &Array,
         integ: &Integrity,
         page: &FailedPage,
         bufs: &mut [PoolBuf],
@@ -217,11 +215,10 @@ impl Parity {
         let (off, r, roles) = (page.off, page.bytes(), &page.roles);
         let mut erased: Vec<usize> = missing.iter().chain(&page.bad).copied().collect();
         erased.sort_unstable();
-        if erased.len() > array.geometry.max_degraded() {
+        if erased.len() > self.g.max_degraded() {
             return None;
         }
         self.reconstruct(
-            array,
             roles,
             bufs.iter_mut().map(|b| &mut b[r.clone()]).collect(),
             &erased,
@@ -230,7 +227,7 @@ impl Parity {
         // is vouched for (read or rebuilt, matching its record), parity that fails its
         // record is recomputed whatever its record says (a write torn between parity and
         // record, a rebuild of a row a cut left mid-write).
-        let data_vouched = (0..array.geometry.raid_disks())
+        let data_vouched = (0..self.g.raid_disks())
             .filter(|&dev| kind_of(roles, dev) == BlockKind::Data)
             .filter(|dev| erased.contains(dev))
             .all(|dev| integ.block_ok(dev, off, &bufs[dev][r.clone()]));
@@ -398,11 +395,11 @@ impl Parity {
         let Some(integ) = &array.integrity else {
             return Ok(());
         };
-        let chunk = array.geometry.chunk_sectors() * 512;
+        let chunk = self.g.chunk_sectors() * 512;
         for &dev in missing {
             for (pg, page) in bufs[dev].chunks(PAGE).enumerate() {
                 let off = at + (pg * PAGE) as u64;
-                let roles = array.geometry.stripe_roles(off / chunk);
+                let roles = self.g.stripe_roles(off / chunk);
                 if kind_of(&roles, dev) == BlockKind::Data && !integ.block_ok(dev, off, page) {
                     integ.count_unrecoverable();
                     return Err(array.members.corruption(

@@ -23,9 +23,9 @@ impl Parity {
     /// Rebuild `role`'s chunks of the stripes from member byte `pos` on, one window under the
     /// stripes' claims; returns where the next window starts.
     pub(crate) fn recover_rows(&self, array: &Array, role: usize, pos: u64) -> Result<u64, Stop> {
-        let chunk = array.geometry.chunk_sectors() * 512;
+        let chunk = self.g.chunk_sectors() * 512;
         let row = pos / chunk;
-        let last = (row + self.window_rows(array)).min(array.geometry.stripes());
+        let last = (row + self.window_rows(array)).min(self.g.stripes());
         let guard = array.range_lock().lock(LockRange::Stripes {
             first: row,
             end: last,
@@ -51,11 +51,11 @@ impl Parity {
     ) -> Result<(u64, u64), Stop> {
         let fix = action != SyncAction::Check;
         let heal = Heal::of(action);
-        let chunk = array.geometry.chunk_sectors() * 512;
+        let chunk = self.g.chunk_sectors() * 512;
         let row = pos / chunk;
         // Not past `end`: a bitmap-guided resync stops where the dirty chunks do.
         let last = (row + self.window_rows(array))
-            .min(array.geometry.stripes())
+            .min(self.g.stripes())
             .min(end.div_ceil(chunk));
         let guard = array.range_lock().lock(LockRange::Stripes {
             first: row,
@@ -80,7 +80,7 @@ impl Parity {
                 .flat_map(|&(off, len)| self.page_rows(array, off, len))
                 .collect(),
         );
-        let data_disks = array.geometry.data_disks() as u64;
+        let data_disks = self.g.data_disks() as u64;
         let (mut bad, mut bytes) = (0, 0);
         for (a, b) in spans {
             bad += self.verify_span(array, a, b, fix)?;
@@ -93,7 +93,7 @@ impl Parity {
 impl Parity {
     /// Stripes per unit of background work: about `sync_window_bytes` of each member.
     pub(crate) fn window_rows(&self, array: &Array) -> u64 {
-        (array.config.sync_window_bytes / (array.geometry.chunk_sectors() * 512)).max(1)
+        (array.config.sync_window_bytes / (self.g.chunk_sectors() * 512)).max(1)
     }
 
     /// Read every usable member over stripes `r0..r1` (one I/O per member) and reconstruct
@@ -105,7 +105,7 @@ impl Parity {
         r1: u64,
         heal: Heal,
     ) -> Result<Option<Vec<PoolBuf>>, Stop> {
-        let chunk = array.geometry.chunk_sectors() * 512;
+        let chunk = self.g.chunk_sectors() * 512;
         self.read_span(array, r0 * chunk, (r1 - r0) * chunk, heal)
     }
 
@@ -133,7 +133,7 @@ impl Parity {
         r0: u64,
         r1: u64,
     ) -> Result<(), Stop> {
-        let chunk = array.geometry.chunk_sectors() * 512;
+        let chunk = self.g.chunk_sectors() * 512;
         let mid = r0 + (r1 - r0).div_ceil(2);
         std::thread::scope(|scope| {
             let mut writing: Option<std::thread::ScopedJoinHandle<'_, Result<(), Stop>>> = None;
@@ -171,10 +171,10 @@ impl Parity {
     /// The parity of the rows of member bytes `at..at + len` a crash may have torn where
     /// `role` holds data, recorded bad.
     fn record_torn_parity(&self, array: &Array, role: usize, at: u64, len: u64) {
-        let chunk = array.geometry.chunk_sectors() * 512;
+        let chunk = self.g.chunk_sectors() * 512;
         for (row, r) in row_pieces(at, len, chunk) {
-            let roles = array.geometry.stripe_roles(row);
-            let holds_data = (0..array.geometry.data_disks()).any(|d| roles.data_dev(d) == role);
+            let roles = self.g.stripe_roles(row);
+            let holds_data = (0..self.g.data_disks()).any(|d| roles.data_dev(d) == role);
             if !holds_data || !self.row_exposed(array, row) {
                 continue;
             }
@@ -213,7 +213,7 @@ impl Parity {
                 Err(stop) => return Err(stop),
             }
         }
-        let chunk = array.geometry.chunk_sectors() * 512;
+        let chunk = self.g.chunk_sectors() * 512;
         Err(Stop::Failed(array.unrecoverable(
             r0 * chunk,
             (r1 - r0) * chunk,
@@ -224,9 +224,9 @@ impl Parity {
     /// Enough members remain over stripes `r0..r1` for the level to rebuild what is missing:
     /// what failed there is blocks, not members.
     pub(crate) fn sources_left(&self, array: &Array, r0: u64, r1: u64) -> bool {
-        let chunk = array.geometry.chunk_sectors() * 512;
+        let chunk = self.g.chunk_sectors() * 512;
         let (at, len) = (r0 * chunk, (r1 - r0) * chunk);
-        let absent = (0..array.geometry.raid_disks())
+        let absent = (0..self.g.raid_disks())
             .filter(|&dev| !array.members.slot(dev).in_sync(at, len))
             .count();
         !array.is_failed() && absent <= array.personality.redundancy()
@@ -240,9 +240,9 @@ impl Parity {
         r0: u64,
         r1: u64,
     ) -> Result<(Vec<PoolBuf>, Vec<u64>), Stop> {
-        let chunk = array.geometry.chunk_sectors() * 512;
+        let chunk = self.g.chunk_sectors() * 512;
         let len = ((r1 - r0) * chunk) as usize;
-        let mut bufs: Vec<PoolBuf> = (0..array.geometry.raid_disks())
+        let mut bufs: Vec<PoolBuf> = (0..self.g.raid_disks())
             .map(|_| {
                 let mut b = array.bufs.get(len);
                 b.fill(0);
@@ -270,7 +270,7 @@ impl Parity {
 
     /// One page row at member byte `at`, rebuilt; `None`: it cannot be (the error is logged).
     fn read_source_page(&self, array: &Array, at: u64) -> Result<Option<Vec<PoolBuf>>, Stop> {
-        let row = at / (array.geometry.chunk_sectors() * 512);
+        let row = at / (self.g.chunk_sectors() * 512);
         for _ in 0..MAX_SOURCE_TRIES {
             match self.read_rebuilt(array, at, PAGE as usize, array.heal_mode(), Torn::Pass) {
                 Ok(Some(bufs)) => return Ok(Some(bufs)),
@@ -302,7 +302,7 @@ impl Parity {
         fix: bool,
         heal: Heal,
     ) -> Result<u64, Stop> {
-        let chunk = (array.geometry.chunk_sectors() * 512) as usize;
+        let chunk = (self.g.chunk_sectors() * 512) as usize;
         // Pages nothing can rebuild (recorded bad blocks) are passed, as a rebuild passes them:
         // neither counted nor rewritten (a parity write there would clear a record).
         let (bufs, lost) = match self.read_window(array, r0, r1, heal) {
@@ -344,12 +344,12 @@ impl Parity {
         lost: &[u64],
         fix: bool,
     ) -> Result<u64, Stop> {
-        let chunk = array.geometry.chunk_sectors() * 512;
+        let chunk = self.g.chunk_sectors() * 512;
         let mut bad = 0u64;
         for (row, r) in row_pieces(at, bufs[0].len() as u64, chunk) {
-            let roles = array.geometry.stripe_roles(row);
+            let roles = self.g.stripe_roles(row);
             let cut = |dev: usize| &bufs[dev][r.clone()];
-            let data: Vec<&[u8]> = (0..array.geometry.data_disks())
+            let data: Vec<&[u8]> = (0..self.g.data_disks())
                 .map(|d| cut(roles.data_dev(d)))
                 .collect();
             let (p, q) = self.compute_parity(array, &roles, &data);
@@ -390,8 +390,8 @@ impl Parity {
     /// a verify read costs what was in flight, not whole chunk rows.
     fn page_rows(&self, array: &Array, off: u64, len: u64) -> Vec<(u64, u64)> {
         const PAGE: u64 = 4096;
-        let chunk = array.geometry.chunk_sectors() * 512;
-        let data_disks = array.geometry.data_disks() as u64;
+        let chunk = self.g.chunk_sectors() * 512;
+        let data_disks = self.g.data_disks() as u64;
         let end = ((off + len).div_ceil(PAGE) * PAGE).min(array.size_bytes());
         let mut at = off / PAGE * PAGE;
         let mut spans = Vec::new();
@@ -408,7 +408,7 @@ impl Parity {
     /// Page rows over member bytes `a..b`, a window at a time, the window's rows claimed while
     /// they are checked.
     fn verify_span(&self, array: &Array, a: u64, b: u64, fix: bool) -> Result<u64> {
-        let chunk = array.geometry.chunk_sectors() * 512;
+        let chunk = self.g.chunk_sectors() * 512;
         let window = self.window_rows(array) * chunk;
         // After an unclean stop, blocks that fail their records in rows a crash may have torn
         // are unflushed writes: settled as found, as the resync would (see `raid456_heal`).
@@ -431,7 +431,7 @@ impl Parity {
                     other => break other,
                 }
             };
-            let rows = at / chunk * chunk * array.geometry.data_disks() as u64;
+            let rows = at / chunk * chunk * self.g.data_disks() as u64;
             bad += found.map_err(|e| array.verify_failed(rows, end - at, e))?;
             at = end;
         }

@@ -381,7 +381,9 @@ impl Array {
         let bm = self.policy.bitmap()?;
         if self.personality.recovery_maps_chunks() {
             let clean = |at: u64, len: u64| bm.next_set(at, at + len) >= at + len;
-            let skipped = self.skip_raid10_chunks(role, pos, end, clean, |_, _| Ok(()))?;
+            let skipped =
+                self.copies()
+                    .skip_raid10_chunks(self, role, pos, end, clean, |_, _| Ok(()))?;
             return skipped.ok(); // the closure does no I/O: it cannot fail
         }
         let unit = self.personality.recovery_unit();

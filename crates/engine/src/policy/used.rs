@@ -388,9 +388,11 @@ impl Array {
         let used = self.used.as_ref()?;
         if self.personality.recovery_maps_chunks() {
             let unused = |at: u64, len: u64| used.next_used(at, at + len).start >= at + len;
-            return self.skip_raid10_chunks(role, pos, end, unused, |from, to| {
-                self.discard_on_rebuilding(role, from, to)
-            });
+            return self
+                .copies()
+                .skip_raid10_chunks(self, role, pos, end, unused, |from, to| {
+                    self.discard_on_rebuilding(role, from, to)
+                });
         }
         let limit = end.min(pos + crate::policy::bitmap::SKIP_MAX_BYTES);
         let next = used.next_used(pos, limit);
