@@ -248,7 +248,7 @@ impl Walk {
         if self.pos >= self.end {
             return Ok(true);
         }
-        if !matches!(self.job, Job::Recover(_)) && array.parity_degraded() {
+        if !matches!(self.job, Job::Recover(_)) && array.sync.parity_degraded(array) {
             // A member went missing meanwhile: with it, the parity a resync would check is
             // what reconstructs the missing chunks, so "checking" it proves nothing and calling
             // the array in sync would hide the write hole. Stop; the resync stays pending and
@@ -298,7 +298,10 @@ impl Walk {
                     return Ok(self.pos >= self.end);
                 }
                 work_from = Some(work.start);
-                let next = array.scrub_step(SyncAction::Resync, work.start, work.end)?;
+                let next =
+                    array
+                        .sync
+                        .scrub_step(array, SyncAction::Resync, work.start, work.end)?;
                 array.policy.resynced(todo.start, next.min(self.end));
                 next
             }
@@ -309,7 +312,7 @@ impl Walk {
                     return Ok(true);
                 }
                 work_from = Some(work.start);
-                array.scrub_step(a, work.start, work.end)?
+                array.sync.scrub_step(array, a, work.start, work.end)?
             }
         };
         assert!(next > self.pos, "a window must make progress");
@@ -320,7 +323,7 @@ impl Walk {
         if let Job::Recover(role) = self.job {
             let now = array.sync.clock.now();
             if now.saturating_sub(self.pace.last_checkpoint) > CHECKPOINT_EVERY {
-                array.checkpoint_recovery(role);
+                array.sync.checkpoint_recovery(array, role);
                 self.pace.last_checkpoint = now;
             }
         }
@@ -369,7 +372,7 @@ impl Array {
             let _ = h.join();
         }
         if let Some(walk) = self.sync.stepped.lock().take() {
-            self.finish_job(&walk, Err(Stop::Interrupted));
+            self.sync.finish_job(self, &walk, Err(Stop::Interrupted));
         }
     }
 
@@ -486,7 +489,7 @@ impl Array {
                 || (st.resync_from.is_some() && !st.frozen && st.retry_resync_at.is_none());
             let recovering = !st.frozen
                 && self.members.slots.iter().any(|s| !s.is_complete())
-                && self.has_spare_or_partial();
+                && self.sync.has_spare_or_partial(self);
             if st.running == SyncAction::Idle && !pending && !recovering {
                 return true;
             }
@@ -494,66 +497,6 @@ impl Array {
                 return false;
             }
         }
-    }
-
-    /// A parity level with a role not complete.
-    pub(crate) fn parity_degraded(&self) -> bool {
-        self.personality.uses_stripe_cache() && self.members.slots.iter().any(|s| !s.is_complete())
-    }
-
-    fn has_spare_or_partial(&self) -> bool {
-        !self.members.spares.lock().is_empty()
-            || self
-                .members
-                .slots
-                .iter()
-                .any(|s| !s.is_faulty() && !s.is_complete())
-    }
-
-    /// Pick the next action, if any, and mark it running (under the sync lock, so waiters never
-    /// see a gap between "requested" and "running").
-    fn next_walk(&self, st: &mut SyncState) -> Option<Walk> {
-        st.interrupt = false;
-        let job = self.next_job(st)?;
-        let (action, from) = match job {
-            Job::Recover(role) => (
-                SyncAction::Recover,
-                self.members.slots[role].in_sync_bytes(),
-            ),
-            Job::Resync { from, .. } => (SyncAction::Resync, from),
-            Job::Scrub(a) => (a, 0),
-        };
-        let end = match job {
-            Job::Recover(role) => self.personality.recovery_end(role),
-            _ => self.personality.sync_total(action),
-        };
-        st.running = action;
-        st.started = self.sync.clock.now();
-        st.done = from.min(end);
-        st.total = end;
-        st.rate = 0;
-        if action != SyncAction::Recover {
-            st.mismatches = 0;
-        }
-        let now = self.sync.clock.now();
-        Some(Walk {
-            job,
-            action,
-            pos: from.min(end),
-            end,
-            worked: 0,
-            pace: Pace {
-                start: now,
-                worked_at_start: 0,
-                last_checkpoint: now,
-            },
-            member: match job {
-                Job::Recover(role) => self.members.slots[role]
-                    .member()
-                    .map(|m| m.name().to_string()),
-                _ => None,
-            },
-        })
     }
 
     fn background_loop(self: Arc<Self>) {
@@ -564,7 +507,7 @@ impl Array {
                     if st.stop {
                         return;
                     }
-                    if let Some(walk) = self.next_walk(&mut st) {
+                    if let Some(walk) = self.sync.next_walk(&self, &mut st) {
                         break walk;
                     }
                     self.sync.cv.notify_all();
@@ -574,61 +517,8 @@ impl Array {
                 }
                 self.mark_clean_if_idle();
             };
-            self.run_walk(walk);
+            self.sync.run_walk(&self, walk);
         }
-    }
-
-    fn run_walk(&self, mut walk: Walk) {
-        self.announce(&walk);
-        let res = loop {
-            if let Err(stop) = self.pace(&mut walk.pace, walk.pos, walk.worked) {
-                break Err(stop);
-            }
-            match walk.step(self) {
-                Ok(true) => break Ok(()),
-                Ok(false) => {}
-                Err(stop) => break Err(stop),
-            }
-        };
-        self.finish_job(&walk, res);
-    }
-
-    fn announce(&self, walk: &Walk) {
-        if walk.action == SyncAction::Resync {
-            // A guided array that fell back (the guide timeout) records it before the resync
-            // writes anything.
-            self.persist_fallback();
-        }
-        if let (Job::Resync { full: true, .. }, Some(bm)) = (&walk.job, self.policy.bitmap()) {
-            // An administrator's full resync on a bitmap array: every bit set, and the
-            // superblocks "active", first, so that after a crash or a stop the bitmap-guided
-            // resync that resumes it still covers what it had not reached.
-            // On a guided array also the fallback flag: a guide after that crash would name
-            // what a file system had in flight, not what this resync had not reached.
-            if let (Some(_), Some(u)) = (&self.guidance, &self.used) {
-                if !self.is_read_only() {
-                    u.set_flag(&self.members, format::USED_MAP_FLAG_RESYNC_OWED, true);
-                }
-            }
-            let _counted = crate::io::commit::InCommit::enter(self);
-            if let Err(e) = bm
-                .need_everything(&self.members)
-                .and_then(|()| self.mark_active())
-            {
-                tracing::warn!(array = %self.name, "cannot set the bitmap for a full resync: {e}");
-            }
-        }
-        self.members.events.emit(
-            started_event(walk.action),
-            &self.name,
-            walk.member.as_deref(),
-            format!(
-                "{} started at byte {} of {}",
-                walk.action.name(),
-                walk.pos,
-                walk.end
-            ),
-        );
     }
 
     /// Run one window of background work on the calling thread: the deterministic simulation
@@ -645,10 +535,10 @@ impl Array {
             if st.stop {
                 return SyncAction::Idle;
             }
-            *stepped = self.next_walk(&mut st);
+            *stepped = self.sync.next_walk(self, &mut st);
             drop(st);
             if let Some(w) = stepped.as_ref() {
-                self.announce(w);
+                self.sync.announce(self, w);
             }
         }
         let Some(walk) = stepped.as_mut() else {
@@ -674,33 +564,149 @@ impl Array {
             Ok(true) => {}
             Ok(false) => {
                 let walk = stepped.take().expect("walk present");
-                self.finish_job(&walk, Ok(()));
+                self.sync.finish_job(self, &walk, Ok(()));
             }
             Err(stop) => {
                 let walk = stepped.take().expect("walk present");
-                self.finish_job(&walk, Err(stop));
+                self.sync.finish_job(self, &walk, Err(stop));
             }
         }
         action
     }
+}
 
-    fn next_job(&self, st: &mut SyncState) -> Option<Job> {
-        if st.frozen || self.is_failed() || self.config.read_only {
+impl SyncControl {
+    /// A parity level with a role not complete.
+    pub(crate) fn parity_degraded(&self, array: &Array) -> bool {
+        array.personality.uses_stripe_cache()
+            && array.members.slots.iter().any(|s| !s.is_complete())
+    }
+
+    fn has_spare_or_partial(&self, array: &Array) -> bool {
+        !array.members.spares.lock().is_empty()
+            || array
+                .members
+                .slots
+                .iter()
+                .any(|s| !s.is_faulty() && !s.is_complete())
+    }
+
+    /// Pick the next action, if any, and mark it running (under the sync lock, so waiters never
+    /// see a gap between "requested" and "running").
+    fn next_walk(&self, array: &Array, st: &mut SyncState) -> Option<Walk> {
+        st.interrupt = false;
+        let job = self.next_job(array, st)?;
+        let (action, from) = match job {
+            Job::Recover(role) => (
+                SyncAction::Recover,
+                array.members.slots[role].in_sync_bytes(),
+            ),
+            Job::Resync { from, .. } => (SyncAction::Resync, from),
+            Job::Scrub(a) => (a, 0),
+        };
+        let end = match job {
+            Job::Recover(role) => array.personality.recovery_end(role),
+            _ => array.personality.sync_total(action),
+        };
+        st.running = action;
+        st.started = self.clock.now();
+        st.done = from.min(end);
+        st.total = end;
+        st.rate = 0;
+        if action != SyncAction::Recover {
+            st.mismatches = 0;
+        }
+        let now = self.clock.now();
+        Some(Walk {
+            job,
+            action,
+            pos: from.min(end),
+            end,
+            worked: 0,
+            pace: Pace {
+                start: now,
+                worked_at_start: 0,
+                last_checkpoint: now,
+            },
+            member: match job {
+                Job::Recover(role) => array.members.slots[role]
+                    .member()
+                    .map(|m| m.name().to_string()),
+                _ => None,
+            },
+        })
+    }
+
+    fn run_walk(&self, array: &Array, mut walk: Walk) {
+        self.announce(array, &walk);
+        let res = loop {
+            if let Err(stop) = self.pace(array, &mut walk.pace, walk.pos, walk.worked) {
+                break Err(stop);
+            }
+            match walk.step(array) {
+                Ok(true) => break Ok(()),
+                Ok(false) => {}
+                Err(stop) => break Err(stop),
+            }
+        };
+        self.finish_job(array, &walk, res);
+    }
+
+    fn announce(&self, array: &Array, walk: &Walk) {
+        if walk.action == SyncAction::Resync {
+            // A guided array that fell back (the guide timeout) records it before the resync
+            // writes anything.
+            array.persist_fallback();
+        }
+        if let (Job::Resync { full: true, .. }, Some(bm)) = (&walk.job, array.policy.bitmap()) {
+            // An administrator's full resync on a bitmap array: every bit set, and the
+            // superblocks "active", first, so that after a crash or a stop the bitmap-guided
+            // resync that resumes it still covers what it had not reached.
+            // On a guided array also the fallback flag: a guide after that crash would name
+            // what a file system had in flight, not what this resync had not reached.
+            if let (Some(_), Some(u)) = (&array.guidance, &array.used) {
+                if !array.is_read_only() {
+                    u.set_flag(&array.members, format::USED_MAP_FLAG_RESYNC_OWED, true);
+                }
+            }
+            let _counted = crate::io::commit::InCommit::enter(array);
+            if let Err(e) = bm
+                .need_everything(&array.members)
+                .and_then(|()| array.mark_active())
+            {
+                tracing::warn!(array = %array.name, "cannot set the bitmap for a full resync: {e}");
+            }
+        }
+        array.members.events.emit(
+            started_event(walk.action),
+            &array.name,
+            walk.member.as_deref(),
+            format!(
+                "{} started at byte {} of {}",
+                walk.action.name(),
+                walk.pos,
+                walk.end
+            ),
+        );
+    }
+
+    fn next_job(&self, array: &Array, st: &mut SyncState) -> Option<Job> {
+        if st.frozen || array.is_failed() || array.config.read_only {
             return None;
         }
-        if let Some(role) = self.pick_recovery() {
+        if let Some(role) = self.pick_recovery(array) {
             return Some(Job::Recover(role));
         }
-        let degraded = self.members.slots.iter().any(|s| !s.is_complete());
+        let degraded = array.members.slots.iter().any(|s| !s.is_complete());
         // A degraded parity array has no redundancy left to make consistent (resync waits for
         // the rebuild); mirrors resync the copies they still have, as md does.
-        if self.parity_degraded() {
+        if self.parity_degraded(array) {
             return None;
         }
         // A guided array waits for its guide (until the guide timeout) before resyncing.
-        if let Some(from) = st.resync_from.filter(|_| !self.guidance_holds_resync()) {
+        if let Some(from) = st.resync_from.filter(|_| !array.guidance_holds_resync()) {
             match st.retry_resync_at {
-                Some(at) if self.sync.clock.now() < at => {}
+                Some(at) if self.clock.now() < at => {}
                 _ => {
                     st.retry_resync_at = None;
                     return Some(Job::Resync { from, full: false });
@@ -713,7 +719,7 @@ impl Array {
         match st.requested.take() {
             Some(SyncAction::Resync) => {
                 st.resync_from = Some(0);
-                self.sync.unsynced.store(true, Ordering::Release);
+                self.unsynced.store(true, Ordering::Release);
                 Some(Job::Resync {
                     from: 0,
                     full: true,
@@ -724,27 +730,27 @@ impl Array {
         }
     }
 
-    fn finish_job(&self, walk: &Walk, res: Result<(), Stop>) {
-        self.members.coordinator().resync_finish();
+    fn finish_job(&self, array: &Array, walk: &Walk, res: Result<(), Stop>) {
+        array.members.coordinator().resync_finish();
         let action = walk.action;
         let member = walk.member.as_deref();
         if let Job::Recover(role) = walk.job {
             match &res {
-                Ok(()) => self.finish_recovery(role),
-                Err(_) => self.checkpoint_recovery(role),
+                Ok(()) => self.finish_recovery(array, role),
+                Err(_) => self.checkpoint_recovery(array, role),
             }
         }
-        if let Some(integ) = self
+        if let Some(integ) = array
             .integrity
             .as_ref()
             .filter(|_| res.is_ok() && matches!(action, SyncAction::Check | SyncAction::Repair))
         {
             // Scrub the tables too: every copy on disk against the records (the changed ones
             // written out first); `repair` rewrites the wrong ones.
-            self.flush_members();
+            array.flush_members();
             if integ.verify_tables(action == SyncAction::Repair) > 0 && action == SyncAction::Repair
             {
-                self.flush_members();
+                array.flush_members();
             }
         }
         if res.is_ok() && matches!(action, SyncAction::Resync | SyncAction::Repair) {
@@ -752,15 +758,15 @@ impl Array {
             // again (md writes its superblock with a preflush at the end of a sync): the copy
             // or parity it made may soon be all that is left of a block. A flush failure fails
             // the member, which the array then reports.
-            let _ = self.flush();
+            let _ = array.flush();
         }
         let mismatches;
         let mut resynced = false;
         {
-            let mut st = self.sync.st.lock();
+            let mut st = self.st.lock();
             st.running = SyncAction::Idle;
             st.last = action;
-            st.last_duration = self.sync.clock.now().saturating_sub(st.started);
+            st.last_duration = self.clock.now().saturating_sub(st.started);
             st.done = walk.pos;
             mismatches = st.mismatches;
             if action == SyncAction::Resync {
@@ -773,23 +779,24 @@ impl Array {
                     (Err(_), r) => Some(r.map_or(walk.pos, |r| r.min(walk.pos))),
                 };
                 if st.resync_from.is_none() {
-                    self.sync.unsynced.store(false, Ordering::Release);
+                    self.unsynced.store(false, Ordering::Release);
                     resynced = true;
                 }
                 if let Err(Stop::Failed(_)) = &res {
-                    st.retry_resync_at = Some(self.sync.clock.now() + RESYNC_RETRY);
+                    st.retry_resync_at = Some(self.clock.now() + RESYNC_RETRY);
                 }
             }
         }
         if resynced {
-            self.guidance_resync_finished();
+            array.guidance_resync_finished();
         }
-        self.sync.cv.notify_all();
-        self.announce_finish(action, member, res, mismatches);
+        self.cv.notify_all();
+        self.announce_finish(array, action, member, res, mismatches);
     }
 
     fn announce_finish(
         &self,
+        array: &Array,
         action: SyncAction,
         member: Option<&str>,
         res: Result<(), Stop>,
@@ -797,9 +804,9 @@ impl Array {
     ) {
         match res {
             Ok(()) => {
-                self.members.events.emit(
+                array.members.events.emit(
                     finished_event(action),
-                    &self.name,
+                    &array.name,
                     member,
                     format!("{} finished", action.name()),
                 );
@@ -808,23 +815,23 @@ impl Array {
                     SyncAction::Check | SyncAction::Repair | SyncAction::Resync
                 ) && mismatches > 0
                 {
-                    self.members.events.emit(
+                    array.members.events.emit(
                         "mismatches_found",
-                        &self.name,
+                        &array.name,
                         None,
                         format!("{mismatches} sectors inconsistent"),
                     );
                 }
             }
-            Err(Stop::Interrupted) => self.members.events.emit(
+            Err(Stop::Interrupted) => array.members.events.emit(
                 "sync_interrupted",
-                &self.name,
+                &array.name,
                 member,
                 format!("{} interrupted", action.name()),
             ),
-            Err(Stop::Failed(why)) => self.members.events.emit(
+            Err(Stop::Failed(why)) => array.members.events.emit(
                 "sync_failed",
-                &self.name,
+                &array.name,
                 member,
                 format!("{} failed: {why}", action.name()),
             ),
@@ -833,17 +840,29 @@ impl Array {
 
     /// One window of a resync, check or repair at sync coordinate `pos`, its mismatches
     /// counted (md's `mismatch_cnt`); returns where the next window starts.
-    pub(crate) fn scrub_step(&self, action: SyncAction, pos: u64, end: u64) -> Result<u64, Stop> {
-        let (next, bad) = self.personality.scrub_window(self, action, pos, end)?;
-        self.sync.st.lock().mismatches += bad;
+    pub(crate) fn scrub_step(
+        &self,
+        array: &Array,
+        action: SyncAction,
+        pos: u64,
+        end: u64,
+    ) -> Result<u64, Stop> {
+        let (next, bad) = array.personality.scrub_window(array, action, pos, end)?;
+        self.st.lock().mismatches += bad;
         Ok(next)
     }
 
     /// Pause as md's speed limits ask; `Err` if told to stop.
     /// `done`: progress so far; `worked`: the bytes of it really read and written, which is
     /// what the limits count.
-    pub(crate) fn pace(&self, p: &mut Pace, done: u64, worked: u64) -> Result<(), Stop> {
-        let clock = &self.sync.clock;
+    pub(crate) fn pace(
+        &self,
+        array: &Array,
+        p: &mut Pace,
+        done: u64,
+        worked: u64,
+    ) -> Result<(), Stop> {
+        let clock = &self.clock;
         loop {
             let now = clock.now();
             let secs = now.saturating_sub(p.start).as_secs_f64().max(1e-3);
@@ -858,15 +877,15 @@ impl Array {
                 p.worked_at_start = worked - (rate * kept.as_secs_f64()) as u64;
             }
             let (min, max, interrupt, frozen) = {
-                let mut st = self.sync.st.lock();
+                let mut st = self.st.lock();
                 st.done = done;
                 st.rate = rate as u64;
                 (st.speed_min, st.speed_max, st.interrupt, st.frozen)
             };
-            if interrupt || frozen || self.is_failed() {
+            if interrupt || frozen || array.is_failed() {
                 return Err(Stop::Interrupted);
             }
-            if rate > max as f64 || (rate > min as f64 && self.sync.client_busy()) {
+            if rate > max as f64 || (rate > min as f64 && self.client_busy()) {
                 clock.sleep(Duration::from_millis(2));
                 continue;
             }

@@ -11,6 +11,7 @@
 
 use crate::array::Array;
 use crate::background::Stop;
+use crate::background::SyncControl;
 use crate::io::commit::WriteSet;
 use crate::io::{IoKind, MemberIo};
 use crate::members::FULLY_IN_SYNC;
@@ -18,10 +19,10 @@ use crate::members::FULLY_IN_SYNC;
 /// Rebuilds record what they cannot recover in pages of this many bytes.
 const PAGE: u64 = crate::members::badblocks::BAD_PAGE;
 
-impl Array {
+impl SyncControl {
     /// Assign a spare to the first role without a complete member; returns the role to rebuild.
-    pub(crate) fn pick_recovery(&self) -> Option<usize> {
-        if let Some(role) = self
+    pub(crate) fn pick_recovery(&self, array: &Array) -> Option<usize> {
+        if let Some(role) = array
             .members
             .slots
             .iter()
@@ -29,31 +30,31 @@ impl Array {
         {
             return Some(role);
         }
-        let role = self.members.slots.iter().position(|s| s.is_faulty())?;
-        if self.personality.redundancy() == 0 {
+        let role = array.members.slots.iter().position(|s| s.is_faulty())?;
+        if array.personality.redundancy() == 0 {
             return None;
         }
         let spare = {
-            let mut spares = self.members.spares.lock();
+            let mut spares = array.members.spares.lock();
             if spares.is_empty() {
                 return None;
             }
             spares.remove(0)
         };
-        let mut meta = self.members.meta.lock();
+        let mut meta = array.members.meta.lock();
         meta.activate_spare(spare.dev_number, role as u16);
-        if let Some(old) = self.members.slots[role].member() {
+        if let Some(old) = array.members.slots[role].member() {
             meta.retire(old.dev_number, format::ROLE_FAULTY);
         }
-        self.members.slots[role].install(spare.clone(), 0);
+        array.members.slots[role].install(spare.clone(), 0);
         // The tables the new member holds are written at the next flush.
-        if let Some(integ) = &self.integrity {
+        if let Some(integ) = &array.integrity {
             integ.held_by_new_member(role);
         }
-        self.members.commit(meta);
-        self.members.events.emit(
+        array.members.commit(meta);
+        array.members.events.emit(
             "spare_active",
-            &self.name,
+            &array.name,
             Some(spare.name()),
             format!("spare takes role {role}; rebuilding"),
         );
@@ -64,21 +65,23 @@ impl Array {
     /// planned against the role's member as long as it is not faulty).
     pub(crate) fn write_rebuilt(
         &self,
+        array: &Array,
         role: usize,
         offset_bytes: u64,
         buf: &[u8],
     ) -> Result<(), Stop> {
-        let member = self.members.slots[role].usable();
+        let member = array.members.slots[role].usable();
         let mut io = [MemberIo::planned(
             role,
             member,
             offset_bytes,
             IoKind::Write(buf, false),
         )];
-        self.commit_writes(&WriteSet::rebuild(offset_bytes, buf.len() as u64), &mut io)
+        array
+            .commit_writes(&WriteSet::rebuild(offset_bytes, buf.len() as u64), &mut io)
             .map_err(Stop::Failed)?;
         if !io[0].ok() {
-            return Err(Stop::Failed(self.unrecoverable(
+            return Err(Stop::Failed(array.unrecoverable(
                 offset_bytes,
                 buf.len() as u64,
                 "write to the rebuilding member failed",
@@ -89,21 +92,21 @@ impl Array {
 
     /// The rebuild of `role` reached the end: record it in sync. The superblock commit flushes
     /// every member first, so "in sync" is durable only after the rebuilt data is.
-    pub(crate) fn finish_recovery(&self, role: usize) {
+    pub(crate) fn finish_recovery(&self, array: &Array, role: usize) {
         // The records of what the rebuild wrote are durable before the member counts as whole.
-        self.write_integrity_tables();
-        let mut meta = self.members.meta.lock();
-        self.members.slots[role].advance(FULLY_IN_SYNC);
-        if let Some(m) = self.members.slots[role].member() {
+        array.write_integrity_tables();
+        let mut meta = array.members.meta.lock();
+        array.members.slots[role].advance(FULLY_IN_SYNC);
+        if let Some(m) = array.members.slots[role].member() {
             meta.set_recovery(m.dev_number, None);
         }
-        self.members.commit(meta);
-        let name = self.members.slots[role]
+        array.members.commit(meta);
+        let name = array.members.slots[role]
             .member()
             .map(|m| m.name().to_string());
-        self.members.events.emit(
+        array.members.events.emit(
             "member_in_sync",
-            &self.name,
+            &array.name,
             name.as_deref(),
             format!("role {role} rebuilt"),
         );
@@ -111,25 +114,30 @@ impl Array {
 
     /// Record how far a rebuild got in the rebuilding member's superblock. The commit flushes
     /// the members first: the checkpoint never covers rebuilt data still in a volatile cache.
-    pub(crate) fn checkpoint_recovery(&self, role: usize) {
-        let slot = &self.members.slots[role];
+    pub(crate) fn checkpoint_recovery(&self, array: &Array, role: usize) {
+        let slot = &array.members.slots[role];
         let Some(m) = slot.member() else { return };
         if slot.is_faulty() || slot.is_complete() {
             return;
         }
-        self.write_integrity_tables();
-        let mut meta = self.members.meta.lock();
+        array.write_integrity_tables();
+        let mut meta = array.members.meta.lock();
         meta.set_recovery(m.dev_number, Some(slot.in_sync_bytes() / 512));
-        self.members.commit(meta);
+        array.members.commit(meta);
     }
 
     /// Record pages (member bytes) the rebuild of `role` could not rebuild as bad blocks on
     /// its new member; returns them as runs `(at, len)`.
-    pub(crate) fn record_unrebuilt(&self, role: usize, lost: &[u64]) -> Vec<(u64, u64)> {
+    pub(crate) fn record_unrebuilt(
+        &self,
+        array: &Array,
+        role: usize,
+        lost: &[u64],
+    ) -> Vec<(u64, u64)> {
         let runs = page_runs(lost);
         for &(at, len) in &runs {
-            if let Some(member) = self.members.slots[role].usable() {
-                self.members.record_bad_blocks(
+            if let Some(member) = array.members.slots[role].usable() {
+                array.members.record_bad_blocks(
                     role,
                     &member,
                     at,

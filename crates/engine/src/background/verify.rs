@@ -9,6 +9,7 @@
 
 use crate::array::Array;
 use crate::background::Stop;
+use crate::background::SyncControl;
 use crate::error::{EngineError, Result};
 use crate::integrity::IntegrityCounts;
 
@@ -85,12 +86,14 @@ impl Array {
         }
         Ok(report)
     }
+}
 
+impl SyncControl {
     /// A failed read keeps its own kind (damage stays `Corruption`); one that kept being
     /// interrupted by failing members is I/O.
-    pub(crate) fn verify_failed(&self, at: u64, len: u64, e: Stop) -> EngineError {
+    pub(crate) fn verify_failed(&self, array: &Array, at: u64, len: u64, e: Stop) -> EngineError {
         match e {
-            Stop::Interrupted => self.unrecoverable(
+            Stop::Interrupted => array.unrecoverable(
                 at,
                 len,
                 "verify: members kept failing while the stripes were read",

@@ -37,8 +37,8 @@ impl Copies {
                 }
                 Err(stop) => return Err(stop),
             };
-            array.write_rebuilt(role, off, &buf)?;
-            array.record_unrebuilt(role, &lost);
+            array.sync.write_rebuilt(array, role, off, &buf)?;
+            array.sync.record_unrebuilt(array, role, &lost);
             array.members.slots[role].advance(off + len);
         } else {
             array.members.slots[role].advance(off + len);
@@ -71,7 +71,7 @@ impl Copies {
                 let len = (step - at % step).min(b - at);
                 bad += self
                     .scrub_mirror(array, at, len, heal)
-                    .map_err(|e| array.verify_failed(at, len, e))?;
+                    .map_err(|e| array.sync.verify_failed(array, at, len, e))?;
                 at += len;
             }
             bytes += b - a;

@@ -144,7 +144,11 @@ impl Parity {
                 if let Some(w) = writing.take() {
                     w.join().expect("rebuild writer panicked")?;
                 }
-                let write = move || array.write_rebuilt(role, a * chunk, &bufs[role]);
+                let write = move || {
+                    array
+                        .sync
+                        .write_rebuilt(array, role, a * chunk, &bufs[role])
+                };
                 if array.is_deterministic() {
                     write()?;
                 } else {
@@ -159,7 +163,7 @@ impl Parity {
             // nobody knows which, so a reconstruction from it is a guess as well (writes of
             // the row's other data then leave it as it is; a write of the lost data makes it
             // whole). Integrity records tell the two apart instead.
-            for (at, len) in array.record_unrebuilt(role, &lost) {
+            for (at, len) in array.sync.record_unrebuilt(array, role, &lost) {
                 if array.integrity.is_none() {
                     self.record_torn_parity(array, role, at, len);
                 }
@@ -432,7 +436,7 @@ impl Parity {
                 }
             };
             let rows = at / chunk * chunk * self.g.data_disks() as u64;
-            bad += found.map_err(|e| array.verify_failed(rows, end - at, e))?;
+            bad += found.map_err(|e| array.sync.verify_failed(array, rows, end - at, e))?;
             at = end;
         }
         Ok(bad)
