@@ -115,8 +115,6 @@ pub struct Array {
     pub(crate) used: Option<Arc<crate::policy::used::UsedRegions>>,
     /// Per-block records kept apart from the data (parity levels created with integrity).
     pub(crate) integrity: Option<Arc<crate::integrity::Integrity>>,
-    /// Guided resync state (arrays with the `guided` policy).
-    pub(crate) guidance: Option<crate::policy::guided::Guidance>,
     pub(crate) stripes: Arc<StripeCache>,
     /// Stripe claims and mirror region locks.
     pub(crate) locks: LocalLocks,
@@ -246,10 +244,16 @@ pub(crate) struct ArrayParts {
 fn new_policy(
     bitmap: Option<Arc<crate::policy::bitmap::WriteIntentBitmap>>,
     journal: Option<Arc<crate::policy::journal::Journal>>,
-    guided: bool,
+    guidance: Option<crate::policy::guided::Guidance>,
 ) -> Box<dyn ConsistencyPolicy> {
     match (bitmap, journal) {
-        (Some(bitmap), _) => Box::new(BitmapPolicy { bitmap, guided }),
+        (Some(bitmap), _) => match guidance {
+            Some(guidance) => Box::new(crate::policy::guided::GuidedPolicy {
+                bitmap: BitmapPolicy { bitmap },
+                guidance,
+            }),
+            None => Box::new(BitmapPolicy { bitmap }),
+        },
         (None, Some(journal)) => Box::new(JournalPolicy { journal }),
         (None, None) => Box::new(ResyncPolicy),
     }
@@ -279,18 +283,17 @@ impl Array {
         let events = EventBus::new(clock.clone());
         let was_dirty = p.was_dirty;
         let never_run = p.never_run;
-        let guidance = match (&p.bitmap, p.guided) {
-            (Some(bitmap), true) => Some(crate::policy::guided::Guidance::new(
+        let guidance = p.guided.then(|| {
+            crate::policy::guided::Guidance::new(
                 p.resync_from.is_some(),
                 p.resync_owed,
                 p.unguided,
                 clock.now(),
                 p.config.guide_timeout,
-                bitmap.needed_bytes(),
-            )),
-            _ => None,
-        };
-        let policy = new_policy(p.bitmap, p.journal, p.guided);
+                p.bitmap.as_ref().map_or(0, |b| b.needed_bytes()),
+            )
+        });
+        let policy = new_policy(p.bitmap, p.journal, guidance);
         let personality = crate::personality::for_geometry(&p.geometry);
         let resync_from = if personality.redundancy() > 0 {
             policy.resync_from(p.meta.resync_offset)
@@ -343,7 +346,6 @@ impl Array {
             policy,
             used: p.used,
             integrity: p.integrity,
-            guidance,
             stripes,
             locks,
             sector_locks: crate::lock::sectors::SectorLocks::new(),
@@ -408,7 +410,8 @@ impl Array {
     /// Read `buf.len()` bytes at `offset_bytes` (both multiples of 512).
     pub fn read(&self, offset_bytes: u64, buf: &mut [u8]) -> Result<()> {
         self.check_range(offset_bytes, buf.len() as u64)?;
-        self.verify_before_use(offset_bytes, buf.len() as u64, false)?;
+        self.policy
+            .before_client_io(self, offset_bytes, buf.len() as u64, false)?;
         self.read_unverified(offset_bytes, buf)
     }
 
@@ -454,13 +457,16 @@ impl Array {
         self.check_range(offset_bytes, data.len() as u64)?;
         self.sync.note_client_io();
         self.as_client_write(|| {
-            self.verify_before_use(offset_bytes, data.len() as u64, true)?;
-            let watched = self.watch_begin(offset_bytes, data.len() as u64, Some(data));
+            self.policy
+                .before_client_io(self, offset_bytes, data.len() as u64, true)?;
+            let watched =
+                self.policy
+                    .write_begins(self, offset_bytes, data.len() as u64, Some(data));
             let res = self
                 .personality
                 .write(self, offset_bytes, data, fua, intent);
             self.records_after_write(res.is_ok() && fua);
-            self.watch_end(watched, res.is_ok(), fua);
+            self.policy.write_ended(self, watched, res.is_ok(), fua);
             res
         })
     }
@@ -503,7 +509,7 @@ impl Array {
     /// A failed journal covers nothing: its cache is written out and the members flushed
     /// first (see `journal_fail.rs`).
     pub fn flush(&self) -> Result<()> {
-        let watched = self.watch_flush_begin();
+        let watched = self.policy.flush_begins();
         self.stripes.hurry_all();
         let logged = self.journal_healthy();
         if !logged {
@@ -521,7 +527,7 @@ impl Array {
             self.settle_journal()?;
             self.flush_members();
         }
-        self.watch_flush_end(watched);
+        self.policy.flush_ended(self, watched);
         Ok(())
     }
 

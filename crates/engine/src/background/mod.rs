@@ -428,7 +428,7 @@ impl Array {
     /// Redundancy from `offset_bytes` (per member; array bytes for mirrors) on may disagree
     /// with the data: resync from there (or from wherever an earlier request said).
     pub(crate) fn request_resync_from(&self, offset_bytes: u64) {
-        self.guidance_taint();
+        self.policy.taint();
         let mut st = self.sync.st.lock();
         self.sync.unsynced.store(true, Ordering::Release);
         if st.running == SyncAction::Resync {
@@ -656,7 +656,7 @@ impl SyncControl {
         if walk.action == SyncAction::Resync {
             // A guided array that fell back (the guide timeout) records it before the resync
             // writes anything.
-            array.persist_fallback();
+            array.policy.resync_starts(array);
         }
         if let (Job::Resync { full: true, .. }, Some(bm)) = (&walk.job, array.policy.bitmap()) {
             // An administrator's full resync on a bitmap array: every bit set, and the
@@ -664,7 +664,7 @@ impl SyncControl {
             // resync that resumes it still covers what it had not reached.
             // On a guided array also the fallback flag: a guide after that crash would name
             // what a file system had in flight, not what this resync had not reached.
-            if let (Some(_), Some(u)) = (&array.guidance, &array.used) {
+            if let (Some(_), Some(u)) = (array.policy.guidance(), &array.used) {
                 if !array.is_read_only() {
                     u.set_flag(&array.members, format::USED_MAP_FLAG_RESYNC_OWED, true);
                 }
@@ -704,7 +704,7 @@ impl SyncControl {
             return None;
         }
         // A guided array waits for its guide (until the guide timeout) before resyncing.
-        if let Some(from) = st.resync_from.filter(|_| !array.guidance_holds_resync()) {
+        if let Some(from) = st.resync_from.filter(|_| !array.policy.holds_resync(array)) {
             match st.retry_resync_at {
                 Some(at) if self.clock.now() < at => {}
                 _ => {
@@ -788,7 +788,7 @@ impl SyncControl {
             }
         }
         if resynced {
-            array.guidance_resync_finished();
+            array.policy.resync_finished(array);
         }
         self.cv.notify_all();
         self.announce_finish(array, action, member, res, mismatches);

@@ -59,10 +59,10 @@ impl Array {
             let at = w.offset_bytes;
             let checked = self
                 .check_range(at, len)
-                .and_then(|()| self.verify_before_use(at, len, true));
+                .and_then(|()| self.policy.before_client_io(self, at, len, true));
             match checked {
                 Ok(()) => {
-                    let watched = self.watch_begin(at, len, Some(w.data));
+                    let watched = self.policy.write_begins(self, at, len, Some(w.data));
                     taken.push((results.len(), w, watched));
                     results.push(None);
                 }
@@ -97,7 +97,7 @@ impl Array {
         self.stripes.unreserve(reserved);
         self.records_after_write(done.iter().any(|(_, fua, r, _)| *fua && r.is_ok()));
         for (i, fua, res, watched) in done {
-            self.watch_end(watched, res.is_ok(), fua);
+            self.policy.write_ended(self, watched, res.is_ok(), fua);
             results[i] = Some(res);
         }
         results

@@ -32,6 +32,11 @@
 use crate::array::Array;
 use crate::background::verify::VerifyReport;
 use crate::error::{EngineError, Result};
+use crate::io::commit::WriteSet;
+use crate::members::Meta;
+use crate::policy::bitmap::WriteIntentBitmap;
+use crate::policy::journal::StripeImage;
+use crate::policy::{BitmapPolicy, ConsistencyPolicy, Ticket};
 use parking_lot::{Mutex, RwLock};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -58,7 +63,7 @@ pub trait WriteWatch: Send + Sync {
     fn orphans(&self) -> usize;
 }
 
-/// A write under a watch (see `Array::watch_begin`).
+/// A write under a watch (see `ConsistencyPolicy::write_begins`).
 pub(crate) struct Watched {
     watch: Arc<dyn WriteWatch>,
     id: u64,
@@ -231,13 +236,9 @@ impl Guidance {
 }
 
 impl Array {
-    fn guidance_now(&self) -> Duration {
-        self.sync.clock.now()
-    }
-
     /// Install (or remove) the write watch of a guided array.
     pub fn set_write_watch(&self, watch: Option<Arc<dyn WriteWatch>>) -> Result<()> {
-        let g = self.guidance.as_ref().ok_or_else(|| {
+        let g = self.policy.guidance().ok_or_else(|| {
             EngineError::InvalidArgument(format!(
                 "{} does not use the guided consistency policy",
                 self.name
@@ -247,149 +248,13 @@ impl Array {
         Ok(())
     }
 
-    /// A client write (data None: a discard) is about to go out: ask the watch; a write no
-    /// guide would find is recorded on the members first.
-    pub(crate) fn watch_begin(
-        &self,
-        offset: u64,
-        len: u64,
-        data: Option<&[u8]>,
-    ) -> Option<Watched> {
-        let g = self.guidance.as_ref()?;
-        let watch = g.watch.read().clone()?;
-        let (conforming, id) = watch.begin(offset, len, data);
-        if conforming {
-            g.conforming.fetch_add(1, Ordering::Relaxed);
-        } else {
-            g.nonconforming.fetch_add(1, Ordering::Relaxed);
-            let mut u = g.unguided.lock();
-            u.inflight += 1;
-            if !u.on_disk {
-                // Durable before the write goes out (the lock keeps other unguided writes
-                // waiting for it too).
-                if let Some(used) = &self.used {
-                    if !self.is_read_only() {
-                        used.set_flag(&self.members, format::USED_MAP_FLAG_UNGUIDED, true);
-                    }
-                }
-                u.on_disk = true;
-            }
-        }
-        Some(Watched {
-            watch,
-            id,
-            conforming,
-        })
-    }
-
-    pub(crate) fn watch_end(&self, w: Option<Watched>, ok: bool, durable: bool) {
-        let (Some(w), Some(g)) = (w, self.guidance.as_ref()) else {
-            return;
-        };
-        w.watch.end(w.id, ok, durable);
-        if !w.conforming {
-            let mut u = g.unguided.lock();
-            u.inflight -= 1;
-            u.last_end_epoch = g.flush_epoch.load(Ordering::Acquire);
-            u.last_end_at = Some(self.guidance_now());
-        }
-    }
-
-    pub(crate) fn watch_flush_begin(&self) -> Option<(Arc<dyn WriteWatch>, u64, u64)> {
-        let g = self.guidance.as_ref()?;
-        let watch = g.watch.read().clone()?;
-        let token = watch.flush_begin();
-        let epoch = g.flush_epoch.fetch_add(1, Ordering::AcqRel);
-        Some((watch, token, epoch))
-    }
-
-    /// A flush succeeded: tell the watch, and clear the members' unguided flag when every
-    /// unguided write ended before it began, long enough ago, and no orphan is left.
-    pub(crate) fn watch_flush_end(&self, f: Option<(Arc<dyn WriteWatch>, u64, u64)>) {
-        let (Some((watch, token, epoch)), Some(g)) = (f, self.guidance.as_ref()) else {
-            return;
-        };
-        watch.flush_end(token);
-        let mut u = g.unguided.lock();
-        let quiet = u
-            .last_end_at
-            .is_none_or(|t| self.guidance_now().saturating_sub(t) >= UNGUIDED_QUIET);
-        if u.on_disk
-            && u.inflight == 0
-            && u.last_end_epoch <= epoch
-            && quiet
-            && watch.orphans() == 0
-            && !self.is_read_only()
-            // A fallback resync still owed keeps it (its flag may not be on disk yet).
-            && !self.sync.unsynced.load(Ordering::Acquire)
-        {
-            if let Some(used) = &self.used {
-                if !self.is_read_only() {
-                    used.set_flag(&self.members, format::USED_MAP_FLAG_UNGUIDED, false);
-                }
-            }
-            u.on_disk = false;
-        }
-    }
-
-    /// Before client I/O over array bytes `offset..offset+len` while guidance is awaited: a
-    /// read first verifies the stripes it touches that the crash may have left inconsistent
-    /// (once each); a write ends guidance (see the module comment).
-    pub(crate) fn verify_before_use(&self, offset: u64, len: u64, write: bool) -> Result<()> {
-        let Some(g) = self.guidance.as_ref().filter(|g| g.awaiting()) else {
-            return Ok(());
-        };
-        if write {
-            self.fall_back_with(
-                g,
-                "a client wrote before any guide ran (the layer above may have replayed and \
-                 cleared its journal)"
-                    .into(),
-            );
-            // Durable before the write goes out: after a crash now, no guide may read the
-            // journal this write may be changing.
-            self.persist_fallback();
-            self.sync.wake();
-            return Ok(());
-        }
-        if self.members.slots.iter().any(|s| !s.is_complete()) {
-            // Nothing left to compare (md's degraded, dirty array: the write hole).
-            return Ok(());
-        }
-        let (from, to) = self.personality.sync_range_covering(offset, len);
-        if self.policy.next_to_resync(from, to).is_empty() || g.covered(from, to) {
-            return Ok(());
-        }
-        let report = self.verify(&[(offset, len)])?;
-        g.note_verified(from, to);
-        g.verified_bytes
-            .fetch_add(report.bytes_verified, Ordering::Relaxed);
-        Ok(())
-    }
-
-    /// Whether the resync after an unclean stop must wait for a guide now. Past the deadline
-    /// the array falls back (called by the background worker under the sync lock).
-    pub(crate) fn guidance_holds_resync(&self) -> bool {
-        let Some(g) = &self.guidance else {
-            return false;
-        };
-        if !g.awaiting() {
-            return false;
-        }
-        if self.guidance_now() < g.deadline {
-            return true;
-        }
-        self.fall_back_with(g, "no guide reported within the guide timeout".into());
-        false
-    }
-
     /// A guide names the array byte ranges that may have had writes in flight at the crash:
     /// verify them, then count redundancy as good everywhere else too. Only while awaiting.
     pub fn end_guidance(&self, guide: &str, ranges: &[(u64, u64)]) -> Result<VerifyReport> {
         let g = self.guidance_awaited()?;
         if g.tainted.load(Ordering::Acquire) {
             let why = "writes failed while awaiting guidance: no guide knows where";
-            self.fall_back_with(g, why.into());
+            g.fall_back_with(self, why.into());
             self.sync.wake();
             return Err(EngineError::InvalidArgument(format!(
                 "{}: {why}",
@@ -414,7 +279,7 @@ impl Array {
             *state = State::Guided {
                 guide: guide.to_string(),
             };
-            *g.ended.lock() = Some(self.guidance_now());
+            *g.ended.lock() = Some(self.sync.clock.now());
             let total = self
                 .personality
                 .sync_total(crate::background::SyncAction::Resync);
@@ -440,44 +305,10 @@ impl Array {
     /// resync now.
     pub fn fall_back(&self, reason: &str) -> Result<()> {
         let g = self.guidance_awaited()?;
-        self.fall_back_with(g, reason.to_string());
-        self.persist_fallback();
+        g.fall_back_with(self, reason.to_string());
+        g.persist_fallback(self);
         self.sync.wake();
         Ok(())
-    }
-
-    /// Record on the members that the fallback resync is owed (no metadata or sync lock may
-    /// be held: a failed write fails the member). Also called when a resync starts.
-    pub(crate) fn persist_fallback(&self) {
-        let fell_back = self
-            .guidance
-            .as_ref()
-            .is_some_and(|g| matches!(*g.state.lock(), State::FellBack { .. }));
-        if let (true, Some(u)) = (fell_back, &self.used) {
-            if !self.is_read_only() {
-                u.set_flag(&self.members, format::USED_MAP_FLAG_RESYNC_OWED, true);
-            }
-        }
-    }
-
-    /// Under the sync lock: no I/O here (see `persist_fallback`).
-    fn fall_back_with(&self, g: &Guidance, reason: String) {
-        {
-            let mut state = g.state.lock();
-            if *state != State::Awaiting {
-                return;
-            }
-            *state = State::FellBack {
-                reason: reason.clone(),
-            };
-        }
-        tracing::warn!(array = %self.name, "guided resync falls back to the bitmap: {reason}");
-        self.members.events.emit(
-            "guidance_fallback",
-            &self.name,
-            None,
-            format!("no guidance ({reason}): the bitmap-guided resync runs"),
-        );
     }
 
     /// A guide's own reads (of the file system's journal, say): served without verifying
@@ -501,7 +332,7 @@ impl Array {
     }
 
     fn guidance_awaited(&self) -> Result<&Guidance> {
-        let g = self.guidance.as_ref().ok_or_else(|| {
+        let g = self.policy.guidance().ok_or_else(|| {
             EngineError::InvalidArgument(format!(
                 "{} does not use the guided consistency policy",
                 self.name
@@ -524,36 +355,292 @@ impl Array {
         }
     }
 
-    /// Redundancy somewhere may disagree with the data for a reason no guide knows of.
-    pub(crate) fn guidance_taint(&self) {
-        if let Some(g) = self.guidance.as_ref().filter(|g| g.awaiting()) {
-            g.tainted.store(true, Ordering::Release);
+    /// Guidance, for status (None: not a guided array).
+    pub(crate) fn guidance_status(&self) -> Option<GuidanceStatus> {
+        self.policy
+            .guidance()
+            .map(|g| g.status(self.sync.clock.now()))
+    }
+}
+
+/// The watch, its flush token and the flush epoch of a client flush under a watch.
+pub(crate) type WatchedFlush = (Arc<dyn WriteWatch>, u64, u64);
+
+impl Guidance {
+    /// A client write (data None: a discard) is about to go out: ask the watch; a write no
+    /// guide would find is recorded on the members first.
+    fn watch_begin(
+        &self,
+        array: &Array,
+        offset: u64,
+        len: u64,
+        data: Option<&[u8]>,
+    ) -> Option<Watched> {
+        let watch = self.watch.read().clone()?;
+        let (conforming, id) = watch.begin(offset, len, data);
+        if conforming {
+            self.conforming.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.nonconforming.fetch_add(1, Ordering::Relaxed);
+            let mut u = self.unguided.lock();
+            u.inflight += 1;
+            if !u.on_disk {
+                // Durable before the write goes out (the lock keeps other unguided writes
+                // waiting for it too).
+                set_used_flag(array, format::USED_MAP_FLAG_UNGUIDED, true);
+                u.on_disk = true;
+            }
         }
+        Some(Watched {
+            watch,
+            id,
+            conforming,
+        })
+    }
+
+    fn watch_end(&self, now: Duration, w: Watched, ok: bool, durable: bool) {
+        w.watch.end(w.id, ok, durable);
+        if !w.conforming {
+            let mut u = self.unguided.lock();
+            u.inflight -= 1;
+            u.last_end_epoch = self.flush_epoch.load(Ordering::Acquire);
+            u.last_end_at = Some(now);
+        }
+    }
+
+    fn watch_flush_begin(&self) -> Option<WatchedFlush> {
+        let watch = self.watch.read().clone()?;
+        let token = watch.flush_begin();
+        let epoch = self.flush_epoch.fetch_add(1, Ordering::AcqRel);
+        Some((watch, token, epoch))
+    }
+
+    /// A flush succeeded: tell the watch, and clear the members' unguided flag when every
+    /// unguided write ended before it began, long enough ago, and no orphan is left.
+    fn watch_flush_end(&self, array: &Array, (watch, token, epoch): WatchedFlush) {
+        watch.flush_end(token);
+        let mut u = self.unguided.lock();
+        let quiet = u
+            .last_end_at
+            .is_none_or(|t| array.sync.clock.now().saturating_sub(t) >= UNGUIDED_QUIET);
+        if u.on_disk
+            && u.inflight == 0
+            && u.last_end_epoch <= epoch
+            && quiet
+            && watch.orphans() == 0
+            && !array.is_read_only()
+            // A fallback resync still owed keeps it (its flag may not be on disk yet).
+            && !array.sync.unsynced.load(Ordering::Acquire)
+        {
+            set_used_flag(array, format::USED_MAP_FLAG_UNGUIDED, false);
+            u.on_disk = false;
+        }
+    }
+
+    /// Before client I/O over array bytes `offset..offset+len` while guidance is awaited: a
+    /// read first verifies the stripes it touches that the crash may have left inconsistent
+    /// (once each); a write ends guidance (see the module comment).
+    fn verify_before_use(&self, array: &Array, offset: u64, len: u64, write: bool) -> Result<()> {
+        if !self.awaiting() {
+            return Ok(());
+        }
+        if write {
+            self.fall_back_with(
+                array,
+                "a client wrote before any guide ran (the layer above may have replayed and \
+                 cleared its journal)"
+                    .into(),
+            );
+            // Durable before the write goes out: after a crash now, no guide may read the
+            // journal this write may be changing.
+            self.persist_fallback(array);
+            array.sync.wake();
+            return Ok(());
+        }
+        if array.members.slots.iter().any(|s| !s.is_complete()) {
+            // Nothing left to compare (md's degraded, dirty array: the write hole).
+            return Ok(());
+        }
+        let (from, to) = array.personality.sync_range_covering(offset, len);
+        if array.policy.next_to_resync(from, to).is_empty() || self.covered(from, to) {
+            return Ok(());
+        }
+        let report = array.verify(&[(offset, len)])?;
+        self.note_verified(from, to);
+        self.verified_bytes
+            .fetch_add(report.bytes_verified, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Whether the resync after an unclean stop must wait for a guide now. Past the deadline
+    /// the array falls back (called by the background worker under the sync lock).
+    fn holds_resync(&self, array: &Array) -> bool {
+        if !self.awaiting() {
+            return false;
+        }
+        if array.sync.clock.now() < self.deadline {
+            return true;
+        }
+        self.fall_back_with(array, "no guide reported within the guide timeout".into());
+        false
+    }
+
+    /// Record on the members that the fallback resync is owed (no metadata or sync lock may
+    /// be held: a failed write fails the member). Also called when a resync starts.
+    pub(crate) fn persist_fallback(&self, array: &Array) {
+        if matches!(*self.state.lock(), State::FellBack { .. }) {
+            set_used_flag(array, format::USED_MAP_FLAG_RESYNC_OWED, true);
+        }
+    }
+
+    /// Under the sync lock: no I/O here (see `persist_fallback`).
+    pub(crate) fn fall_back_with(&self, array: &Array, reason: String) {
+        {
+            let mut state = self.state.lock();
+            if *state != State::Awaiting {
+                return;
+            }
+            *state = State::FellBack {
+                reason: reason.clone(),
+            };
+        }
+        tracing::warn!(array = %array.name, "guided resync falls back to the bitmap: {reason}");
+        array.members.events.emit(
+            "guidance_fallback",
+            &array.name,
+            None,
+            format!("no guidance ({reason}): the bitmap-guided resync runs"),
+        );
     }
 
     /// The resync after an unclean stop finished: the window of vulnerability closes (no
     /// metadata or sync lock held).
-    pub(crate) fn guidance_resync_finished(&self) {
-        let Some(g) = &self.guidance else {
-            return;
-        };
+    fn resync_finished(&self, array: &Array) {
         {
-            let mut ended = g.ended.lock();
-            if ended.is_none() && !g.awaiting() {
-                *ended = Some(self.guidance_now());
+            let mut ended = self.ended.lock();
+            if ended.is_none() && !self.awaiting() {
+                *ended = Some(array.sync.clock.now());
             }
         }
-        if let Some(u) = &self.used {
-            if !self.is_read_only() {
-                u.set_flag(&self.members, format::USED_MAP_FLAG_RESYNC_OWED, false);
-            }
+        set_used_flag(array, format::USED_MAP_FLAG_RESYNC_OWED, false);
+    }
+}
+
+/// Set or clear a flag of the used-region map's header (durably), unless read-only. Guided
+/// arrays keep their flags there (md has no field for them).
+fn set_used_flag(array: &Array, flag: u32, on: bool) {
+    if let Some(used) = array.used.as_ref().filter(|_| !array.is_read_only()) {
+        used.set_flag(&array.members, flag, on);
+    }
+}
+
+/// The `guided` consistency policy: the write-intent bitmap's, and after an unclean stop the
+/// resync waits for a guide first; client I/O meanwhile goes through the guidance.
+pub(crate) struct GuidedPolicy {
+    pub bitmap: BitmapPolicy,
+    pub guidance: Guidance,
+}
+
+impl ConsistencyPolicy for GuidedPolicy {
+    fn name(&self) -> &'static str {
+        "guided"
+    }
+
+    fn on_active(&self, meta: &mut Meta) {
+        self.bitmap.on_active(meta);
+    }
+
+    fn on_clean(&self, meta: &mut Meta, resync_from: Option<u64>) {
+        self.bitmap.on_clean(meta, resync_from);
+    }
+
+    fn before_writes(
+        &self,
+        array: &Array,
+        set: &WriteSet,
+        image: Option<&StripeImage<'_>>,
+    ) -> Result<Ticket> {
+        self.bitmap.before_writes(array, set, image)
+    }
+
+    fn after_writes(&self, array: &Array, set: &WriteSet, ticket: Ticket) {
+        self.bitmap.after_writes(array, set, ticket);
+    }
+
+    fn note_inconsistent(&self, array: &Array, set: &WriteSet) {
+        self.bitmap.note_inconsistent(array, set);
+    }
+
+    fn resync_from(&self, sb_resync_offset_sectors: u64) -> Option<u64> {
+        self.bitmap.resync_from(sb_resync_offset_sectors)
+    }
+
+    fn next_to_resync(&self, from: u64, end: u64) -> std::ops::Range<u64> {
+        self.bitmap.next_to_resync(from, end)
+    }
+
+    fn resynced(&self, from: u64, to: u64) {
+        self.bitmap.resynced(from, to);
+    }
+
+    fn torn_bytes(&self) -> Option<u64> {
+        self.bitmap.torn_bytes()
+    }
+
+    fn before_client_io(&self, array: &Array, offset: u64, len: u64, write: bool) -> Result<()> {
+        self.guidance.verify_before_use(array, offset, len, write)
+    }
+
+    fn write_begins(
+        &self,
+        array: &Array,
+        offset: u64,
+        len: u64,
+        data: Option<&[u8]>,
+    ) -> Option<Watched> {
+        self.guidance.watch_begin(array, offset, len, data)
+    }
+
+    fn write_ended(&self, array: &Array, w: Option<Watched>, ok: bool, durable: bool) {
+        if let Some(w) = w {
+            self.guidance
+                .watch_end(array.sync.clock.now(), w, ok, durable);
         }
     }
 
-    /// Guidance, for status (None: not a guided array).
-    pub(crate) fn guidance_status(&self) -> Option<GuidanceStatus> {
-        self.guidance
-            .as_ref()
-            .map(|g| g.status(self.guidance_now()))
+    fn flush_begins(&self) -> Option<WatchedFlush> {
+        self.guidance.watch_flush_begin()
+    }
+
+    fn flush_ended(&self, array: &Array, f: Option<WatchedFlush>) {
+        if let Some(f) = f {
+            self.guidance.watch_flush_end(array, f);
+        }
+    }
+
+    fn holds_resync(&self, array: &Array) -> bool {
+        self.guidance.holds_resync(array)
+    }
+
+    fn resync_starts(&self, array: &Array) {
+        self.guidance.persist_fallback(array);
+    }
+
+    fn resync_finished(&self, array: &Array) {
+        self.guidance.resync_finished(array);
+    }
+
+    fn taint(&self) {
+        if self.guidance.awaiting() {
+            self.guidance.tainted.store(true, Ordering::Release);
+        }
+    }
+
+    fn bitmap(&self) -> Option<&Arc<WriteIntentBitmap>> {
+        Some(&self.bitmap.bitmap)
+    }
+
+    fn guidance(&self) -> Option<&Guidance> {
+        Some(&self.guidance)
     }
 }

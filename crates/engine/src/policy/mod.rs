@@ -25,6 +25,7 @@ use crate::error::Result;
 use crate::io::commit::{WriteKind, WriteSet};
 use crate::members::Meta;
 use crate::policy::bitmap::WriteIntentBitmap;
+use crate::policy::guided::{Guidance, Watched, WatchedFlush};
 use crate::policy::journal::{Journal, StripeImage};
 use format::MAX_SECTOR;
 use std::sync::Arc;
@@ -83,8 +84,51 @@ pub(crate) trait ConsistencyPolicy: Send + Sync {
     fn torn_bytes(&self) -> Option<u64> {
         None
     }
+    /// Before client I/O over array bytes `offset..offset + len` (`write`: a write or a
+    /// discard): the guided policy verifies what a read touches, or ends guidance on a write.
+    fn before_client_io(
+        &self,
+        _array: &Array,
+        _offset: u64,
+        _len: u64,
+        _write: bool,
+    ) -> Result<()> {
+        Ok(())
+    }
+    /// A client write (data None: a discard) is about to go out; what comes back goes to
+    /// `write_ended`.
+    fn write_begins(
+        &self,
+        _array: &Array,
+        _offset: u64,
+        _len: u64,
+        _data: Option<&[u8]>,
+    ) -> Option<Watched> {
+        None
+    }
+    /// That client write ended (`durable`: with FUA).
+    fn write_ended(&self, _array: &Array, _w: Option<Watched>, _ok: bool, _durable: bool) {}
+    /// A client flush begins; what comes back goes to `flush_ended` once it succeeded.
+    fn flush_begins(&self) -> Option<WatchedFlush> {
+        None
+    }
+    fn flush_ended(&self, _array: &Array, _f: Option<WatchedFlush>) {}
+    /// Whether the resync after an unclean stop must wait (for a guide) now.
+    fn holds_resync(&self, _array: &Array) -> bool {
+        false
+    }
+    /// A resync starts (no metadata or sync lock held).
+    fn resync_starts(&self, _array: &Array) {}
+    /// The resync after an unclean stop finished (no metadata or sync lock held).
+    fn resync_finished(&self, _array: &Array) {}
+    /// Redundancy somewhere may disagree with the data for a reason no one above knows of.
+    fn taint(&self) {}
     /// The write-intent bitmap, if the policy keeps one.
     fn bitmap(&self) -> Option<&Arc<WriteIntentBitmap>> {
+        None
+    }
+    /// Guided resync's state, if the policy is `guided`.
+    fn guidance(&self) -> Option<&Guidance> {
         None
     }
     /// The write-ahead journal, if the policy keeps one.
@@ -153,18 +197,11 @@ impl ConsistencyPolicy for ResyncPolicy {
 /// only chunks whose bits are set (see `bitmap.rs`).
 pub(crate) struct BitmapPolicy {
     pub bitmap: Arc<WriteIntentBitmap>,
-    /// The `guided` policy: the same bitmap, and after an unclean stop the resync waits for a
-    /// guide first (see `guided.rs`).
-    pub guided: bool,
 }
 
 impl ConsistencyPolicy for BitmapPolicy {
     fn name(&self) -> &'static str {
-        if self.guided {
-            "guided"
-        } else {
-            "bitmap"
-        }
+        "bitmap"
     }
 
     fn on_active(&self, meta: &mut Meta) {

@@ -338,9 +338,11 @@ impl Array {
             return Ok(None);
         }
         self.as_client_write(|| {
-            let watched = self.watch_begin(offset_bytes, len_bytes, None);
+            let watched = self
+                .policy
+                .write_begins(self, offset_bytes, len_bytes, None);
             let res = rs.clone().try_for_each(|r| self.release_region(used, r));
-            self.watch_end(watched, res.is_ok(), false);
+            self.policy.write_ended(self, watched, res.is_ok(), false);
             res
         })?;
         let rb = used.region_bytes();
