@@ -14,19 +14,20 @@ pub mod cluster;
 mod error;
 mod events;
 mod integrity;
+mod intervals;
 mod io;
 mod lifecycle;
 mod lock;
 mod members;
 mod personality;
 mod policy;
+mod work;
 
 pub use array::{
     Array, ArrayConfig, ArrayStatus, BitmapStatus, MemberState, MemberStatus, UsedStatus,
     ASSEMBLED_READ_ONLY,
 };
-pub use background::verify::VerifyReport;
-pub use background::{SyncAction, SyncStatus, DEFAULT_SPEED_MAX, DEFAULT_SPEED_MIN};
+pub use background::{SyncStatus, DEFAULT_SPEED_MAX, DEFAULT_SPEED_MIN};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::{EngineError, ErrorKind, Result};
 pub use events::Event;
@@ -42,3 +43,4 @@ pub use personality::intent::WriteIntent;
 pub use policy::bitmap::read_bitmap;
 pub use policy::guided::{GuidanceStatus, WriteWatch, DEFAULT_GUIDE_TIMEOUT};
 pub use policy::journal::{JournalStatus, Replayed};
+pub use work::{SyncAction, VerifyReport};

@@ -685,7 +685,7 @@ impl Array {
         }
         let resync_from = {
             let st = self.sync.st.lock();
-            if st.running != crate::background::SyncAction::Idle {
+            if st.running != crate::work::SyncAction::Idle {
                 return;
             }
             st.resync_from

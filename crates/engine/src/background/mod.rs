@@ -18,32 +18,12 @@ pub(crate) mod verify;
 
 use crate::array::Array;
 use crate::clock::Clock;
+pub(crate) use crate::work::Stop;
+pub use crate::work::SyncAction;
 use parking_lot::{Condvar, Mutex};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-/// What the background worker does.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SyncAction {
-    Idle,
-    Resync,
-    Recover,
-    Check,
-    Repair,
-}
-
-impl SyncAction {
-    pub fn name(self) -> &'static str {
-        match self {
-            SyncAction::Idle => "idle",
-            SyncAction::Resync => "resync",
-            SyncAction::Recover => "recover",
-            SyncAction::Check => "check",
-            SyncAction::Repair => "repair",
-        }
-    }
-}
 
 /// Progress of the background work, for status.
 #[derive(Clone, Debug)]
@@ -184,13 +164,6 @@ enum Job {
         full: bool,
     },
     Scrub(SyncAction),
-}
-
-/// Why a unit of work stopped early.
-pub(crate) enum Stop {
-    Interrupted,
-    /// The action cannot go on: what failed (its kind says whether it was I/O, damage, …).
-    Failed(crate::error::EngineError),
 }
 
 /// Tracks one action's progress and paces it.

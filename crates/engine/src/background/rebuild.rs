@@ -10,11 +10,11 @@
 //! (md's PREFLUSH), so a checkpoint or "in sync" never covers rebuilt data that is not durable.
 
 use crate::array::Array;
-use crate::background::Stop;
 use crate::background::SyncControl;
 use crate::io::commit::WriteSet;
 use crate::io::{IoKind, MemberIo};
 use crate::members::FULLY_IN_SYNC;
+use crate::work::Stop;
 
 /// Rebuilds record what they cannot recover in pages of this many bytes.
 const PAGE: u64 = crate::members::badblocks::BAD_PAGE;

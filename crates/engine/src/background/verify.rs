@@ -8,32 +8,10 @@
 //! stripes are claimed for the time of their pass, so client I/O stays correct around it.
 
 use crate::array::Array;
-use crate::background::Stop;
 use crate::background::SyncControl;
 use crate::error::{EngineError, Result};
-use crate::integrity::IntegrityCounts;
-
-/// What one verify request found.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct VerifyReport {
-    /// Ranges asked for.
-    pub ranges: usize,
-    /// Array bytes under the page rows read (each counted once, however many ranges touched
-    /// it): the request's cost.
-    pub bytes_verified: u64,
-    /// Sectors whose redundancy disagreed with the data, per 4 KiB page as md counts them.
-    pub mismatch_sectors: u64,
-    /// Whether what disagreed was rewritten (false on a read-only array: only reported).
-    pub repaired: bool,
-    /// Integrity counters that moved during the request (None without integrity).
-    pub integrity: Option<IntegrityCounts>,
-}
-
-/// Sorted, merged, non-empty `[start, end)` intervals.
-pub(crate) fn merge(mut v: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
-    v.retain(|(a, b)| a < b);
-    crate::personality::stripe_cache::merge(v)
-}
+use crate::work::Stop;
+use crate::work::VerifyReport;
 
 impl Array {
     /// Verify reads over array byte ranges `(offset, length)`: every page row under them is
@@ -100,19 +78,5 @@ impl SyncControl {
             ),
             Stop::Failed(e) => e,
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::merge;
-
-    #[test]
-    fn ranges_merge_into_sorted_disjoint_intervals() {
-        assert_eq!(
-            merge(vec![(5, 9), (0, 2), (8, 12), (2, 3), (20, 20)]),
-            vec![(0, 3), (5, 12)]
-        );
-        assert!(merge(vec![]).is_empty());
     }
 }

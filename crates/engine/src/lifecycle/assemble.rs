@@ -996,11 +996,12 @@ fn new_journal_sb(best: &Superblock, meta: &mut Meta, dev: &dyn Device) -> Resul
 /// The used-region map, if the members in sync carry one for this array: the union of their
 /// copies; a copy behind the superblocks (the array ran without it) counts as all used.
 fn load_used(best: &Superblock, geometry: &Geometry, slots: &[Slot]) -> Option<Arc<UsedRegions>> {
-    if !crate::policy::used::supported(geometry) {
+    let personality = crate::personality::for_geometry(geometry);
+    if !personality.keeps_used_map() {
         return None;
     }
     let base = format::used_map_offset_sectors(best) * 512;
-    let sync_bytes = crate::policy::bitmap::sync_sectors(geometry) * 512;
+    let sync_bytes = personality.sync_total(crate::work::SyncAction::Resync);
     let mut header: Option<format::UsedMapHeader> = None;
     let mut bits: Vec<u8> = Vec::new();
     for m in slots
@@ -1089,7 +1090,9 @@ fn load_bitmap(
             ),
         });
     }
-    let want_sync = crate::policy::bitmap::sync_sectors(geometry);
+    let want_sync = crate::personality::for_geometry(geometry)
+        .sync_total(crate::work::SyncAction::Resync)
+        / 512;
     let mut header: Option<format::BitmapSuper> = None;
     let mut bits: Vec<u8> = Vec::new();
     let mut problems = Vec::new();

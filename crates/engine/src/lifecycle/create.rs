@@ -369,8 +369,19 @@ fn plan_used_map(
             } else {
                 0
             };
-            crate::policy::used::initial_map(geometry, sb, room, !spec.discard, flags)
-                .map(|(_, bytes)| (base, bytes))
+            let personality = crate::personality::for_geometry(geometry);
+            if !personality.keeps_used_map() {
+                return None;
+            }
+            crate::policy::used::initial_map(
+                personality.sync_total(crate::work::SyncAction::Resync),
+                geometry.chunk_sectors().max(1) * 512,
+                sb,
+                room,
+                !spec.discard,
+                flags,
+            )
+            .map(|(_, bytes)| (base, bytes))
         });
     if spec.guided && used_map.is_none() {
         return Err(EngineError::InvalidArgument(
@@ -536,7 +547,9 @@ fn new_bitmap(
             geometry.level().name()
         )));
     }
-    let sync_sectors = crate::policy::bitmap::sync_sectors(geometry);
+    let sync_sectors = crate::personality::for_geometry(geometry)
+        .sync_total(crate::work::SyncAction::Resync)
+        / 512;
     let room = format::bm_space(smallest_member_sectors);
     let min = format::min_bitmap_chunk(sync_sectors, room).ok_or_else(|| {
         EngineError::InvalidArgument("members too small to hold a write-intent bitmap".into())

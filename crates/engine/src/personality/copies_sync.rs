@@ -3,11 +3,11 @@
 //! pages under a client's ranges. Each window takes the region lock client writes take.
 
 use crate::array::Array;
-use crate::background::Stop;
 use crate::error::Result;
 use crate::lock::LockRange;
 use crate::personality::raid456_heal::Heal;
 use crate::personality::Copies;
+use crate::work::Stop;
 
 /// Rebuilds record what they cannot recover in pages of this many bytes.
 const PAGE: u64 = crate::members::badblocks::BAD_PAGE;
@@ -56,7 +56,7 @@ impl Copies {
         fix: bool,
     ) -> Result<(u64, u64)> {
         let heal = if fix { array.heal_mode() } else { Heal::Count };
-        let pages = crate::background::verify::merge(
+        let pages = crate::intervals::merge_nonempty(
             ranges
                 .iter()
                 .map(|&(off, len)| array.personality.sync_range_covering(off, len))

@@ -29,8 +29,8 @@ pub(crate) mod raid456_sync;
 pub(crate) mod stripe_cache;
 
 use crate::array::Array;
-use crate::background::{Stop, SyncAction};
 use crate::error::Result;
+use crate::work::{Stop, SyncAction};
 use layout::{Geometry, Level};
 use std::sync::atomic::AtomicUsize;
 

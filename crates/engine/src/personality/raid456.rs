@@ -24,12 +24,13 @@
 
 use crate::array::Array;
 use crate::error::{EngineError, Result};
+use crate::intervals::merge;
 use crate::io::bufpool::PoolBuf;
 use crate::io::commit::WriteSet;
 use crate::io::{IoOutcome, MemberIo};
 use crate::personality::intent::WriteIntent;
 use crate::personality::raid456_heal::Heal;
-use crate::personality::stripe_cache::{covers_all, merge, BatchError, Completion, Piece, Row};
+use crate::personality::stripe_cache::{covers_all, BatchError, Completion, Piece, Row};
 use crate::personality::Parity;
 use crate::policy::journal::StripeImage;
 use layout::{Level, StripeRoles};

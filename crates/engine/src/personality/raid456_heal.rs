@@ -44,8 +44,8 @@ pub(crate) enum Heal {
 
 impl Heal {
     /// How a resync, check or repair treats what disagrees.
-    pub(crate) fn of(action: crate::background::SyncAction) -> Heal {
-        use crate::background::SyncAction;
+    pub(crate) fn of(action: crate::work::SyncAction) -> Heal {
+        use crate::work::SyncAction;
         match action {
             SyncAction::Check => Heal::Count,
             SyncAction::Resync => Heal::Settle,

@@ -4,7 +4,6 @@
 //! client writes do (the walker that schedules and paces windows is `background/`).
 
 use crate::array::Array;
-use crate::background::{Stop, SyncAction};
 use crate::error::Result;
 use crate::io::bufpool::PoolBuf;
 use crate::io::commit::WriteSet;
@@ -13,6 +12,7 @@ use crate::personality::raid456::row_pieces;
 use crate::personality::raid456::Torn;
 use crate::personality::raid456_heal::Heal;
 use crate::personality::Parity;
+use crate::work::{Stop, SyncAction};
 
 /// Rebuilds record what they cannot recover in pages of this many bytes.
 const PAGE: u64 = crate::members::badblocks::BAD_PAGE;
@@ -74,7 +74,7 @@ impl Parity {
         ranges: &[(u64, u64)],
         fix: bool,
     ) -> Result<(u64, u64)> {
-        let spans = crate::background::verify::merge(
+        let spans = crate::intervals::merge_nonempty(
             ranges
                 .iter()
                 .flat_map(|&(off, len)| self.page_rows(array, off, len))

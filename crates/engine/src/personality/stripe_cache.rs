@@ -32,6 +32,7 @@
 //!
 //! Rows exist in the map only while some thread uses them (`users`); idle stripes are not kept.
 
+use crate::intervals::merge;
 use parking_lot::{Condvar, Mutex, MutexGuard};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -289,19 +290,6 @@ impl Row {
     }
 }
 
-/// Merge byte intervals into sorted, disjoint ones.
-pub(crate) fn merge(mut v: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
-    v.sort_unstable();
-    let mut out: Vec<(u64, u64)> = Vec::with_capacity(v.len());
-    for (a, b) in v {
-        match out.last_mut() {
-            Some(last) if a <= last.1 => last.1 = last.1.max(b),
-            _ => out.push((a, b)),
-        }
-    }
-    out
-}
-
 /// True if every column some piece touches is covered by all `data_disks` data chunks: the
 /// batch can then be written without reading anything.
 pub(crate) fn covers_all(pending: &[Piece], data_disks: usize) -> bool {
@@ -375,11 +363,7 @@ mod tests {
     }
 
     #[test]
-    fn merge_and_cover() {
-        assert_eq!(
-            merge(vec![(5, 9), (0, 2), (2, 4), (8, 12)]),
-            vec![(0, 4), (5, 12)]
-        );
+    fn pieces_cover_a_row_only_when_every_column_is_whole() {
         let p = vec![piece(0, 0, 4096), piece(1, 0, 4096)];
         assert!(!covers_all(&p, 3));
         let p = vec![

@@ -41,7 +41,6 @@ use format::{
     bit_is_set, BitmapSuper, BITMAP_HEADER_BYTES, BITMAP_OFFSET_SECTORS, BITMAP_PAGE_BYTES,
     SB_OFFSET_SECTORS,
 };
-use layout::Geometry;
 use parking_lot::Mutex;
 use std::io;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -59,11 +58,6 @@ const ON_DISK: u32 = 1 << 20;
 const NEEDED: u32 = 1 << 21;
 /// Clean-up passes a chunk must stay idle before its bit clears (md: 2–3 × daemon_sleep).
 const CLEAR_AFTER_PASSES: u32 = 2;
-
-/// md's sync size for a geometry: component sectors, array sectors for RAID10.
-pub(crate) fn sync_sectors(g: &Geometry) -> u64 {
-    crate::personality::for_geometry(g).sync_total(crate::background::SyncAction::Resync) / 512
-}
 
 /// Write a new array's bitmap: the header and every bit set, as mdadm's create does (a clean
 /// array clears them lazily, a dirty one resyncs what they cover: everything).

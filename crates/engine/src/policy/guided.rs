@@ -30,13 +30,13 @@
 //! and resyncs what it says; the guided flag lives in ironraid's used-region map header).
 
 use crate::array::Array;
-use crate::background::verify::VerifyReport;
 use crate::error::{EngineError, Result};
 use crate::io::commit::WriteSet;
 use crate::members::Meta;
 use crate::policy::bitmap::WriteIntentBitmap;
 use crate::policy::journal::StripeImage;
 use crate::policy::{BitmapPolicy, ConsistencyPolicy, Ticket};
+use crate::work::VerifyReport;
 use parking_lot::{Mutex, RwLock};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -203,7 +203,7 @@ impl Guidance {
         let mut v = self.verified.lock();
         let mut all = std::mem::take(&mut *v);
         all.push((from, to));
-        *v = crate::personality::stripe_cache::merge(all);
+        *v = crate::intervals::merge(all);
     }
 
     pub fn status(&self, now: Duration) -> GuidanceStatus {
@@ -280,9 +280,7 @@ impl Array {
                 guide: guide.to_string(),
             };
             *g.ended.lock() = Some(self.sync.clock.now());
-            let total = self
-                .personality
-                .sync_total(crate::background::SyncAction::Resync);
+            let total = self.personality.sync_total(crate::work::SyncAction::Resync);
             self.policy.resynced(0, total);
             st.resync_from = None;
             self.sync.unsynced.store(false, Ordering::Release);

@@ -262,7 +262,7 @@ impl CachedRow {
 
     /// Runs of consecutive cached page offsets, as byte ranges of the chunk.
     pub fn intervals(&self) -> Vec<(u64, u64)> {
-        crate::personality::stripe_cache::merge(
+        crate::intervals::merge(
             self.pages
                 .keys()
                 .map(|&(off, _)| (off, off + PAGE as u64))

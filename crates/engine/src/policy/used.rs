@@ -26,7 +26,6 @@ use crate::lock::LockRange;
 use crate::members::paged::{PagedCopy, WriteFailures};
 use crate::members::{Member, MemberSet};
 use format::{UsedMapHeader, USED_MAP_HEADER_BYTES};
-use layout::Geometry;
 use parking_lot::Mutex;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -41,28 +40,19 @@ pub(crate) struct UsedRegions {
     copy: PagedCopy,
 }
 
-/// Whether a geometry can keep a used-region map: redundancy, md sync coordinates per member,
-/// and regions that cover whole stripes.
-pub(crate) fn supported(g: &Geometry) -> bool {
-    crate::personality::for_geometry(g).keeps_used_map()
-}
-
-/// The map a new array starts with: `used` says whether every region counts as used (members
-/// not known to be zero) or none does; `flags` go into the header. Returns the header and the
-/// bytes to write.
+/// The map a new array over `sync_bytes` of sync coordinates starts with: `used` says whether
+/// every region counts as used (members not known to be zero) or none does; `flags` go into
+/// the header. Regions are whole chunks (`chunk_bytes`). Returns the header and the bytes to
+/// write.
 pub(crate) fn initial_map(
-    g: &Geometry,
+    sync_bytes: u64,
+    chunk_bytes: u64,
     sb: &format::Superblock,
     room_bytes: u64,
     used: bool,
     flags: u32,
 ) -> Option<(UsedMapHeader, Vec<u8>)> {
-    if !supported(g) {
-        return None;
-    }
-    let sync_bytes = crate::policy::bitmap::sync_sectors(g) * 512;
-    let region_bytes =
-        format::choose_region_bytes(sync_bytes, room_bytes, g.chunk_sectors().max(1) * 512)?;
+    let region_bytes = format::choose_region_bytes(sync_bytes, room_bytes, chunk_bytes)?;
     let header = UsedMapHeader {
         uuid: sb.set_uuid,
         events: sb.events,
@@ -386,7 +376,7 @@ impl Array {
         role: usize,
         pos: u64,
         end: u64,
-    ) -> Option<std::result::Result<u64, crate::background::Stop>> {
+    ) -> Option<std::result::Result<u64, crate::work::Stop>> {
         let used = self.used.as_ref()?;
         if self.personality.recovery_maps_chunks() {
             let unused = |at: u64, len: u64| used.next_used(at, at + len).start >= at + len;
@@ -427,7 +417,7 @@ impl Array {
         role: usize,
         from: u64,
         to: u64,
-    ) -> std::result::Result<(), crate::background::Stop> {
+    ) -> std::result::Result<(), crate::work::Stop> {
         let member = self.members.slots[role].member();
         let mut ios = [MemberIo::planned(
             role,
@@ -436,10 +426,10 @@ impl Array {
             IoKind::Discard(to - from),
         )];
         if let Err(e) = self.commit_writes(&WriteSet::rebuild(from, to - from), &mut ios) {
-            return Err(crate::background::Stop::Failed(e));
+            return Err(crate::work::Stop::Failed(e));
         }
         if !ios[0].ok() {
-            return Err(crate::background::Stop::Interrupted);
+            return Err(crate::work::Stop::Interrupted);
         }
         Ok(())
     }

@@ -22,11 +22,12 @@
 
 use crate::array::Array;
 use crate::error::Result;
+use crate::intervals::merge;
 use crate::io::bufpool::PoolBuf;
 use crate::io::commit::WriteSet;
 use crate::io::MemberIo;
 use crate::personality::raid456::{Torn, WritePlan};
-use crate::personality::stripe_cache::{merge, Piece};
+use crate::personality::stripe_cache::Piece;
 use crate::policy::journal::{CachedRow, StripeImage};
 use device::AlignedBuf;
 use layout::StripeRoles;
