@@ -266,6 +266,14 @@ fn scan_follows_new_arrays_dead_daemons_and_integrity_repairs() {
     env.ok(&["stop", "late"]);
     late_d.0.wait().unwrap();
     let text = wait_out("\"array_stopped\",\"array\":\"late\"");
+    // The monitor prints an event, then runs its hook: let the hook of the last one finish
+    // before the monitor is killed (bounded; a missing line then fails the comparison below).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while std::fs::read_to_string(&hook_log).map_or(0, |h| h.lines().count()) < events(&text).len()
+        && std::time::Instant::now() < deadline
+    {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
     mon.0.kill().unwrap();
     mon.0.wait().unwrap();
     let kinds: Vec<String> = events(&text)
