@@ -307,7 +307,7 @@ impl Array {
         let pool_bytes = p.config.stripe_cache_bytes;
         let locks = LocalLocks::new(parity, chunk_bytes, stripes.clone());
         let sync = Arc::new(SyncControl::new(resync_from, clock));
-        let exposure = crate::personality::raid456::Exposure {
+        let exposure = crate::background::Exposure {
             geometry: p.geometry.clone(),
             slots: p.slots.clone(),
             bitmap: policy.bitmap().cloned(),

@@ -25,6 +25,30 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// What a member failure sets off above the member set: the torn-row count for its event and
+/// a wake-up of background work (a spare may take the role).
+pub(crate) struct Exposure {
+    pub geometry: layout::Geometry,
+    pub slots: std::sync::Arc<Vec<crate::members::Slot>>,
+    pub bitmap: Option<std::sync::Arc<crate::policy::bitmap::WriteIntentBitmap>>,
+    pub sync: std::sync::Arc<SyncControl>,
+}
+
+impl crate::members::FailureWatch for Exposure {
+    fn exposed_rows(&self) -> u64 {
+        let owed = self
+            .sync
+            .unsynced
+            .load(std::sync::atomic::Ordering::Acquire);
+        let torn = self.bitmap.as_ref().map(|b| b.needed_bytes());
+        crate::personality::raid456::exposed_rows(&self.geometry, &self.slots, torn, owed)
+    }
+
+    fn member_failed(&self) {
+        self.sync.wake();
+    }
+}
+
 /// Progress of the background work, for status.
 #[derive(Clone, Debug)]
 pub struct SyncStatus {

@@ -1312,30 +1312,6 @@ pub(crate) fn exposed_rows(
     }
 }
 
-/// What a member failure sets off above the member set: the torn-row count for its event and
-/// a wake-up of background work (a spare may take the role).
-pub(crate) struct Exposure {
-    pub geometry: layout::Geometry,
-    pub slots: std::sync::Arc<Vec<crate::members::Slot>>,
-    pub bitmap: Option<std::sync::Arc<crate::policy::bitmap::WriteIntentBitmap>>,
-    pub sync: std::sync::Arc<crate::background::SyncControl>,
-}
-
-impl crate::members::FailureWatch for Exposure {
-    fn exposed_rows(&self) -> u64 {
-        let owed = self
-            .sync
-            .unsynced
-            .load(std::sync::atomic::Ordering::Acquire);
-        let torn = self.bitmap.as_ref().map(|b| b.needed_bytes());
-        exposed_rows(&self.geometry, &self.slots, torn, owed)
-    }
-
-    fn member_failed(&self) {
-        self.sync.wake();
-    }
-}
-
 /// Member bytes `at..at + len` cut at row boundaries (`chunk` bytes of each member): each row
 /// with its piece's range in a buffer that starts at `at`.
 pub(crate) fn row_pieces(
