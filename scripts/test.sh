@@ -54,6 +54,9 @@ echo "== module structure: import circles between top-level modules"
 # nbd and the CLI must read top-down; the engine is only reported until its restructuring lands.
 scripts/module-cycles crates/nbd/src ironraid/src
 scripts/module-cycles --report crates/engine/src
+# A level's behaviour is asked of its personality: the member set's "no redundancy" rule and
+# the journal's parity count are the only level questions left outside personality/ and lifecycle/.
+scripts/engine-structure --max-level-branches 2
 
 echo "== build"
 cargo build --release -q
