@@ -358,11 +358,30 @@ struct CreateArgs {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.verbose);
+    raise_open_file_limit();
     match dispatch(cli.cmd) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("ironraid: {e:#}");
             ExitCode::from(1)
+        }
+    }
+}
+
+/// Members, NBD connections and listeners are file descriptors: an array as wide as md allows
+/// (1,920 members) needs more than the usual soft limit of 1,024. The soft limit goes up to the
+/// hard one, as daemons do; a limit that cannot be raised is left as it is (opening a member
+/// then fails with its own error).
+fn raise_open_file_limit() {
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let lim = getrlimit(Resource::Nofile);
+    if lim.current.is_some() && lim.current != lim.maximum {
+        let raised = Rlimit {
+            current: lim.maximum,
+            maximum: lim.maximum,
+        };
+        if let Err(e) = setrlimit(Resource::Nofile, raised) {
+            tracing::debug!("cannot raise the open-file limit: {e}");
         }
     }
 }

@@ -27,6 +27,14 @@ pub enum LayoutError {
         /// `MAX_RAID_DISKS`.
         max: usize,
     },
+    /// More members than RAID6's Q can tell apart.
+    #[error("RAID6 has at most {max} devices (255 data disks: Q's GF(2^8) weights repeat after 255), got {got}")]
+    TooManyForRaid6 {
+        /// Number of devices supplied.
+        got: usize,
+        /// `MAX_RAID6_DISKS`.
+        max: usize,
+    },
     /// Chunk size not usable for this level.
     #[error("invalid chunk size {chunk_sectors} sectors for {level}: {reason}")]
     BadChunk {

@@ -93,6 +93,12 @@ fn check_disks(spec: &GeometrySpec) -> Result<(), LayoutError> {
             max: MAX_RAID_DISKS,
         });
     }
+    if level == Level::Raid6 && got > crate::MAX_RAID6_DISKS {
+        return Err(LayoutError::TooManyForRaid6 {
+            got,
+            max: crate::MAX_RAID6_DISKS,
+        });
+    }
     if got < level.min_disks() {
         return Err(LayoutError::TooFewDisks {
             level,

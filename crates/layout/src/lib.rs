@@ -34,5 +34,10 @@ pub use stripe::{ChunkRole, StripePos, StripeRoles};
 
 /// Bytes per md sector (independent of the device's logical block size).
 pub const SECTOR_BYTES: u64 = 512;
-/// Largest number of raid disks ironraid supports; `Geometry::new` refuses more.
-pub const MAX_RAID_DISKS: usize = 128;
+/// Largest number of raid disks ironraid supports, md's: the role slots a v1.2 superblock
+/// holds ((4096 - 256) / 2); `Geometry::new` refuses more.
+pub const MAX_RAID_DISKS: usize = 1920;
+/// Largest RAID6: Q weighs data disk `i` by g^i in GF(2^8), whose powers repeat after 255, so
+/// two data disks beyond 255 would share a weight and their double failure could not be solved
+/// (Anvin, "The mathematics of RAID-6": 255 data disks, 257 devices).
+pub const MAX_RAID6_DISKS: usize = 257;

@@ -16,13 +16,13 @@
 //! raid6check) consider wrong for the asymmetric and `-6` layouts.
 
 /// Fill `syndrome[data_index]` from the device role table (`role[dev]` is the
-/// data index, or a value `>= 0xFE` for P/Q) by md's walk starting after Q.
-pub(crate) fn assign_syndromes(disks: usize, q: usize, role: &[u8], syndrome: &mut [u8]) {
-    let mut next = 0u8;
+/// data index, or a value `>= 0xFFFE` for P/Q) by md's walk starting after Q.
+pub(crate) fn assign_syndromes(disks: usize, q: usize, role: &[u16], syndrome: &mut [u16]) {
+    let mut next = 0u16;
     for i in 1..=disks {
         let dev = (q + i) % disks;
         let r = role[dev];
-        if r < 0xFE {
+        if r < 0xFFFE {
             syndrome[r as usize] = next;
             next += 1;
         }
@@ -36,8 +36,8 @@ mod tests {
     #[test]
     fn asymmetric_example() {
         // "D0 D1 P Q D2"
-        let role = [0u8, 1, 0xFE, 0xFF, 2];
-        let mut syndrome = [0u8; 3];
+        let role = [0u16, 1, 0xFFFE, 0xFFFF, 2];
+        let mut syndrome = [0u16; 3];
         assign_syndromes(5, 3, &role, &mut syndrome);
         assert_eq!(syndrome, [1, 2, 0]);
     }
@@ -45,8 +45,8 @@ mod tests {
     #[test]
     fn q_last_example() {
         // "D4 D5 P D3 Q" = data indices 1 2 P 0 Q
-        let role = [1u8, 2, 0xFE, 0, 0xFF];
-        let mut syndrome = [0u8; 3];
+        let role = [1u16, 2, 0xFFFE, 0, 0xFFFF];
+        let mut syndrome = [0u16; 3];
         assign_syndromes(5, 4, &role, &mut syndrome);
         // D3 (index 0) syndrome 2, D4 (index 1) syndrome 0, D5 (index 2) syndrome 1
         assert_eq!(syndrome, [2, 0, 1]);

@@ -8,8 +8,7 @@
 //!
 //! Traps: logical data index (order of array addresses) and syndrome index
 //! (power of g in Q) differ for the asymmetric and `-6` RAID6 layouts, so
-//! callers computing Q must use `syndrome()`, never the data index. The table is
-//! built from fixed arrays so that building it never allocates.
+//! callers computing Q must use `syndrome()`, never the data index.
 
 use crate::raid5::Rotation;
 use crate::raid6;
@@ -37,58 +36,63 @@ pub enum ChunkRole {
     Q,
 }
 
-const ROLE_P: u8 = 0xFE;
-const ROLE_Q: u8 = 0xFF;
-const NO_Q: u8 = 0xFF;
+const ROLE_P: u16 = 0xFFFE;
+const ROLE_Q: u16 = 0xFFFF;
+const NO_Q: u16 = 0xFFFF;
 
-/// Roles of the devices in one stripe of a parity level. Fixed arrays, no heap.
-#[derive(Clone, Copy, Debug)]
+/// Roles of the devices in one stripe of a parity level: one allocation of `3 * data_disks +
+/// disks` entries, what the stripe itself has (md allows 1,920 members; a stripe of them is
+/// as wide).
+#[derive(Clone, Debug)]
 pub struct StripeRoles {
-    disks: u8,
-    data_disks: u8,
-    p: u8,
-    q: u8,
-    /// data index → device
-    data_dev: [u8; MAX_RAID_DISKS],
-    /// data index → syndrome index
-    syndrome: [u8; MAX_RAID_DISKS],
-    /// syndrome index → data index
-    by_syndrome: [u8; MAX_RAID_DISKS],
-    /// device → data index, `ROLE_P` or `ROLE_Q`
-    role: [u8; MAX_RAID_DISKS],
+    disks: u16,
+    data_disks: u16,
+    p: u16,
+    q: u16,
+    /// `data_dev` (data index → device), `syndrome` (data index → syndrome index),
+    /// `by_syndrome` (syndrome index → data index), each `data_disks` long, then `role`
+    /// (device → data index, `ROLE_P` or `ROLE_Q`), `disks` long.
+    table: Box<[u16]>,
 }
 
 impl StripeRoles {
     /// Resolve a stripe's rotation into a full role table.
     pub(crate) fn build(disks: usize, data_disks: usize, rot: &Rotation) -> StripeRoles {
-        debug_assert!(disks <= MAX_RAID_DISKS && data_disks < disks);
-        let mut r = StripeRoles {
-            disks: disks as u8,
-            data_disks: data_disks as u8,
-            p: rot.p as u8,
-            q: rot.q.map_or(NO_Q, |q| q as u8),
-            data_dev: [0; MAX_RAID_DISKS],
-            syndrome: [0; MAX_RAID_DISKS],
-            by_syndrome: [0; MAX_RAID_DISKS],
-            role: [0; MAX_RAID_DISKS],
-        };
-        r.role[rot.p] = ROLE_P;
+        assert!(
+            disks <= MAX_RAID_DISKS && data_disks < disks,
+            "{disks} devices, {data_disks} of them data"
+        );
+        let k = data_disks;
+        let mut table = vec![0u16; 3 * k + disks].into_boxed_slice();
+        let (data_dev, rest) = table.split_at_mut(k);
+        let (syndrome, rest) = rest.split_at_mut(k);
+        let (by_syndrome, role) = rest.split_at_mut(k);
+        role[rot.p] = ROLE_P;
         if let Some(q) = rot.q {
-            r.role[q] = ROLE_Q;
+            role[q] = ROLE_Q;
         }
-        for d in 0..data_disks {
+        for (d, dev_of) in data_dev.iter_mut().enumerate() {
             let dev = rot.data_dev(d);
-            r.data_dev[d] = dev as u8;
-            r.role[dev] = d as u8;
+            *dev_of = dev as u16;
+            role[dev] = d as u16;
         }
         match rot.q {
-            Some(q) => raid6::assign_syndromes(disks, q, &r.role, &mut r.syndrome),
-            None => (0..data_disks).for_each(|d| r.syndrome[d] = d as u8),
+            Some(q) => raid6::assign_syndromes(disks, q, role, syndrome),
+            None => syndrome
+                .iter_mut()
+                .enumerate()
+                .for_each(|(d, s)| *s = d as u16),
         }
-        for d in 0..data_disks {
-            r.by_syndrome[r.syndrome[d] as usize] = d as u8;
+        for (d, &s) in syndrome.iter().enumerate() {
+            by_syndrome[s as usize] = d as u16;
         }
-        r
+        StripeRoles {
+            disks: disks as u16,
+            data_disks: k as u16,
+            p: rot.p as u16,
+            q: rot.q.map_or(NO_Q, |q| q as u16),
+            table,
+        }
     }
 
     /// Number of devices in the stripe (raid_disks).
@@ -104,7 +108,7 @@ impl StripeRoles {
     /// Device holding logical data chunk `data_index`.
     pub fn data_dev(&self, data_index: usize) -> usize {
         assert!(data_index < self.data_disks(), "data index out of range");
-        self.data_dev[data_index] as usize
+        self.table[data_index] as usize
     }
 
     /// Device holding P.
@@ -121,13 +125,13 @@ impl StripeRoles {
     /// device walk order (md-format.md §3.3). Equals `data_index` for RAID4/5.
     pub fn syndrome(&self, data_index: usize) -> usize {
         assert!(data_index < self.data_disks(), "data index out of range");
-        self.syndrome[data_index] as usize
+        self.table[self.data_disks() + data_index] as usize
     }
 
     /// Inverse of [`syndrome`](Self::syndrome): logical data index in syndrome index `syndrome`.
     pub fn data_index_of_syndrome(&self, syndrome: usize) -> usize {
         assert!(syndrome < self.data_disks(), "syndrome out of range");
-        self.by_syndrome[syndrome] as usize
+        self.table[2 * self.data_disks() + syndrome] as usize
     }
 
     /// Device holding syndrome index `syndrome`.
@@ -138,7 +142,7 @@ impl StripeRoles {
     /// What device `dev` holds in this stripe.
     pub fn role_of(&self, dev: usize) -> ChunkRole {
         assert!(dev < self.disks(), "device out of range");
-        match self.role[dev] {
+        match self.table[3 * self.data_disks() + dev] {
             ROLE_P => ChunkRole::P,
             ROLE_Q => ChunkRole::Q,
             d => ChunkRole::Data(d as usize),

@@ -458,10 +458,17 @@ fn array_sizes_and_validation() {
         err(spec(Level::Raid6, 2, 3, 8)),
         LayoutError::TooFewDisks { .. }
     ));
+    // md's limit: the 1,920 role slots of a v1.2 superblock; RAID6 stops at 257 devices.
     assert!(matches!(
-        err(spec(Level::Raid5, 2, 129, 8)),
+        err(spec(Level::Raid5, 2, 1921, 8)),
         LayoutError::TooManyDisks { .. }
     ));
+    assert!(Geometry::new(spec(Level::Raid5, 2, 1920, 8)).is_ok());
+    assert!(matches!(
+        err(spec(Level::Raid6, 2, 258, 8)),
+        LayoutError::TooManyForRaid6 { .. }
+    ));
+    assert!(Geometry::new(spec(Level::Raid6, 2, 257, 8)).is_ok());
     assert!(matches!(
         err(spec(Level::Raid5, 6, 4, 8)),
         LayoutError::BadLayout { .. }
