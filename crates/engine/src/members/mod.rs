@@ -14,6 +14,7 @@
 //!   lock) before they are acknowledged ([`MemberSet::wait_failures_durable`]).
 
 pub(crate) mod badblocks;
+pub(crate) mod metadata;
 pub(crate) mod paged;
 
 mod member;
@@ -21,7 +22,7 @@ mod superblocks;
 
 pub use member::{Member, Slot, FULLY_IN_SYNC};
 pub use superblocks::read_superblock;
-pub(crate) use superblocks::{write_superblock, EventRecorder, MemberSb, Meta};
+pub(crate) use superblocks::{superblock_block, write_superblock, EventRecorder, MemberSb, Meta};
 
 use crate::cluster::Coordinator;
 use crate::error::EngineError;
@@ -385,7 +386,7 @@ impl MemberSet {
         len: u64,
         why: &str,
     ) {
-        match member.health.record(member.dev.as_ref(), off, len) {
+        match member.health.record(member, off, len) {
             Ok(false) => {}
             Ok(true) => {
                 tracing::error!(array = %self.name, member = %member.name(), role, offset = off,

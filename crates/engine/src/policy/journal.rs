@@ -35,7 +35,8 @@ use crate::clock::Clock;
 use crate::error::{EngineError, Result};
 use crate::io::commit::WriteSet;
 use crate::io::{IoKind, MemberIo};
-use crate::members::write_superblock;
+use crate::members::metadata::Metadata;
+use crate::members::superblock_block;
 use crate::members::{Member, Slot};
 use device::{AlignedBuf, Device};
 use format::{journal_seed, MetaBlock, Payload, Superblock, JOURNAL_BLOCK, PAGE_SECTORS};
@@ -838,7 +839,10 @@ impl Journal {
         };
         m.sb.recovery_offset = tail;
         // The superblock write is FUA; the units it lets go are durable on the members already.
-        write_superblock(&m.member, &m.sb)
+        let block = superblock_block(&m.sb);
+        array
+            .members
+            .write_metadata(&m.member, Metadata::Superblock, &block, true)
     }
 
     /// The log device failed: no new writes from now on. Nothing is recorded yet: until
@@ -1032,7 +1036,10 @@ impl PendingReplay {
                     Some(j) => j.record_tail(array, tail),
                     None => {
                         sb.recovery_offset = tail;
-                        write_superblock(&member, &sb)
+                        let block = superblock_block(&sb);
+                        array
+                            .members
+                            .write_metadata(&member, Metadata::Superblock, &block, true)
                     }
                 }
                 .map_err(|e| format!("cannot record the journal tail: {e}"))
