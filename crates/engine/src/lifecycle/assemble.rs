@@ -642,7 +642,7 @@ fn build(
             forget_journal(&mut meta);
         }
         if commit_table {
-            commit_at_assembly(&mut meta, array.name(), array.config.coordinator.as_deref())?;
+            commit_at_assembly(&array, &mut meta)?;
         }
     }
     if !array.is_read_only() {
@@ -1174,19 +1174,12 @@ fn load_bitmap(
     ))))
 }
 
-/// Make the running role table durable on every present member before any write can happen.
-/// Bracketed by the cluster's metadata update like every later commit (`MemberSet::commit`).
-fn commit_at_assembly(
-    meta: &mut Meta,
-    name: &str,
-    coordinator: Option<&dyn crate::cluster::Coordinator>,
-) -> Result<()> {
-    let local = crate::cluster::Local;
-    let coordinator = coordinator.unwrap_or(&local);
-    coordinator.metadata_update_start();
-    let failed = meta.commit();
-    coordinator.metadata_update_finish(meta.events);
-    if let Some((member, err)) = failed.into_iter().next() {
+/// Make the running role table durable on every present member before the array serves
+/// (after a journal's replay: a dropped log is forgotten only once it is home), through the
+/// member set like every later commit; a member that cannot record it stops the start.
+fn commit_at_assembly(array: &Array, meta: &mut Meta) -> Result<()> {
+    let name = array.name();
+    if let Some((member, err)) = array.members.commit_held(meta).into_first() {
         return Err(EngineError::Assemble {
             member: member.name().into(),
             reason: format!(

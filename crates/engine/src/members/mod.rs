@@ -40,6 +40,13 @@ use std::sync::Arc;
 #[must_use = "members whose superblock write failed must be failed"]
 pub(crate) struct SbFailures(Vec<(Arc<Member>, std::io::Error)>);
 
+impl SbFailures {
+    /// The first member that failed, for a caller that refuses to go on instead (assembly).
+    pub fn into_first(self) -> Option<(Arc<Member>, std::io::Error)> {
+        self.0.into_iter().next()
+    }
+}
+
 /// What the layers above do once a member has failed: count the rows the loss exposes (a crash
 /// may have torn them) and wake background work (a spare may take the role).
 pub(crate) trait FailureWatch: Send + Sync {
