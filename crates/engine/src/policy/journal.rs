@@ -17,9 +17,10 @@
 //! Reclaim moves the tail (`journal_tail`, in the log device's superblock) past units that are
 //! home, only after a flush of every member has made them durable there; the tail always points
 //! at a real meta block (the oldest unit not home, or the newest unit when all are home), as
-//! md's does. Recovery at assembly replays the consistent chain from the tail, writes every
-//! logged stripe home, and starts a new chain with the sequence number advanced by 10000, so
-//! blocks of the old chain beyond its end can never continue the new one.
+//! md's does. Recovery at assembly reads the consistent chain from the tail; the array, once
+//! built, writes every logged stripe home through its commit point, and then a new chain starts
+//! with the sequence number advanced by 10000, so blocks of the old chain beyond its end can
+//! never continue the new one.
 //!
 //! A client's acknowledged write is in the log durably, so a client flush needs no member
 //! flush, and FUA needs none either. If the log device fails, new writes are refused (the array
