@@ -153,6 +153,96 @@ fn data_in_the_log_survives_a_crash_before_it_reached_the_members() {
     common_check_parity(&again);
 }
 
+/// Replay writes the log home through the commit point: a member that cannot take them fails
+/// the way any member write error fails it (recorded in the survivors' superblocks), and the
+/// array starts degraded with everything the log held, instead of refusing to start.
+#[test]
+fn a_member_that_fails_under_the_replay_is_failed_and_the_array_starts() {
+    let rig = Rig::new(Level::Raid5, 4, 4 << 20);
+    let array = rig
+        .boot(rig.all(), AssembleOptions::default())
+        .expect("assemble");
+    let data = pattern(11, 192 << 10);
+    array.write(3 << 20, &data, false).expect("write");
+    array.flush().expect("flush");
+    drop(array);
+    for m in &rig.members {
+        m.power_cut();
+    }
+    rig.log.power_cut();
+    rig.members[1].set_faults(device::Faults {
+        write_error: 1.0,
+        ..device::Faults::default()
+    });
+    let again = rig
+        .boot(rig.all(), AssembleOptions::default())
+        .expect("starts degraded: the member that cannot be written is failed");
+    let st = again.status();
+    assert!(
+        st.journal.expect("journal").replayed.pages > 0,
+        "nothing replayed"
+    );
+    assert!(
+        st.members
+            .iter()
+            .any(|m| m.name == "m1" && m.state == engine::MemberState::Faulty),
+        "{:?}",
+        st.members
+    );
+    assert!(
+        read(&again, 3 << 20, data.len()) == data,
+        "flushed write lost"
+    );
+    drop(again);
+    rig.members[1].set_faults(device::Faults::default());
+    let sb = engine::read_superblock(rig.members[0].as_ref()).expect("sb");
+    assert_eq!(
+        sb.dev_roles[1],
+        format::ROLE_FAULTY,
+        "the failure is recorded in the survivors' superblocks"
+    );
+}
+
+/// Dropping a journal whose log still holds acknowledged writes replays it first (through the
+/// array's commit point), and only then does the role table forget it.
+#[test]
+fn a_dropped_log_is_replayed_before_the_table_forgets_it() {
+    let rig = Rig::new(Level::Raid6, 5, 4 << 20);
+    let array = rig
+        .boot(rig.all(), AssembleOptions::default())
+        .expect("assemble");
+    let data = pattern(13, 320 << 10);
+    array.write(1 << 20, &data, false).expect("write");
+    array.flush().expect("flush");
+    drop(array);
+    for m in &rig.members {
+        m.power_cut();
+    }
+    rig.log.power_cut();
+    let dropped = rig
+        .boot(
+            rig.all(),
+            AssembleOptions {
+                drop_journal: true,
+                ..AssembleOptions::default()
+            },
+        )
+        .expect("drop the journal");
+    assert_eq!(dropped.status().consistency_policy, "resync");
+    assert!(
+        read(&dropped, 1 << 20, data.len()) == data,
+        "the dropped log's writes are lost"
+    );
+    while dropped.sync_step() != engine::SyncAction::Idle {}
+    assert!(read(&dropped, 1 << 20, data.len()) == data);
+    common_check_parity(&dropped);
+    dropped.close().expect("clean stop");
+    drop(dropped);
+    let sb = engine::read_superblock(rig.members[0].as_ref()).expect("sb");
+    assert_eq!(sb.feature_map & format::feature::JOURNAL, 0);
+    assert!(!sb.dev_roles.contains(&format::ROLE_JOURNAL));
+}
+
 #[test]
 fn a_failed_log_device_turns_the_array_read_only_and_loses_nothing() {
     let rig = Rig::new(Level::Raid5, 4, 4 << 20);

@@ -6,8 +6,9 @@
 
 use crate::array::Array;
 use crate::error::{EngineError, Result};
+use crate::members::metadata::Metadata;
 use crate::members::Member;
-use crate::members::{read_superblock, write_superblock, MemberSb};
+use crate::members::{read_superblock, superblock_block, MemberSb};
 use device::{AlignedBuf, Device};
 use format::{ROLE_FAULTY, ROLE_MAX, ROLE_SPARE, SB_OFFSET_SECTORS};
 use std::sync::Arc;
@@ -52,8 +53,14 @@ impl Array {
         let bblog_at = (SB_OFFSET_SECTORS as i64 + i64::from(sb.bblog_offset)) as u64 * 512;
         let mut bblog = AlignedBuf::zeroed(usize::from(sb.bblog_size) * 512);
         bblog.fill(0xff);
-        dev.write_at(&bblog, bblog_at, false)
-            .and_then(|()| write_superblock(&member, &sb))
+        let log = Metadata::BadBlockLog { at: bblog_at };
+        self.members
+            .write_metadata(&member, log, &bblog, false)
+            .and_then(|()| {
+                let block = superblock_block(&sb);
+                self.members
+                    .write_metadata(&member, Metadata::Superblock, &block, true)
+            })
             .map_err(|e| EngineError::MemberIo {
                 member: dev.name().into(),
                 op: "write superblock",

@@ -558,7 +558,7 @@ impl Array {
             // cut tearing them is followed by a resync.
             let _counted = crate::io::commit::InCommit::enter(self);
             if self.mark_active().is_ok() {
-                for (role, m, e) in integ.write_tables() {
+                for (role, m, e) in integ.write_tables(&self.members) {
                     self.members.fail_role(
                         role,
                         Some(&m),

@@ -27,7 +27,8 @@
 pub(crate) mod record_cache;
 
 use crate::integrity::record_cache::{CacheStats, Page, RecordCache};
-use crate::members::{Member, Slot};
+use crate::members::metadata::Metadata;
+use crate::members::{Member, MemberSet, Slot};
 use device::AlignedBuf;
 use format::{FormatError, TableBlock, Zone, RECORDS_PER_TABLE, RECORD_BLOCK};
 use parking_lot::Mutex;
@@ -436,7 +437,7 @@ impl Integrity {
     /// unflushed writes, and a torn only copy would take the records of data flushed long
     /// before with it. Returns the holders whose write or flush failed (to be failed by the
     /// caller), with the error.
-    pub fn write_tables(&self) -> Vec<(usize, Arc<Member>, std::io::Error)> {
+    pub fn write_tables(&self, members: &MemberSet) -> Vec<(usize, Arc<Member>, std::io::Error)> {
         let slots = &self.slots[..];
         let _one = self.writing.lock();
         let dirty = std::mem::take(&mut *self.dirty.lock());
@@ -497,7 +498,8 @@ impl Integrity {
                 continue;
             }
             let at = m.data_offset_bytes + self.zone.table_sector(copy, first) * 512;
-            match m.dev.write_at(&AlignedBuf::copy_from(&bytes), at, fua) {
+            let table = Metadata::IntegrityTable { at };
+            match members.write_metadata(&m, table, &AlignedBuf::copy_from(&bytes), fua) {
                 Ok(()) => {
                     self.counts
                         .written

@@ -1,8 +1,9 @@
 //! The commit point: every member write of the engine goes out through [`Array::commit_writes`].
 //!
-//! Reconstruct-write, read-modify-write, degraded writes, mirror writes, rebuild and repair all
-//! build their member operations and hand them here, with a [`WriteSet`] saying what they are
-//! for. In order:
+//! Reconstruct-write, read-modify-write, degraded writes, mirror writes, rebuild, repair and
+//! the journal's replay at assembly all build their member operations and hand them here, with
+//! a [`WriteSet`] saying what they are for (the executor refuses a member write outside). In
+//! order:
 //! 1. unless the writes only fill a rebuilding member, the superblocks say "active" (durably)
 //!    before the first member write of the run (DESIGN.md's first ordering rule);
 //! 2. the used-region map marks the regions written as used (durably), then the consistency
@@ -35,6 +36,9 @@ pub(crate) enum WriteKind {
     Repair,
     /// Discarding whole unused regions on every member (a trim).
     Release,
+    /// Journal recovery writing the logged stripes home at assembly (the journal does not log
+    /// them again: they are in its log until the tail moves past them).
+    Replay,
 }
 
 /// A group of member writes handed to the commit point, and the range it covers: per-member
@@ -75,6 +79,14 @@ impl WriteSet {
     pub fn release(offset_bytes: u64, len_bytes: u64) -> WriteSet {
         WriteSet {
             kind: WriteKind::Release,
+            offset_bytes,
+            len_bytes,
+        }
+    }
+
+    pub fn replay(offset_bytes: u64, len_bytes: u64) -> WriteSet {
+        WriteSet {
+            kind: WriteKind::Replay,
             offset_bytes,
             len_bytes,
         }

@@ -147,9 +147,7 @@ impl<'a> MemberIo<'a> {
         match res {
             Ok(()) if !matches!(self.kind, IoKind::Read(_)) => {
                 let len = self.len() as u64;
-                member
-                    .health
-                    .clear(member.dev.as_ref(), self.offset_bytes, len);
+                member.health.clear(member, self.offset_bytes, len);
                 self.outcome = IoOutcome::Ok;
                 None
             }

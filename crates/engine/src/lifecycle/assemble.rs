@@ -37,7 +37,7 @@ use crate::error::{EngineError, Result};
 use crate::members::{read_superblock, MemberSb, Meta};
 use crate::members::{Member, Slot};
 use crate::policy::bitmap::WriteIntentBitmap;
-use crate::policy::journal::Journal;
+use crate::policy::journal::{Journal, PendingReplay};
 use crate::policy::used::UsedRegions;
 use device::Device;
 use format::{DevRole, Superblock, MAX_SECTOR};
@@ -605,9 +605,7 @@ fn build(
     let journal = open_journal(&mut opts, &best, disks, p.journal, &mut meta, &name)?;
     let table_changed = table_changed || journal.table_changed;
     let resync_from = journal.resync_from.or(resync_from);
-    if table_changed && !opts.config.read_only {
-        commit_at_assembly(&mut meta, &name, opts.config.coordinator.as_deref())?;
-    }
+    let commit_table = table_changed && !opts.config.read_only;
     // The guided flag needs the bitmap it falls back to; without a readable map the array
     // runs as a bitmap array (always safe).
     let flag = |f: u32| used.as_ref().is_some_and(|u| u.has_flag(f));
@@ -634,6 +632,19 @@ fn build(
         integrity,
         read_only_reason: journal.read_only_reason,
     })?;
+    if let Some(replay) = journal.replay {
+        replay.write_home(&array)?;
+    }
+    log_recovered(&array);
+    if journal.forget || commit_table {
+        let mut meta = array.members.meta.lock();
+        if journal.forget {
+            forget_journal(&mut meta);
+        }
+        if commit_table {
+            commit_at_assembly(&array, &mut meta)?;
+        }
+    }
     if !array.is_read_only() {
         // A log that was replayed but could not be written again: what it held goes out to
         // the members (data without parity from memory) before it is recorded faulty and
@@ -743,6 +754,10 @@ struct JournalSetup {
     /// A resync the journal decision requires (the old log is lost).
     resync_from: Option<u64>,
     read_only_reason: Option<String>,
+    /// What the recovered log writes home once the array is built (through its commit point).
+    replay: Option<PendingReplay>,
+    /// The journal is dropped: the role table and feature bits forget it once its log is home.
+    forget: bool,
 }
 
 /// What assembly does about the journal, decided from the options, the superblocks and the
@@ -855,33 +870,39 @@ fn open_journal(
             (dev, sb, setup)
         }
     };
-    let mut sb = sb;
     let member = new_member(dev, &sb);
-    let sb_devflags = sb.devflags;
-    let journal = crate::policy::journal::recover(
+    let (journal, replay) = crate::policy::journal::recover(
         member.clone(),
-        &mut sb,
+        &sb,
         disks.geometry,
         disks.slots,
         read_only,
         disks.integrity,
         meta.clock.as_ref(),
     )?;
-    let r = journal.status().replayed;
-    tracing::info!(array = %name, journal = %member.name(), units = r.units, torn = r.torn_units, pages = r.pages, data_only = r.data_only_pages, ms = r.millis, "journal recovered");
+    setup.write_back = sb.devflags & format::DEVFLAG_JOURNAL_WRITE_BACK != 0;
+    // Its superblock keeps the old tail until the replay is home (`PendingReplay::write_home`).
     meta.members.push(MemberSb {
         member,
         sb,
         writable: true,
     });
-    setup.write_back = sb_devflags & format::DEVFLAG_JOURNAL_WRITE_BACK != 0;
     setup.journal = Some(Arc::new(journal));
+    setup.replay = replay;
     Ok(setup)
 }
 
+/// What journal recovery found and did (once its replay is home).
+fn log_recovered(array: &Array) {
+    if let Some(j) = array.status().journal {
+        let r = j.replayed;
+        tracing::info!(array = %array.name(), journal = %j.device, units = r.units, torn = r.torn_units, pages = r.pages, data_only = r.data_only_pages, ms = r.millis, "journal recovered");
+    }
+}
+
 /// Run without the journal: a log still found is recovered first (refused if it holds
-/// write-back data without parity), then the role table and feature bits forget it and a full
-/// resync is owed.
+/// write-back data without parity; its replay goes home once the array is built), then the role
+/// table and feature bits forget it ([`forget_journal`]) and a full resync is owed.
 fn drop_journal(
     disks: Disks<'_>,
     found: Option<Found>,
@@ -889,18 +910,18 @@ fn drop_journal(
     name: &str,
     read_only: bool,
 ) -> Result<JournalSetup> {
+    let mut replay = None;
     if let Some((dev, sb)) = found {
-        let mut sb = sb;
-        let j = crate::policy::journal::recover(
+        let (_, pending) = crate::policy::journal::recover(
             new_member(dev, &sb),
-            &mut sb,
+            &sb,
             disks.geometry,
             disks.slots,
             read_only,
             disks.integrity,
             meta.clock.as_ref(),
         )?;
-        if j.cache_bytes() > 0 {
+        if pending.as_ref().is_some_and(PendingReplay::holds_data_only) {
             return Err(EngineError::Assemble {
                 member: format!("array '{name}'"),
                 reason: "its journal holds write-back data that has no parity yet; run the array \
@@ -909,7 +930,22 @@ fn drop_journal(
                     .into(),
             });
         }
+        replay = pending;
     }
+    meta.resync_offset = 0;
+    tracing::warn!(array = %name, "journal dropped: the array runs with the resync policy; a full resync makes parity agree with data again");
+    Ok(JournalSetup {
+        table_changed: true,
+        resync_from: Some(0),
+        replay,
+        forget: true,
+        ..JournalSetup::default()
+    })
+}
+
+/// The role table and feature bits forget a dropped journal. Only after its replay is home:
+/// a cut before this commits leaves the log named, so the next start replays it again.
+fn forget_journal(meta: &mut Meta) {
     for raw in meta
         .roles
         .iter_mut()
@@ -920,13 +956,6 @@ fn drop_journal(
     for m in &mut meta.members {
         m.sb.feature_map &= !format::feature::JOURNAL;
     }
-    meta.resync_offset = 0;
-    tracing::warn!(array = %name, "journal dropped: the array runs with the resync policy; a full resync makes parity agree with data again");
-    Ok(JournalSetup {
-        table_changed: true,
-        resync_from: Some(0),
-        ..JournalSetup::default()
-    })
 }
 
 /// Make `dev` the lost journal's successor: an empty log and its superblock; a full resync is
@@ -1148,19 +1177,12 @@ fn load_bitmap(
     ))))
 }
 
-/// Make the running role table durable on every present member before any write can happen.
-/// Bracketed by the cluster's metadata update like every later commit (`MemberSet::commit`).
-fn commit_at_assembly(
-    meta: &mut Meta,
-    name: &str,
-    coordinator: Option<&dyn crate::cluster::Coordinator>,
-) -> Result<()> {
-    let local = crate::cluster::Local;
-    let coordinator = coordinator.unwrap_or(&local);
-    coordinator.metadata_update_start();
-    let failed = meta.commit();
-    coordinator.metadata_update_finish(meta.events);
-    if let Some((member, err)) = failed.into_iter().next() {
+/// Make the running role table durable on every present member before the array serves
+/// (after a journal's replay: a dropped log is forgotten only once it is home), through the
+/// member set like every later commit; a member that cannot record it stops the start.
+fn commit_at_assembly(array: &Array, meta: &mut Meta) -> Result<()> {
+    let name = array.name();
+    if let Some((member, err)) = array.members.commit_held(meta).into_first() {
         return Err(EngineError::Assemble {
             member: member.name().into(),
             reason: format!(

@@ -28,6 +28,8 @@
 //! Locking: a member's list and its log page change under the member's own mutex, so log
 //! writes never interleave; the array's metadata lock is taken after it, never before.
 
+use crate::members::metadata::{self, Metadata};
+use crate::members::Member;
 use device::{AlignedBuf, Device};
 use format::BadRange;
 use parking_lot::Mutex;
@@ -166,7 +168,7 @@ impl Health {
 
     /// Record `off..off + len` (widened to whole pages) bad and write the log durably.
     /// `Ok(false)`: already recorded. Errors: no log, log full, or its write failed.
-    pub(crate) fn record(&self, dev: &dyn Device, off: u64, len: u64) -> std::io::Result<bool> {
+    pub(crate) fn record(&self, member: &Member, off: u64, len: u64) -> std::io::Result<bool> {
         let log = self
             .log
             .ok_or_else(|| std::io::Error::other("no bad-block log"))?;
@@ -180,7 +182,7 @@ impl Health {
         }
         let mut next = bad.clone();
         add_range(&mut next, a, b);
-        write_log(dev, &log, &next, true)?;
+        write_log(member, &log, &next, true)?;
         *bad = next;
         self.has_bad.store(true, Ordering::Release);
         Ok(true)
@@ -189,7 +191,7 @@ impl Health {
     /// A write of data-area bytes `off..off + len` succeeded: what it covered is good again.
     /// The log is rewritten (durable with the next flush); a failure to write it leaves the
     /// range recorded on disk, which errs on the side of EIO, never of old data.
-    pub(crate) fn clear(&self, dev: &dyn Device, off: u64, len: u64) {
+    pub(crate) fn clear(&self, member: &Member, off: u64, len: u64) {
         if !self.overlaps(off, len) {
             return;
         }
@@ -210,8 +212,8 @@ impl Health {
             }
         }
         // Sub-page leftovers are kept whole-sector; the log counts sectors.
-        if let Err(e) = write_log(dev, &log, &next, false) {
-            tracing::warn!(member = %dev.name(), "bad-block log not rewritten after a clearing write: {e}");
+        if let Err(e) = write_log(member, &log, &next, false) {
+            tracing::warn!(member = %member.name(), "bad-block log not rewritten after a clearing write: {e}");
         }
         *bad = next;
         self.has_bad.store(!bad.is_empty(), Ordering::Release);
@@ -235,7 +237,7 @@ fn add_range(list: &mut Vec<(u64, u64)>, a: u64, b: u64) {
 }
 
 fn write_log(
-    dev: &dyn Device,
+    member: &Member,
     log: &BbLog,
     ranges: &[(u64, u64)],
     fua: bool,
@@ -256,5 +258,11 @@ fn write_log(
         .collect();
     let bytes = format::encode_bad_blocks(&abs, log.shift, log.len_bytes)
         .ok_or_else(|| std::io::Error::other("bad-block log full"))?;
-    dev.write_at(&AlignedBuf::copy_from(&bytes), log.at_bytes, fua)
+    let at = log.at_bytes;
+    metadata::write(
+        member,
+        Metadata::BadBlockLog { at },
+        &AlignedBuf::copy_from(&bytes),
+        fua,
+    )
 }

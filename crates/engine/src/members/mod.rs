@@ -14,6 +14,7 @@
 //!   lock) before they are acknowledged ([`MemberSet::wait_failures_durable`]).
 
 pub(crate) mod badblocks;
+pub(crate) mod metadata;
 pub(crate) mod paged;
 
 mod member;
@@ -21,7 +22,7 @@ mod superblocks;
 
 pub use member::{Member, Slot, FULLY_IN_SYNC};
 pub use superblocks::read_superblock;
-pub(crate) use superblocks::{write_superblock, EventRecorder, MemberSb, Meta};
+pub(crate) use superblocks::{superblock_block, write_superblock, EventRecorder, MemberSb, Meta};
 
 use crate::cluster::Coordinator;
 use crate::error::EngineError;
@@ -38,6 +39,13 @@ use std::sync::Arc;
 /// ([`MemberSet::fail_after_sb_error`]).
 #[must_use = "members whose superblock write failed must be failed"]
 pub(crate) struct SbFailures(Vec<(Arc<Member>, std::io::Error)>);
+
+impl SbFailures {
+    /// The first member that failed, for a caller that refuses to go on instead (assembly).
+    pub fn into_first(self) -> Option<(Arc<Member>, std::io::Error)> {
+        self.0.into_iter().next()
+    }
+}
 
 /// What the layers above do once a member has failed: count the rows the loss exposes (a crash
 /// may have torn them) and wake background work (a spare may take the role).
@@ -385,7 +393,7 @@ impl MemberSet {
         len: u64,
         why: &str,
     ) {
-        match member.health.record(member.dev.as_ref(), off, len) {
+        match member.health.record(member, off, len) {
             Ok(false) => {}
             Ok(true) => {
                 tracing::error!(array = %self.name, member = %member.name(), role, offset = off,

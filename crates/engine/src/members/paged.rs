@@ -10,6 +10,7 @@
 //! Lock order: the writer lock, then the image lock. Nothing holding either takes the array's
 //! metadata lock; failed member writes are returned for the caller to act on afterwards.
 
+use crate::members::metadata::{self, Metadata};
 use crate::members::{Member, MemberSet};
 use device::AlignedBuf;
 use parking_lot::{Mutex, MutexGuard};
@@ -172,8 +173,8 @@ impl PagedCopy {
                 &pages
             };
             let res = these.iter().try_for_each(|(p, buf)| {
-                m.dev
-                    .write_at(buf, self.base + (p * PAGE_BYTES) as u64, true)
+                let at = self.base + (p * PAGE_BYTES) as u64;
+                metadata::write(m, Metadata::Replicated { at }, buf, true)
             });
             match res {
                 Ok(()) if is_fresh => completed.push(Arc::downgrade(m)),

@@ -14,6 +14,7 @@
 //! Events only go up here (md may step back by one on clean transitions; we never do, which is
 //! allowed: md accepts any member whose count is within one of the freshest).
 
+use crate::members::metadata::{self, Metadata};
 use crate::members::Member;
 use device::AlignedBuf;
 use format::{Superblock, SB_BYTES, SB_OFFSET_SECTORS};
@@ -189,11 +190,15 @@ fn write_member(
         .and_then(|()| write_superblock(&m.member, &m.sb))
 }
 
-/// Write one member's superblock durably (FUA).
+/// Write one member's superblock durably (FUA): in a commit, and before a member set exists
+/// (create, assembly). Other writers go through [`crate::members::MemberSet::write_metadata`].
 pub(crate) fn write_superblock(member: &Member, sb: &Superblock) -> io::Result<()> {
-    let block = sb.encode();
-    let buf = AlignedBuf::copy_from(&block[..SB_BYTES]);
-    member.dev.write_at(&buf, SB_OFFSET_BYTES, true)
+    metadata::write(member, Metadata::Superblock, &superblock_block(sb), true)
+}
+
+/// What a member's superblock write puts on the device.
+pub(crate) fn superblock_block(sb: &Superblock) -> AlignedBuf {
+    AlignedBuf::copy_from(&sb.encode()[..SB_BYTES])
 }
 
 /// Read and decode a member's superblock; errors name the reason, the caller adds the member.

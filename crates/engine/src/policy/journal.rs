@@ -17,9 +17,10 @@
 //! Reclaim moves the tail (`journal_tail`, in the log device's superblock) past units that are
 //! home, only after a flush of every member has made them durable there; the tail always points
 //! at a real meta block (the oldest unit not home, or the newest unit when all are home), as
-//! md's does. Recovery at assembly replays the consistent chain from the tail, writes every
-//! logged stripe home, and starts a new chain with the sequence number advanced by 10000, so
-//! blocks of the old chain beyond its end can never continue the new one.
+//! md's does. Recovery at assembly reads the consistent chain from the tail; the array, once
+//! built, writes every logged stripe home through its commit point, and then a new chain starts
+//! with the sequence number advanced by 10000, so blocks of the old chain beyond its end can
+//! never continue the new one.
 //!
 //! A client's acknowledged write is in the log durably, so a client flush needs no member
 //! flush, and FUA needs none either. If the log device fails, new writes are refused (the array
@@ -33,7 +34,10 @@
 use crate::array::Array;
 use crate::clock::Clock;
 use crate::error::{EngineError, Result};
-use crate::members::write_superblock;
+use crate::io::commit::WriteSet;
+use crate::io::{IoKind, MemberIo};
+use crate::members::metadata::Metadata;
+use crate::members::superblock_block;
 use crate::members::{Member, Slot};
 use device::{AlignedBuf, Device};
 use format::{journal_seed, MetaBlock, Payload, Superblock, JOURNAL_BLOCK, PAGE_SECTORS};
@@ -127,6 +131,24 @@ struct LogState {
 }
 
 impl LogState {
+    /// The state a recovered log starts in: the new `chain` (see [`NewChain::into_units`]),
+    /// every unit of it durable.
+    fn of_chain(chain: NewChain, log: u64, failed: Option<String>, flush_reserve: u64) -> Self {
+        let (units, head) = chain.into_units(log);
+        let next = units.back().expect("a unit").seq + 1;
+        LogState {
+            units,
+            head,
+            next_seq: next,
+            durable_seq: next,
+            flushing: false,
+            failed,
+            settled: false,
+            tickets: 0,
+            flush_reserve,
+        }
+    }
+
     fn tail(&self) -> u64 {
         self.units.front().map_or(self.head, |u| u.start)
     }
@@ -200,7 +222,8 @@ pub(crate) struct Journal {
     logged_bytes: AtomicU64,
     flushes: AtomicU64,
     reclaims: AtomicU64,
-    replayed: Replayed,
+    /// Set when recovery's replay has gone home ([`PendingReplay::write_home`]).
+    replayed: Mutex<Replayed>,
     write_back: std::sync::atomic::AtomicBool,
     cache: Mutex<WbCache>,
     /// Rows in the cache or being written out of it (read lock-free by the read path).
@@ -817,7 +840,10 @@ impl Journal {
         };
         m.sb.recovery_offset = tail;
         // The superblock write is FUA; the units it lets go are durable on the members already.
-        write_superblock(&m.member, &m.sb)
+        let block = superblock_block(&m.sb);
+        array
+            .members
+            .write_metadata(&m.member, Metadata::Superblock, &block, true)
     }
 
     /// The log device failed: no new writes from now on. Nothing is recorded yet: until
@@ -865,26 +891,27 @@ impl Journal {
                 (Some(_), false) => "failing",
                 (Some(_), true) => "failed",
             },
-            replayed: self.replayed.clone(),
+            replayed: self.replayed.lock().clone(),
         }
     }
 }
 
-/// Recovery at assembly (reference §6.5): replay the consistent chain from `journal_tail`,
-/// write every logged stripe home, start a new chain. `sb` is the log device's superblock
-/// (its `recovery_offset` is `journal_tail`; updated here). With `read_only`, nothing is
-/// written: the chain is measured, and the start is refused if the members lack any of it.
-/// A log that is read and replayed but cannot be written comes back failed (see
-/// `Array::settle_journal`).
+/// Recovery at assembly (reference §6.5), first half: read the consistent chain from
+/// `journal_tail` and plan what it writes home. Nothing is written here: the array, once built,
+/// writes the chain home through its commit point and then starts the new chain
+/// ([`PendingReplay::write_home`]); until then the journal holds an empty chain after the old
+/// one, and the tail stays where `sb` (the log device's superblock) says. With `read_only`,
+/// there is nothing to write home: the chain is measured, and the start is refused if the
+/// members lack any of it.
 pub(crate) fn recover(
     member: Arc<Member>,
-    sb: &mut Superblock,
+    sb: &Superblock,
     geometry: &Geometry,
     slots: &[Slot],
     read_only: bool,
     integrity: Option<&crate::integrity::Integrity>,
     clock: &dyn Clock,
-) -> Result<Journal> {
+) -> Result<(Journal, Option<PendingReplay>)> {
     let started = clock.now();
     let seed = journal_seed(&sb.set_uuid);
     let log = log_sectors(sb);
@@ -906,52 +933,33 @@ pub(crate) fn recover(
         ..Replayed::default()
     };
     let (next_start, next_seq) = next_chain_start(&scan, log, &member, clock);
-    let mut chain = NewChain {
-        units: VecDeque::new(),
-        head: next_start,
-        next_seq,
-        next_start,
-    };
-    let (mut cache, mut flush_reserve) = (WbCache::default(), 0);
-    let mut failed = None;
-    if read_only {
+    let plan = plan_replay(&scan, geometry);
+    let pending = if read_only {
         // Nothing may be written, and nothing older than the log holds may be served: a start
         // that would need the replay is refused (md replays before it serves).
-        refuse_read_only_replay(&scan, geometry, slots, integrity).map_err(fail)?;
+        refuse_read_only_replay(&plan, geometry, slots, integrity).map_err(fail)?;
+        None
     } else {
-        let (pages, data_only) =
-            replay(&scan, geometry, slots, integrity).map_err(|e| fail(e.to_string()))?;
-        replayed.pages = pages;
-        replayed.data_only_pages = data_only.len() as u64;
-        let mut rows = cached_rows_of(geometry, data_only, clock.now());
-        if let Err(why) = chain.start(&member, log, seed, geometry, &mut rows, sb) {
-            // What the log held is on the members (and its data without parity in memory):
-            // the log is failed, and the array writes that data out and records the log
-            // faulty before it serves anything (see `Array::settle_journal`).
-            tracing::error!(journal = %member.name(), "the log was replayed but cannot be written: {why}");
-            failed = Some(format!(
-                "journal {} failed at assembly: {why}",
-                member.name()
-            ));
-        }
-        (cache, flush_reserve) = write_back_cache(rows, geometry);
-    }
-    let (units, head) = chain.into_units(log);
-    replayed.millis = clock.now().saturating_sub(started).as_millis() as u64;
-    let next = units.back().expect("a unit").seq + 1;
-    let st = LogState {
-        units,
-        head,
-        next_seq: next,
-        durable_seq: next,
-        flushing: false,
-        failed,
-        settled: false,
-        tickets: 0,
-        flush_reserve,
+        replayed.pages = plan.pages;
+        replayed.data_only_pages = plan.data_only.len() as u64;
+        Some(PendingReplay {
+            member: member.clone(),
+            sb: sb.clone(),
+            log,
+            seed,
+            runs: plan
+                .runs
+                .into_iter()
+                .map(|(role, at, bytes)| (role, at, AlignedBuf::copy_from(&bytes)))
+                .collect(),
+            data_only: plan.data_only,
+            chain: NewChain::after(next_start, next_seq),
+            started,
+        })
     };
-    let cached_rows = cache.rows.len();
-    Ok(Journal {
+    replayed.millis = clock.now().saturating_sub(started).as_millis() as u64;
+    let st = LogState::of_chain(NewChain::after(next_start, next_seq), log, None, 0);
+    let journal = Journal {
         member,
         log,
         seed,
@@ -962,11 +970,125 @@ pub(crate) fn recover(
         logged_bytes: AtomicU64::new(0),
         flushes: AtomicU64::new(0),
         reclaims: AtomicU64::new(0),
-        replayed,
+        replayed: Mutex::new(replayed),
         write_back: std::sync::atomic::AtomicBool::new(false),
-        cache: Mutex::new(cache),
-        cached_rows: std::sync::atomic::AtomicUsize::new(cached_rows),
-    })
+        cache: Mutex::new(WbCache::default()),
+        cached_rows: std::sync::atomic::AtomicUsize::new(0),
+    };
+    Ok((journal, pending))
+}
+
+/// Recovery's second half: what the chain writes home, and the new chain that starts once
+/// that is durable.
+pub(crate) struct PendingReplay {
+    member: Arc<Member>,
+    /// The log device's superblock as assembly found it.
+    sb: Superblock,
+    log: u64,
+    seed: u32,
+    /// Runs of consecutive pages per member: role, per-member byte offset, bytes.
+    runs: Vec<(usize, u64, AlignedBuf)>,
+    data_only: DataOnly,
+    chain: NewChain,
+    /// When recovery began, on the array's clock.
+    started: Duration,
+}
+
+impl PendingReplay {
+    /// Did the log hold data without parity (write-back)? Only a journal can keep it.
+    pub fn holds_data_only(&self) -> bool {
+        !self.data_only.is_empty()
+    }
+
+    /// Write the chain home through `array`'s commit point, before it serves anything: the
+    /// pages go out as one `Replay` write set (which the journal does not log again; member
+    /// failures take the usual path), then the members are flushed with the integrity records
+    /// of what was written. Only then does the new chain start (the data without parity logged
+    /// again, kept in the journal's cache) and the tail move to it. A log that is the array's
+    /// journal no more (dropped) only gets its new chain and tail. A log that cannot be
+    /// written comes back failed (see `Array::settle_journal`).
+    pub fn write_home(self, array: &Array) -> Result<()> {
+        let PendingReplay {
+            member,
+            mut sb,
+            log,
+            seed,
+            runs,
+            data_only,
+            mut chain,
+            started,
+        } = self;
+        write_runs_home(array, &runs).map_err(|e| EngineError::Assemble {
+            member: member.name().into(),
+            reason: e.to_string(),
+        })?;
+        drop(runs);
+        let clock = array.sync.clock.as_ref();
+        let journal = array
+            .policy
+            .journal()
+            .filter(|j| Arc::ptr_eq(j.member(), &member));
+        let mut rows = cached_rows_of(&array.geometry, data_only, clock.now());
+        let started_chain = chain
+            .start(&member, log, seed, &array.geometry, &mut rows)
+            .and_then(|()| {
+                let tail = chain.next_start;
+                match journal {
+                    Some(j) => j.record_tail(array, tail),
+                    None => {
+                        sb.recovery_offset = tail;
+                        let block = superblock_block(&sb);
+                        array
+                            .members
+                            .write_metadata(&member, Metadata::Superblock, &block, true)
+                    }
+                }
+                .map_err(|e| format!("cannot record the journal tail: {e}"))
+            });
+        let failed = started_chain.err().map(|why| {
+            // What the log held is on the members (and its data without parity in memory):
+            // the log is failed, and the array writes that data out and records the log
+            // faulty before it serves anything (see `Array::settle_journal`).
+            tracing::error!(journal = %member.name(), "the log was replayed but cannot be written: {why}");
+            format!("journal {} failed at assembly: {why}", member.name())
+        });
+        let Some(j) = journal else { return Ok(()) };
+        let (cache, flush_reserve) = write_back_cache(rows, &array.geometry);
+        j.cached_rows.store(cache.rows.len(), Ordering::Release);
+        *j.cache.lock() = cache;
+        *j.st.lock() = LogState::of_chain(chain, log, failed, flush_reserve);
+        j.replayed.lock().millis = clock.now().saturating_sub(started).as_millis() as u64;
+        Ok(())
+    }
+}
+
+/// The member writes of a replay, as one write set through the commit point; durable on the
+/// members, with the integrity records they set, on return. Every page is planned against the
+/// member filling its role, rebuilding or not (a missing member's records are set all the
+/// same: the rebuild gives it these bytes).
+fn write_runs_home(array: &Array, runs: &[(usize, u64, AlignedBuf)]) -> Result<()> {
+    let (Some(first), Some(end)) = (
+        runs.iter().map(|r| r.1).min(),
+        runs.iter().map(|r| r.1 + r.2.len() as u64).max(),
+    ) else {
+        return Ok(());
+    };
+    let mut ios: Vec<MemberIo<'_>> = runs
+        .iter()
+        .map(|(role, at, bytes)| {
+            let member = array.members.slot(*role).usable();
+            MemberIo::planned(*role, member, *at, IoKind::Write(bytes, false))
+        })
+        .collect();
+    array.commit_writes(&WriteSet::replay(first, end - first), &mut ios)?;
+    drop(ios);
+    // The tail leaves the log only once what it wrote home, and the records of it, are
+    // durable on every member written (a member that cannot flush is failed instead).
+    array.flush_members();
+    if array.is_failed() {
+        return Err(array.unrecoverable(first, end - first, "too many members failed"));
+    }
+    Ok(())
 }
 
 /// Where the new chain starts and its first sequence number: after the last unit found, or
@@ -987,13 +1109,12 @@ fn next_chain_start(scan: &Scan, log: u64, member: &Member, clock: &dyn Clock) -
 /// A read-only start may write nothing, and may serve nothing older than the log holds: it is
 /// refused when the members lack pages the replay would write (md replays before it serves).
 fn refuse_read_only_replay(
-    scan: &Scan,
+    plan: &ReplayPlan,
     geometry: &Geometry,
     slots: &[Slot],
     integrity: Option<&crate::integrity::Integrity>,
 ) -> std::result::Result<(), String> {
-    let plan = plan_replay(scan, geometry);
-    let lacking = lacking_pages(&plan, geometry, slots, integrity).map_err(|e| e.to_string())?;
+    let lacking = lacking_pages(plan, geometry, slots, integrity).map_err(|e| e.to_string())?;
     if lacking > 0 {
         return Err(format!(
             "its journal holds {lacking} pages of acknowledged writes that the members do \
@@ -1052,6 +1173,16 @@ struct NewChain {
 }
 
 impl NewChain {
+    /// The chain that follows the old one: it starts at `next_start` with `next_seq`.
+    fn after(next_start: u64, next_seq: u64) -> NewChain {
+        NewChain {
+            units: VecDeque::new(),
+            head: next_start,
+            next_seq,
+            next_start,
+        }
+    }
+
     /// The new chain's units and head. A chain `start` did not write (read-only, or a failed
     /// log) still begins with its empty meta block.
     fn into_units(self, log: u64) -> (VecDeque<Unit>, u64) {
@@ -1078,8 +1209,8 @@ impl NewChain {
 impl NewChain {
     /// Start the new chain with the data that had no parity yet (write-back), logged again as
     /// it was and kept in the cache (md re-logs it the same way): only once that is durable
-    /// may the tail leave the old chain. The write-back reserve kept room for it. Then the
-    /// tail moves to the new chain's start.
+    /// may the tail leave the old chain (the caller moves it to `next_start`). The write-back
+    /// reserve kept room for it.
     fn start(
         &mut self,
         member: &Member,
@@ -1087,7 +1218,6 @@ impl NewChain {
         seed: u32,
         geometry: &Geometry,
         rows: &mut BTreeMap<u64, CachedRow>,
-        sb: &mut Superblock,
     ) -> std::result::Result<(), String> {
         let mut seq = self.next_seq;
         for (&row, r) in rows.iter_mut() {
@@ -1126,9 +1256,7 @@ impl NewChain {
         member
             .dev
             .flush()
-            .map_err(|e| format!("cannot start the new log: {e}"))?;
-        sb.recovery_offset = self.next_start;
-        write_superblock(member, sb).map_err(|e| format!("cannot record the journal tail: {e}"))
+            .map_err(|e| format!("cannot start the new log: {e}"))
     }
 }
 
@@ -1314,54 +1442,6 @@ struct ReplayPlan {
     runs: Vec<(usize, u64, Vec<u8>)>,
     pages: u64,
     data_only: DataOnly,
-}
-
-/// Write the logged stripes home in log order; returns the pages written and the data pages
-/// that had no parity (array byte offset, page).
-/// Pages written home also set their integrity records (a missing member's included: the
-/// rebuild gives it these bytes).
-fn replay(
-    scan: &Scan,
-    geometry: &Geometry,
-    slots: &[Slot],
-    integrity: Option<&crate::integrity::Integrity>,
-) -> std::io::Result<(u64, DataOnly)> {
-    let ReplayPlan {
-        runs,
-        pages,
-        data_only,
-    } = plan_replay(scan, geometry);
-    let mut touched = vec![false; slots.len()];
-    for (role, offset, bytes) in runs {
-        if let Some(i) = integrity {
-            i.set_block(role, offset, &bytes);
-        }
-        if let Some(m) = slots[role].usable() {
-            m.dev.write_at(
-                &AlignedBuf::copy_from(&bytes),
-                m.data_offset_bytes + offset,
-                false,
-            )?;
-            touched[role] = true;
-        }
-    }
-    if let Some(i) = integrity {
-        // The records of what was written home are durable before the tail leaves the log
-        // that holds it.
-        if let Some((_, m, e)) = i.write_tables().into_iter().next() {
-            return Err(std::io::Error::other(format!(
-                "{}: integrity table write failed: {e}",
-                m.name()
-            )));
-        }
-        touched.iter_mut().for_each(|t| *t = true);
-    }
-    for (role, _) in touched.iter().enumerate().filter(|(_, t)| **t) {
-        if let Some(m) = slots[role].usable() {
-            m.dev.flush()?;
-        }
-    }
-    Ok((pages, data_only))
 }
 
 /// Pages a replay of the chain would write that the members do not hold (a read-only start

@@ -294,7 +294,8 @@ impl ConsistencyPolicy for JournalPolicy {
     ) -> Result<Ticket> {
         if set.kind != WriteKind::Stripe {
             // Rebuild and repair writes reproduce what redundancy already says; a crash
-            // leaves them to the rebuild checkpoint or a later check.
+            // leaves them to the rebuild checkpoint or a later check. A replay's pages are in
+            // the log already (the tail moves past them only once they are durable at home).
             return Ok(None);
         }
         let image = image.expect("stripe writes come with their image");

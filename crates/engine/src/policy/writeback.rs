@@ -299,7 +299,10 @@ impl Array {
                 let old = m.sb.devflags;
                 m.sb.devflags = if write_back { old | flag } else { old & !flag };
                 if m.sb.devflags != old {
-                    if let Err(e) = crate::members::write_superblock(&m.member, &m.sb) {
+                    let block = crate::members::superblock_block(&m.sb);
+                    let sb = crate::members::metadata::Metadata::Superblock;
+                    let wrote = self.members.write_metadata(&m.member, sb, &block, true);
+                    if let Err(e) = wrote {
                         drop(meta);
                         j.fail(self, &format!("cannot record the journal mode: {e}"));
                     }
