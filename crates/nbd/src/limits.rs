@@ -21,9 +21,11 @@ pub struct Limits {
     /// take milliseconds).
     pub handshake_timeout: Duration,
     /// Connections still in the handshake (default 16). When a new one comes
-    /// and this many are waiting, or all `max_connections` are taken, the
-    /// oldest handshaking one is closed: connections that never send a byte
-    /// cannot lock real clients out.
+    /// and this many are in it, the oldest is closed if it has been there for
+    /// a second (a burst of real clients is let in past this), and when all
+    /// `max_connections` are taken the oldest handshaking one is closed
+    /// whatever its age: connections that never send a byte cannot lock real
+    /// clients out.
     pub max_handshakes: usize,
     /// Connections served at once; when they are all past the handshake,
     /// further ones are closed at accept (default 128).

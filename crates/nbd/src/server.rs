@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::io;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{watch, Notify};
@@ -34,11 +34,16 @@ pub struct Server {
     /// Connections past the handshake, by connection number: who is at the other end.
     clients: Mutex<BTreeMap<u64, String>>,
     next_conn: AtomicU64,
-    /// Connections in the handshake, oldest first, each with the bell that closes it.
-    handshaking: Mutex<VecDeque<(u64, Arc<Notify>)>>,
+    /// Connections in the handshake, oldest first: number, when it came, the bell that closes it.
+    handshaking: Mutex<VecDeque<(u64, Instant, Arc<Notify>)>>,
     /// STARTTLS on TCP listeners.
     tls: Option<Arc<TlsConfig>>,
 }
+
+/// How long a connection may sit in its handshake before a newcomer may close it to make room
+/// under [`Limits::max_handshakes`] (a local client takes milliseconds; a TLS handshake over a
+/// slow link well under this).
+const HANDSHAKE_GRACE: Duration = Duration::from_secs(1);
 
 /// Takes a connection out of [`Server::handshaking`] when its handshake ends.
 struct HandshakeGuard<'a>(&'a Server, u64);
@@ -46,7 +51,7 @@ struct HandshakeGuard<'a>(&'a Server, u64);
 impl Drop for HandshakeGuard<'_> {
     fn drop(&mut self) {
         let mut hs = self.0.handshaking.lock().expect("handshaking lock");
-        hs.retain(|(id, _)| *id != self.1);
+        hs.retain(|(id, _, _)| *id != self.1);
     }
 }
 
@@ -222,23 +227,32 @@ impl Server {
         });
     }
 
-    /// Counts a new connection in, closing the oldest handshaking one if the
-    /// handshake limit (or the connection limit) is reached; `None`: refused,
-    /// every connection is past its handshake and the limit is reached.
+    /// Counts a new connection in; `None`: refused, every connection is past
+    /// its handshake and the connection limit is reached.
+    ///
+    /// Who makes room: at the connection limit, the oldest handshaking
+    /// connection is closed. At the handshake limit it is closed only once it
+    /// has been in the handshake for [`HANDSHAKE_GRACE`]: a burst of real
+    /// clients (a fio job with 64 connections, VMs booting together) all
+    /// finish theirs in milliseconds and are let in past the handshake limit,
+    /// while connections that stall in it still make room for new ones.
     fn admit(&self, id: u64) -> Option<Arc<Notify>> {
         let mut hs = self.handshaking.lock().expect("handshaking lock");
         let full = self.active.load(Ordering::SeqCst) >= self.limits.max_connections;
-        if full || hs.len() >= self.limits.max_handshakes {
+        let stalled = hs
+            .front()
+            .is_some_and(|(_, since, _)| since.elapsed() >= HANDSHAKE_GRACE);
+        if full || (hs.len() >= self.limits.max_handshakes && stalled) {
             match hs.pop_front() {
                 // It leaves `active` as soon as its task sees the bell: the count may
                 // pass the limit by the connections being closed that way.
-                Some((_, bell)) => bell.notify_one(),
+                Some((_, _, bell)) => bell.notify_one(),
                 None => return None,
             }
         }
         self.active.fetch_add(1, Ordering::SeqCst);
         let bell = Arc::new(Notify::new());
-        hs.push_back((id, bell.clone()));
+        hs.push_back((id, Instant::now(), bell.clone()));
         Some(bell)
     }
 

@@ -666,6 +666,35 @@ fn idle_connections_in_the_handshake_cannot_lock_clients_out() {
     drop(idle);
 }
 
+/// A burst of real clients larger than the handshake limit (a fio job with many connections,
+/// VMs booting together) all get in: none is closed to make room for another that came later.
+#[test]
+fn a_burst_of_clients_past_the_handshake_limit_all_get_in() {
+    let b = Arc::new(MemBackend::new(MIB));
+    let limits = Limits {
+        max_handshakes: 4,
+        ..Limits::default()
+    };
+    let t = TestServer::start(vec![common::export("d", b)], limits);
+    // Every one greeted (in the handshake) before any goes on.
+    let greeted: Vec<RawClient> = (0..32).map(|_| RawClient::greet(&t.sock)).collect();
+    let clients: Vec<std::thread::JoinHandle<()>> = greeted
+        .into_iter()
+        .enumerate()
+        .map(|(i, c)| {
+            std::thread::spawn(move || {
+                let mut c = c.go("d", false);
+                read_ok(&mut c, i as u64);
+                c_disc(c);
+            })
+        })
+        .collect();
+    for c in clients {
+        c.join()
+            .expect("a client of the burst was closed in its handshake");
+    }
+}
+
 fn c_disc(mut c: RawClient) {
     c.request(CMD_DISC, 0, 99, 0, 0);
     assert!(c.is_closed());

@@ -297,7 +297,12 @@ impl RawClient {
     /// Full handshake: optional structured replies, then GO(name) asking for
     /// block sizes.
     pub fn connect(sock: &Path, name: &str, structured: bool) -> RawClient {
-        let mut c = RawClient::greet(sock);
+        RawClient::greet(sock).go(name, structured)
+    }
+
+    /// The rest of [`RawClient::connect`] on a greeted connection.
+    pub fn go(self, name: &str, structured: bool) -> RawClient {
+        let mut c = self;
         if structured {
             c.send_option(OPT_STRUCTURED_REPLY, &[]);
             assert_eq!(c.option_reply().0, REP_ACK);
