@@ -31,13 +31,13 @@ pub struct Limits {
     /// further ones are closed at accept (default 128).
     pub max_connections: usize,
     /// READ/WRITE payload bytes in flight on all connections together
-    /// (default [`DEFAULT_MAX_INFLIGHT_BYTES`], 256 MiB): the server's memory
+    /// (default [`DEFAULT_MAX_INFLIGHT_BYTES`], 64 MiB): the server's memory
     /// budget for request buffers. A connection whose next request does not
     /// fit stops reading its socket until it does; requests wait their turn
     /// in arrival order, and one larger than the whole budget runs alone.
     pub max_inflight_bytes: usize,
     /// READ/WRITE payload bytes in flight per connection (default
-    /// [`DEFAULT_MAX_INFLIGHT_BYTES_PER_CONN`], 64 MiB), so that one
+    /// [`DEFAULT_MAX_INFLIGHT_BYTES_PER_CONN`], 32 MiB), so that one
     /// connection cannot take the whole server budget. Taken before the
     /// server budget; capped at `max_inflight_bytes`.
     pub max_inflight_bytes_per_conn: usize,
