@@ -53,6 +53,12 @@ pub struct Limits {
     /// 16). Requests in flight per connection are at most
     /// `min(max_inflight_per_conn, max_threads_per_conn)`.
     pub max_threads_per_conn: usize,
+    /// Request threads of all connections together (default 64): past it a
+    /// connection starts no more threads and its requests wait for the ones
+    /// it has (every connection keeps at least one). Threads and their stacks
+    /// and allocator caches are what a daemon's memory grows with per
+    /// connection; the members, not more threads, bound throughput.
+    pub max_threads: usize,
 }
 
 impl Default for Limits {
@@ -69,6 +75,7 @@ impl Default for Limits {
             shutdown_grace: Duration::from_secs(30),
             shutdown_backend_timeout: DEFAULT_SHUTDOWN_BACKEND_TIMEOUT,
             max_threads_per_conn: 16,
+            max_threads: 64,
         }
     }
 }

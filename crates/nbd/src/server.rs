@@ -302,6 +302,7 @@ impl Server {
                 .max_inflight_bytes_per_conn
                 .min(self.budget.total()),
             max_threads: self.limits.max_threads_per_conn,
+            max_server_threads: self.limits.max_threads,
             server_budget: self.budget.clone(),
             threads: self.threads.clone(),
         };

@@ -39,6 +39,20 @@ impl ThreadTracker {
         ThreadToken(self.clone())
     }
 
+    /// Counts one more thread if fewer than `max` are counted (atomically: threads of several
+    /// connections asking at once never pass `max` together).
+    pub(crate) fn try_enter(self: &std::sync::Arc<Self>, max: usize) -> Option<ThreadToken> {
+        let mut counted = false;
+        self.count.send_if_modified(|n| {
+            counted = *n < max;
+            if counted {
+                *n += 1;
+            }
+            counted
+        });
+        counted.then(|| ThreadToken(self.clone()))
+    }
+
     /// Threads currently counted.
     pub(crate) fn running(&self) -> usize {
         *self.count.borrow()

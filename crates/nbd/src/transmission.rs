@@ -87,6 +87,8 @@ pub(crate) struct ConnConfig {
     /// This connection's payload budget (at most the server's).
     pub max_inflight_bytes: usize,
     pub max_threads: usize,
+    /// Request threads of all connections together, at most.
+    pub max_server_threads: usize,
     /// The payload budget shared by every connection of the server.
     pub server_budget: Arc<Budget>,
     /// Counts this connection's threads for the server's shutdown.
@@ -119,6 +121,7 @@ struct Conn {
     /// Threads started (changed only under the read lock).
     threads: AtomicUsize,
     max_threads: usize,
+    max_server_threads: usize,
     /// Payload bytes of this connection (taken before `server_budget`).
     budget: Arc<Budget>,
     server_budget: Arc<Budget>,
@@ -185,6 +188,7 @@ pub(crate) async fn serve(
         idle: AtomicUsize::new(0),
         threads: AtomicUsize::new(1),
         max_threads: cfg.max_inflight.min(cfg.max_threads).max(1),
+        max_server_threads: cfg.max_server_threads,
         budget: Budget::new(cfg.max_inflight_bytes),
         server_budget: cfg.server_budget,
         tracker: cfg.threads,
@@ -193,7 +197,9 @@ pub(crate) async fn serve(
     // Every thread holds a sender; `recv` yields `None` once all are gone.
     let (alive, mut gone) = mpsc::channel::<()>(1);
     let _close = CloseOnDrop(conn.clone());
-    spawn_thread(conn.clone(), alive)?;
+    // The first thread of a connection is counted whatever the server's cap.
+    let token = conn.tracker.enter();
+    spawn_thread(conn.clone(), alive, token)?;
     tokio::select! {
         _ = gone.recv() => {}
         _ = stopped(&mut shutdown) => {
@@ -218,9 +224,8 @@ impl Drop for CloseOnDrop {
     }
 }
 
-fn spawn_thread(conn: Arc<Conn>, alive: mpsc::Sender<()>) -> io::Result<()> {
-    // Counted before it exists, so a shutdown never misses a thread.
-    let token = conn.tracker.enter();
+/// `token`: the thread counted before it exists, so a shutdown never misses it.
+fn spawn_thread(conn: Arc<Conn>, alive: mpsc::Sender<()>, token: ThreadToken) -> io::Result<()> {
     std::thread::Builder::new()
         .name("nbd-conn".into())
         .spawn(move || run_thread(conn, alive, token))
@@ -261,11 +266,13 @@ fn conn_thread(conn: &Arc<Conn>, alive: &mpsc::Sender<()>) {
                 conn.run_all(jobs);
                 continue;
             }
-            if conn.idle.load(Ordering::SeqCst) == 0
-                && conn.threads.load(Ordering::SeqCst) < conn.max_threads
-            {
+            let token = (conn.idle.load(Ordering::SeqCst) == 0
+                && conn.threads.load(Ordering::SeqCst) < conn.max_threads)
+                .then(|| conn.tracker.try_enter(conn.max_server_threads))
+                .flatten();
+            if let Some(token) = token {
                 conn.threads.fetch_add(1, Ordering::SeqCst);
-                if let Err(e) = spawn_thread(conn.clone(), alive.clone()) {
+                if let Err(e) = spawn_thread(conn.clone(), alive.clone(), token) {
                     conn.threads.fetch_sub(1, Ordering::SeqCst);
                     warn!("cannot start an NBD connection thread: {e}");
                 }

@@ -695,6 +695,50 @@ fn a_burst_of_clients_past_the_handshake_limit_all_get_in() {
     }
 }
 
+/// Request threads of all connections stay within `Limits::max_threads` (each connection keeps
+/// one), and every request is still answered.
+#[test]
+fn request_threads_of_all_connections_are_capped() {
+    let b = Arc::new(MemBackend {
+        delay: Duration::from_millis(20),
+        ..MemBackend::new(MIB)
+    });
+    let limits = Limits {
+        max_threads: 6,
+        ..Limits::default()
+    };
+    let t = TestServer::start(vec![common::export("d", b)], limits);
+    let mut clients: Vec<RawClient> = (0..4)
+        .map(|_| RawClient::connect(&t.sock, "d", false))
+        .collect();
+    // Every connection's own thread first (those are not capped), then the load.
+    wait_until(|| t.server.request_threads() == 4);
+    for c in &mut clients {
+        for h in 0..16 {
+            c.request(CMD_READ, 0, h, 0, 512);
+        }
+    }
+    let mut most = 0;
+    let watch = Instant::now();
+    while watch.elapsed() < Duration::from_millis(150) {
+        most = most.max(t.server.request_threads());
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    for c in &mut clients {
+        for _ in 0..16 {
+            let (err, _) = c.simple_reply();
+            assert_eq!(err, 0);
+            let mut d = vec![0u8; 512];
+            c.s.read_exact(&mut d).unwrap();
+        }
+    }
+    assert!(
+        most > 4,
+        "the connections started more threads than one each ({most})"
+    );
+    assert!(most <= 6, "{most} request threads, the cap is 6");
+}
+
 fn c_disc(mut c: RawClient) {
     c.request(CMD_DISC, 0, 99, 0, 0);
     assert!(c.is_closed());
