@@ -13,6 +13,7 @@ use tracing::{debug, warn};
 
 use crate::backend::Export;
 use crate::budget::Budget;
+use crate::buf::BufPool;
 use crate::handshake::{self, Negotiated, Outcome, TlsState};
 use crate::limits::Limits;
 use crate::shutdown::stopped;
@@ -29,6 +30,8 @@ pub struct Server {
     active: AtomicUsize,
     /// Payload bytes of all connections ([`Limits::max_inflight_bytes`]).
     budget: Arc<Budget>,
+    /// Payload buffers kept for reuse: at most half the payload budget.
+    bufs: Arc<BufPool>,
     /// Request threads of all connections, live or dropped.
     threads: Arc<ThreadTracker>,
     /// Connections past the handshake, by connection number: who is at the other end.
@@ -89,6 +92,7 @@ impl Server {
             shutdown,
             active: AtomicUsize::new(0),
             budget: Budget::new(limits.max_inflight_bytes),
+            bufs: BufPool::new(limits.max_inflight_bytes / 2),
             threads: Arc::new(ThreadTracker::new()),
             clients: Mutex::new(BTreeMap::new()),
             next_conn: AtomicU64::new(0),
@@ -303,6 +307,7 @@ impl Server {
                 .min(self.budget.total()),
             max_threads: self.limits.max_threads_per_conn,
             max_server_threads: self.limits.max_threads,
+            bufs: self.bufs.clone(),
             server_budget: self.budget.clone(),
             threads: self.threads.clone(),
         };

@@ -49,7 +49,7 @@ use tracing::{debug, warn};
 
 use crate::backend::{errno_for, Backend, BlockSizes, WriteHint};
 use crate::budget::{Budget, PayloadGrant};
-use crate::buf::AlignedBuf;
+use crate::buf::{AlignedBuf, BufPool};
 use crate::codec::{self, Request};
 use crate::command::{validate, Command, ExportParams, Rejection};
 use crate::handshake::Negotiated;
@@ -75,6 +75,8 @@ const INLINE_MAX_NS: u64 = 200_000;
 /// Per-connection state shared by the connection's threads.
 struct Ctx {
     backend: Arc<dyn Backend>,
+    /// Payload buffers for reuse (the server's, shared by its connections).
+    bufs: Arc<BufPool>,
     /// [`Backend::gathers_writes`], asked once.
     gathers: bool,
     params: ExportParams,
@@ -89,6 +91,8 @@ pub(crate) struct ConnConfig {
     pub max_threads: usize,
     /// Request threads of all connections together, at most.
     pub max_server_threads: usize,
+    /// Payload buffers for reuse, shared by the server's connections.
+    pub bufs: Arc<BufPool>,
     /// The payload budget shared by every connection of the server.
     pub server_budget: Arc<Budget>,
     /// Counts this connection's threads for the server's shutdown.
@@ -170,6 +174,7 @@ pub(crate) async fn serve(
     let wr = stream.try_clone()?;
     let conn = Arc::new(Conn {
         ctx: Ctx {
+            bufs: cfg.bufs.clone(),
             gathers: backend.gathers_writes(),
             backend,
             params,
@@ -335,7 +340,7 @@ impl Conn {
                 .ctx
                 .backend
                 .write_coming(req.offset, u64::from(req.length));
-            let mut buf = AlignedBuf::new(req.length as usize);
+            let mut buf = self.ctx.bufs.for_overwrite(req.length as usize);
             if let Err(e) = rd.r.read_exact(buf.as_mut_slice()) {
                 debug!("closing: write payload not received: {e}");
                 return Next::Stop;
@@ -576,7 +581,7 @@ fn read(ctx: &Ctx, h: u64, offset: u64, len: u32, df: bool) -> (Vec<u8>, Option<
             (codec::simple_reply(0, h).to_vec(), None)
         };
     }
-    let mut buf = AlignedBuf::new(len as usize);
+    let mut buf = ctx.bufs.zeroed(len as usize);
     match ctx.backend.read(offset, buf.as_mut_slice()) {
         Ok(()) if structured => {
             // `len` <= 32 MiB, so one chunk always fits: DF is always honoured.
