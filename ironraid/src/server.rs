@@ -69,8 +69,13 @@ where
 }
 
 fn detail(ctx: &Ctx) -> Response {
-    let mut d = Detail::from_status(&ctx.array.status(), ctx.addrs.clone());
+    let status = ctx.array.status();
+    let mut d = Detail::from_status(&status, ctx.addrs.clone());
     d.nbd_clients = ctx.nbd.clients();
+    d.memory = Some(crate::status::MemoryDetail::from_parts(
+        &status.memory,
+        &ctx.nbd,
+    ));
     Response {
         ok: true,
         detail: Some(d),

@@ -62,6 +62,75 @@ pub struct Detail {
     /// Extension: degraded reads refused for that reason since the start.
     #[serde(default)]
     pub torn_reads_refused: u64,
+    /// Extension: what each bounded pool and queue of the daemon holds, against its limit
+    /// (null where the daemon's own figures are not known, e.g. in metrics).
+    #[serde(default)]
+    pub memory: Option<MemoryDetail>,
+}
+
+/// A bounded pool or cache: bytes held now and the most it may hold.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Held {
+    pub limit_bytes: u64,
+    pub held_bytes: u64,
+}
+
+/// The daemon's memory by named limit: a client cannot make it grow past these (issue 24).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct MemoryDetail {
+    /// Client data placed in stripes and not yet written (64 MiB by default).
+    pub stripe_cache: Held,
+    /// Free stripe buffers kept for reuse.
+    pub buffer_pool: Held,
+    /// NBD request payloads (WRITE data, READ replies) in flight on all connections.
+    pub nbd_payload: Held,
+    /// The most NBD payload bytes in flight at once since the start.
+    pub nbd_payload_peak_bytes: u64,
+    /// Free NBD payload buffers kept for reuse.
+    pub nbd_buffer_pool: Held,
+    /// NBD request threads running, and the most (each connection keeps one of its own).
+    pub nbd_request_threads: usize,
+    pub nbd_request_threads_limit: usize,
+    /// The daemon's resident memory now and at its peak (VmRSS, VmHWM).
+    pub rss_bytes: u64,
+    pub peak_rss_bytes: u64,
+}
+
+impl MemoryDetail {
+    pub fn from_parts(m: &engine::MemoryStatus, nbd: &nbd::Server) -> MemoryDetail {
+        let held = |u: &engine::PoolUsage| Held {
+            limit_bytes: u.limit_bytes,
+            held_bytes: u.held_bytes,
+        };
+        let (pool_held, pool_limit) = nbd.payload_pool_bytes();
+        let proc_kib = |key: &str| -> u64 {
+            std::fs::read_to_string("/proc/self/status")
+                .ok()
+                .and_then(|s| {
+                    s.lines()
+                        .find_map(|l| l.strip_prefix(key))
+                        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+                })
+                .unwrap_or(0)
+        };
+        MemoryDetail {
+            stripe_cache: held(&m.stripe_cache),
+            buffer_pool: held(&m.buffer_pool),
+            nbd_payload: Held {
+                limit_bytes: nbd.limits().max_inflight_bytes as u64,
+                held_bytes: nbd.inflight_bytes() as u64,
+            },
+            nbd_payload_peak_bytes: nbd.inflight_bytes_peak() as u64,
+            nbd_buffer_pool: Held {
+                limit_bytes: pool_limit as u64,
+                held_bytes: pool_held as u64,
+            },
+            nbd_request_threads: nbd.request_threads(),
+            nbd_request_threads_limit: nbd.limits().max_threads,
+            rss_bytes: proc_kib("VmRSS:") * 1024,
+            peak_rss_bytes: proc_kib("VmHWM:") * 1024,
+        }
+    }
 }
 
 /// Guided resync: whether the array waits for a guide after an unclean stop, how that ended,
@@ -582,6 +651,7 @@ impl Detail {
                 writes_failed: n.writes_failed,
             }),
             guidance: s.guidance.as_ref().map(GuidanceDetail::from_engine),
+            memory: None,
         }
     }
 
@@ -860,6 +930,7 @@ mod tests {
             torn_rows_exposed: 0,
             torn_reads_refused: 0,
             no_space: None,
+            memory: None,
         }
     }
 

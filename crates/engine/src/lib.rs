@@ -24,8 +24,8 @@ mod policy;
 mod work;
 
 pub use array::{
-    Array, ArrayConfig, ArrayStatus, BitmapStatus, MemberState, MemberStatus, UsedStatus,
-    ASSEMBLED_READ_ONLY,
+    Array, ArrayConfig, ArrayStatus, BitmapStatus, MemberState, MemberStatus, MemoryStatus,
+    PoolUsage, UsedStatus, ASSEMBLED_READ_ONLY,
 };
 pub use background::{SyncStatus, DEFAULT_SPEED_MAX, DEFAULT_SPEED_MIN};
 pub use clock::{Clock, ManualClock, SystemClock};

@@ -138,9 +138,12 @@ impl BufPool {
     }
 
     /// Bytes held for reuse now (at most the limit).
-    #[cfg(test)]
-    fn held(&self) -> usize {
-        self.free.lock().unwrap().1
+    pub(crate) fn held(&self) -> usize {
+        self.free.lock().unwrap_or_else(|e| e.into_inner()).1
+    }
+
+    pub(crate) fn limit(&self) -> usize {
+        self.limit
     }
 }
 

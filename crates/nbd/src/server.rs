@@ -159,6 +159,11 @@ impl Server {
         self.budget.in_use()
     }
 
+    /// Payload buffers kept for reuse now, and the most kept: `(held, limit)` bytes.
+    pub fn payload_pool_bytes(&self) -> (usize, usize) {
+        (self.bufs.held(), self.bufs.limit())
+    }
+
     /// The most payload bytes ever granted at once (never above
     /// [`Limits::max_inflight_bytes`]).
     pub fn inflight_bytes_peak(&self) -> usize {

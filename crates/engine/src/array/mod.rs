@@ -188,6 +188,23 @@ pub struct ArrayStatus {
     pub torn_reads_refused: u64,
     /// Writes failing because a member's backing store is full (None: they go through).
     pub no_space: Option<crate::io::no_space::NoSpaceStatus>,
+    pub memory: MemoryStatus,
+}
+
+/// A bounded pool or cache: what it holds now and the most it may hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PoolUsage {
+    pub limit_bytes: u64,
+    pub held_bytes: u64,
+}
+
+/// What the array's own memory holds, by named limit (the NBD server's are the daemon's).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemoryStatus {
+    /// Client data placed in stripes and not yet written (`ArrayConfig::stripe_cache_bytes`).
+    pub stripe_cache: PoolUsage,
+    /// Free stripe buffers kept for reuse (as much as the stripe cache at most).
+    pub buffer_pool: PoolUsage,
 }
 
 /// The used-region map, for status.
@@ -889,6 +906,10 @@ impl Array {
             torn_rows_exposed: self.exposed_rows(),
             torn_reads_refused: self.sync.torn_reads_refused.load(Ordering::Relaxed),
             no_space: self.no_space.status(),
+            memory: MemoryStatus {
+                stripe_cache: self.stripes.usage(),
+                buffer_pool: self.bufs.usage(),
+            },
             used_regions: self.used.as_ref().map(|u| UsedStatus {
                 region_bytes: u.region_bytes(),
                 regions: u.regions(),

@@ -25,6 +25,14 @@ impl BufPool {
         })
     }
 
+    /// Free buffers kept for reuse now, and the most it keeps.
+    pub fn usage(&self) -> crate::array::PoolUsage {
+        crate::array::PoolUsage {
+            limit_bytes: self.limit as u64,
+            held_bytes: self.free.lock().1 as u64,
+        }
+    }
+
     /// A buffer of `len` bytes with unspecified contents.
     pub fn get(self: &Arc<Self>, len: usize) -> PoolBuf {
         let reused = {

@@ -142,6 +142,15 @@ impl StripeCache {
         }
     }
 
+    /// Client data held now, and the most it may hold.
+    pub fn usage(&self) -> crate::array::PoolUsage {
+        let avail = *self.budget.avail.lock();
+        crate::array::PoolUsage {
+            limit_bytes: self.budget.total as u64,
+            held_bytes: (self.budget.total - avail) as u64,
+        }
+    }
+
     /// Reserve room for `bytes` of client data (capped at the whole budget); returns the amount.
     pub fn reserve(&self, bytes: usize) -> usize {
         let want = bytes.min(self.budget.total);
