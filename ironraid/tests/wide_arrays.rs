@@ -9,32 +9,19 @@ use common::{mdadm_field, member_state, require_tools, sh, Env};
 
 const MIB: u64 = 1 << 20;
 
+/// `qemu-io -c CMD` on the export; its output.
+fn qemu_io(env: &Env, cmd: &str) -> String {
+    sh("qemu-io", &["-f", "raw", &env.uri(), "-c", cmd])
+}
+
 /// `qemu-io` reads `len` bytes at `at` and compares them with `pattern`; true if all match.
 fn reads_pattern(env: &Env, pattern: u8, at: u64, len: u64) -> bool {
-    let out = sh(
-        "qemu-io",
-        &[
-            "-f",
-            "raw",
-            &env.uri(),
-            "-c",
-            &format!("read -P {pattern:#x} {at} {len}"),
-        ],
-    );
+    let out = qemu_io(env, &format!("read -P {pattern:#x} {at} {len}"));
     !out.contains("verification failed") && out.contains(&format!("read {len}/{len} bytes"))
 }
 
 fn write_pattern(env: &Env, pattern: u8, at: u64, len: u64) {
-    let out = sh(
-        "qemu-io",
-        &[
-            "-f",
-            "raw",
-            &env.uri(),
-            "-c",
-            &format!("write -P {pattern:#x} {at} {len}"),
-        ],
-    );
+    let out = qemu_io(env, &format!("write -P {pattern:#x} {at} {len}"));
     assert!(out.contains(&format!("wrote {len}/{len} bytes")), "{out}");
 }
 

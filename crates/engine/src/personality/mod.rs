@@ -37,6 +37,9 @@ use std::sync::atomic::AtomicUsize;
 /// What the engine asks of a level. Pure questions take only the geometry the personality was
 /// made for; I/O takes the array (as md's personalities take `mddev`).
 pub(crate) trait Personality: Send + Sync {
+    /// The geometry the personality was made for.
+    fn geometry(&self) -> &Geometry;
+
     /// Members that may be missing with every byte still readable (md's `max_degraded`).
     fn redundancy(&self) -> usize;
 
@@ -62,22 +65,36 @@ pub(crate) trait Personality: Send + Sync {
     fn sync_total(&self, action: SyncAction) -> u64;
 
     /// Where the recovery of `role` ends (per-member bytes).
-    fn recovery_end(&self, role: usize) -> u64;
+    fn recovery_end(&self, role: usize) -> u64 {
+        self.geometry().used_device_sectors(role) * 512
+    }
 
     /// Array bytes `offset..offset + len` as the sync coordinates of the whole stripes inside
-    /// them (what a discard may release): `(start, len)`, empty if none is whole.
-    fn sync_range_within(&self, offset: u64, len: u64) -> (u64, u64);
+    /// them (what a discard may release): `(start, len)`, empty if none is whole. Copies: the
+    /// same bytes.
+    fn sync_range_within(&self, offset: u64, len: u64) -> (u64, u64) {
+        (offset, len)
+    }
 
     /// The sync coordinates `start..end` of the stripes (4 KiB pages for copies) covering
     /// array bytes `offset..offset + len`.
-    fn sync_range_covering(&self, offset: u64, len: u64) -> (u64, u64);
+    fn sync_range_covering(&self, offset: u64, len: u64) -> (u64, u64) {
+        (offset / 4096 * 4096, (offset + len).div_ceil(4096) * 4096)
+    }
 
     /// The array byte where sync coordinate `at` (a stripe boundary) starts.
-    fn array_bytes_of(&self, at: u64) -> u64;
+    fn array_bytes_of(&self, at: u64) -> u64 {
+        at
+    }
 
     /// Where sync coordinates `at..at + len` (whole regions) lie on the members, as
-    /// `(role, offset, len)`, runs merged.
-    fn member_spans(&self, at: u64, len: u64) -> Vec<(usize, u64, u64)>;
+    /// `(role, offset, len)`, runs merged: the same bytes of every member, unless the
+    /// personality says otherwise.
+    fn member_spans(&self, at: u64, len: u64) -> Vec<(usize, u64, u64)> {
+        (0..self.geometry().raid_disks())
+            .map(|role| (role, at, len))
+            .collect()
+    }
 
     /// Whether a used-region map can follow this layout (regions covering whole stripes).
     fn keeps_used_map(&self) -> bool;
@@ -167,34 +184,16 @@ fn parity_sync_bytes(g: &Geometry) -> u64 {
 }
 
 impl Personality for Striped {
+    fn geometry(&self) -> &Geometry {
+        &self.g
+    }
+
     fn redundancy(&self) -> usize {
         0
     }
 
     fn sync_total(&self, _action: SyncAction) -> u64 {
         self.g.spec().component_sectors * 512
-    }
-
-    fn recovery_end(&self, role: usize) -> u64 {
-        self.g.used_device_sectors(role) * 512
-    }
-
-    fn sync_range_within(&self, offset: u64, len: u64) -> (u64, u64) {
-        (offset, len)
-    }
-
-    fn sync_range_covering(&self, offset: u64, len: u64) -> (u64, u64) {
-        (offset / 4096 * 4096, (offset + len).div_ceil(4096) * 4096)
-    }
-
-    fn array_bytes_of(&self, at: u64) -> u64 {
-        at
-    }
-
-    fn member_spans(&self, at: u64, len: u64) -> Vec<(usize, u64, u64)> {
-        (0..self.g.raid_disks())
-            .map(|role| (role, at, len))
-            .collect()
     }
 
     fn keeps_used_map(&self) -> bool {
@@ -240,6 +239,10 @@ impl Personality for Striped {
 }
 
 impl Personality for Copies {
+    fn geometry(&self) -> &Geometry {
+        &self.g
+    }
+
     fn as_copies(&self) -> Option<&Copies> {
         Some(self)
     }
@@ -263,25 +266,9 @@ impl Personality for Copies {
         }
     }
 
-    fn recovery_end(&self, role: usize) -> u64 {
-        self.g.used_device_sectors(role) * 512
-    }
-
-    fn sync_range_within(&self, offset: u64, len: u64) -> (u64, u64) {
-        (offset, len)
-    }
-
-    fn sync_range_covering(&self, offset: u64, len: u64) -> (u64, u64) {
-        (offset / 4096 * 4096, (offset + len).div_ceil(4096) * 4096)
-    }
-
-    fn array_bytes_of(&self, at: u64) -> u64 {
-        at
-    }
-
     fn member_spans(&self, at: u64, len: u64) -> Vec<(usize, u64, u64)> {
         let g = &self.g;
-        if g.level() == Level::Raid1 {
+        if g.level() != Level::Raid10 {
             return (0..g.raid_disks()).map(|role| (role, at, len)).collect();
         }
         // RAID10 sync coordinates are array bytes: every copy of every chunk.
@@ -361,6 +348,10 @@ impl Personality for Copies {
 }
 
 impl Personality for Parity {
+    fn geometry(&self) -> &Geometry {
+        &self.g
+    }
+
     fn redundancy(&self) -> usize {
         self.g.max_degraded()
     }
@@ -400,12 +391,6 @@ impl Personality for Parity {
 
     fn array_bytes_of(&self, at: u64) -> u64 {
         at * self.g.data_disks() as u64
-    }
-
-    fn member_spans(&self, at: u64, len: u64) -> Vec<(usize, u64, u64)> {
-        (0..self.g.raid_disks())
-            .map(|role| (role, at, len))
-            .collect()
     }
 
     fn keeps_used_map(&self) -> bool {
