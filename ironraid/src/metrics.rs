@@ -186,12 +186,18 @@ fn labels(pairs: &[(&str, &str)]) -> Labels {
 
 /// The text of one scrape.
 pub fn render(array: &Array, source: &Source) -> String {
-    let d = Detail::from_status(&array.status(), source.addrs.clone());
+    let status = array.status();
+    let mut d = Detail::from_status(&status, source.addrs.clone());
+    d.memory = Some(crate::status::MemoryDetail::from_parts(
+        &status.memory,
+        &source.server,
+    ));
     let mut s = Sheet::default();
     md_series(&mut s, &d);
     sync_series(&mut s, &d);
     feature_series(&mut s, &d);
     member_series(&mut s, &d);
+    memory_series(&mut s, &d);
     let dev = &d.name;
     s.gauge(
         "nbd_connections",
@@ -200,6 +206,37 @@ pub fn render(array: &Array, source: &Source) -> String {
         source.server.active_connections() as f64,
     );
     s.encode()
+}
+
+/// What each bounded pool holds against its limit (`detail --json`'s `memory`).
+fn memory_series(s: &mut Sheet, d: &Detail) {
+    let Some(m) = &d.memory else { return };
+    let dev = d.name.as_str();
+    for (pool, h) in [
+        ("stripe_cache", &m.stripe_cache),
+        ("buffer_pool", &m.buffer_pool),
+        ("nbd_payload", &m.nbd_payload),
+        ("nbd_buffer_pool", &m.nbd_buffer_pool),
+    ] {
+        s.gauge(
+            "pool_held_bytes",
+            "Bytes a bounded pool of the daemon holds now.",
+            labels(&[("device", dev), ("pool", pool)]),
+            h.held_bytes as f64,
+        );
+        s.gauge(
+            "pool_limit_bytes",
+            "The most bytes a bounded pool of the daemon may hold.",
+            labels(&[("device", dev), ("pool", pool)]),
+            h.limit_bytes as f64,
+        );
+    }
+    s.gauge(
+        "resident_bytes",
+        "The daemon's resident memory (VmRSS).",
+        labels(&[("device", dev)]),
+        m.rss_bytes as f64,
+    );
 }
 
 /// node_exporter's md collector series.

@@ -121,6 +121,26 @@ fn metrics_during_a_rebuild_agree_with_detail() {
         value(&text, "ironraid_md_disks_required", &dev),
         json_u64(&before["raid_devices"])
     );
+    // Each bounded pool against its limit, as `detail --json` reports them.
+    for pool in [
+        "stripe_cache",
+        "buffer_pool",
+        "nbd_payload",
+        "nbd_buffer_pool",
+    ] {
+        let at = [dev[0], ("pool", pool)];
+        let limit = value(&text, "ironraid_pool_limit_bytes", &at);
+        assert_eq!(
+            limit,
+            json_u64(&after["memory"][pool]["limit_bytes"]),
+            "{pool}"
+        );
+        assert!(
+            value(&text, "ironraid_pool_held_bytes", &at) <= limit,
+            "{pool}"
+        );
+    }
+    assert!(value(&text, "ironraid_resident_bytes", &dev) > 0.0);
     assert_eq!(
         value(
             &text,
