@@ -18,6 +18,7 @@ pub(crate) mod verify;
 
 use crate::array::Array;
 use crate::clock::Clock;
+use crate::personality::raid456_heal::Heal;
 pub(crate) use crate::work::Stop;
 pub use crate::work::SyncAction;
 use parking_lot::{Condvar, Mutex};
@@ -908,5 +909,46 @@ fn finished_event(a: SyncAction) -> &'static str {
         SyncAction::Check => "check_finished",
         SyncAction::Repair => "repair_finished",
         SyncAction::Idle => "idle",
+    }
+}
+
+/// How redundancy work treats what fails its integrity records, by where the sync stands.
+impl SyncControl {
+    /// How client I/O treats blocks that fail their records: until the resync an unclean stop
+    /// owes has run, unflushed writes may have left rows that no single fault explains, which
+    /// may then be settled as found (as the resync itself would) where [`SyncControl::settle_scope`]
+    /// allows it.
+    pub(crate) fn heal_mode(&self) -> Heal {
+        if self.unsynced.load(std::sync::atomic::Ordering::Acquire) {
+            Heal::Settle
+        } else {
+            Heal::Repair
+        }
+    }
+
+    /// `mode` as it applies to `at..at + len` (resync coordinates: member bytes, array bytes
+    /// for mirrors): settling as found is a crash's answer, so it holds only where a crash
+    /// could have left a row mid-write (a resync is owed and the policy has not ruled the
+    /// range consistent: the bitmap's dirty chunks, everything under the plain policy) and
+    /// only while every member of the row is there (`complete`). Anywhere else a block that
+    /// fails its record beyond redundancy is damage, and damage is an unrecoverable read: a
+    /// clean and an unclean stop then give the same answer.
+    pub(crate) fn settle_scope(
+        &self,
+        policy: &dyn crate::policy::ConsistencyPolicy,
+        mode: Heal,
+        at: u64,
+        len: u64,
+        complete: bool,
+    ) -> Heal {
+        if mode != Heal::Settle {
+            return mode;
+        }
+        let owed = self.unsynced.load(std::sync::atomic::Ordering::Acquire);
+        if complete && owed && !policy.next_to_resync(at, at + len).is_empty() {
+            Heal::Settle
+        } else {
+            Heal::Repair
+        }
     }
 }

@@ -176,7 +176,7 @@ impl Copies {
                 array,
                 p.array_offset,
                 p.len as u64,
-                array.heal_mode(),
+                array.sync.heal_mode(),
                 Some(out),
             )?;
         }

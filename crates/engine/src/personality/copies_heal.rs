@@ -98,7 +98,13 @@ impl Copies {
         let pages = n.div_ceil(PAGE);
         // Settling as found needs every copy of the run: with one missing, the copies left
         // cannot tell a torn write from damage.
-        let mode = array.settle_scope(mode, at, n as u64, plans.len() == copies.len());
+        let mode = array.sync.settle_scope(
+            &*array.policy,
+            mode,
+            at,
+            n as u64,
+            plans.len() == copies.len(),
+        );
         let fix = mode != Heal::Count;
         let mut truth = array.bufs.get(n);
         let (mut mismatched, mut failing, mut settled) = (0u64, 0usize, 0usize);

@@ -55,7 +55,11 @@ impl Copies {
         ranges: &[(u64, u64)],
         fix: bool,
     ) -> Result<(u64, u64)> {
-        let heal = if fix { array.heal_mode() } else { Heal::Count };
+        let heal = if fix {
+            array.sync.heal_mode()
+        } else {
+            Heal::Count
+        };
         let pages = crate::intervals::merge_nonempty(
             ranges
                 .iter()

@@ -110,44 +110,6 @@ pub(crate) struct RowBufs {
 }
 
 impl Array {
-    /// How client I/O treats blocks that fail their records: until the resync an unclean stop
-    /// owes has run, unflushed writes may have left rows that no single fault explains, which
-    /// may then be settled as found (as the resync itself would) where [`Array::settle_scope`]
-    /// allows it.
-    pub(crate) fn heal_mode(&self) -> Heal {
-        if self
-            .sync
-            .unsynced
-            .load(std::sync::atomic::Ordering::Acquire)
-        {
-            Heal::Settle
-        } else {
-            Heal::Repair
-        }
-    }
-
-    /// `mode` as it applies to `at..at + len` (resync coordinates: member bytes, array bytes
-    /// for mirrors): settling as found is a crash's answer, so it holds only where a crash
-    /// could have left a row mid-write (a resync is owed and the policy has not ruled the
-    /// range consistent: the bitmap's dirty chunks, everything under the plain policy) and
-    /// only while every member of the row is there (`complete`). Anywhere else a block that
-    /// fails its record beyond redundancy is damage, and damage is an unrecoverable read: a
-    /// clean and an unclean stop then give the same answer.
-    pub(crate) fn settle_scope(&self, mode: Heal, at: u64, len: u64, complete: bool) -> Heal {
-        if mode != Heal::Settle {
-            return mode;
-        }
-        let owed = self
-            .sync
-            .unsynced
-            .load(std::sync::atomic::Ordering::Acquire);
-        if complete && owed && !self.policy.next_to_resync(at, at + len).is_empty() {
-            Heal::Settle
-        } else {
-            Heal::Repair
-        }
-    }
-
     /// Rows a crash may have left mid-write and that are not consistent yet, while the parity
     /// array is degraded: a block rebuilt from one of them may mix old and new writes (md's
     /// write hole). Only a policy that knows which rows those are (the bitmap's dirty chunks,
@@ -1010,7 +972,8 @@ impl Parity {
         len: usize,
         torn: Torn,
     ) -> Result<Option<RowBufs>> {
-        let Some(dev_bufs) = self.read_rebuilt(array, at, len, array.heal_mode(), torn)? else {
+        let Some(dev_bufs) = self.read_rebuilt(array, at, len, array.sync.heal_mode(), torn)?
+        else {
             return Ok(None);
         };
         let mut by_dev: Vec<Option<PoolBuf>> = dev_bufs.into_iter().map(Some).collect();

@@ -137,7 +137,13 @@ impl Parity {
             .as_ref()
             .expect("heal needs integrity records");
         let pages = bufs[corrupt[0]].len() / PAGE;
-        let mode = array.settle_scope(mode, at, (pages * PAGE) as u64, missing.is_empty());
+        let mode = array.sync.settle_scope(
+            &*array.policy,
+            mode,
+            at,
+            (pages * PAGE) as u64,
+            missing.is_empty(),
+        );
         let mut tally = HealTally::default();
         for pg in 0..pages {
             let Some(page) = self.failed_page(integ, at, pg, bufs, corrupt) else {

@@ -276,7 +276,7 @@ impl Parity {
     fn read_source_page(&self, array: &Array, at: u64) -> Result<Option<Vec<PoolBuf>>, Stop> {
         let row = at / (self.g.chunk_sectors() * 512);
         for _ in 0..MAX_SOURCE_TRIES {
-            match self.read_rebuilt(array, at, PAGE as usize, array.heal_mode(), Torn::Pass) {
+            match self.read_rebuilt(array, at, PAGE as usize, array.sync.heal_mode(), Torn::Pass) {
                 Ok(Some(bufs)) => return Ok(Some(bufs)),
                 Ok(None) => continue,
                 Err(e) if self.sources_left(array, row, row + 1) => {
@@ -416,7 +416,11 @@ impl Parity {
         let window = self.window_rows(array) * chunk;
         // After an unclean stop, blocks that fail their records in rows a crash may have torn
         // are unflushed writes: settled as found, as the resync would (see `raid456_heal`).
-        let heal = if fix { array.heal_mode() } else { Heal::Count };
+        let heal = if fix {
+            array.sync.heal_mode()
+        } else {
+            Heal::Count
+        };
         let mut bad = 0;
         let mut at = a;
         while at < b {
