@@ -18,6 +18,20 @@ use crate::work::{Stop, SyncAction};
 const PAGE: u64 = crate::members::badblocks::BAD_PAGE;
 /// How often one window's sources are read again while members fail meanwhile.
 const MAX_SOURCE_TRIES: usize = 4;
+/// Pieces a rebuild window is read and written in. Why more than two: only the first piece's
+/// reads and the last piece's write run alone, so the more pieces, the less of the window
+/// waits for one kind of I/O (a remote member's writes take a round trip more than a file's).
+const REBUILD_PIECES: u64 = 4;
+/// Writes to the rebuilding member in flight at once: a second keeps it busy while the first's
+/// reply is on its way back (a remote member's round trip).
+const REBUILD_WRITES_IN_FLIGHT: usize = 2;
+
+/// The outcome of a rebuild write running on its own thread.
+fn join_rebuild_write(
+    w: Option<std::thread::ScopedJoinHandle<'_, Result<(), Stop>>>,
+) -> Result<(), Stop> {
+    w.map_or(Ok(()), |w| w.join().expect("rebuild writer panicked"))
+}
 
 impl Parity {
     /// Rebuild `role`'s chunks of the stripes from member byte `pos` on, one window under the
@@ -122,10 +136,11 @@ impl Parity {
             .map_err(Stop::Failed)
     }
 
-    /// Rebuild `role`'s chunks of stripes `r0..r1` (claimed by the caller), in two halves
-    /// whose I/O overlaps: the reads of the second half (other members) run while the first
-    /// half's write to the new member is on its way, as a reader and a writer would run side by
-    /// side. Both writes have ended when this returns; the caller moves the in-sync point.
+    /// Rebuild `role`'s chunks of stripes `r0..r1` (claimed by the caller) in
+    /// [`REBUILD_PIECES`] pieces whose I/O overlaps: a piece's reads (other members) run while
+    /// the writes of the pieces before it to the new member are on their way, up to
+    /// [`REBUILD_WRITES_IN_FLIGHT`] of them, as a reader and a writer would run side by side.
+    /// Every write has ended when this returns; the caller moves the in-sync point.
     pub(crate) fn rebuild_window(
         &self,
         array: &Array,
@@ -134,16 +149,13 @@ impl Parity {
         r1: u64,
     ) -> Result<(), Stop> {
         let chunk = self.g.chunk_sectors() * 512;
-        let mid = r0 + (r1 - r0).div_ceil(2);
+        let step = (r1 - r0).div_ceil(REBUILD_PIECES).max(1);
         std::thread::scope(|scope| {
-            let mut writing: Option<std::thread::ScopedJoinHandle<'_, Result<(), Stop>>> = None;
+            let mut writing = std::collections::VecDeque::new();
             let mut lost: Vec<u64> = Vec::new();
-            for (a, b) in [(r0, mid), (mid, r1)].into_iter().filter(|(a, b)| a < b) {
-                let (bufs, gone) = self.read_rebuild_sources(array, a, b)?;
+            for a in (r0..r1).step_by(step as usize) {
+                let (bufs, gone) = self.read_rebuild_sources(array, a, (a + step).min(r1))?;
                 lost.extend(gone);
-                if let Some(w) = writing.take() {
-                    w.join().expect("rebuild writer panicked")?;
-                }
                 let write = move || {
                     array
                         .sync
@@ -151,11 +163,16 @@ impl Parity {
                 };
                 if array.is_deterministic() {
                     write()?;
-                } else {
-                    writing = Some(scope.spawn(write));
+                    continue;
                 }
+                if writing.len() == REBUILD_WRITES_IN_FLIGHT {
+                    join_rebuild_write(writing.pop_front())?;
+                }
+                writing.push_back(scope.spawn(write));
             }
-            writing.map_or(Ok(()), |w| w.join().expect("rebuild writer panicked"))?;
+            for w in writing {
+                join_rebuild_write(Some(w))?;
+            }
             // After the writes (a write clears what it covers), before the in-sync point
             // passes them: what could not be rebuilt reads as EIO, never as what was written.
             // Where the page was data a crash may have torn, the row's parity is recorded bad
