@@ -22,6 +22,10 @@ const PAGE: u64 = crate::members::badblocks::BAD_PAGE;
 impl SyncControl {
     /// Assign a spare to the first role without a complete member; returns the role to rebuild.
     pub(crate) fn pick_recovery(&self, array: &Array) -> Option<usize> {
+        if array.personality.redundancy() == 0 {
+            // Nothing to rebuild from (md never records a partial member on such a level).
+            return None;
+        }
         if let Some(role) = array
             .members
             .slots
@@ -31,9 +35,6 @@ impl SyncControl {
             return Some(role);
         }
         let role = array.members.slots.iter().position(|s| s.is_faulty())?;
-        if array.personality.redundancy() == 0 {
-            return None;
-        }
         let spare = {
             let mut spares = array.members.spares.lock();
             if spares.is_empty() {

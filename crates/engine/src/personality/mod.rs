@@ -219,23 +219,35 @@ impl Personality for Striped {
         self.one_copy.mirror_write(a, offset_bytes, data, fua)
     }
 
-    fn recover_window(&self, _a: &Array, _role: usize, _pos: u64, _end: u64) -> Result<u64, Stop> {
-        unreachable!("a level without redundancy has nothing to recover onto")
+    // The walker and `verify` refuse levels without redundancy before they get here; a
+    // member's superblock claiming a partial rebuild on one (md never writes that) still gets
+    // an error, not a crash.
+    fn recover_window(&self, a: &Array, _role: usize, _pos: u64, _end: u64) -> Result<u64, Stop> {
+        Err(Stop::Failed(no_redundancy(a, "rebuild a member from")))
     }
 
     fn scrub_window(
         &self,
-        _a: &Array,
+        a: &Array,
         _action: SyncAction,
         _pos: u64,
         _end: u64,
     ) -> Result<(u64, u64), Stop> {
-        unreachable!("a level without redundancy is never resynced or checked")
+        Err(Stop::Failed(no_redundancy(a, "compare")))
     }
 
-    fn verify(&self, _a: &Array, _ranges: &[(u64, u64)], _fix: bool) -> Result<(u64, u64)> {
-        unreachable!("a level without redundancy is never verified")
+    fn verify(&self, a: &Array, _ranges: &[(u64, u64)], _fix: bool) -> Result<(u64, u64)> {
+        Err(no_redundancy(a, "verify"))
     }
+}
+
+/// What a background window on a level without redundancy fails with.
+fn no_redundancy(a: &Array, what: &str) -> crate::error::EngineError {
+    crate::error::EngineError::Unsupported(format!(
+        "{} ({}) has no redundancy to {what}",
+        a.name,
+        a.geometry.level()
+    ))
 }
 
 impl Personality for Copies {
