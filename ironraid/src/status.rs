@@ -103,14 +103,13 @@ impl MemoryDetail {
             held_bytes: u.held_bytes,
         };
         let (pool_held, pool_limit) = nbd.payload_pool_bytes();
+        // One read of the process status for both figures.
+        let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
         let proc_kib = |key: &str| -> u64 {
-            std::fs::read_to_string("/proc/self/status")
-                .ok()
-                .and_then(|s| {
-                    s.lines()
-                        .find_map(|l| l.strip_prefix(key))
-                        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-                })
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(key))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
                 .unwrap_or(0)
         };
         MemoryDetail {
