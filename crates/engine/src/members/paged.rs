@@ -4,8 +4,13 @@
 //! Changes go into the image under its lock and bump a generation; [`PagedCopy::write_through`]
 //! returns once a write-out that started after the caller's change has completed. Write-outs
 //! are serialised by the writer lock, and whoever holds it writes every dirty page, so changes
-//! that arrive together share one write (group commit). A member that joined since the last
-//! write-out (a spare taking a role) gets every page, not only the dirty ones.
+//! that arrive together share one write (group commit). A member without a whole, current
+//! copy gets every page, not only the dirty ones: one that joined since the last write-out,
+//! and one a write-out left out (a spare, which bit commits for the members in a role do not
+//! reach). Every superblock commit writes the headers to every member first (the event
+//! recorders), so a spare's copy is whole again before a commit records it in a role or in
+//! sync: assembly reads the copies of members in sync only, and after a crash such a member
+//! may be the only one left.
 //!
 //! Lock order: the writer lock, then the image lock. Nothing holding either takes the array's
 //! metadata lock; failed member writes are returned for the caller to act on afterwards.
@@ -85,6 +90,20 @@ pub(crate) struct Writer {
     complete_on: Vec<Weak<Member>>,
 }
 
+impl Writer {
+    /// Whether `m` holds a whole, current copy.
+    fn holds(&self, m: &Arc<Member>) -> bool {
+        self.complete_on
+            .iter()
+            .any(|c| std::ptr::eq(c.as_ptr(), Arc::as_ptr(m)))
+    }
+
+    fn forget(&mut self, m: &Arc<Member>) {
+        self.complete_on
+            .retain(|c| !std::ptr::eq(c.as_ptr(), Arc::as_ptr(m)));
+    }
+}
+
 impl PagedCopy {
     /// An image of `bytes` (a whole number of pages) kept at `base` on every member. Nothing
     /// is assumed to be on disk yet: the first write-out writes every page.
@@ -148,41 +167,35 @@ impl PagedCopy {
     /// Write the dirty pages (all pages to members without a complete copy) to `targets`, FUA.
     pub fn write_out(&self, targets: &[Arc<Member>], w: &mut Writer) -> WriteFailures {
         w.complete_on.retain(|c| c.strong_count() > 0);
-        let fresh = |m: &Arc<Member>| {
-            !w.complete_on
-                .iter()
-                .any(|c| std::ptr::eq(c.as_ptr(), Arc::as_ptr(m)))
-        };
-        let (pages, all, gen) = {
+        let fresh: Vec<bool> = targets.iter().map(|m| !w.holds(m)).collect();
+        let (pages, gen) = {
             let mut im = self.image.lock();
-            let gen = im.gen;
-            if targets.iter().any(fresh) {
-                let all = im.take(true);
-                (all.clone(), Some(all), gen)
-            } else {
-                (im.take(false), None, gen)
-            }
+            (im.take(fresh.contains(&true)), im.gen)
         };
+        if !pages.is_empty() {
+            // A member outside `targets` (a spare, to the bit commits that reach members in a
+            // role only) misses these pages: its copy is no longer whole.
+            w.complete_on.retain(|c| {
+                targets
+                    .iter()
+                    .any(|m| std::ptr::eq(c.as_ptr(), Arc::as_ptr(m)))
+            });
+        }
         let mut failed = Vec::new();
-        let mut completed = Vec::new();
-        for m in targets {
-            let is_fresh = fresh(m);
-            let these = if is_fresh {
-                all.as_ref().expect("every page taken for a fresh member")
-            } else {
-                &pages
-            };
-            let res = these.iter().try_for_each(|(p, buf)| {
+        for (m, is_fresh) in targets.iter().zip(fresh) {
+            let res = pages.iter().try_for_each(|(p, buf)| {
                 let at = self.base + (p * PAGE_BYTES) as u64;
                 metadata::write(m, Metadata::Replicated { at }, buf, true)
             });
             match res {
-                Ok(()) if is_fresh => completed.push(Arc::downgrade(m)),
+                Ok(()) if is_fresh => w.complete_on.push(Arc::downgrade(m)),
                 Ok(()) => {}
-                Err(e) => failed.push((m.clone(), e)),
+                Err(e) => {
+                    w.forget(m);
+                    failed.push((m.clone(), e));
+                }
             }
         }
-        w.complete_on.extend(completed);
         self.durable_gen.fetch_max(gen, Ordering::AcqRel);
         failed
     }
