@@ -215,7 +215,7 @@ fn a_spare_that_was_added_before_a_write_carries_the_whole_map_once_rebuilt() {
     for d in s.iter().chain([&spare]) {
         d.power_cut();
     }
-    let alone = boot(&[spare.clone()]);
+    let alone = boot(std::slice::from_ref(&spare));
     let mut back = vec![0u8; 8192];
     alone.read(3 * REGION, &mut back).unwrap();
     assert!(
