@@ -3,6 +3,7 @@
 
 mod action;
 mod backend;
+mod cluster;
 mod config;
 mod control;
 mod daemon;
@@ -167,6 +168,22 @@ enum Cmd {
         /// Serve Prometheus metrics at /metrics: tcp:HOST:PORT or unix:PATH.
         #[arg(long, value_name = "ADDR")]
         metrics: Option<String>,
+        /// Join the array's cluster (etcd client URLs, comma-separated) as --node: the array
+        /// must have been created for a cluster (`create --cluster ... --nodes N`).
+        #[arg(
+            long,
+            value_name = "ENDPOINTS",
+            requires = "node",
+            conflicts_with = "scan"
+        )]
+        cluster: Option<String>,
+        /// This node's name in the cluster (one daemon per name at a time).
+        #[arg(long, requires = "cluster")]
+        node: Option<String>,
+        /// How long the others wait after this node's last lease renewal before counting it
+        /// gone (it stops writing before then on its own if it cannot renew).
+        #[arg(long, value_parser = member::parse_duration, default_value = "10s", requires = "cluster")]
+        lease_ttl: Duration,
         /// Assemble every ARRAY of the config from the devices its DEVICE globs allow, each as
         /// a daemon of its own, like `mdadm --assemble --scan`.
         #[arg(long, conflicts_with_all = ["members", "name"])]
@@ -454,12 +471,22 @@ fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
             member_retry,
             member_tls_ca,
             metrics,
+            cluster,
+            node,
+            lease_ttl,
             scan,
             config,
             array,
             members,
         } => {
             let args = daemon::RunArgs {
+                cluster: cluster
+                    .zip(node)
+                    .map(|(endpoints, node)| cluster::ClusterArgs {
+                        endpoints,
+                        node,
+                        lease_ttl,
+                    }),
                 remote: RemoteOptions {
                     timeout: member_timeout,
                     retry: member_retry,
@@ -821,6 +848,7 @@ fn demo(dir: Option<PathBuf>) -> anyhow::Result<()> {
         integrity_cache_bytes: engine::ArrayConfig::default().integrity_cache_bytes,
         remote: RemoteOptions::default(),
         metrics: None,
+        cluster: None,
     })
 }
 

@@ -66,6 +66,32 @@ pub struct Detail {
     /// (null where the daemon's own figures are not known, e.g. in metrics).
     #[serde(default)]
     pub memory: Option<MemoryDetail>,
+    /// Extension: the array's cluster as this node last read it from etcd (null: the array
+    /// is not clustered).
+    #[serde(default)]
+    pub cluster: Option<ClusterDetail>,
+}
+
+/// A clustered array's nodes, as `detail --json` shows them.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ClusterDetail {
+    /// This node's name, its write-intent bitmap slot and its epoch (the etcd revision that
+    /// created its membership: a new one at every start).
+    pub node: String,
+    pub slot: usize,
+    pub epoch: i64,
+    /// The node that runs the array's resync and recovery (null: none elected yet).
+    pub coordinator: Option<String>,
+    /// Every node holding a bitmap slot, by slot.
+    pub nodes: Vec<ClusterNode>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ClusterNode {
+    pub name: String,
+    pub slot: usize,
+    /// "active" (its lease lives) or "gone" (its lease ended; its slot is still its own).
+    pub state: String,
 }
 
 /// A bounded pool or cache: bytes held now and the most it may hold.
@@ -651,6 +677,7 @@ impl Detail {
             }),
             guidance: s.guidance.as_ref().map(GuidanceDetail::from_engine),
             memory: None,
+            cluster: None,
         }
     }
 
@@ -930,6 +957,7 @@ mod tests {
             torn_reads_refused: 0,
             no_space: None,
             memory: None,
+            cluster: None,
         }
     }
 

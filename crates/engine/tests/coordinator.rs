@@ -27,11 +27,17 @@ struct Recording {
     consulted: AtomicU64,
     veto: bool,
     removals: Mutex<Vec<u32>>,
+    /// Member writes are refused while this is set (a fenced node).
+    refusal: Mutex<Option<String>>,
 }
 
 impl Coordinator for Recording {
     fn slot_number(&self) -> usize {
         self.slot
+    }
+
+    fn write_refusal(&self) -> Option<String> {
+        self.refusal.lock().clone()
     }
 
     fn metadata_update_start(&self) {
@@ -253,4 +259,28 @@ fn assembly_records_a_changed_role_table_inside_the_brackets() {
     let on_disk = engine::read_superblock(sims[0].as_ref()).unwrap().events;
     assert_eq!(finished.first().copied(), Some(on_disk), "{finished:?}");
     drop(a);
+}
+
+#[test]
+fn a_node_the_coordinator_fences_writes_nothing_to_the_members() {
+    let sims = sims(3, 70);
+    simkit::create_clean("fence", Level::Raid1, None, 0, devs(&sims[..2]), vec![]);
+    let coord = Arc::new(Recording::default());
+    let clock = Arc::new(ManualClock::default());
+    let a = boot(&sims[..2], &coord, &clock);
+    a.write(0, &[1u8; 4096], true).unwrap();
+    *coord.refusal.lock() = Some("lease lost".into());
+    let writes: u64 = sims.iter().map(|s| s.stats().writes).sum();
+    let err = a.write(0, &[2u8; 4096], true).unwrap_err();
+    assert!(err.to_string().contains("lease lost"), "{err}");
+    assert_eq!(
+        sims.iter().map(|s| s.stats().writes).sum::<u64>(),
+        writes,
+        "no member write after the fence"
+    );
+    let mut back = [0u8; 4096];
+    a.read(0, &mut back).unwrap();
+    assert_eq!(back, [1u8; 4096], "reads still serve what was written");
+    *coord.refusal.lock() = None;
+    a.write(0, &[3u8; 4096], true).unwrap();
 }

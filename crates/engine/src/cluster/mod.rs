@@ -11,7 +11,9 @@
 //!   ([`Coordinator::resync_finish`]), so that other nodes know what to wait for;
 //! * adding and removing a member is put to a vote first ([`Coordinator::add_new_disk`],
 //!   [`Coordinator::remove_disk`]);
-//! * [`Coordinator::slot_number`] names this node's write-intent bitmap slot.
+//! * [`Coordinator::slot_number`] names this node's write-intent bitmap slot;
+//! * every group of member writes first asks [`Coordinator::write_refusal`] (a node that lost
+//!   its membership must not write: the others may be taking its regions over).
 //!
 //! [`Local`] is a single host: it always holds the token, nobody else resyncs, every vote
 //! passes, and its bitmap slot is 0. That is exactly the engine's behaviour without a cluster.
@@ -38,6 +40,9 @@ pub enum SyncKind {
 pub trait Coordinator: Send + Sync + Debug {
     /// This node's write-intent bitmap slot (md-cluster: one bitmap per node).
     fn slot_number(&self) -> usize;
+    /// Why this node may not start member writes now (None: it may): a node whose membership
+    /// is not confirmed could be declared dead by the others, who then take its regions over.
+    fn write_refusal(&self) -> Option<String>;
     /// Before a superblock update: take the cluster-wide right to change metadata.
     fn metadata_update_start(&self);
     /// After a superblock update reached every member: let the other nodes re-read it.
@@ -62,6 +67,10 @@ pub struct Local;
 impl Coordinator for Local {
     fn slot_number(&self) -> usize {
         0
+    }
+
+    fn write_refusal(&self) -> Option<String> {
+        None
     }
 
     fn metadata_update_start(&self) {}
