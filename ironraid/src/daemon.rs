@@ -112,6 +112,9 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     )
     .map_err(|e| anyhow!("{e}"))?;
     let array = Arc::new(array);
+    if let Some(n) = &node {
+        n.attach(&array);
+    }
     array.set_sync_speed(args.speed_min, args.speed_max);
     array.start_background();
     let name = array.name().to_string();

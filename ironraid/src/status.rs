@@ -86,6 +86,31 @@ pub struct ClusterDetail {
     pub nodes: Vec<ClusterNode>,
 }
 
+impl ClusterDetail {
+    /// `cluster: node a slot 0 (this node, coordinator), b slot 1 gone`.
+    pub fn mdstat_line(&self) -> String {
+        let nodes: Vec<String> = self
+            .nodes
+            .iter()
+            .map(|n| {
+                let mut notes = Vec::new();
+                if n.name == self.node {
+                    notes.push("this node");
+                }
+                if self.coordinator.as_deref() == Some(n.name.as_str()) {
+                    notes.push("coordinator");
+                }
+                let notes = match notes.is_empty() {
+                    true => String::new(),
+                    false => format!(" ({})", notes.join(", ")),
+                };
+                format!("{} slot {} {}{notes}", n.name, n.slot, n.state)
+            })
+            .collect();
+        format!("      cluster: {}\n", nodes.join("; "))
+    }
+}
+
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct ClusterNode {
     pub name: String,
@@ -785,6 +810,9 @@ impl Detail {
         }
         if let Some(g) = &self.guidance {
             out.push_str(&g.mdstat_line());
+        }
+        if let Some(c) = &self.cluster {
+            out.push_str(&c.mdstat_line());
         }
         for m in self
             .members

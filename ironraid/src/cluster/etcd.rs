@@ -155,6 +155,11 @@ impl Etcd {
         Ok(header_revision(&v))
     }
 
+    pub fn delete(&self, key: &str) -> anyhow::Result<()> {
+        self.call("/v3/kv/deleterange", &json!({ "key": B64.encode(key) }))?;
+        Ok(())
+    }
+
     /// If every compare holds, run `success`, else `failure`; atomically, at one revision.
     pub fn txn(
         &self,

@@ -5,6 +5,7 @@
 //! agreed by every node, resync rounds, takeover of a dead node's slot) is not built yet: the
 //! coordinator's other calls keep a single node's behaviour (README, Status).
 
+mod agreement;
 pub mod etcd;
 pub mod node;
 
@@ -129,6 +130,24 @@ pub struct EtcdCoordinator {
     pub node: Arc<Node>,
 }
 
+impl EtcdCoordinator {
+    /// Member adds and removes are not put to the other nodes' vote yet: they are allowed
+    /// while this node is the only one whose lease lives.
+    fn alone(&self, what: &str) -> engine::Result<()> {
+        let live = self
+            .node
+            .live_nodes()
+            .map_err(|e| engine::EngineError::Busy(format!("{what}: {e:#}")))?;
+        if live.iter().all(|n| *n == self.node.name) {
+            return Ok(());
+        }
+        Err(engine::EngineError::Unsupported(format!(
+            "{what} is not agreed across a cluster's nodes yet: stop the other nodes ({}) first",
+            live.join(", ")
+        )))
+    }
+}
+
 impl Coordinator for EtcdCoordinator {
     fn slot_number(&self) -> usize {
         self.node.slot
@@ -138,10 +157,27 @@ impl Coordinator for EtcdCoordinator {
         self.node.fence.refusal()
     }
 
-    fn metadata_update_start(&self) {}
+    fn metadata_update_start(&self) {
+        self.node.lock_metadata();
+    }
 
-    fn metadata_update_finish(&self, _events: u64) {}
+    fn metadata_update_finish(&self, _events: u64) {
+        self.node.unlock_metadata();
+    }
 
+    fn shares_metadata(&self) -> bool {
+        true
+    }
+
+    fn member_failed(&self, dev_number: u32) {
+        self.node.publish_failure(dev_number);
+    }
+
+    fn sync_refusal(&self) -> Option<String> {
+        self.node.sync_refusal()
+    }
+
+    /// No node runs windows while another is active (see `agreement.rs`), so none waits.
     fn area_resyncing(&self, _range: Range<u64>) -> bool {
         false
     }
@@ -151,10 +187,10 @@ impl Coordinator for EtcdCoordinator {
     fn resync_finish(&self) {}
 
     fn add_new_disk(&self, _device_uuid: [u8; 16]) -> engine::Result<()> {
-        Ok(())
+        self.alone("adding a member")
     }
 
     fn remove_disk(&self, _dev_number: u32) -> engine::Result<()> {
-        Ok(())
+        self.alone("removing a member")
     }
 }

@@ -86,16 +86,18 @@ impl Fence {
 /// A joined node.
 #[derive(Debug)]
 pub struct Node {
-    etcd: Etcd,
-    prefix: String,
+    pub(super) etcd: Etcd,
+    pub(super) prefix: String,
     pub name: String,
     pub slot: usize,
     pub epoch: i64,
-    lease: i64,
+    pub(super) lease: i64,
     ttl: Duration,
     pub fence: Arc<Fence>,
     view: Mutex<ClusterView>,
-    stop: AtomicBool,
+    pub(super) stop: AtomicBool,
+    /// What the agreement with the other nodes needs (see `agreement.rs`).
+    pub(super) agreement: super::agreement::State,
 }
 
 impl Node {
@@ -151,9 +153,11 @@ impl Node {
             fence: Arc::new(Fence::new(sent + granted.mul_f64(1.0 - CLOCK_RATE_ERROR))),
             view: Mutex::new(ClusterView::default()),
             stop: AtomicBool::new(false),
+            agreement: Default::default(),
         });
         node.campaign();
         node.refresh_view()?;
+        node.wait_for_background_work_elsewhere()?;
         tracing::info!(
             node = name,
             slot,
@@ -237,6 +241,31 @@ impl Node {
         view.nodes.sort_by_key(|n| n.slot);
         *self.view.lock() = view;
         Ok(())
+    }
+
+    /// Whether another node's lease lives, as last read.
+    pub(super) fn others_active(&self) -> Vec<String> {
+        self.view
+            .lock()
+            .nodes
+            .iter()
+            .filter(|n| n.state == "active" && n.name != self.name)
+            .map(|n| n.name.clone())
+            .collect()
+    }
+
+    pub(super) fn is_coordinator(&self) -> bool {
+        self.view.lock().coordinator.as_deref() == Some(self.name.as_str())
+    }
+
+    /// The names of the nodes whose lease lives now (read from etcd, not the last view).
+    pub(super) fn live_nodes(&self) -> anyhow::Result<Vec<String>> {
+        let prefix = format!("{}nodes/", self.prefix);
+        let (kvs, _) = self.etcd.get_prefix(&prefix)?;
+        Ok(kvs
+            .iter()
+            .filter_map(|kv| kv.key.strip_prefix(&prefix).map(str::to_string))
+            .collect())
     }
 
     /// The cluster as last read (every third of the lease's TTL).

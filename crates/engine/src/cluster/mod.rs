@@ -45,6 +45,17 @@ pub trait Coordinator: Send + Sync + Debug {
     fn write_refusal(&self) -> Option<String>;
     /// Before a superblock update: take the cluster-wide right to change metadata.
     fn metadata_update_start(&self);
+    /// Do other nodes write this array's superblocks too? Then each update first re-reads
+    /// the event count on the members (md-cluster re-reads the superblock), so that counts
+    /// never go back and no member falls behind another's.
+    fn shares_metadata(&self) -> bool;
+    /// A member was recorded faulty in the superblocks here: return once every other node
+    /// has stopped using it too. Writes that skipped it are acknowledged only after this
+    /// (md-cluster: no degraded write before every node acknowledged the failure).
+    fn member_failed(&self, dev_number: u32);
+    /// Why this node may not run background windows (resync, recovery, check) now (None:
+    /// it may). A cluster runs them on one node, once the others cannot write into them.
+    fn sync_refusal(&self) -> Option<String>;
     /// After a superblock update reached every member: let the other nodes re-read it.
     fn metadata_update_finish(&self, events: u64);
     /// Is another node resyncing or recovering part of `range` (per-member bytes, md's sync
@@ -74,6 +85,16 @@ impl Coordinator for Local {
     }
 
     fn metadata_update_start(&self) {}
+
+    fn shares_metadata(&self) -> bool {
+        false
+    }
+
+    fn member_failed(&self, _dev_number: u32) {}
+
+    fn sync_refusal(&self) -> Option<String> {
+        None
+    }
 
     fn metadata_update_finish(&self, _events: u64) {}
 
