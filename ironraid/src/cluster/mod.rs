@@ -115,6 +115,26 @@ pub fn join(
     let record: ArrayRecord =
         serde_json::from_slice(&meta.value).context("the array's record in etcd")?;
     let node = Node::join(etcd, &uuid, &args.node, record.nodes, args.lease_ttl)?;
+    let parity = matches!(sb.level, 4..=6);
+    if parity {
+        // Two nodes writing parts of one stripe would both rewrite its parity: until extents
+        // have one owner each, a parity array has one node at a time.
+        let others: Vec<String> = node
+            .live_nodes()?
+            .into_iter()
+            .filter(|n| *n != args.node)
+            .collect();
+        if !others.is_empty() {
+            node.leave();
+            bail!(
+                "array '{}' is RAID{}: its nodes cannot write one stripe's parity together yet \
+                 (extent ownership is not built), and node {} runs it now",
+                sb.set_name,
+                sb.level,
+                others.join(", ")
+            );
+        }
+    }
     node.spawn_keeper();
     Ok(Some(node))
 }
