@@ -59,6 +59,8 @@ pub struct RunArgs {
     pub remote: RemoteOptions,
     /// Where to serve Prometheus metrics (`tcp:HOST:PORT` or `unix:PATH`).
     pub metrics: Option<String>,
+    /// Mirrors read every block from its first usable copy (`--read-policy primary`).
+    pub read_primary: bool,
     /// Join the array's cluster as a node.
     pub cluster: Option<ClusterArgs>,
 }
@@ -97,6 +99,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         guide_timeout: args.guide_timeout,
         integrity_cache_bytes: args.integrity_cache_bytes,
         coordinator: node.as_ref().map(|n| crate::cluster::coordinator(n)),
+        read_primary: args.read_primary,
         ..ArrayConfig::default()
     };
     let array = engine::assemble(

@@ -168,6 +168,11 @@ enum Cmd {
         /// Serve Prometheus metrics at /metrics: tcp:HOST:PORT or unix:PATH.
         #[arg(long, value_name = "ADDR")]
         metrics: Option<String>,
+        /// Mirrors (RAID1, RAID10): `balanced` spreads reads over the copies; `primary` reads
+        /// every block from its first usable copy, so that every node of a cluster reads the
+        /// same copy (the Distributed MD paper's two modes).
+        #[arg(long, default_value = "balanced", value_parser = ["balanced", "primary"])]
+        read_policy: String,
         /// Join the array's cluster (etcd client URLs, comma-separated) as --node: the array
         /// must have been created for a cluster (`create --cluster ... --nodes N`).
         #[arg(
@@ -488,6 +493,7 @@ fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
             member_retry,
             member_tls_ca,
             metrics,
+            read_policy,
             cluster,
             node,
             lease_ttl,
@@ -497,6 +503,7 @@ fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
             members,
         } => {
             let args = daemon::RunArgs {
+                read_primary: read_policy == "primary",
                 cluster: cluster
                     .zip(node)
                     .map(|(endpoints, node)| cluster::ClusterArgs {
@@ -865,6 +872,7 @@ fn demo(dir: Option<PathBuf>) -> anyhow::Result<()> {
         integrity_cache_bytes: engine::ArrayConfig::default().integrity_cache_bytes,
         remote: RemoteOptions::default(),
         metrics: None,
+        read_primary: false,
         cluster: None,
     })
 }

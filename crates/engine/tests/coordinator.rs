@@ -380,3 +380,41 @@ fn a_failure_is_reported_to_the_coordinator_and_background_work_waits_for_its_le
     run_background(&a);
     assert!(a.status().missing_roles.is_empty(), "rebuilt once allowed");
 }
+
+/// Reads of a RAID1 ×3 with `read_primary` (the seed paper's primary copy) or spread.
+fn reads_per_member(read_primary: bool) -> Vec<u64> {
+    let sims = sims(3, 110);
+    simkit::create_clean("primary", Level::Raid1, None, 0, devs(&sims), vec![]);
+    let a = assemble(
+        devs(&sims),
+        AssembleOptions {
+            config: ArrayConfig {
+                read_primary,
+                ..ArrayConfig::default()
+            },
+            ..Default::default()
+        },
+    )
+    .expect("assemble");
+    let before: Vec<u64> = sims.iter().map(|s| s.stats().reads).collect();
+    let mut buf = vec![0u8; 4096];
+    for i in 0..30 {
+        a.read(i * 4096, &mut buf).unwrap();
+    }
+    sims.iter()
+        .zip(before)
+        .map(|(s, b)| s.stats().reads - b)
+        .collect()
+}
+
+#[test]
+fn a_primary_copy_array_reads_only_its_first_mirror() {
+    let primary = reads_per_member(true);
+    assert!(
+        primary[0] >= 30 && primary[1] == 0 && primary[2] == 0,
+        "{primary:?}"
+    );
+    // The canary: spread reads use every mirror.
+    let spread = reads_per_member(false);
+    assert!(spread.iter().all(|&r| r > 0), "{spread:?}");
+}

@@ -63,6 +63,10 @@ pub struct ArrayConfig {
     /// Integrity records kept in memory at most (4 bytes per 4 KiB member block; what does not
     /// fit is read from the tables when needed).
     pub integrity_cache_bytes: usize,
+    /// Mirrors: read every block from its first usable copy (the Distributed MD paper's
+    /// "primary copy": every node of a cluster reads the same copy, even of regions a crash
+    /// left divergent) instead of spreading reads over the copies.
+    pub read_primary: bool,
 }
 
 impl Default for ArrayConfig {
@@ -84,6 +88,7 @@ impl Default for ArrayConfig {
             guide_timeout: crate::policy::guided::DEFAULT_GUIDE_TIMEOUT,
             // Covers about 64 GiB of raw capacity (design study §5.6).
             integrity_cache_bytes: 64 << 20,
+            read_primary: false,
         }
     }
 }
