@@ -18,7 +18,7 @@ use super::etcd::{Compare, Op};
 use super::node::Node;
 use engine::Array;
 use parking_lot::Mutex;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
@@ -34,7 +34,15 @@ pub struct State {
     applied: Mutex<HashSet<u32>>,
     /// This node holds the `sync` key.
     sync_held: AtomicBool,
+    /// Nodes seen gone (lease ended), since when; and those whose slot was taken over since.
+    gone_since: Mutex<HashMap<String, Instant>>,
+    taken_over: Mutex<HashSet<String>>,
 }
+
+/// After a node's lease is gone, how long its slot is left alone: the node stopped its member
+/// writes one second before its lease could end (`node.rs`), and a write it issued before then
+/// may still be landing.
+const TAKEOVER_GRACE: Duration = Duration::from_secs(1);
 
 impl Node {
     fn key(&self, rest: &str) -> String {
@@ -150,6 +158,45 @@ impl Node {
                 }
             }
             std::thread::sleep(POLL);
+        }
+    }
+
+    /// The coordinator takes over the bitmap slot of every node whose lease is gone (md-cluster's
+    /// `recover_slot`): the chunks it had dirty become this node's, and are resynced when this
+    /// node may run background work. Once per death: a node seen active again is forgotten.
+    pub(super) fn take_over_gone_slots(&self) {
+        let nodes = self.nodes_in_view();
+        {
+            let mut since = self.agreement.gone_since.lock();
+            let mut taken = self.agreement.taken_over.lock();
+            for n in nodes.iter().filter(|n| n.state == "active") {
+                since.remove(&n.name);
+                taken.remove(&n.name);
+            }
+        }
+        if !self.is_coordinator() {
+            return;
+        }
+        let Some(array) = self.agreement.array.get().and_then(Weak::upgrade) else {
+            return;
+        };
+        for n in nodes.iter().filter(|n| n.state == "gone") {
+            let seen = *self
+                .agreement
+                .gone_since
+                .lock()
+                .entry(n.name.clone())
+                .or_insert_with(Instant::now);
+            if seen.elapsed() < TAKEOVER_GRACE || self.agreement.taken_over.lock().contains(&n.name) {
+                continue;
+            }
+            match array.take_over_slot(n.slot as u32) {
+                Ok(r) => {
+                    tracing::info!(node = %self.name, gone = %n.name, slot = n.slot, adopted_chunks = r.adopted_chunks, "took over a gone node's bitmap slot");
+                    self.agreement.taken_over.lock().insert(n.name.clone());
+                }
+                Err(e) => tracing::warn!(node = %self.name, gone = %n.name, slot = n.slot, "cannot take over the slot of a gone node: {e}"),
+            }
         }
     }
 

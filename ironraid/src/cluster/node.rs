@@ -192,8 +192,9 @@ impl Node {
                 Err(e) => tracing::warn!(node = %self.name, "cluster keep-alive failed: {e:#}"),
             }
             self.campaign();
-            if let Err(e) = self.refresh_view() {
-                tracing::warn!(node = %self.name, "cannot read the cluster's state: {e:#}");
+            match self.refresh_view() {
+                Ok(()) => self.take_over_gone_slots(),
+                Err(e) => tracing::warn!(node = %self.name, "cannot read the cluster's state: {e:#}"),
             }
             std::thread::sleep(period.saturating_sub(sent.elapsed()));
         }
@@ -241,6 +242,11 @@ impl Node {
         view.nodes.sort_by_key(|n| n.slot);
         *self.view.lock() = view;
         Ok(())
+    }
+
+    /// The nodes holding slots, as last read.
+    pub(super) fn nodes_in_view(&self) -> Vec<ClusterNode> {
+        self.view.lock().nodes.clone()
     }
 
     /// Whether another node's lease lives, as last read.
