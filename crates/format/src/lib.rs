@@ -85,7 +85,7 @@ pub use bitmap::{
     BITMAP_OFFSET_SECTORS, BITMAP_PAGE_BYTES, BITMAP_VERSION, BITMAP_VERSION_CLUSTERED,
     CLUSTER_NAME_BYTES, DEFAULT_DAEMON_SLEEP, MAX_CLUSTER_NODES,
 };
-pub use create::CreateParams;
+pub use create::{CreateParams, BBLOG_SECTORS};
 pub use integrity::{
     record_of, record_seed, table_copies, TableBlock, Zone, FEATURE_INTEGRITY, RECORDS_PER_TABLE,
     RECORD_BLOCK, TABLE_MAGIC,
