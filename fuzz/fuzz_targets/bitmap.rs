@@ -3,11 +3,15 @@
 //! Invariants: decoding never panics; anything accepted passes the kernel loader's checks
 //! (a power-of-two chunk of at least 512 bytes, a nonzero daemon sleep, events_cleared not
 //! ahead of events), re-encodes to a header that decodes to the same value, and has sizes that
-//! can be computed without overflow or wrapping. A variant with the magic and version forced
-//! exercises the checks past the first gates.
+//! can be computed without overflow or wrapping; a clustered (version 5) header names 1 to
+//! MAX_CLUSTER_NODES slots whose total size is computable too. Variants with the magic and
+//! version (4 or 5) forced exercise the checks past the first gates.
 #![no_main]
 
-use format::{BitmapSuper, BITMAP_HEADER_BYTES, BITMAP_MAGIC, BITMAP_VERSION};
+use format::{
+    BitmapSuper, BITMAP_HEADER_BYTES, BITMAP_MAGIC, BITMAP_VERSION, BITMAP_VERSION_CLUSTERED,
+    MAX_CLUSTER_NODES,
+};
 use libfuzzer_sys::fuzz_target;
 
 fn check(buf: &[u8]) {
@@ -21,15 +25,23 @@ fn check(buf: &[u8]) {
         let chunks = sb.chunks();
         assert!(chunks <= sb.sync_size);
         assert!(sb.bytes_on_disk() >= BITMAP_HEADER_BYTES as u64 + chunks.div_ceil(8));
+        if sb.is_clustered() {
+            assert!((1..=MAX_CLUSTER_NODES).contains(&sb.nodes));
+            assert!(sb.cluster_name.contains(&0));
+            let last = sb.slot_offset(sb.slots() - 1);
+            assert_eq!(last + sb.bytes_on_disk(), sb.all_slots_bytes());
+        }
     }
 }
 
 fuzz_target!(|data: &[u8]| {
     check(data);
     if data.len() >= 8 {
-        let mut b = data.to_vec();
-        b[0..4].copy_from_slice(&BITMAP_MAGIC.to_le_bytes());
-        b[4..8].copy_from_slice(&BITMAP_VERSION.to_le_bytes());
-        check(&b);
+        for version in [BITMAP_VERSION, BITMAP_VERSION_CLUSTERED] {
+            let mut b = data.to_vec();
+            b[0..4].copy_from_slice(&BITMAP_MAGIC.to_le_bytes());
+            b[4..8].copy_from_slice(&version.to_le_bytes());
+            check(&b);
+        }
     }
 });

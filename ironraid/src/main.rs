@@ -345,6 +345,15 @@ struct CreateArgs {
     /// md's, at least 64M).
     #[arg(long)]
     bitmap_chunk: Option<String>,
+    /// md-cluster's format: N node slots in the write-intent bitmap (bitmap version 5, the
+    /// superblock's clustered feature), one per node that may run the array. Needs
+    /// --consistency-policy bitmap or guided. md's kernel runs clustered RAID1/10 only.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=format::MAX_CLUSTER_NODES as i64))]
+    nodes: Option<u32>,
+    /// The cluster name stored in the bitmap (with --nodes; at most 63 bytes; default
+    /// "ironraid").
+    #[arg(long, value_name = "NAME", requires = "nodes")]
+    cluster_name: Option<String>,
     /// The log device of --consistency-policy journal (md's raid5-cache write journal).
     #[arg(long, value_name = "DEV")]
     journal: Option<PathBuf>,
@@ -720,6 +729,12 @@ fn bitmap_spec(a: &CreateArgs, level: layout::Level) -> anyhow::Result<Option<en
         if a.bitmap_chunk.is_some() {
             usage_error("--bitmap-chunk needs --consistency-policy bitmap or guided");
         }
+        if a.nodes.is_some() {
+            usage_error(
+                "--nodes keeps one write-intent bitmap per node: it needs --consistency-policy \
+                 bitmap or guided",
+            );
+        }
         return Ok(None);
     }
     if matches!(level, layout::Level::Raid0 | layout::Level::Linear) {
@@ -740,8 +755,21 @@ fn bitmap_spec(a: &CreateArgs, level: layout::Level) -> anyhow::Result<Option<en
             Ok(c)
         })
         .transpose()?;
-    Ok(Some(engine::BitmapSpec { chunk_bytes }))
+    let cluster = a.nodes.map(|nodes| engine::ClusterFormat {
+        nodes,
+        name: a
+            .cluster_name
+            .clone()
+            .unwrap_or_else(|| DEFAULT_CLUSTER_NAME.into()),
+    });
+    Ok(Some(engine::BitmapSpec {
+        chunk_bytes,
+        cluster,
+    }))
 }
+
+/// The cluster name `create --nodes` stores when none is given.
+const DEFAULT_CLUSTER_NAME: &str = "ironraid";
 
 /// Bad usage of `create` that clap cannot express: its usage message and exit status 2.
 fn usage_error(msg: &str) -> ! {
@@ -820,6 +848,8 @@ fn demo(dir: Option<PathBuf>) -> anyhow::Result<()> {
             name: Some("demo".into()),
             consistency_policy: "resync".into(),
             bitmap_chunk: None,
+            nodes: None,
+            cluster_name: None,
             journal: None,
             journal_mode: None,
             integrity: None,

@@ -41,7 +41,10 @@ fn crash_and_resync(
         size_bytes: None,
         assume_clean: true,
         force: true,
-        bitmap: bitmap.map(|chunk_bytes| BitmapSpec { chunk_bytes }),
+        bitmap: bitmap.map(|chunk_bytes| BitmapSpec {
+            chunk_bytes,
+            cluster: None,
+        }),
         // Every region counts as used (as on a block device): the full scan reads it all.
         discard: false,
         journal: None,

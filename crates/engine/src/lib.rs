@@ -36,11 +36,13 @@ pub use integrity::{IntegrityCounts, IntegrityStatus};
 pub use io::no_space::NoSpaceStatus;
 pub use io::ReadVerifier;
 pub use lifecycle::assemble::{assemble, AssembleOptions};
-pub use lifecycle::create::{create, create_with_clock, BitmapSpec, CreateSpec, Created};
+pub use lifecycle::create::{
+    create, create_with_clock, BitmapSpec, ClusterFormat, CreateSpec, Created,
+};
 pub use members::read_superblock;
 pub use personality::gathered::GatheredWrite;
 pub use personality::intent::WriteIntent;
-pub use policy::bitmap::read_bitmap;
+pub use policy::bitmap::{read_bitmap, read_bitmap_slot};
 pub use policy::guided::{GuidanceStatus, WriteWatch, DEFAULT_GUIDE_TIMEOUT};
 pub use policy::journal::{JournalStatus, Replayed};
 pub use work::{SyncAction, VerifyReport};

@@ -34,6 +34,7 @@ fn create_with_layout(level: Level, layout: Option<u32>, sims: &[Arc<SimDevice>]
     engine::create(&CreateSpec {
         bitmap: Some(BitmapSpec {
             chunk_bytes: Some(BITMAP_CHUNK),
+            cluster: None,
         }),
         ..simkit::clean_spec("bm", level, layout, 64 << 10, devs(sims), vec![])
     })

@@ -208,6 +208,7 @@ impl Rig {
                 });
                 let bitmap = policy.bitmap().then(|| engine::BitmapSpec {
                     chunk_bytes: Some(4096 << rng.gen_range(0..4)),
+                    cluster: None,
                 });
                 // Half the bitmap cases start with every region unused (members discarded);
                 // integrity always does.

@@ -117,6 +117,7 @@ fn spec(sims: &[Arc<SimDevice>], level: Level, bitmap: bool, guided: bool) -> en
         force: false,
         bitmap: bitmap.then_some(engine::BitmapSpec {
             chunk_bytes: Some(64 << 10),
+            cluster: None,
         }),
         discard: false,
         journal: None,

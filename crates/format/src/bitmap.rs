@@ -27,6 +27,15 @@
 //!
 //! The bits follow at byte 256: bit `j` is bit `j % 8` of byte `256 + j / 8`. The whole thing
 //! (header and bits) is written in 4 KiB pages.
+//!
+//! # Clustered bitmaps (version 5, md-cluster)
+//!
+//! A clustered array keeps one bitmap per node slot, back to back: slot `s` starts
+//! `s * bytes_on_disk()` bytes after slot 0, where `bytes_on_disk()` is one slot's header plus
+//! bits rounded up to whole 4 KiB pages (the kernel's `md_bitmap_read_sb` and mdadm's
+//! `locate_bitmap1` both step by that rounded size). Every slot carries a full header;
+//! `nodes` (how many slots) and `cluster_name` (NUL-terminated, at most 63 bytes) are the same
+//! in all of them.
 
 use crate::FormatError;
 
@@ -34,6 +43,13 @@ use crate::FormatError;
 pub const BITMAP_MAGIC: u32 = 0x6d74_6962;
 /// The version md uses for v1.x superblocks (bits in little-endian order).
 pub const BITMAP_VERSION: u32 = 4;
+/// md-cluster's version: version 4 plus `nodes` slots and a cluster name.
+pub const BITMAP_VERSION_CLUSTERED: u32 = 5;
+/// Bytes of `cluster_name`, its terminating NUL included.
+pub const CLUSTER_NAME_BYTES: usize = 64;
+/// Most node slots ironraid reads from a clustered bitmap (md has no limit but the space
+/// before the data; this one keeps a corrupt header from sizing a huge read).
+pub const MAX_CLUSTER_NODES: u32 = 256;
 /// Size of the header before the bits.
 pub const BITMAP_HEADER_BYTES: usize = 256;
 /// Unit the bitmap is read and written in.
@@ -68,6 +84,10 @@ pub struct BitmapSuper {
     pub daemon_sleep: u32,
     pub write_behind: u32,
     pub sectors_reserved: u32,
+    /// Node slots of a clustered bitmap (0 otherwise).
+    pub nodes: u32,
+    /// The cluster's name, NUL-padded (all zero unless clustered).
+    pub cluster_name: [u8; CLUSTER_NAME_BYTES],
 }
 
 impl BitmapSuper {
@@ -84,7 +104,67 @@ impl BitmapSuper {
             daemon_sleep: DEFAULT_DAEMON_SLEEP,
             write_behind: 0,
             sectors_reserved: reserved,
+            nodes: 0,
+            cluster_name: [0; CLUSTER_NAME_BYTES],
         }
+    }
+
+    /// Turn a fresh header into md-cluster's: version 5 with `nodes` slots named `name`.
+    /// Refuses 0 slots, more than [`MAX_CLUSTER_NODES`], and a name that does not fit 63 bytes
+    /// or holds a NUL.
+    pub fn clustered(mut self, nodes: u32, name: &str) -> Result<Self, FormatError> {
+        if nodes == 0 || nodes > MAX_CLUSTER_NODES {
+            return Err(FormatError::Bitmap(format!(
+                "{nodes} node slots: a clustered bitmap has 1 to {MAX_CLUSTER_NODES}"
+            )));
+        }
+        if name.len() >= CLUSTER_NAME_BYTES || name.contains('\0') {
+            return Err(FormatError::Bitmap(format!(
+                "cluster name '{}' must be at most {} bytes without NUL",
+                name.escape_debug(),
+                CLUSTER_NAME_BYTES - 1
+            )));
+        }
+        self.version = BITMAP_VERSION_CLUSTERED;
+        self.nodes = nodes;
+        self.cluster_name = [0; CLUSTER_NAME_BYTES];
+        self.cluster_name[..name.len()].copy_from_slice(name.as_bytes());
+        Ok(self)
+    }
+
+    /// md-cluster's bitmap (one slot per node).
+    pub fn is_clustered(&self) -> bool {
+        self.version == BITMAP_VERSION_CLUSTERED
+    }
+
+    /// Node slots on disk: `nodes` for a clustered bitmap, 1 otherwise.
+    pub fn slots(&self) -> u32 {
+        if self.is_clustered() {
+            self.nodes
+        } else {
+            1
+        }
+    }
+
+    /// The cluster name up to its NUL (lossy: md stores bytes).
+    pub fn cluster_name(&self) -> String {
+        let end = self
+            .cluster_name
+            .iter()
+            .position(|&b| b == 0)
+            .unwrap_or(CLUSTER_NAME_BYTES);
+        String::from_utf8_lossy(&self.cluster_name[..end]).into_owned()
+    }
+
+    /// Where slot `slot`'s header starts, in bytes after slot 0's.
+    pub fn slot_offset(&self, slot: u32) -> u64 {
+        assert!(slot < self.slots(), "slot {slot} of {}", self.slots());
+        u64::from(slot) * self.bytes_on_disk()
+    }
+
+    /// Bytes every slot takes together.
+    pub fn all_slots_bytes(&self) -> u64 {
+        u64::from(self.slots()) * self.bytes_on_disk()
     }
 
     pub fn encode(&self) -> [u8; BITMAP_HEADER_BYTES] {
@@ -100,11 +180,13 @@ impl BitmapSuper {
         b[56..60].copy_from_slice(&self.daemon_sleep.to_le_bytes());
         b[60..64].copy_from_slice(&self.write_behind.to_le_bytes());
         b[64..68].copy_from_slice(&self.sectors_reserved.to_le_bytes());
+        b[68..72].copy_from_slice(&self.nodes.to_le_bytes());
+        b[72..72 + CLUSTER_NAME_BYTES].copy_from_slice(&self.cluster_name);
         b
     }
 
-    /// Parse and check a header the way the kernel's loader does. Clustered bitmaps
-    /// (version 5) are refused: ironraid does not run md-cluster arrays.
+    /// Parse and check a header the way the kernel's loader does. A clustered header (version
+    /// 5) must name 1 to [`MAX_CLUSTER_NODES`] slots and a NUL-terminated cluster name.
     pub fn decode(buf: &[u8]) -> Result<Self, FormatError> {
         if buf.len() < BITMAP_HEADER_BYTES {
             return Err(FormatError::Truncated);
@@ -126,14 +208,14 @@ impl BitmapSuper {
             daemon_sleep: u32_at(56),
             write_behind: u32_at(60),
             sectors_reserved: u32_at(64),
+            nodes: u32_at(68),
+            cluster_name: buf[72..72 + CLUSTER_NAME_BYTES]
+                .try_into()
+                .expect("64 bytes"),
         };
         match sb.version {
             3 | 4 => {}
-            5 => {
-                return Err(FormatError::Bitmap(
-                    "clustered bitmap (version 5) is not supported".into(),
-                ))
-            }
+            BITMAP_VERSION_CLUSTERED => check_cluster_fields(&sb)?,
             v => return Err(FormatError::Bitmap(format!("unknown version {v}"))),
         }
         if sb.chunksize < 512 || !sb.chunksize.is_power_of_two() {
@@ -173,6 +255,21 @@ impl BitmapSuper {
     pub fn is_stale(&self) -> bool {
         self.state & state::STALE != 0
     }
+}
+
+fn check_cluster_fields(sb: &BitmapSuper) -> Result<(), FormatError> {
+    if sb.nodes == 0 || sb.nodes > MAX_CLUSTER_NODES {
+        return Err(FormatError::Bitmap(format!(
+            "clustered bitmap with {} node slots (1 to {MAX_CLUSTER_NODES} supported)",
+            sb.nodes
+        )));
+    }
+    if !sb.cluster_name.contains(&0) {
+        return Err(FormatError::Bitmap(
+            "cluster name is not NUL-terminated".into(),
+        ));
+    }
+    Ok(())
 }
 
 /// Bits needed to cover `sync_sectors` with chunks of `chunk_bytes`.
@@ -249,9 +346,13 @@ mod tests {
         bad_version.version = 9;
         let mut clustered = good.clone();
         clustered.version = 5;
+        let mut no_nul = good.clone().clustered(2, "c").unwrap();
+        no_nul.cluster_name = [b'x'; CLUSTER_NAME_BYTES];
+        let mut too_many = good.clone().clustered(2, "c").unwrap();
+        too_many.nodes = MAX_CLUSTER_NODES + 1;
         let mut behind = good.clone();
         behind.write_behind = MAX_WRITE_BEHIND + 1;
-        for bad in [bad_chunk, bad_version, clustered, behind] {
+        for bad in [bad_chunk, bad_version, clustered, no_nul, too_many, behind] {
             assert!(BitmapSuper::decode(&bad.encode()).is_err(), "{bad:?}");
         }
         let mut raw = good.encode();
@@ -264,6 +365,48 @@ mod tests {
             BitmapSuper::decode(&raw[..100]),
             Err(FormatError::Truncated)
         );
+    }
+
+    #[test]
+    fn clustered_header_round_trips_at_md_offsets() {
+        let sb = BitmapSuper::new([3; 16], 1 << 21, 1 << 20, 8)
+            .clustered(4, "lab")
+            .unwrap();
+        let b = sb.encode();
+        assert_eq!(u32::from_le_bytes(b[4..8].try_into().unwrap()), 5);
+        assert_eq!(u32::from_le_bytes(b[68..72].try_into().unwrap()), 4);
+        assert_eq!(&b[72..76], b"lab\0");
+        assert!(b[76..].iter().all(|&x| x == 0));
+        let back = BitmapSuper::decode(&b).unwrap();
+        assert_eq!(back, sb);
+        assert_eq!(back.cluster_name(), "lab");
+        assert_eq!(back.slots(), 4);
+        // A plain header stays version 4 with the cluster fields zero, one slot.
+        let plain = BitmapSuper::new([3; 16], 1 << 21, 1 << 20, 8);
+        assert_eq!(&plain.encode()[68..136], &[0u8; 68][..]);
+        assert_eq!(plain.slots(), 1);
+        assert!(BitmapSuper::new([3; 16], 8, 4096, 8)
+            .clustered(0, "x")
+            .is_err());
+        assert!(BitmapSuper::new([3; 16], 8, 4096, 8)
+            .clustered(2, &"n".repeat(64))
+            .is_err());
+    }
+
+    #[test]
+    fn slots_step_by_the_page_rounded_slot_size() {
+        // 1 GiB at 64 KiB chunks: 16384 bits = 2048 bytes + 256 header: one page per slot.
+        let small = BitmapSuper::new([1; 16], 2 << 20, 64 << 10, 8)
+            .clustered(3, "c")
+            .unwrap();
+        assert_eq!(small.slot_offset(1), 4096);
+        assert_eq!(small.slot_offset(2), 8192);
+        assert_eq!(small.all_slots_bytes(), 3 * 4096);
+        // 4 GiB at 4 KiB chunks: 2^20 bits = 131072 bytes + 256: 33 pages per slot.
+        let big = BitmapSuper::new([1; 16], 8 << 20, 4096, 8)
+            .clustered(2, "c")
+            .unwrap();
+        assert_eq!(big.slot_offset(1), 33 * 4096);
     }
 
     #[test]

@@ -55,6 +55,10 @@ pub struct CreateParams {
     /// the data offset), and uses that layout on every member, spares included, so members of
     /// different sizes agree. `None`: this device's own size (`data_offset + data_size`).
     pub bm_space_device_sectors: Option<u64>,
+    /// An md-cluster array ([`crate::feature::CLUSTERED`], with `internal_bitmap`): its node
+    /// slots take this many sectors from +8; the bad-block log goes after them when that is
+    /// more than the usual bitmap space.
+    pub cluster_bitmap_sectors: Option<u64>,
 }
 
 impl Superblock {
@@ -95,12 +99,29 @@ impl Superblock {
             feature_map |= feature::BITMAP_OFFSET;
             bitmap_offset = 8;
         }
+        if p.cluster_bitmap_sectors.is_some() {
+            if !p.internal_bitmap {
+                return Err(FormatError::Unsupported(
+                    "a clustered array keeps its node slots in an internal bitmap".into(),
+                ));
+            }
+            feature_map |= feature::CLUSTERED;
+        }
+        if let Some(slots) = p.cluster_bitmap_sectors {
+            if SB_OFFSET_SECTORS + SB_RESERVED_SECTORS + slots > p.data_offset {
+                return Err(FormatError::Unsupported(format!(
+                    "node bitmaps of {slots} sectors do not fit before the data offset {}",
+                    p.data_offset
+                )));
+            }
+        }
 
         // Bad-block log placement, in sectors relative to the superblock.
         let device_sectors = p
             .bm_space_device_sectors
             .unwrap_or_else(|| p.data_offset.saturating_add(p.data_size));
-        let after_bitmap = SB_RESERVED_SECTORS + bm_space(device_sectors);
+        let bitmap_sectors = bm_space(device_sectors).max(p.cluster_bitmap_sectors.unwrap_or(0));
+        let after_bitmap = SB_RESERVED_SECTORS + bitmap_sectors;
         let bbl = u64::from(BBLOG_SECTORS);
         let (bblog_offset, bblog_size) = if SB_OFFSET_SECTORS + after_bitmap + bbl <= p.data_offset
         {

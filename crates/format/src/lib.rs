@@ -82,9 +82,10 @@ pub use badblocks::{
 pub use bitmap::{
     bit_is_set, bitmap_bytes_on_disk, bitmap_chunks, count_dirty, default_bitmap_chunk,
     min_bitmap_chunk, state as bitmap_state, BitmapSuper, BITMAP_HEADER_BYTES, BITMAP_MAGIC,
-    BITMAP_OFFSET_SECTORS, BITMAP_PAGE_BYTES, BITMAP_VERSION, DEFAULT_DAEMON_SLEEP,
+    BITMAP_OFFSET_SECTORS, BITMAP_PAGE_BYTES, BITMAP_VERSION, BITMAP_VERSION_CLUSTERED,
+    CLUSTER_NAME_BYTES, DEFAULT_DAEMON_SLEEP, MAX_CLUSTER_NODES,
 };
-pub use create::CreateParams;
+pub use create::{CreateParams, BBLOG_SECTORS};
 pub use integrity::{
     record_of, record_seed, table_copies, TableBlock, Zone, FEATURE_INTEGRITY, RECORDS_PER_TABLE,
     RECORD_BLOCK, TABLE_MAGIC,

@@ -327,6 +327,7 @@ fn create_builder() {
         journal: false,
         integrity: false,
         bm_space_device_sectors: None,
+        cluster_bitmap_sectors: None,
     };
     let sb = Superblock::new_for_create(&p).unwrap();
     assert_eq!(sb.max_dev, 128);
@@ -392,6 +393,31 @@ fn create_builder() {
         ..p.clone()
     })
     .is_err());
+    // md-cluster: four node slots of 8 sectors; the bad-block log moves past all of them.
+    let clustered = Superblock::new_for_create(&CreateParams {
+        internal_bitmap: true,
+        cluster_bitmap_sectors: Some(32),
+        ..p.clone()
+    })
+    .unwrap();
+    assert_eq!(
+        clustered.feature_map,
+        feature::BITMAP_OFFSET | feature::CLUSTERED
+    );
+    assert_eq!(clustered.bblog_offset, 8 + 32);
+    for refused in [
+        CreateParams {
+            cluster_bitmap_sectors: Some(32),
+            ..p.clone()
+        },
+        CreateParams {
+            internal_bitmap: true,
+            cluster_bitmap_sectors: Some(4096),
+            ..p.clone()
+        },
+    ] {
+        assert!(Superblock::new_for_create(&refused).is_err());
+    }
     assert_eq!(
         Superblock::new_for_create(&CreateParams {
             data_offset: 8,

@@ -3,7 +3,7 @@
 
 use format::{
     feature, sb_csum, BitmapSuper, Superblock, BITMAP_HEADER_BYTES, BITMAP_MAGIC, BITMAP_VERSION,
-    MD_SB_MAGIC, SB_BYTES,
+    BITMAP_VERSION_CLUSTERED, CLUSTER_NAME_BYTES, MAX_CLUSTER_NODES, MD_SB_MAGIC, SB_BYTES,
 };
 use proptest::prelude::*;
 
@@ -202,8 +202,31 @@ proptest! {
     }
 }
 
-/// Headers the kernel's loader accepts (classic versions, sane chunk, sleep and write-behind).
+/// Headers the kernel's loader accepts (classic and clustered versions, sane chunk, sleep and
+/// write-behind; a clustered one with 1 to MAX_CLUSTER_NODES slots and a NUL-terminated name).
 fn arb_bitmap_super() -> impl Strategy<Value = BitmapSuper> {
+    let cluster = (
+        any::<bool>(),
+        1u32..=MAX_CLUSTER_NODES,
+        proptest::collection::vec(1u8..=255, 0..CLUSTER_NAME_BYTES),
+    );
+    (arb_classic_bitmap_super(), cluster).prop_map(|(sb, (clustered, nodes, name))| {
+        if !clustered {
+            return sb;
+        }
+        let mut sb = BitmapSuper {
+            version: BITMAP_VERSION_CLUSTERED,
+            nodes,
+            ..sb
+        };
+        sb.cluster_name = [0; CLUSTER_NAME_BYTES];
+        sb.cluster_name[..name.len()].copy_from_slice(&name);
+        sb
+    })
+}
+
+/// Version 3 and 4 headers (whose cluster fields md ignores and which round-trip as bytes).
+fn arb_classic_bitmap_super() -> impl Strategy<Value = BitmapSuper> {
     (
         prop_oneof![Just(3u32), Just(4)],
         any::<[u8; 16]>(),
@@ -228,6 +251,8 @@ fn arb_bitmap_super() -> impl Strategy<Value = BitmapSuper> {
                 daemon_sleep: sleep,
                 write_behind: behind,
                 sectors_reserved: reserved,
+                nodes: 0,
+                cluster_name: [0; CLUSTER_NAME_BYTES],
             },
         )
 }
@@ -261,9 +286,10 @@ proptest! {
         forge in any::<bool>(),
     ) {
         // Past the magic and version gates, the checks behind them get exercised too.
-        if forge && buf.len() >= 8 {
+        if forge && buf.len() > 8 {
+            let version = if buf[8] & 1 == 0 { BITMAP_VERSION } else { BITMAP_VERSION_CLUSTERED };
             buf[0..4].copy_from_slice(&BITMAP_MAGIC.to_le_bytes());
-            buf[4..8].copy_from_slice(&BITMAP_VERSION.to_le_bytes());
+            buf[4..8].copy_from_slice(&version.to_le_bytes());
         }
         if let Ok(sb) = BitmapSuper::decode(&buf) {
             accepted_bitmap_is_sane(&sb)?;

@@ -94,6 +94,7 @@ fn build(c: &Case, events: u64) -> Superblock {
         journal: false,
         integrity: false,
         bm_space_device_sectors: None,
+        cluster_bitmap_sectors: None,
     })
     .unwrap();
     sb.events = events;

@@ -21,7 +21,10 @@
 
 use crate::error::Result;
 use std::fmt::Debug;
+
+mod takeover;
 use std::ops::Range;
+pub use takeover::TakeoverReport;
 
 /// What a background window does to its range, as other nodes must know it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -577,8 +577,12 @@ fn build(
     let (members, slots, spare_members) = fill_slots(p.by_role, p.spares);
     let was_dirty = best.resync_offset != MAX_SECTOR;
     let resync_from = (was_dirty && geometry.max_degraded() > 0).then(|| best.resync_offset * 512);
-    check_bitmap_slot(&best, opts.config.coordinator.as_deref())?;
-    let bitmap = load_bitmap(&best, &geometry, &slots, resync_from)?;
+    let node_slot = opts
+        .config
+        .coordinator
+        .as_deref()
+        .map_or(0, |c| c.slot_number());
+    let bitmap = load_bitmap(&best, &geometry, &slots, node_slot, resync_from)?;
     // A write-back journal acknowledges writes its map would not know of yet: arrays with a
     // journal keep none (create writes none; this holds it for members that were reused).
     let used = if best.feature_map & format::feature::JOURNAL != 0 {
@@ -1083,27 +1087,16 @@ fn load_used(best: &Superblock, geometry: &Geometry, slots: &[Slot]) -> Option<A
 /// The write-intent bitmap of an array whose superblock announces one: the union of the
 /// copies on the members in sync (a copy behind the superblocks counts as all ones, as in md).
 /// Copies that do not decode or belong elsewhere are skipped; none usable refuses assembly.
-/// The node's write-intent bitmap slot must exist: arrays created without a cluster keep one
-/// bitmap, slot 0 (md-cluster's per-node bitmaps are not read by this version).
-fn check_bitmap_slot(
-    best: &Superblock,
-    coordinator: Option<&dyn crate::cluster::Coordinator>,
-) -> Result<()> {
-    let slot = coordinator.map_or(0, |c| c.slot_number());
-    if slot == 0 || best.feature_map & format::feature::BITMAP_OFFSET == 0 {
-        return Ok(());
-    }
-    Err(EngineError::Unsupported(format!(
-        "array '{}' keeps one write-intent bitmap (slot 0); this node was given slot {slot}, \
-         which needs md-cluster's per-node bitmaps",
-        best.set_name
-    )))
-}
-
+/// The write-intent bitmap of an array whose superblock announces one: the union of the
+/// copies on the members in sync (a copy behind the superblocks counts as all ones, as in md).
+/// Copies that do not decode or belong elsewhere are skipped; none usable refuses assembly.
+/// A clustered bitmap (md-cluster) is read at this node's slot only, the union taken per
+/// slot; the slot must exist. Without a cluster there is one bitmap, slot 0.
 fn load_bitmap(
     best: &Superblock,
     geometry: &Geometry,
     slots: &[Slot],
+    node_slot: usize,
     resync_from: Option<u64>,
 ) -> Result<Option<Arc<WriteIntentBitmap>>> {
     if best.feature_map & format::feature::BITMAP_OFFSET == 0 {
@@ -1122,6 +1115,31 @@ fn load_bitmap(
     let want_sync = crate::personality::for_geometry(geometry)
         .sync_total(crate::work::SyncAction::Resync)
         / 512;
+    let clustered = best.feature_map & format::feature::CLUSTERED != 0;
+    if node_slot != 0 && !clustered {
+        return Err(EngineError::Unsupported(format!(
+            "array '{}' keeps one write-intent bitmap (slot 0); this node was given slot \
+             {node_slot}, which needs md-cluster's per-node bitmaps (create --nodes)",
+            best.set_name
+        )));
+    }
+    let slot = u32::try_from(node_slot).unwrap_or(u32::MAX);
+    let (sb, bits) = union_of_slot(best, slots, slot, want_sync)?;
+    Ok(Some(Arc::new(WriteIntentBitmap::load(
+        sb,
+        slot,
+        &bits,
+        resync_from,
+    ))))
+}
+
+/// Node slot `slot`'s header (the newest) and the union of its bits over the members in sync.
+pub(crate) fn union_of_slot(
+    best: &Superblock,
+    slots: &[Slot],
+    slot: u32,
+    want_sync: u64,
+) -> Result<(format::BitmapSuper, Vec<u8>)> {
     let mut header: Option<format::BitmapSuper> = None;
     let mut bits: Vec<u8> = Vec::new();
     let mut problems = Vec::new();
@@ -1130,7 +1148,7 @@ fn load_bitmap(
         .filter(|s| s.is_complete())
         .filter_map(|s| s.member())
     {
-        let (sb, b) = match crate::policy::bitmap::read_bitmap(m.dev.as_ref()) {
+        let (sb, b) = match crate::policy::bitmap::read_bitmap_slot(m.dev.as_ref(), slot) {
             Ok(found) => found,
             Err(e) => {
                 problems.push(format!("{}: {e}", m.name()));
@@ -1170,11 +1188,7 @@ fn load_bitmap(
     }
     sb.state &= !format::bitmap_state::STALE;
     sb.events = sb.events.max(best.events);
-    Ok(Some(Arc::new(WriteIntentBitmap::load(
-        sb,
-        &bits,
-        resync_from,
-    ))))
+    Ok((sb, bits))
 }
 
 /// Make the running role table durable on every present member before the array serves

@@ -55,11 +55,23 @@ pub struct CreateSpec {
 }
 
 /// The write-intent bitmap of a new array.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct BitmapSpec {
     /// Bytes of the array (per member for parity levels and RAID1) one bit covers; `None`:
     /// mdadm's default (the smallest that fits the reserved space, at least 64 MiB).
     pub chunk_bytes: Option<u64>,
+    /// md-cluster's format: one bitmap slot per node (bitmap version 5, the superblock's
+    /// CLUSTERED feature).
+    pub cluster: Option<ClusterFormat>,
+}
+
+/// The node slots of a clustered array (`mdadm --bitmap=clustered --nodes N`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClusterFormat {
+    /// Node slots, each a whole bitmap; at least 1.
+    pub nodes: u32,
+    /// The cluster's name, at most 63 bytes.
+    pub name: String,
 }
 
 /// What `create` wrote.
@@ -155,13 +167,24 @@ fn plan_create(
     all: &[&Arc<dyn Device>],
     identity: &Identity,
 ) -> Result<CreatePlan> {
-    let sizes = plan_sizes(spec, all)?;
-    let (geometry, zone) = plan_geometry(spec, &sizes)?;
-    let bitmap = spec
-        .bitmap
-        .map(|b| new_bitmap(&geometry, identity.uuid, sizes.smallest_sectors, b))
-        .transpose()?;
-    let superblocks = plan_superblocks(spec, all, &geometry, &sizes, identity, bitmap.is_some())?;
+    let mut sizes = plan_sizes(spec, all)?;
+    let (mut geometry, mut zone) = plan_geometry(spec, &sizes)?;
+    let smallest = sizes.smallest_sectors;
+    let new_bitmap_for = |geometry: &Geometry| {
+        spec.bitmap
+            .as_ref()
+            .map(|b| new_bitmap(geometry, identity.uuid, smallest, b))
+            .transpose()
+    };
+    let mut bitmap = new_bitmap_for(&geometry)?;
+    if let Some(bm) = bitmap.as_ref().filter(|b| b.is_clustered()) {
+        if make_room_for_slots(all, &mut sizes, bm)? {
+            // Less data per member: a smaller (or equal) array, whose slots fit as well.
+            (geometry, zone) = plan_geometry(spec, &sizes)?;
+            bitmap = new_bitmap_for(&geometry)?;
+        }
+    }
+    let superblocks = plan_superblocks(spec, all, &geometry, &sizes, identity, bitmap.as_ref())?;
     let used_map = plan_used_map(spec, &geometry, &superblocks)?;
     let created = Created {
         uuid: identity.uuid,
@@ -292,7 +315,7 @@ fn plan_superblocks(
     geometry: &Geometry,
     sizes: &Sizes,
     identity: &Identity,
-    internal_bitmap: bool,
+    bitmap: Option<&BitmapSuper>,
 ) -> Result<Vec<Superblock>> {
     // Roles in the order members are given, spares after them (format widens the table to
     // mdadm's `max_dev` with spare entries).
@@ -324,10 +347,13 @@ fn plan_superblocks(
         // Levels without redundancy have nothing to resync (a one-member RAID1 included).
         // An integrity array starts discarded: all zeroes, parity included.
         assume_clean: spec.assume_clean || geometry.max_degraded() == 0 || spec.integrity,
-        internal_bitmap,
+        internal_bitmap: bitmap.is_some(),
         journal: spec.journal.is_some(),
         integrity: spec.integrity,
         bm_space_device_sectors: Some(sizes.smallest_sectors),
+        cluster_bitmap_sectors: bitmap
+            .filter(|b| b.is_clustered())
+            .map(|b| b.all_slots_bytes() / 512),
     };
     assert_eq!(
         identity.device_uuids.len(),
@@ -539,7 +565,7 @@ fn new_bitmap(
     geometry: &Geometry,
     uuid: [u8; 16],
     smallest_member_sectors: u64,
-    spec: BitmapSpec,
+    spec: &BitmapSpec,
 ) -> Result<BitmapSuper> {
     if geometry.max_degraded() == 0 {
         return Err(EngineError::InvalidArgument(format!(
@@ -572,7 +598,52 @@ fn new_bitmap(
     let chunk = u32::try_from(chunk).map_err(|_| {
         EngineError::InvalidArgument(format!("--bitmap-chunk {chunk}: larger than 2 GiB"))
     })?;
-    Ok(BitmapSuper::new(uuid, sync_sectors, chunk, room as u32))
+    let sb = BitmapSuper::new(uuid, sync_sectors, chunk, room as u32);
+    match &spec.cluster {
+        Some(c) => sb
+            .clustered(c.nodes, &c.name)
+            .map_err(|e| EngineError::InvalidArgument(e.to_string())),
+        None => Ok(sb),
+    }
+}
+
+/// Node slots go back to back from +8 sectors, then the bad-block log (8 sectors) and the
+/// used-region map. mdadm's default data offset leaves room for many slots; where it does not
+/// (many nodes, a small bitmap chunk), the data offset grows to the next MiB that does, on
+/// every member alike (mdadm grows it too, within its reshape headroom).
+fn make_room_for_slots(
+    all: &[&Arc<dyn Device>],
+    sizes: &mut Sizes,
+    bm: &BitmapSuper,
+) -> Result<bool> {
+    let used_map_reserve = 2 * format::BITMAP_PAGE_BYTES as u64 / 512;
+    let need = SB_OFFSET_SECTORS
+        + format::SB_RESERVED_SECTORS
+        + bm.all_slots_bytes() / 512
+        + u64::from(format::BBLOG_SECTORS)
+        + used_map_reserve;
+    if need <= sizes.data_offset {
+        return Ok(false);
+    }
+    let grown = need.next_multiple_of(2048);
+    for (i, d) in all.iter().enumerate() {
+        let sectors = d.len_bytes() / 512;
+        if sectors <= grown + 8 {
+            return Err(EngineError::Create {
+                member: d.name().into(),
+                reason: format!(
+                    "too small for {} node bitmaps of {} bytes each: the data area would \
+                     start at {} bytes",
+                    bm.nodes,
+                    bm.bytes_on_disk(),
+                    grown * 512
+                ),
+            });
+        }
+        sizes.data_sectors[i] = sectors - grown;
+    }
+    sizes.data_offset = grown;
+    Ok(true)
 }
 
 /// Write an empty bad-block log (all ones), the bitmap (if any) and the superblock, then flush.

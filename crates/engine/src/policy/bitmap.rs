@@ -60,34 +60,81 @@ const NEEDED: u32 = 1 << 21;
 const CLEAR_AFTER_PASSES: u32 = 2;
 
 /// Write a new array's bitmap: the header and every bit set, as mdadm's create does (a clean
-/// array clears them lazily, a dirty one resyncs what they cover: everything).
+/// array clears them lazily, a dirty one resyncs what they cover: everything). A clustered
+/// bitmap gets every node slot, each with its header; as with mdadm, only slot 0 starts all
+/// ones (one node's resync covers the array once; the others start with nothing to do).
 pub(crate) fn write_initial(dev: &dyn Device, sb: &BitmapSuper) -> io::Result<()> {
-    let mut buf = AlignedBuf::zeroed(sb.bytes_on_disk() as usize);
-    buf.fill(0xff);
-    buf[..BITMAP_HEADER_BYTES].copy_from_slice(&sb.encode());
+    let slot_bytes = sb.bytes_on_disk() as usize;
+    let mut buf = AlignedBuf::zeroed(sb.all_slots_bytes() as usize);
+    buf[..slot_bytes].fill(0xff);
+    for slot in buf.chunks_mut(slot_bytes) {
+        slot[..BITMAP_HEADER_BYTES].copy_from_slice(&sb.encode());
+    }
     dev.write_at(&buf, BITMAP_BYTE_OFFSET, false)
 }
 
-/// Read a member's bitmap: its header and the bytes holding its bits.
+/// Read a member's bitmap: its header and the bytes holding its bits (slot 0 of a clustered
+/// one).
 pub fn read_bitmap(dev: &dyn Device) -> std::result::Result<(BitmapSuper, Vec<u8>), String> {
+    read_bitmap_slot(dev, 0)
+}
+
+/// Read node slot `slot` of a member's bitmap: its header and the bytes holding its bits.
+/// Slot 0's header says where the others are (`nodes` of them, each `bytes_on_disk` long);
+/// a slot whose header disagrees with slot 0's on the array or the coverage is refused.
+pub fn read_bitmap_slot(
+    dev: &dyn Device,
+    slot: u32,
+) -> std::result::Result<(BitmapSuper, Vec<u8>), String> {
+    let (first, bits) = read_one(dev, BITMAP_BYTE_OFFSET)?;
+    if slot == 0 {
+        return Ok((first, bits));
+    }
+    if slot >= first.slots() {
+        return Err(format!(
+            "the bitmap has {} node slot(s); there is no slot {slot}",
+            first.slots()
+        ));
+    }
+    let (sb, bits) = read_one(dev, slot_byte_offset(&first, slot))?;
+    if sb.uuid != first.uuid
+        || sb.sync_size != first.sync_size
+        || sb.chunksize != first.chunksize
+        || sb.nodes != first.nodes
+    {
+        return Err(format!(
+            "node slot {slot}'s header disagrees with slot 0's (array, size, chunk or nodes)"
+        ));
+    }
+    Ok((sb, bits))
+}
+
+/// Where node slot `slot` of a bitmap shaped like `sb` starts on every member (bytes).
+pub(crate) fn slot_byte_offset(sb: &BitmapSuper, slot: u32) -> u64 {
+    BITMAP_BYTE_OFFSET + sb.slot_offset(slot)
+}
+
+fn read_one(dev: &dyn Device, at: u64) -> std::result::Result<(BitmapSuper, Vec<u8>), String> {
     let mut head = AlignedBuf::zeroed(BITMAP_PAGE_BYTES);
-    dev.read_at(&mut head, BITMAP_BYTE_OFFSET)
+    dev.read_at(&mut head, at)
         .map_err(|e| format!("cannot read the bitmap: {e}"))?;
     let sb = BitmapSuper::decode(&head).map_err(|e| e.to_string())?;
     let total = sb.bytes_on_disk();
-    if BITMAP_BYTE_OFFSET + total > dev.len_bytes() {
+    if at + total > dev.len_bytes() {
         return Err(format!(
             "bitmap of {} chunks runs past the device end",
             sb.chunks()
         ));
     }
     let mut all = AlignedBuf::zeroed(total as usize);
-    dev.read_at(&mut all, BITMAP_BYTE_OFFSET)
+    dev.read_at(&mut all, at)
         .map_err(|e| format!("cannot read the bitmap: {e}"))?;
     Ok((sb, all[BITMAP_HEADER_BYTES..].to_vec()))
 }
 
 pub(crate) struct WriteIntentBitmap {
+    /// The node slot this bitmap is (0 unless clustered).
+    slot: u32,
     chunk_bytes: u64,
     sync_bytes: u64,
     chunks: u64,
@@ -101,8 +148,9 @@ pub(crate) struct WriteIntentBitmap {
 impl WriteIntentBitmap {
     /// The bitmap as assembly found it: `bits` is the union of the members' copies (all ones if
     /// none was fresh). Set bits are durable already; those covering bytes at or past
-    /// `resync_from` need resync (an unclean stop).
-    pub(crate) fn load(sb: BitmapSuper, bits: &[u8], resync_from: Option<u64>) -> Self {
+    /// `resync_from` need resync (an unclean stop). `slot`: the node slot this array writes
+    /// (0 unless clustered); no other slot is ever written through it.
+    pub(crate) fn load(sb: BitmapSuper, slot: u32, bits: &[u8], resync_from: Option<u64>) -> Self {
         let chunks = sb.chunks();
         let chunk_bytes = u64::from(sb.chunksize);
         let pages = sb.bytes_on_disk() as usize / BITMAP_PAGE_BYTES;
@@ -123,13 +171,15 @@ impl WriteIntentBitmap {
             .collect();
         let daemon_sleep = Duration::from_secs(u64::from(sb.daemon_sleep.max(1)));
         bytes[..BITMAP_HEADER_BYTES].copy_from_slice(&sb.encode());
+        let base = slot_byte_offset(&sb, slot);
         WriteIntentBitmap {
+            slot,
             chunk_bytes,
             sync_bytes: sb.sync_size * 512,
             chunks,
             counters,
             header: Mutex::new(sb),
-            copy: PagedCopy::new(BITMAP_BYTE_OFFSET, bytes),
+            copy: PagedCopy::new(base, bytes),
             daemon_sleep,
         }
     }
@@ -182,6 +232,45 @@ impl WriteIntentBitmap {
             self.counters[c as usize].fetch_or(ON_DISK, Ordering::AcqRel);
         }
         Ok(())
+    }
+
+    /// Chunks another node's slot had dirty become this slot's: durably set on the members and
+    /// needing resync (none clears before the resync passed it). NEEDED goes on first, so the
+    /// clean-up pass can no longer clear a chunk whose bit this is about to rely on.
+    pub(crate) fn adopt_needed(&self, members: &MemberSet, chunks: &[u64]) -> Result<()> {
+        let mut new = Vec::new();
+        for &c in chunks {
+            assert!(c < self.chunks, "chunk {c} of {}", self.chunks);
+            let prev = self.counters[c as usize].fetch_or(NEEDED, Ordering::AcqRel);
+            if prev & ON_DISK == 0 {
+                new.push(c);
+            }
+        }
+        if !new.is_empty()
+            && !self
+                .copy
+                .commit_bits(members, BITMAP_HEADER_BYTES, new.iter().copied(), true)
+        {
+            return Err(members.metadata_failed(
+                0,
+                self.sync_bytes,
+                "cannot record another node's dirty chunks in this node's bitmap slot",
+            ));
+        }
+        for c in new {
+            self.counters[c as usize].fetch_or(ON_DISK, Ordering::AcqRel);
+        }
+        Ok(())
+    }
+
+    /// The node slot this bitmap writes.
+    pub(crate) fn slot(&self) -> u32 {
+        self.slot
+    }
+
+    /// The header as last put into the image.
+    pub(crate) fn header(&self) -> BitmapSuper {
+        self.header.lock().clone()
     }
 
     /// Every chunk needs resync, durably: all bits set on the members, and none clears before

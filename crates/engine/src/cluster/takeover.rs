@@ -1,0 +1,153 @@
+//! md-cluster's recovery of a dead node's bitmap slot (`recover_slot` → `md_bitmap_copy_from_slot`
+//! → `recovery_cp`), as one engine call: the chunks the dead node had dirty become this node's,
+//! the dead slot is cleared, and a resync of exactly those chunks is requested.
+//!
+//! # What is durable at each step (DESIGN.md's ordering rules)
+//! 1. Read the dead slot: the union of its copies on the members in sync. Nothing written.
+//! 2. Adopt: the chunks' bits are set in this node's slot on every member (written and
+//!    flushed), then the superblocks record "active" (resync checkpoint 0). From here a crash
+//!    loses nothing: an assembly after it finds the superblock dirty and treats every set bit
+//!    of this slot as needing resync. A crash between the bits and the superblock finds the
+//!    dead slot still intact, and the takeover run again adopts it again.
+//! 3. Clear the dead slot on every member and flush. Its bits now live only in this node's
+//!    slot, which step 2 made durable first; a crash part-way leaves some members' copies set,
+//!    which a second takeover re-adopts (bits are idempotent).
+//! 4. Request the resync from the lowest adopted chunk. The walker visits only chunks that need
+//!    it, and their bits clear only after it passed them.
+
+use crate::array::Array;
+use crate::error::{EngineError, Result};
+use device::AlignedBuf;
+use format::{bit_is_set, BitmapSuper, BITMAP_HEADER_BYTES};
+
+/// What a takeover found and did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TakeoverReport {
+    /// The slot taken over.
+    pub slot: u32,
+    /// Chunks that slot had dirty, now this node's to resync.
+    pub adopted_chunks: u64,
+    /// Where the requested resync starts (sync coordinates, bytes); `None`: nothing to do.
+    pub resync_from_bytes: Option<u64>,
+}
+
+impl Array {
+    /// Take over the bitmap slot of a node that died (see the module docs for the order).
+    /// Refuses this node's own slot, a slot the bitmap does not have, and arrays without
+    /// md-cluster's per-node bitmaps. Only a node that knows the other is gone (its lease
+    /// expired and it is fenced) may call this: a live node would go on writing its slot.
+    pub fn take_over_slot(&self, slot: u32) -> Result<TakeoverReport> {
+        let bm = self.policy.bitmap().cloned().ok_or_else(|| {
+            EngineError::Unsupported(format!("array '{}' has no write-intent bitmap", self.name))
+        })?;
+        if slot == bm.slot() {
+            return Err(EngineError::InvalidArgument(format!(
+                "slot {slot} is this node's own bitmap slot"
+            )));
+        }
+        if self.is_read_only() {
+            return Err(EngineError::ReadOnly {
+                array: self.name.clone(),
+                reason: "a takeover writes both bitmap slots".into(),
+            });
+        }
+        let (header, bits) = self.read_slot_union(slot)?;
+        let dirty: Vec<u64> = (0..header.chunks())
+            .filter(|&c| bit_is_set(&bits, c))
+            .collect();
+        {
+            let _counted = crate::io::commit::InCommit::enter(self);
+            bm.adopt_needed(&self.members, &dirty)?;
+            self.mark_active()?;
+        }
+        self.clear_slot(&header, slot)?;
+        let resync_from_bytes = dirty.first().map(|&c| c * bm.chunk_bytes());
+        if let Some(from) = resync_from_bytes {
+            self.request_resync_from(from);
+        }
+        tracing::info!(array = %self.name, slot, adopted = dirty.len(), "took over a node's bitmap slot");
+        Ok(TakeoverReport {
+            slot,
+            adopted_chunks: dirty.len() as u64,
+            resync_from_bytes,
+        })
+    }
+
+    /// Dirty chunks in bitmap slot `slot` on the members (the union of their copies), for
+    /// status; reads only.
+    pub fn slot_dirty_chunks(&self, slot: u32) -> Result<u64> {
+        let (header, bits) = self.read_slot_union(slot)?;
+        Ok(format::count_dirty(&bits, header.chunks()))
+    }
+
+    /// Slot `slot`'s newest header and the union of its bits over the members in sync. A copy
+    /// marked stale counts as all ones. Events are not compared: a dead node's slot lags the
+    /// superblocks the survivors go on writing, and that makes it no less exact.
+    fn read_slot_union(&self, slot: u32) -> Result<(BitmapSuper, Vec<u8>)> {
+        let own = self
+            .policy
+            .bitmap()
+            .map(|b| b.header())
+            .filter(BitmapSuper::is_clustered)
+            .ok_or_else(|| {
+                EngineError::Unsupported(format!(
+                    "array '{}' has no per-node bitmaps (create --nodes)",
+                    self.name
+                ))
+            })?;
+        if slot >= own.nodes {
+            return Err(EngineError::InvalidArgument(format!(
+                "slot {slot}: the bitmap has {} node slots",
+                own.nodes
+            )));
+        }
+        let mut newest: Option<BitmapSuper> = None;
+        let mut bits: Vec<u8> = Vec::new();
+        let mut problems = Vec::new();
+        for m in self.members.role_members() {
+            match crate::policy::bitmap::read_bitmap_slot(m.dev.as_ref(), slot) {
+                Ok((sb, _)) if sb.uuid != own.uuid || sb.chunksize != own.chunksize => {
+                    problems.push(format!("{}: slot {slot} belongs elsewhere", m.name()));
+                }
+                Ok((sb, b)) => {
+                    bits.resize(bits.len().max(b.len()), 0);
+                    let all = sb.is_stale();
+                    for (dst, src) in bits.iter_mut().zip(&b) {
+                        *dst |= if all { 0xff } else { *src };
+                    }
+                    if newest.as_ref().is_none_or(|h| sb.events > h.events) {
+                        newest = Some(sb);
+                    }
+                }
+                Err(e) => problems.push(format!("{}: {e}", m.name())),
+            }
+        }
+        let header = newest.ok_or_else(|| EngineError::Assemble {
+            member: format!("array '{}'", self.name),
+            reason: format!(
+                "no readable copy of bitmap slot {slot}: {}",
+                problems.join("; ")
+            ),
+        })?;
+        Ok((header, bits))
+    }
+
+    /// Zero slot `slot`'s bits on every member in a role (its header kept, state cleared).
+    fn clear_slot(&self, header: &BitmapSuper, slot: u32) -> Result<()> {
+        let mut sb = header.clone();
+        sb.state = 0;
+        let mut buf = AlignedBuf::zeroed(sb.bytes_on_disk() as usize);
+        buf[..BITMAP_HEADER_BYTES].copy_from_slice(&sb.encode());
+        let at = crate::policy::bitmap::slot_byte_offset(&sb, slot);
+        for m in self.members.role_members() {
+            m.dev
+                .write_at(&buf, at, false)
+                .and_then(|()| m.dev.flush())
+                .map_err(|e| EngineError::Assemble {
+                    member: m.name().into(),
+                    reason: format!("cannot clear bitmap slot {slot}: {e}"),
+                })?;
+        }
+        Ok(())
+    }
+}
