@@ -51,6 +51,8 @@ struct Cli {
     cmd: Cmd,
 }
 
+// One value per process, parsed once: the size of its largest variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Cmd {
     /// Write md v1.2 superblocks onto members, making a new array; prints its UUID.
@@ -354,6 +356,10 @@ struct CreateArgs {
     /// "ironraid").
     #[arg(long, value_name = "NAME", requires = "nodes")]
     cluster_name: Option<String>,
+    /// Register the clustered array in etcd (client URLs, comma-separated) for its nodes'
+    /// `run --cluster`; needs --nodes.
+    #[arg(long, value_name = "ENDPOINTS", requires = "nodes")]
+    cluster: Option<String>,
     /// The log device of --consistency-policy journal (md's raid5-cache write journal).
     #[arg(long, value_name = "DEV")]
     journal: Option<PathBuf>,
@@ -707,7 +713,21 @@ fn create(a: CreateArgs) -> anyhow::Result<String> {
             && all_paths.iter().all(|p| space::zeroes_cheaply(p)),
         guided: a.consistency_policy == "guided",
     };
+    if let Some(ep) = &a.cluster {
+        cluster::check_reachable(ep)?;
+    }
     let created = engine::create(&spec).map_err(|e| anyhow!("{e}"))?;
+    if let (Some(ep), Some(nodes)) = (&a.cluster, a.nodes) {
+        cluster::register(ep, &created.uuid, &spec.name, level, nodes as usize).with_context(
+            || {
+                format!(
+                    "the members carry the new array {}, but it is not registered in etcd \
+                     (create it again with --force once etcd answers)",
+                    format::format_uuid(&created.uuid)
+                )
+            },
+        )?;
+    }
     if !a.preallocate {
         space::warn_overcommit(&all_paths);
     }
@@ -850,6 +870,7 @@ fn demo(dir: Option<PathBuf>) -> anyhow::Result<()> {
             bitmap_chunk: None,
             nodes: None,
             cluster_name: None,
+            cluster: None,
             journal: None,
             journal_mode: None,
             integrity: None,

@@ -22,7 +22,12 @@ struct Node {
 
 impl Node {
     fn new(env: &Env, name: &str) -> Node {
-        let rundir = env.dir.path().join(format!("run-{name}"));
+        Node::on_host(env, name, name)
+    }
+
+    /// Node `name` with the run directory of host `host` (two daemons of one name need two).
+    fn on_host(env: &Env, name: &str, host: &str) -> Node {
+        let rundir = env.dir.path().join(format!("run-{host}"));
         std::fs::create_dir_all(&rundir).unwrap();
         Node {
             name: name.into(),
@@ -198,7 +203,8 @@ fn two_nodes_serve_one_raid1_and_read_each_others_writes() {
     assert!(qemu_io(&b.uri(), "read -P 0x5a 0 1M").contains("read"));
     assert!(qemu_io(&b.uri(), "write -P 0xa5 8M 1M").contains("wrote"));
     assert!(qemu_io(&a.uri(), "read -P 0xa5 8M 1M").contains("read"));
-    // Each node keeps its own write-intent bitmap: both slots saw writes.
+    // Each node's view refreshes every third of its lease's TTL.
+    a.wait_detail("node b in a's view", 10, |d| states(d).len() == 2);
     let status = a.ok(&["status"]);
     assert!(
         status.contains("cluster: a slot 0 active (this node, coordinator); b slot 1 active"),
@@ -252,7 +258,7 @@ fn clustered_and_plain_arrays_refuse_the_other_way_to_run() {
     assert!(err.contains("is clustered: run it with --cluster"), "{err}");
     let a = Node::new(&env, "a");
     let _da = a.run(&etcd, &[], &env.members);
-    let twin = Node::new(&env, "a");
+    let twin = Node::on_host(&env, "a", "other-host");
     let err = twin
         .try_run(&etcd, &[], &env.members)
         .err()
@@ -301,4 +307,80 @@ fn a_node_that_cannot_reach_etcd_refuses_writes_until_it_can() {
     );
     // What was written before is intact.
     assert!(qemu_io(&a.uri(), "read -P 0x11 0 64k").contains("read"));
+}
+
+/// Bytes `at..at+len` of a member file's data area.
+fn data_bytes(env: &Env, member: &Path, at: u64, len: usize) -> Vec<u8> {
+    use std::os::unix::fs::FileExt;
+    let offset = env.examine(member)["data_offset_sectors"].as_u64().unwrap() * 512;
+    let mut buf = vec![0u8; len];
+    std::fs::File::open(member)
+        .unwrap()
+        .read_exact_at(&mut buf, offset + at)
+        .unwrap();
+    buf
+}
+
+fn scribble(env: &Env, member: &Path, at: u64, bytes: &[u8]) {
+    use std::os::unix::fs::FileExt;
+    let offset = env.examine(member)["data_offset_sectors"].as_u64().unwrap() * 512;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(member)
+        .unwrap()
+        .write_all_at(bytes, offset + at)
+        .unwrap();
+}
+
+#[test]
+fn a_killed_node_is_gone_for_the_survivor_which_resyncs_only_what_it_had_dirty() {
+    if !require_tools(&["qemu-io"]) {
+        return;
+    }
+    let Some(etcd) = EtcdServer::start() else {
+        return;
+    };
+    let env = Env::new("takeover", 2, MEMBER);
+    clustered(&env, &etcd, "2");
+    let (a, b) = (Node::new(&env, "a"), Node::new(&env, "b"));
+    let da = a.run(&etcd, &["--lease-ttl", "2s"], &env.members);
+    let db = b.run(&etcd, &["--lease-ttl", "2s"], &env.members);
+    b.wait_detail("both nodes", 10, |d| states(d).len() == 2);
+    // A new bitmap has every bit set; a's daemon clears its slot's within a few passes.
+    a.wait_detail("a's slot clean", 30, |d| d["bitmap"]["dirty_chunks"] == 0);
+    // Node a writes and flushes 1 MiB in the second 4 MiB chunk; its bit stays set a while.
+    assert!(qemu_io(&a.uri(), "write -P 0x77 4M 1M").contains("wrote"));
+    da.kill9();
+    let t0 = Instant::now();
+    // Behind everyone's back, the mirrors now differ inside a's dirty chunk and outside it.
+    scribble(&env, &env.members[1], 4 * MIB + 8192, &[0xee; 4096]);
+    scribble(&env, &env.members[1], 20 * MIB, &[0xdd; 4096]);
+    let d = b.wait_detail("a gone and b coordinator", 15, |d| {
+        states(d).contains(&("a".into(), 0, "gone".into())) && d["cluster"]["coordinator"] == "b"
+    });
+    let noticed = t0.elapsed();
+    assert!(
+        noticed < Duration::from_secs(8),
+        "noticed after {noticed:?}: {d:#}"
+    );
+    // b takes a's slot over and resyncs its dirty chunk (b is alone now).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while data_bytes(&env, &env.members[1], 4 * MIB + 8192, 4096) != vec![0x77; 4096] {
+        assert!(
+            Instant::now() < deadline,
+            "a's dirty chunk was not resynced:\n{}",
+            db.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let log = db.log_text();
+    assert!(log.contains("took over a gone node's bitmap slot"), "{log}");
+    assert!(log.contains("adopted_chunks=1"), "{log}");
+    // Only what a had dirty: the difference outside its chunk is left as it is.
+    assert!(
+        data_bytes(&env, &env.members[1], 20 * MIB, 4096) == vec![0xdd; 4096],
+        "a clean chunk was resynced:\n{log}"
+    );
+    // a's flushed data reads back on b.
+    assert!(qemu_io(&b.uri(), "read -P 0x77 4M 1M").contains("read"));
 }

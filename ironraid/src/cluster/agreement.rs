@@ -187,7 +187,8 @@ impl Node {
                 .lock()
                 .entry(n.name.clone())
                 .or_insert_with(Instant::now);
-            if seen.elapsed() < TAKEOVER_GRACE || self.agreement.taken_over.lock().contains(&n.name) {
+            if seen.elapsed() < TAKEOVER_GRACE || self.agreement.taken_over.lock().contains(&n.name)
+            {
                 continue;
             }
             match array.take_over_slot(n.slot as u32) {
@@ -195,7 +196,9 @@ impl Node {
                     tracing::info!(node = %self.name, gone = %n.name, slot = n.slot, adopted_chunks = r.adopted_chunks, "took over a gone node's bitmap slot");
                     self.agreement.taken_over.lock().insert(n.name.clone());
                 }
-                Err(e) => tracing::warn!(node = %self.name, gone = %n.name, slot = n.slot, "cannot take over the slot of a gone node: {e}"),
+                Err(e) => {
+                    tracing::warn!(node = %self.name, gone = %n.name, slot = n.slot, "cannot take over the slot of a gone node: {e}")
+                }
             }
         }
     }

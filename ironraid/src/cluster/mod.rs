@@ -45,14 +45,27 @@ fn meta_key(uuid: &str) -> String {
     format!("/ironraid/{uuid}/meta")
 }
 
+/// Before `create --cluster` writes anything: etcd answers.
+pub fn check_reachable(endpoints: &str) -> anyhow::Result<()> {
+    Etcd::new(endpoints, ETCD_TIMEOUT)?
+        .get_prefix("/ironraid/")
+        .map(|_| ())
+        .context("create --cluster")
+}
+
 /// Register a new clustered array in etcd (`create --cluster`): refused if its UUID is there.
-pub fn register(endpoints: &str, sb: &format::Superblock, nodes: usize) -> anyhow::Result<()> {
+pub fn register(
+    endpoints: &str,
+    uuid: &[u8; 16],
+    name: &str,
+    level: layout::Level,
+    nodes: usize,
+) -> anyhow::Result<()> {
     let etcd = Etcd::new(endpoints, ETCD_TIMEOUT)?;
-    let uuid = format::format_uuid(&sb.set_uuid);
+    let uuid = format::format_uuid(uuid);
     let record = ArrayRecord {
-        name: sb.set_name.clone(),
-        level: layout::Level::from_md(sb.level)
-            .map_or_else(|| sb.level.to_string(), |l| l.name().to_string()),
+        name: name.to_string(),
+        level: level.name().to_string(),
         nodes,
     };
     let put = etcd.txn(

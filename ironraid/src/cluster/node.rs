@@ -194,7 +194,9 @@ impl Node {
             self.campaign();
             match self.refresh_view() {
                 Ok(()) => self.take_over_gone_slots(),
-                Err(e) => tracing::warn!(node = %self.name, "cannot read the cluster's state: {e:#}"),
+                Err(e) => {
+                    tracing::warn!(node = %self.name, "cannot read the cluster's state: {e:#}")
+                }
             }
             std::thread::sleep(period.saturating_sub(sent.elapsed()));
         }

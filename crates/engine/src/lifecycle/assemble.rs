@@ -583,13 +583,7 @@ fn build(
         .as_deref()
         .map_or(0, |c| c.slot_number());
     let bitmap = load_bitmap(&best, &geometry, &slots, node_slot, resync_from)?;
-    // A write-back journal acknowledges writes its map would not know of yet: arrays with a
-    // journal keep none (create writes none; this holds it for members that were reused).
-    let used = if best.feature_map & format::feature::JOURNAL != 0 {
-        None
-    } else {
-        load_used(&best, &geometry, &slots)
-    };
+    let used = used_map_of(&best, &geometry, &slots);
     let mut meta = Meta {
         clock: opts.config.clock.clone().expect("assemble sets the clock"),
         members,
@@ -1024,6 +1018,19 @@ fn new_journal_sb(best: &Superblock, meta: &mut Meta, dev: &dyn Device) -> Resul
     sb.feature_map &= !(format::feature::RECOVERY_OFFSET | format::feature::RECOVERY_BITMAP);
     sb.dev_roles = meta.roles.clone();
     Ok(sb)
+}
+
+/// The used-region map the array runs with. A write-back journal acknowledges writes its map
+/// would not know of yet: arrays with a journal keep none (create writes none; this holds it
+/// for members that were reused). Nor do clustered arrays: each node would answer reads of
+/// regions another node wrote from its own map, as zeroes (per-node maps of what was ever
+/// written are issue 23's). The map on the members falls behind the superblocks' events
+/// meanwhile, so a later run without the cluster counts every region as used.
+fn used_map_of(best: &Superblock, geometry: &Geometry, slots: &[Slot]) -> Option<Arc<UsedRegions>> {
+    if best.feature_map & (format::feature::JOURNAL | format::feature::CLUSTERED) != 0 {
+        return None;
+    }
+    load_used(best, geometry, slots)
 }
 
 /// The used-region map, if the members in sync carry one for this array: the union of their
