@@ -565,6 +565,19 @@ fn running_roles(
     roles
 }
 
+/// Where a resync must start (sync coordinates, bytes), if one is owed. A clustered array's
+/// superblocks say "clean" when the last node to stop did so cleanly, which says nothing of
+/// another node that crashed before: a node's own slot keeps the bits of its writes in flight,
+/// so each of them needs a resync whatever the superblocks say (a clean stop clears the slot,
+/// so there is none after one).
+fn resync_at_start(best: &Superblock, geometry: &Geometry) -> Option<u64> {
+    let was_dirty = best.resync_offset != MAX_SECTOR;
+    let clustered = best.feature_map & format::feature::CLUSTERED != 0;
+    (was_dirty && geometry.max_degraded() > 0)
+        .then(|| best.resync_offset * 512)
+        .or_else(|| clustered.then_some(0))
+}
+
 fn build(
     opts: AssembleOptions,
     name: String,
@@ -576,14 +589,7 @@ fn build(
     let table_changed = roles != best.dev_roles || !p.forced.is_empty();
     let (members, slots, spare_members) = fill_slots(p.by_role, p.spares);
     let was_dirty = best.resync_offset != MAX_SECTOR;
-    // A clustered array's superblocks say "clean" when the last node to stop did so cleanly,
-    // which says nothing of another node that crashed before: a node's own slot keeps the
-    // bits of its writes in flight, so each of them needs a resync whatever the superblocks
-    // say (a clean stop clears the slot, so there is none after one).
-    let clustered = best.feature_map & format::feature::CLUSTERED != 0;
-    let resync_from = (was_dirty && geometry.max_degraded() > 0)
-        .then(|| best.resync_offset * 512)
-        .or_else(|| clustered.then_some(0));
+    let resync_from = resync_at_start(&best, &geometry);
     let node_slot = opts
         .config
         .coordinator
