@@ -25,7 +25,7 @@ mod work;
 
 pub use array::{
     Array, ArrayConfig, ArrayStatus, BitmapStatus, MemberState, MemberStatus, MemoryStatus,
-    PoolUsage, UsedStatus, ASSEMBLED_READ_ONLY,
+    PoolUsage, SyncWindow, UsedStatus, ASSEMBLED_READ_ONLY,
 };
 pub use background::{SyncStatus, DEFAULT_SPEED_MAX, DEFAULT_SPEED_MIN};
 pub use clock::{Clock, ManualClock, SystemClock};

@@ -58,6 +58,16 @@ impl Coordinator for Recording {
         self.sync_refused.lock().clone()
     }
 
+    fn recovery_allowed(&self) -> bool {
+        self.sync_refused.lock().is_none()
+    }
+
+    fn recovery_starts(&self) -> bool {
+        self.recovery_allowed()
+    }
+
+    fn recovery_paused(&self) {}
+
     fn metadata_update_start(&self) {
         self.starts.fetch_add(1, Ordering::SeqCst);
     }

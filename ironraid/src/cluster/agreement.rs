@@ -8,11 +8,12 @@
 //!   watcher fails the member there too and acknowledges under `ack/<device number>/<node>`.
 //!   The failing node returns only once every node whose lease lives has acknowledged: a write
 //!   that skipped the member is acknowledged to its client after that (md-cluster's rule).
-//! * **Background work** (resync, recovery, check) runs on the coordinator, and only while no
-//!   other node is active: it holds the `sync` key (lease-bound) while it may run windows, and
-//!   a node that joins waits until that key is gone before it serves. Windows locked on every
-//!   node (the seed paper's extent-by-extent protocol) are not built yet; until they are,
-//!   a second node's start pauses background work between two windows.
+//! * **Background work** (resync, recovery, check) runs on the coordinator, which holds the
+//!   `sync` key (lease-bound). Each window is locked on every node first (`windows.rs`).
+//!   Rebuilding a member needs more: the other nodes would not know of it, so a rebuild runs
+//!   only while no other node's lease lives; the key then says "recovery", a node that starts
+//!   waits until it says otherwise, and one that started just before is seen by the rebuild,
+//!   which stops between two windows with its progress recorded.
 
 use super::etcd::{Compare, Op};
 use super::node::Node;
@@ -22,6 +23,14 @@ use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
+
+/// What the `sync` key says its holder does: any background work, or rebuilding a member.
+const BACKGROUND: &str = "background";
+const RECOVERY: &str = "recovery";
+
+fn sync_value(node: &str, mode: &str) -> Vec<u8> {
+    format!("{node} {mode}").into_bytes()
+}
 
 /// How often a node looks for failures recorded by others, and waits between polls.
 const POLL: Duration = Duration::from_millis(20);
@@ -50,12 +59,16 @@ impl Node {
     }
 
     /// Serve `array` from now on: failures other nodes record reach it.
+    /// Before it returns, this node holds the window another node's background walk works on
+    /// (so it serves nothing there).
     pub fn attach(self: &Arc<Self>, array: &Arc<Array>) {
         let _ = self.agreement.array.set(Arc::downgrade(array));
+        let hold = self.follow_round(array, None);
         let node = self.clone();
+        let array = Arc::downgrade(array);
         std::thread::Builder::new()
             .name("cluster-watch".into())
-            .spawn(move || node.watch_failures())
+            .spawn(move || node.watch(array, hold))
             .expect("spawn the cluster watcher");
     }
 
@@ -138,10 +151,21 @@ impl Node {
         }
     }
 
-    /// Apply the failures other nodes record, until the node leaves.
-    fn watch_failures(&self) {
-        let prefix = self.key("failed/");
+    /// Apply the failures other nodes record and follow the coordinator's windows, until the
+    /// node leaves.
+    fn watch(&self, array: Weak<Array>, mut hold: Option<super::windows::Hold>) {
         while !self.stop.load(Ordering::Acquire) {
+            self.apply_failures();
+            if let Some(a) = array.upgrade() {
+                hold = self.follow_round(&a, hold);
+            }
+            std::thread::sleep(POLL);
+        }
+    }
+
+    fn apply_failures(&self) {
+        let prefix = self.key("failed/");
+        {
             if let Ok((kvs, _)) = self.etcd.get_prefix(&prefix) {
                 for kv in kvs {
                     let Ok(dev) = kv.key[prefix.len()..].parse::<u32>() else {
@@ -157,7 +181,6 @@ impl Node {
                     self.acknowledge(dev);
                 }
             }
-            std::thread::sleep(POLL);
         }
     }
 
@@ -203,81 +226,89 @@ impl Node {
         }
     }
 
-    /// Why this node may not run background windows now (None: it holds the `sync` key and
-    /// no other node is active).
+    /// Why this node may not run background windows now (None: it is the coordinator and
+    /// holds the `sync` key, which names who runs background work and whether it rebuilds).
     pub fn sync_refusal(&self) -> Option<String> {
-        let held = self.agreement.sync_held.load(Ordering::Acquire);
-        if !held {
-            let others = self.others_active();
-            if !others.is_empty() {
-                return Some(format!(
-                    "other nodes are active ({}): background work waits for them to leave",
-                    others.join(", ")
-                ));
-            }
-            if !self.is_coordinator() {
-                return Some("another node coordinates background work".into());
-            }
-            if let Err(why) = self.take_sync_key() {
-                return Some(why);
-            }
+        if !self.is_coordinator() {
+            self.agreement.sync_held.store(false, Ordering::Release);
+            return Some("another node coordinates background work".into());
         }
-        // Fresh, not the last view: a node that joined since must not see windows rewritten.
-        match self.live_nodes() {
-            Ok(live) if live.iter().all(|n| *n == self.name) => None,
-            Ok(live) => {
-                self.release_sync_key();
-                Some(format!(
-                    "other nodes are active ({}): background work waits for them to leave",
-                    live.join(", ")
-                ))
-            }
-            Err(e) => Some(format!("cannot read the cluster's nodes: {e:#}")),
+        if self.agreement.sync_held.load(Ordering::Acquire) {
+            return None;
         }
-    }
-
-    fn take_sync_key(&self) -> Result<(), String> {
         let key = self.key("sync");
-        let got = self
-            .etcd
-            .txn(
-                &[Compare::Absent(key.clone())],
-                &[Op::Put {
-                    key,
-                    value: self.name.as_bytes().to_vec(),
-                    lease: Some(self.lease),
-                }],
-                &[],
-            )
-            .map_err(|e| format!("{e:#}"))?;
-        if !got.succeeded {
-            return Err("another node runs background work".into());
-        }
-        self.agreement.sync_held.store(true, Ordering::Release);
-        Ok(())
-    }
-
-    fn release_sync_key(&self) {
-        self.agreement.sync_held.store(false, Ordering::Release);
-        if let Err(e) = self.etcd.delete(&self.key("sync")) {
-            tracing::warn!(node = %self.name, "cannot release the sync key: {e:#}");
+        let got = self.etcd.txn(
+            &[Compare::Absent(key.clone())],
+            &[Op::Put {
+                key,
+                value: sync_value(&self.name, BACKGROUND),
+                lease: Some(self.lease),
+            }],
+            &[],
+        );
+        match got {
+            Ok(r) if r.succeeded => {
+                self.agreement.sync_held.store(true, Ordering::Release);
+                None
+            }
+            Ok(_) => Some("another node runs background work".into()),
+            Err(e) => Some(format!("{e:#}")),
         }
     }
 
-    /// A joining node waits until no other node runs background work (it could rewrite a
-    /// window this node writes into).
+    /// Is this node the only one whose lease lives (read now, not from the last view)?
+    pub fn alone_now(&self) -> bool {
+        self.live_nodes()
+            .is_ok_and(|live| live.iter().all(|n| *n == self.name))
+    }
+
+    /// Say in the `sync` key that this node rebuilds (nodes that start meanwhile wait), then
+    /// check it is alone: a node that registered before the key said so is seen here.
+    pub fn begin_recovery(&self) -> bool {
+        if self.set_sync_mode(RECOVERY) && self.alone_now() {
+            return true;
+        }
+        self.set_sync_mode(BACKGROUND);
+        false
+    }
+
+    /// The rebuild stopped and its progress is durable: nodes waiting to start may.
+    pub fn end_recovery(&self) {
+        self.set_sync_mode(BACKGROUND);
+    }
+
+    fn set_sync_mode(&self, mode: &str) -> bool {
+        if !self.agreement.sync_held.load(Ordering::Acquire) {
+            return false;
+        }
+        let put = self.etcd.put(
+            &self.key("sync"),
+            &sync_value(&self.name, mode),
+            Some(self.lease),
+        );
+        if let Err(e) = &put {
+            tracing::warn!(node = %self.name, "cannot record what background work runs: {e:#}");
+        }
+        put.is_ok()
+    }
+
+    /// A joining node waits while another node rebuilds a member (this node would not know
+    /// of the member being rebuilt, and skip it where it is rebuilt already).
     pub(super) fn wait_for_background_work_elsewhere(&self) -> anyhow::Result<()> {
         let key = self.key("sync");
         let t0 = Instant::now();
         let mut warned = false;
         loop {
             let (kvs, _) = self.etcd.get_prefix(&key)?;
-            match kvs.iter().find(|kv| kv.key == key) {
-                Some(kv) if kv.value != self.name.as_bytes() => {}
-                _ => return Ok(()),
+            let rebuilding = kvs.iter().find(|kv| kv.key == key).is_some_and(|kv| {
+                kv.value != sync_value(&self.name, RECOVERY)
+                    && kv.value.ends_with(RECOVERY.as_bytes())
+            });
+            if !rebuilding {
+                return Ok(());
             }
             if !warned && t0.elapsed() > Duration::from_secs(2) {
-                tracing::info!(node = %self.name, "waiting for another node's background work to pause");
+                tracing::info!(node = %self.name, "waiting for another node's rebuild to pause");
                 warned = true;
             }
             std::thread::sleep(POLL);

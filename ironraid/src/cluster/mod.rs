@@ -8,6 +8,7 @@
 mod agreement;
 pub mod etcd;
 pub mod node;
+mod windows;
 
 use anyhow::{anyhow, bail, Context};
 use device::Device;
@@ -210,14 +211,31 @@ impl Coordinator for EtcdCoordinator {
         self.node.sync_refusal()
     }
 
-    /// No node runs windows while another is active (see `agreement.rs`), so none waits.
+    fn recovery_allowed(&self) -> bool {
+        self.node.alone_now()
+    }
+
+    fn recovery_starts(&self) -> bool {
+        self.node.begin_recovery()
+    }
+
+    fn recovery_paused(&self) {
+        self.node.end_recovery();
+    }
+
+    /// Other nodes keep their writes out of this node's windows with their range locks
+    /// (`windows.rs`), which they take before their writes do: nothing waits here.
     fn area_resyncing(&self, _range: Range<u64>) -> bool {
         false
     }
 
-    fn resync_info_update(&self, _kind: SyncKind, _range: Range<u64>) {}
+    fn resync_info_update(&self, _kind: SyncKind, range: Range<u64>) {
+        self.node.announce_window(range.start, range.end);
+    }
 
-    fn resync_finish(&self) {}
+    fn resync_finish(&self) {
+        self.node.end_windows();
+    }
 
     fn add_new_disk(&self, _device_uuid: [u8; 16]) -> engine::Result<()> {
         self.alone("adding a member")

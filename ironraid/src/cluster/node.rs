@@ -216,7 +216,7 @@ impl Node {
         );
     }
 
-    fn refresh_view(&self) -> anyhow::Result<()> {
+    pub(super) fn refresh_view(&self) -> anyhow::Result<()> {
         let (kvs, _) = self.etcd.get_prefix(&self.prefix)?;
         let mut view = ClusterView::default();
         let live: Vec<&str> = kvs

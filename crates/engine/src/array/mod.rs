@@ -15,7 +15,7 @@ use crate::clock::Clock;
 use crate::error::{EngineError, Result};
 use crate::events::{Event, EventBus};
 use crate::io::{Executor, IoPath};
-use crate::lock::{LocalLocks, RangeLock};
+use crate::lock::{LocalLocks, LockRange, RangeLock};
 use crate::members::Meta;
 use crate::members::{Member, MemberSet, Slot};
 use crate::personality::stripe_cache::StripeCache;
@@ -92,6 +92,10 @@ impl Default for ArrayConfig {
         }
     }
 }
+
+/// A window of the array another node works on: this node's client writes stay out of it
+/// until this drops ([`Array::hold_sync_window`]).
+pub struct SyncWindow<'a>(#[allow(dead_code)] crate::lock::RangeGuard<'a>);
 
 /// An assembled array.
 pub struct Array {
@@ -821,6 +825,13 @@ impl Array {
         self.members
             .fail_role(role, None, "failed by administrator");
         Ok(())
+    }
+
+    /// Keep this node's client writes out of sync coordinates `at..at + len` (md's: per-member
+    /// bytes for parity levels, array bytes for mirrors) while another node of the cluster
+    /// resyncs them, until the guard drops. Returns once the writes in flight there ended.
+    pub fn hold_sync_window(&self, at: u64, len: u64) -> SyncWindow<'_> {
+        SyncWindow(self.range_lock().lock(LockRange::Sync { at, len }))
     }
 
     /// Another node of the array's cluster recorded member `dev_number` (md's device number,

@@ -246,9 +246,12 @@ impl Walk {
         if self.pos >= self.end {
             return Ok(true);
         }
-        if array.members.coordinator().sync_refusal().is_some() {
-            // Another node became active: it may write into the next window. The walk stops
-            // here and resumes from `pos` when it may.
+        let coordinator = array.members.coordinator();
+        let rebuilding = matches!(self.job, Job::Recover(_));
+        if coordinator.sync_refusal().is_some() || (rebuilding && !coordinator.recovery_allowed()) {
+            // Another node took the work over, or came while a member is rebuilt (it does not
+            // know of the rebuilding member): the walk stops here, its progress recorded, and
+            // resumes from there when it may.
             return Err(Stop::Interrupted);
         }
         if !matches!(self.job, Job::Recover(_)) && array.sync.parity_degraded(array) {
@@ -585,6 +588,13 @@ impl SyncControl {
             && array.members.slots.iter().any(|s| !s.is_complete())
     }
 
+    /// A role to rebuild: one partly rebuilt, or a missing one and a spare to give it.
+    fn recovery_pending(&self, array: &Array) -> bool {
+        let slots = &array.members.slots;
+        slots.iter().any(|s| !s.is_faulty() && !s.is_complete())
+            || (slots.iter().any(|s| s.is_faulty()) && !array.members.spares.lock().is_empty())
+    }
+
     fn has_spare_or_partial(&self, array: &Array) -> bool {
         !array.members.spares.lock().is_empty()
             || array
@@ -702,8 +712,11 @@ impl SyncControl {
         if st.frozen || array.is_failed() || array.config.read_only {
             return None;
         }
-        if let Some(role) = self.pick_recovery(array) {
-            return Some(Job::Recover(role));
+        if self.recovery_pending(array) && array.members.coordinator().recovery_starts() {
+            if let Some(role) = self.pick_recovery(array) {
+                return Some(Job::Recover(role));
+            }
+            array.members.coordinator().recovery_paused();
         }
         let degraded = array.members.slots.iter().any(|s| !s.is_complete());
         // A degraded parity array has no redundancy left to make consistent (resync waits for
@@ -747,6 +760,7 @@ impl SyncControl {
                 Ok(()) => self.finish_recovery(array, role),
                 Err(_) => self.checkpoint_recovery(array, role),
             }
+            array.members.coordinator().recovery_paused();
         }
         if let Some(integ) = array
             .integrity

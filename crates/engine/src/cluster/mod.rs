@@ -57,14 +57,24 @@ pub trait Coordinator: Send + Sync + Debug {
     /// (md-cluster: no degraded write before every node acknowledged the failure).
     fn member_failed(&self, dev_number: u32);
     /// Why this node may not run background windows (resync, recovery, check) now (None:
-    /// it may). A cluster runs them on one node, once the others cannot write into them.
+    /// it may). A cluster runs them on one node, its coordinator.
     fn sync_refusal(&self) -> Option<String>;
+    /// May this node rebuild members now? The other nodes do not know of a member being
+    /// rebuilt (they would skip it where it is already rebuilt), so a cluster rebuilds only
+    /// while one node runs the array. Asked before each recovery window.
+    fn recovery_allowed(&self) -> bool;
+    /// A recovery walk is about to start: false if it may not after all (another node came).
+    fn recovery_starts(&self) -> bool;
+    /// The recovery walk stopped and its progress is durable in the superblocks: nodes that
+    /// waited for it may start.
+    fn recovery_paused(&self);
     /// After a superblock update reached every member: let the other nodes re-read it.
     fn metadata_update_finish(&self, events: u64);
     /// Is another node resyncing or recovering part of `range` (per-member bytes, md's sync
     /// coordinates)? A client write there waits until it is not.
     fn area_resyncing(&self, range: Range<u64>) -> bool;
-    /// This node's background walk is about to work on `range`.
+    /// This node's background walk is about to work on `range`: return once no other node
+    /// can write into it until the next update or [`Coordinator::resync_finish`].
     fn resync_info_update(&self, kind: SyncKind, range: Range<u64>);
     /// This node's background walk ended (done, stopped or failed).
     fn resync_finish(&self);
@@ -98,6 +108,16 @@ impl Coordinator for Local {
     fn sync_refusal(&self) -> Option<String> {
         None
     }
+
+    fn recovery_allowed(&self) -> bool {
+        true
+    }
+
+    fn recovery_starts(&self) -> bool {
+        true
+    }
+
+    fn recovery_paused(&self) {}
 
     fn metadata_update_finish(&self, _events: u64) {}
 

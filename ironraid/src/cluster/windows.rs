@@ -1,0 +1,236 @@
+//! Background windows locked on every node (the seed paper's protocol, md-cluster's
+//! RESYNCING messages; reference: cluster-design.md §3.4):
+//!
+//! 1. the coordinator puts the `round` key (`"<node> <lo> <hi>"`, sync coordinates) before it
+//!    works on a window; the key's revision names the round;
+//! 2. every other node's watcher drops its hold of the previous window, takes the new one with
+//!    the engine's range lock (which waits for its client writes in flight there and keeps new
+//!    ones out) and acknowledges the round under `round-ack/<node>`;
+//! 3. the coordinator works on the window once every node whose lease lives has acknowledged;
+//! 4. the next round's put releases the window; an empty round (`"<node>"`) ends the walk.
+//!
+//! A node that joins takes the current window before it serves. A window whose coordinator's
+//! lease is gone is let go.
+
+use super::etcd::KeyValue;
+use super::node::Node;
+use engine::Array;
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const POLL: Duration = Duration::from_millis(10);
+
+/// A window of another node's background walk held on this node: client writes stay out of
+/// it until this drops. The range lock is taken and released on a thread of its own (its
+/// guard may not leave the thread that took it).
+pub struct Hold {
+    round: i64,
+    release: Option<mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Hold {
+    fn take(array: Arc<Array>, round: i64, at: u64, len: u64) -> Hold {
+        let (held_tx, held_rx) = mpsc::channel();
+        let (release, release_rx) = mpsc::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("cluster-window".into())
+            .spawn(move || {
+                let _window = array.hold_sync_window(at, len);
+                let _ = held_tx.send(());
+                let _ = release_rx.recv();
+            })
+            .expect("spawn a window holder");
+        let _ = held_rx.recv();
+        Hold {
+            round,
+            release: Some(release),
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        drop(self.release.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// What a `round` key says: who works, and on which window (None: the walk ended).
+fn parse_round(kv: &KeyValue) -> Option<(String, Option<(u64, u64)>)> {
+    let text = String::from_utf8_lossy(&kv.value).into_owned();
+    let mut parts = text.split(' ');
+    let node = parts.next()?.to_string();
+    let window = match (parts.next(), parts.next()) {
+        (Some(lo), Some(hi)) => Some((lo.parse().ok()?, hi.parse().ok()?)),
+        _ => None,
+    };
+    Some((node, window))
+}
+
+impl Node {
+    /// Announce the window `lo..hi` this node's walk works on next, and return once every
+    /// other node whose lease lives holds it.
+    pub fn announce_window(&self, lo: u64, hi: u64) {
+        let value = format!("{} {lo} {hi}", self.name);
+        self.put_round(&value, true);
+    }
+
+    /// The walk ended: release the last window everywhere.
+    pub fn end_windows(&self) {
+        self.put_round(&self.name, false);
+    }
+
+    fn put_round(&self, value: &str, wait: bool) {
+        let key = format!("{}round", self.prefix);
+        let round = match self.etcd.put(&key, value.as_bytes(), None) {
+            Ok(r) => r,
+            Err(e) => {
+                // Writes of the others are not kept out: fail the window rather than copy.
+                tracing::error!(node = %self.name, "cannot announce a background window: {e:#}");
+                return self.wait_for_etcd(&key, value);
+            }
+        };
+        if wait {
+            self.wait_for_acks(round);
+        }
+    }
+
+    /// etcd did not take the round: try until it does (the walk waits meanwhile).
+    fn wait_for_etcd(&self, key: &str, value: &str) {
+        loop {
+            std::thread::sleep(POLL * 10);
+            if let Ok(round) = self.etcd.put(key, value.as_bytes(), None) {
+                return self.wait_for_acks(round);
+            }
+        }
+    }
+
+    fn wait_for_acks(&self, round: i64) {
+        let acks = format!("{}round-ack/", self.prefix);
+        let t0 = Instant::now();
+        let mut warned = false;
+        loop {
+            let waiting: Vec<String> = match (self.live_nodes(), self.etcd.get_prefix(&acks)) {
+                (Ok(live), Ok((acked, _))) => live
+                    .into_iter()
+                    .filter(|n| *n != self.name)
+                    .filter(|n| {
+                        !acked.iter().any(|kv| {
+                            kv.key[acks.len()..] == **n && kv.value == round.to_string().as_bytes()
+                        })
+                    })
+                    .collect(),
+                _ => vec!["(etcd unreachable)".into()],
+            };
+            if waiting.is_empty() {
+                return;
+            }
+            if !warned && t0.elapsed() > Duration::from_secs(5) {
+                tracing::warn!(node = %self.name, round, ?waiting, "background window not yet held by every node");
+                warned = true;
+            }
+            std::thread::sleep(POLL);
+        }
+    }
+
+    /// Follow the coordinator's rounds once: hold its current window (dropping the previous
+    /// one), or nothing, and acknowledge. Returns the hold to keep.
+    pub(super) fn follow_round(&self, array: &Arc<Array>, hold: Option<Hold>) -> Option<Hold> {
+        let key = format!("{}round", self.prefix);
+        let Ok((kvs, _)) = self.etcd.get_prefix(&key) else {
+            return hold;
+        };
+        let Some(kv) = kvs.iter().find(|kv| kv.key == key) else {
+            return hold;
+        };
+        let round = kv.mod_revision;
+        let Some((author, window)) = parse_round(kv) else {
+            return hold;
+        };
+        let author_gone = author != self.name && !self.others_active().contains(&author);
+        let current = hold.as_ref().map(|h| h.round);
+        if author == self.name || current == Some(round) {
+            // Ours, or held already: let a gone coordinator's window go.
+            return if author_gone { None } else { hold };
+        }
+        drop(hold);
+        let hold = match window {
+            Some((lo, hi)) if !author_gone => Some(Hold::take(array.clone(), round, lo, hi - lo)),
+            _ => None,
+        };
+        let ack = format!("{}round-ack/{}", self.prefix, self.name);
+        if let Err(e) = self.etcd.put(&ack, round.to_string().as_bytes(), None) {
+            tracing::warn!(node = %self.name, "cannot acknowledge a background window: {e:#}");
+        }
+        hold.or(Some(Hold {
+            round,
+            release: None,
+            thread: None,
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::etcd::Etcd;
+    use device::SimDevice;
+    use testkit::etcd::EtcdServer;
+
+    const UUID: &str = "0a1b2c3d-0000-4000-8000-0000000000aa";
+
+    fn join(server: &EtcdServer, name: &str) -> Arc<Node> {
+        let etcd = Etcd::new(&server.endpoint, Duration::from_secs(2)).unwrap();
+        Node::join(etcd, UUID, name, 2, Duration::from_secs(5)).unwrap()
+    }
+
+    /// A write of `at` on `array` in a thread: its receiver gets a value once it returned.
+    fn write_in_thread(array: &Arc<Array>, at: u64) -> mpsc::Receiver<()> {
+        let (tx, rx) = mpsc::channel();
+        let array = array.clone();
+        std::thread::spawn(move || {
+            array.write(at, &[7u8; 4096], false).unwrap();
+            let _ = tx.send(());
+        });
+        rx
+    }
+
+    #[test]
+    fn a_window_one_node_announces_keeps_the_others_writes_out_until_the_next_round() {
+        let Some(etcd) = EtcdServer::start() else {
+            return;
+        };
+        let coordinator = join(&etcd, "a");
+        let follower = join(&etcd, "b");
+        follower.refresh_view().unwrap();
+        let sims: Vec<Arc<SimDevice>> = (0..2)
+            .map(|i| Arc::new(SimDevice::new(format!("sim{i}"), 8 << 20, i)))
+            .collect();
+        let devs = simkit::devs(&sims);
+        simkit::create_clean("w", layout::Level::Raid1, None, 0, devs.clone(), vec![]);
+        let array = Arc::new(simkit::reassemble(&sims).unwrap());
+        follower.attach(&array);
+        // Returns only once b holds the window.
+        coordinator.announce_window(0, 1 << 20);
+        let inside = write_in_thread(&array, 8192);
+        let outside = write_in_thread(&array, 2 << 20);
+        outside
+            .recv_timeout(Duration::from_secs(2))
+            .expect("a write outside the window goes on");
+        assert!(
+            inside.recv_timeout(Duration::from_millis(300)).is_err(),
+            "a write inside the window went out while the window was held"
+        );
+        coordinator.end_windows();
+        inside
+            .recv_timeout(Duration::from_secs(2))
+            .expect("the write goes out once the window is released");
+        follower.leave();
+        coordinator.leave();
+    }
+}
