@@ -800,6 +800,8 @@ fn recover(
     partial_sync: Option<usize>,
     probe_read_only: bool,
 ) -> Array {
+    // A log that failed wrote its cache out unlogged: a cut in that reopens the write hole.
+    let log_failed = rig.log_failed;
     rig.crash();
     if rig.policy.journal() && rig.boots.is_multiple_of(3) {
         // Power goes again while the journal is replayed (or the new chain started): the
@@ -849,13 +851,13 @@ fn recover(
     };
     restore_lost_pages(rig, &array, model, forced);
     let before = read_all(&array);
-    if rig.policy.journal() && !replaced {
+    if rig.policy.journal() && !replaced && !(forced && log_failed) {
         // The write hole is closed at assembly, before any resync: replaying the log left
         // every stripe's parity in agreement with its data. (Forcing is needed only when an
         // administrator's resync was still owed, which the journal does not replace.)
         check_redundancy(rig, &array, &before);
     }
-    if forced && !rig.policy.journal() {
+    if forced && (!rig.policy.journal() || log_failed) {
         model.settle(before.clone());
     } else if let Err(e) = model.check(&before) {
         panic!(

@@ -69,6 +69,16 @@ impl Array {
         // No ticket is given once the log has failed: when those out end, nothing more can
         // go into the cache or past the log.
         j.wait_tickets();
+        if !j.pending_rows().is_empty() && !self.config.read_only {
+            // The write-out below is not logged: a crash in it may tear its rows, and the log
+            // holds their data without parity, which a degraded start cannot rebuild a missing
+            // member's chunks from. From here the superblocks say a resync is owed, as for an
+            // array without a journal: a degraded start after such a crash is refused unless
+            // forced (md's start_dirty_degraded), a whole one resyncs.
+            let mut meta = self.members.meta.lock();
+            meta.resync_offset = 0;
+            self.members.commit(meta);
+        }
         self.write_out_pending()?;
         self.flush_members();
         if self.is_failed() {
