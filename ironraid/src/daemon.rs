@@ -334,6 +334,7 @@ async fn serve(
                 array: array.clone(),
                 server: server.clone(),
                 addrs: addrs.clone(),
+                cluster: cluster.clone(),
             };
             Some(tokio::spawn(crate::metrics::serve(listener, source)))
         }

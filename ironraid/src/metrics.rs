@@ -40,6 +40,8 @@ pub struct Source {
     pub array: Arc<Array>,
     pub server: Arc<nbd::Server>,
     pub addrs: Vec<String>,
+    /// This node's membership, if the array is clustered.
+    pub cluster: Option<Arc<crate::cluster::node::Node>>,
 }
 
 pub enum Listener {
@@ -198,6 +200,9 @@ pub fn render(array: &Array, source: &Source) -> String {
     feature_series(&mut s, &d);
     member_series(&mut s, &d);
     memory_series(&mut s, &d);
+    if let Some(node) = &source.cluster {
+        cluster_series(&mut s, &d.name, node);
+    }
     let dev = &d.name;
     s.gauge(
         "nbd_connections",
@@ -206,6 +211,31 @@ pub fn render(array: &Array, source: &Source) -> String {
         source.server.active_connections() as f64,
     );
     s.encode()
+}
+
+/// A clustered array's nodes as this node last read them, and whether it may write.
+fn cluster_series(s: &mut Sheet, dev: &str, node: &crate::cluster::node::Node) {
+    let c = node.detail();
+    for state in ["active", "gone"] {
+        s.gauge(
+            "cluster_nodes",
+            "Nodes holding a bitmap slot of the array, by the state of their lease.",
+            labels(&[("device", dev), ("state", state)]),
+            c.nodes.iter().filter(|n| n.state == state).count() as f64,
+        );
+    }
+    s.gauge(
+        "cluster_coordinator",
+        "1 if this node coordinates the array's background work.",
+        labels(&[("device", dev), ("node", &c.node)]),
+        f64::from(u8::from(c.coordinator.as_deref() == Some(c.node.as_str()))),
+    );
+    s.gauge(
+        "cluster_fenced",
+        "1 if this node refuses member writes (its lease is not confirmed).",
+        labels(&[("device", dev), ("node", &c.node)]),
+        f64::from(u8::from(node.fence.refusal().is_some())),
+    );
 }
 
 /// What each bounded pool holds against its limit (`detail --json`'s `memory`).

@@ -176,7 +176,7 @@ fn member_state(d: &serde_json::Value, path: &Path) -> String {
 
 #[test]
 fn two_nodes_serve_one_raid1_and_read_each_others_writes() {
-    if !require_tools(&["qemu-io"]) {
+    if !require_tools(&["qemu-io", "curl"]) {
         return;
     }
     let Some(etcd) = EtcdServer::start() else {
@@ -185,7 +185,9 @@ fn two_nodes_serve_one_raid1_and_read_each_others_writes() {
     let env = Env::new("shared", 2, MEMBER);
     clustered(&env, &etcd, "2");
     let (a, b) = (Node::new(&env, "a"), Node::new(&env, "b"));
-    let _da = a.run(&etcd, &[], &env.members);
+    let metrics = a.rundir.join("metrics.sock");
+    let metrics_arg = format!("unix:{}", metrics.display());
+    let _da = a.run(&etcd, &["--metrics", &metrics_arg], &env.members);
     let _db = b.run(&etcd, &[], &env.members);
     let d = b.wait_detail("both nodes in the view", 10, |d| states(d).len() == 2);
     assert_eq!(
@@ -210,6 +212,22 @@ fn two_nodes_serve_one_raid1_and_read_each_others_writes() {
         status.contains("cluster: a slot 0 active (this node, coordinator); b slot 1 active"),
         "{status}"
     );
+    let scrape = sh(
+        "curl",
+        &[
+            "-s",
+            "--unix-socket",
+            metrics.to_str().unwrap(),
+            "http://x/metrics",
+        ],
+    );
+    for line in [
+        "ironraid_cluster_nodes{device=\"shared\",state=\"active\"} 2",
+        "ironraid_cluster_coordinator{device=\"shared\",node=\"a\"} 1",
+        "ironraid_cluster_fenced{device=\"shared\",node=\"a\"} 0",
+    ] {
+        assert!(scrape.contains(line), "{line} not in:\n{scrape}");
+    }
 }
 
 #[test]
