@@ -141,6 +141,16 @@ impl Node {
         }
     }
 
+    /// A member is added or removed while this node alone runs the array: the failures
+    /// recorded so far are in every superblock, and a new member may take a failed one's
+    /// device number, which an old record would fail again on the next node to start.
+    pub fn forget_failures(&self) -> anyhow::Result<()> {
+        self.etcd.delete_prefix(&self.key("failed/"))?;
+        self.etcd.delete_prefix(&self.key("ack/"))?;
+        self.agreement.applied.lock().clear();
+        Ok(())
+    }
+
     fn acknowledge(&self, dev: u32) {
         let ack = self.key(&format!("ack/{dev}/{}", self.name));
         match self.etcd.put(&ack, b"", None) {

@@ -160,6 +160,15 @@ impl Etcd {
         Ok(())
     }
 
+    /// Delete every key under `prefix`.
+    pub fn delete_prefix(&self, prefix: &str) -> anyhow::Result<()> {
+        self.call(
+            "/v3/kv/deleterange",
+            &json!({ "key": B64.encode(prefix), "range_end": B64.encode(prefix_end(prefix)) }),
+        )?;
+        Ok(())
+    }
+
     /// If every compare holds, run `success`, else `failure`; atomically, at one revision.
     pub fn txn(
         &self,

@@ -173,7 +173,10 @@ impl EtcdCoordinator {
             .live_nodes()
             .map_err(|e| engine::EngineError::Busy(format!("{what}: {e:#}")))?;
         if live.iter().all(|n| *n == self.node.name) {
-            return Ok(());
+            return self
+                .node
+                .forget_failures()
+                .map_err(|e| engine::EngineError::Busy(format!("{what}: {e:#}")));
         }
         Err(engine::EngineError::Unsupported(format!(
             "{what} is not agreed across a cluster's nodes yet: stop the other nodes ({}) first",
