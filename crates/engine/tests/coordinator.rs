@@ -301,6 +301,9 @@ fn a_node_the_coordinator_fences_writes_nothing_to_the_members() {
     let writes: u64 = sims.iter().map(|s| s.stats().writes).sum();
     let err = a.write(0, &[2u8; 4096], true).unwrap_err();
     assert!(err.to_string().contains("lease lost"), "{err}");
+    // Nor a superblock: a failure stays in memory.
+    a.fail_member("sim1").unwrap();
+    a.bitmap_pass();
     assert_eq!(
         sims.iter().map(|s| s.stats().writes).sum::<u64>(),
         writes,
@@ -311,6 +314,10 @@ fn a_node_the_coordinator_fences_writes_nothing_to_the_members() {
     assert_eq!(back, [1u8; 4096], "reads still serve what was written");
     *coord.refusal.lock() = None;
     a.write(0, &[3u8; 4096], true).unwrap();
+    assert!(
+        sims.iter().map(|s| s.stats().writes).sum::<u64>() > writes,
+        "the canary: writes go out again"
+    );
 }
 
 /// Three superblock commits or more: fail, remove and add back the member on `sim`.

@@ -87,7 +87,8 @@ impl Node {
                 }],
                 &[],
             );
-            if got.is_ok_and(|r| r.succeeded) {
+            // A fenced node will not write the superblocks: stop waiting (the engine asks).
+            if got.is_ok_and(|r| r.succeeded) || self.fence.refusal().is_some() {
                 return;
             }
             if !warned && t0.elapsed() > Duration::from_secs(5) {

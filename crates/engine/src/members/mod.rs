@@ -205,7 +205,21 @@ impl MemberSet {
     /// the commit: it hands the failures to [`MemberSet::fail_after_sb_error`] once it has let
     /// the lock go.
     pub fn commit_held(&self, meta: &mut Meta) -> SbFailures {
+        let refused = |when: &str| {
+            let why = self.coordinator.write_refusal()?;
+            // A node the cluster may count gone writes nothing, superblocks included: the
+            // change stays in memory here (the writes it was for are refused too).
+            tracing::error!(array = %self.name, "superblock update not written ({when}): {why}");
+            Some(SbFailures(Vec::new()))
+        };
+        if let Some(none) = refused("before") {
+            return none;
+        }
         self.coordinator.metadata_update_start();
+        if let Some(none) = refused("while waiting for the cluster's metadata token") {
+            self.coordinator.metadata_update_finish(meta.events);
+            return none;
+        }
         if self.coordinator.shares_metadata() {
             meta.catch_up_events();
         }

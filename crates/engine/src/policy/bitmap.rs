@@ -499,7 +499,12 @@ impl Array {
     /// One clean-up pass of the write-intent bitmap (the daemon runs one every
     /// `daemon_sleep`; the deterministic simulation calls this instead).
     pub fn bitmap_pass(&self) {
-        if let Some(bm) = self.policy.bitmap().filter(|_| !self.is_read_only()) {
+        let fenced = self.members.coordinator().write_refusal().is_some();
+        if let Some(bm) = self
+            .policy
+            .bitmap()
+            .filter(|_| !self.is_read_only() && !fenced)
+        {
             bm.daemon_pass(&self.members, false, || self.flush_members());
         }
     }
@@ -513,8 +518,8 @@ impl Array {
         let clock = self.sync.clock.clone();
         let mut last = clock.now();
         self.until_stopped(Duration::from_millis(100), || {
-            if clock.now().saturating_sub(last) >= bm.daemon_sleep && !self.is_read_only() {
-                bm.daemon_pass(&self.members, false, || self.flush_members());
+            if clock.now().saturating_sub(last) >= bm.daemon_sleep {
+                self.bitmap_pass();
                 last = clock.now();
             }
         });
