@@ -577,12 +577,7 @@ fn build(
     let (members, slots, spare_members) = fill_slots(p.by_role, p.spares);
     let was_dirty = best.resync_offset != MAX_SECTOR;
     let resync_from = (was_dirty && geometry.max_degraded() > 0).then(|| best.resync_offset * 512);
-    let node_slot = opts
-        .config
-        .coordinator
-        .as_deref()
-        .map_or(0, |c| c.slot_number());
-    let bitmap = load_bitmap(&best, &geometry, &slots, node_slot, resync_from)?;
+    let bitmap = load_bitmap(&best, &geometry, &slots, node_slot(&opts), resync_from)?;
     // A write-back journal acknowledges writes its map would not know of yet: arrays with a
     // journal keep none (create writes none; this holds it for members that were reused).
     let used = if best.feature_map & format::feature::JOURNAL != 0 {
@@ -1082,6 +1077,14 @@ fn load_used(best: &Superblock, geometry: &Geometry, slots: &[Slot]) -> Option<A
     h.events = best.events;
     h.sb_utime = best.utime;
     Some(Arc::new(UsedRegions::load(base, h, &bits)))
+}
+
+/// This node's write-intent bitmap slot (0 without a cluster).
+fn node_slot(opts: &AssembleOptions) -> usize {
+    opts.config
+        .coordinator
+        .as_deref()
+        .map_or(0, |c| c.slot_number())
 }
 
 /// The write-intent bitmap of an array whose superblock announces one: the union of the
