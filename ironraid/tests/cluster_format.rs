@@ -174,3 +174,50 @@ fn a_plain_bitmap_array_shows_no_cluster() {
     assert!(e["cluster"].is_null(), "{e:#}");
     assert_eq!(e["feature_map"].as_u64().unwrap() & 0x100, 0);
 }
+
+/// `run` without a cluster is node slot 0: a write sets its bit there and nowhere else, the
+/// events it records keep the header version 5 with its slots and name (mdadm -X still lists
+/// them all), and a clean stop clears slot 0 alone.
+#[test]
+fn run_serves_a_clustered_array_as_slot_0() {
+    if !require_tools(&["mdadm", "losetup", "qemu-io"]) {
+        return;
+    }
+    let env = Env::new("cfrun", 2, 64 * MIB);
+    env.create(
+        "1",
+        &[
+            "--consistency-policy",
+            "bitmap",
+            "--bitmap-chunk",
+            "1M",
+            "--nodes",
+            "3",
+        ],
+    );
+    let d = env.run_all();
+    env.stop(d);
+    let d = env.run_all();
+    let out = sh(
+        "qemu-io",
+        &["-f", "raw", &env.uri(), "-c", "write -P 0x61 5M 4k"],
+    );
+    assert!(out.contains("wrote"), "{out}");
+    let Some(x) = mdadm_x(&env.members[1]) else {
+        return;
+    };
+    let dirty: Vec<u64> = mdadm_slots(&x).iter().map(|s| s.2).collect();
+    assert_eq!(dirty, [1, 0, 0], "only slot 0 has the write's bit\n{x}");
+    env.stop(d);
+    let x = mdadm_x(&env.members[0]).unwrap();
+    assert_eq!(mdadm_field(&x, "Version"), "5", "{x}");
+    assert_eq!(mdadm_field(&x, "Cluster name"), "ironraid", "{x}");
+    let dirty: Vec<u64> = mdadm_slots(&x).iter().map(|s| s.2).collect();
+    assert_eq!(dirty, [0, 0, 0], "a clean stop clears slot 0\n{x}");
+    let e = sh("mdadm", &["--examine", env.members[0].to_str().unwrap()]);
+    assert_eq!(
+        mdadm_field(&x, "Events"),
+        mdadm_field(&e, "Events"),
+        "{x}\n{e}"
+    );
+}
