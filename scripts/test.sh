@@ -32,6 +32,7 @@ have losetup || need_pkgs+=(mount)
 have curl || need_pkgs+=(curl)
 have systemd-analyze || need_pkgs+=(systemd)
 have openssl || need_pkgs+=(openssl)
+have etcd || need_pkgs+=(etcd-server)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   echo "== installing ${need_pkgs[*]}"
   if [ "$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi

@@ -8,6 +8,7 @@
 //! which the next `run` reports.
 
 use crate::backend::ArrayBackend;
+use crate::cluster::ClusterArgs;
 use crate::endpoint::{self, Listen, SocketAccess};
 use crate::member::Opener;
 use crate::rundir;
@@ -58,6 +59,10 @@ pub struct RunArgs {
     pub remote: RemoteOptions,
     /// Where to serve Prometheus metrics (`tcp:HOST:PORT` or `unix:PATH`).
     pub metrics: Option<String>,
+    /// Mirrors read every block from its first usable copy (`--read-policy primary`).
+    pub read_primary: bool,
+    /// Join the array's cluster as a node.
+    pub cluster: Option<ClusterArgs>,
 }
 
 impl RunArgs {
@@ -73,6 +78,7 @@ impl RunArgs {
             mode,
             remote: self.remote.clone(),
             counted: true,
+            shared: self.cluster.is_some(),
         }
     }
 }
@@ -86,11 +92,14 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     let opener = args.opener();
     let devs = opener.open_all(&args.members)?;
     let add_journal = opener.open_all(args.add_journal.as_slice())?.pop();
+    let node = crate::cluster::join(&devs, args.cluster.as_ref())?;
     let config = ArrayConfig {
         read_only: args.read_only,
         write_hold: args.write_hold,
         guide_timeout: args.guide_timeout,
         integrity_cache_bytes: args.integrity_cache_bytes,
+        coordinator: node.as_ref().map(|n| crate::cluster::coordinator(n)),
+        read_primary: args.read_primary,
         ..ArrayConfig::default()
     };
     let array = engine::assemble(
@@ -106,6 +115,9 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     )
     .map_err(|e| anyhow!("{e}"))?;
     let array = Arc::new(array);
+    if let Some(n) = &node {
+        n.attach(&array);
+    }
     array.set_sync_speed(args.speed_min, args.speed_max);
     array.start_background();
     let name = array.name().to_string();
@@ -165,6 +177,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
             metrics: args.metrics.clone(),
             access: &args.socket_access,
             tls: args.tls,
+            cluster: node.clone(),
         },
     ));
     let closed = res.and_then(|()| {
@@ -173,6 +186,9 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     });
     let _ = std::fs::remove_file(&ctl_path);
     closed?;
+    if let Some(n) = &node {
+        n.leave();
+    }
     tracing::info!(array = %name, "stopped cleanly");
     Ok(())
 }
@@ -232,6 +248,8 @@ struct Serving<'a> {
     metrics: Option<String>,
     access: &'a SocketAccess,
     tls: Option<nbd::TlsConfig>,
+    /// This node's membership (for `detail`), if the array is clustered.
+    cluster: Option<Arc<crate::cluster::node::Node>>,
 }
 
 /// The array's name (its sockets) and the NBD export name clients ask for.
@@ -256,6 +274,7 @@ async fn serve(
         metrics,
         access,
         tls,
+        cluster,
     } = serving;
     let backend = Arc::new(ArrayBackend(array.clone()));
     let tls_required = tls.as_ref().is_some_and(|t| t.required());
@@ -320,8 +339,14 @@ async fn serve(
         }
         None => None,
     };
-    let (ctl_task, mut stop_rx) =
-        start_control(&ctl_path, array, addrs.clone(), opener, server.clone())?;
+    let (ctl_task, mut stop_rx) = start_control(
+        &ctl_path,
+        array,
+        addrs.clone(),
+        opener,
+        server.clone(),
+        cluster,
+    )?;
     // Everything is bound and answering: NBD, metrics, the control socket.
     crate::systemd::notify(&format!(
         "READY=1\nSTATUS=serving array {name} on {}",
@@ -357,6 +382,7 @@ fn start_control(
     addrs: Vec<String>,
     opener: Opener,
     nbd: Arc<nbd::Server>,
+    cluster: Option<Arc<crate::cluster::node::Node>>,
 ) -> anyhow::Result<(tokio::task::JoinHandle<()>, watch::Receiver<bool>)> {
     let ctl = UnixListener::bind(ctl_path)
         .with_context(|| format!("cannot listen on {}", ctl_path.display()))?;
@@ -368,6 +394,7 @@ fn start_control(
         stop,
         opener,
         nbd,
+        cluster,
     });
     Ok((tokio::spawn(control_loop(ctl, ctx)), stop_rx))
 }

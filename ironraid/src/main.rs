@@ -3,6 +3,7 @@
 
 mod action;
 mod backend;
+mod cluster;
 mod config;
 mod control;
 mod daemon;
@@ -50,6 +51,8 @@ struct Cli {
     cmd: Cmd,
 }
 
+// One value per process, parsed once: the size of its largest variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Cmd {
     /// Write md v1.2 superblocks onto members, making a new array; prints its UUID.
@@ -167,6 +170,27 @@ enum Cmd {
         /// Serve Prometheus metrics at /metrics: tcp:HOST:PORT or unix:PATH.
         #[arg(long, value_name = "ADDR")]
         metrics: Option<String>,
+        /// Mirrors (RAID1, RAID10): `balanced` spreads reads over the copies; `primary` reads
+        /// every block from its first usable copy, so that every node of a cluster reads the
+        /// same copy (the Distributed MD paper's two modes).
+        #[arg(long, default_value = "balanced", value_parser = ["balanced", "primary"])]
+        read_policy: String,
+        /// Join the array's cluster (etcd client URLs, comma-separated) as --node: the array
+        /// must have been created for a cluster (`create --cluster ... --nodes N`).
+        #[arg(
+            long,
+            value_name = "ENDPOINTS",
+            requires = "node",
+            conflicts_with = "scan"
+        )]
+        cluster: Option<String>,
+        /// This node's name in the cluster (one daemon per name at a time).
+        #[arg(long, requires = "cluster")]
+        node: Option<String>,
+        /// How long the others wait after this node's last lease renewal before counting it
+        /// gone (it stops writing before then on its own if it cannot renew).
+        #[arg(long, value_parser = member::parse_duration, default_value = "10s", requires = "cluster")]
+        lease_ttl: Duration,
         /// Assemble every ARRAY of the config from the devices its DEVICE globs allow, each as
         /// a daemon of its own, like `mdadm --assemble --scan`.
         #[arg(long, conflicts_with_all = ["members", "name"])]
@@ -332,6 +356,10 @@ struct CreateArgs {
     /// "ironraid").
     #[arg(long, value_name = "NAME", requires = "nodes")]
     cluster_name: Option<String>,
+    /// Register the clustered array in etcd (client URLs, comma-separated) for its nodes'
+    /// `run --cluster`; needs --nodes.
+    #[arg(long, value_name = "ENDPOINTS", requires = "nodes")]
+    cluster: Option<String>,
     /// The log device of --consistency-policy journal (md's raid5-cache write journal).
     #[arg(long, value_name = "DEV")]
     journal: Option<PathBuf>,
@@ -368,11 +396,28 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.verbose);
     raise_open_file_limit();
+    limit_malloc_arenas();
     match dispatch(cli.cmd) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("ironraid: {e:#}");
             ExitCode::from(1)
+        }
+    }
+}
+
+/// glibc gives each thread that allocates under contention an arena of its own (up to 8 per
+/// core) and keeps their freed memory: with a request thread per NBD connection that is what
+/// grew the daemon's RSS with the client count (issue 24 item 5: 259 MiB peak at 128 writers
+/// on RAID5, 222 MiB with 2 arenas; payload buffers are pooled, so few allocations remain on
+/// the data path to contend). `MALLOC_ARENA_MAX` in the environment still decides.
+fn limit_malloc_arenas() {
+    #[cfg(target_env = "gnu")]
+    if std::env::var_os("MALLOC_ARENA_MAX").is_none() {
+        // SAFETY: mallopt only sets a tunable of the allocator; called before any thread
+        // but this one exists.
+        unsafe {
+            libc::mallopt(libc::M_ARENA_MAX, 2);
         }
     }
 }
@@ -463,12 +508,24 @@ fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
             member_retry,
             member_tls_ca,
             metrics,
+            read_policy,
+            cluster,
+            node,
+            lease_ttl,
             scan,
             config,
             array,
             members,
         } => {
             let args = daemon::RunArgs {
+                read_primary: read_policy == "primary",
+                cluster: cluster
+                    .zip(node)
+                    .map(|(endpoints, node)| cluster::ClusterArgs {
+                        endpoints,
+                        node,
+                        lease_ttl,
+                    }),
                 remote: RemoteOptions {
                     timeout: member_timeout,
                     retry: member_retry,
@@ -656,7 +713,21 @@ fn create(a: CreateArgs) -> anyhow::Result<String> {
             && all_paths.iter().all(|p| space::zeroes_cheaply(p)),
         guided: a.consistency_policy == "guided",
     };
+    if let Some(ep) = &a.cluster {
+        cluster::check_reachable(ep)?;
+    }
     let created = engine::create(&spec).map_err(|e| anyhow!("{e}"))?;
+    if let (Some(ep), Some(nodes)) = (&a.cluster, a.nodes) {
+        cluster::register(ep, &created.uuid, &spec.name, level, nodes as usize).with_context(
+            || {
+                format!(
+                    "the members carry the new array {}, but it is not registered in etcd \
+                     (create it again with --force once etcd answers)",
+                    format::format_uuid(&created.uuid)
+                )
+            },
+        )?;
+    }
     if !a.preallocate {
         space::warn_overcommit(&all_paths);
     }
@@ -799,6 +870,7 @@ fn demo(dir: Option<PathBuf>) -> anyhow::Result<()> {
             bitmap_chunk: None,
             nodes: None,
             cluster_name: None,
+            cluster: None,
             journal: None,
             journal_mode: None,
             integrity: None,
@@ -851,6 +923,8 @@ fn demo(dir: Option<PathBuf>) -> anyhow::Result<()> {
         integrity_cache_bytes: engine::ArrayConfig::default().integrity_cache_bytes,
         remote: RemoteOptions::default(),
         metrics: None,
+        read_primary: false,
+        cluster: None,
     })
 }
 

@@ -36,6 +36,8 @@ pub struct Opener {
     pub remote: RemoteOptions,
     /// Wrap each member in [`crate::iostats::Counted`] (a daemon's members, for metrics).
     pub counted: bool,
+    /// Lock local members shared, not exclusive: a cluster's nodes drive them together.
+    pub shared: bool,
 }
 
 impl Opener {
@@ -44,6 +46,7 @@ impl Opener {
             mode,
             remote: RemoteOptions::default(),
             counted: false,
+            shared: false,
         }
     }
 
@@ -76,7 +79,11 @@ impl Opener {
             .with_context(|| format!("{}: cannot open member", arg.display()))?;
         let dev = FileDevice::open(&path, self.mode)
             .with_context(|| format!("{}: cannot open member", arg.display()))?;
-        if self.mode != OpenMode::ReadOnly {
+        if self.shared {
+            dev.lock_shared().map_err(|e| {
+                anyhow!("{e} (is an ironraid outside the cluster running this array?)")
+            })?;
+        } else if self.mode != OpenMode::ReadOnly {
             dev.lock_exclusive()
                 .map_err(|e| anyhow!("{e} (is another ironraid running this array?)"))?;
         }

@@ -25,6 +25,8 @@ pub struct Ctx {
     pub opener: Opener,
     /// The NBD server (for the clients `stop` refuses to cut off).
     pub nbd: Arc<nbd::Server>,
+    /// This node's membership, if the array is clustered.
+    pub cluster: Option<Arc<crate::cluster::node::Node>>,
 }
 
 pub async fn control_loop(listener: UnixListener, ctx: Arc<Ctx>) {
@@ -72,6 +74,7 @@ fn detail(ctx: &Ctx) -> Response {
     let status = ctx.array.status();
     let mut d = Detail::from_status(&status, ctx.addrs.clone());
     d.nbd_clients = ctx.nbd.clients();
+    d.cluster = ctx.cluster.as_ref().map(|n| n.detail());
     d.memory = Some(crate::status::MemoryDetail::from_parts(
         &status.memory,
         &ctx.nbd,

@@ -66,6 +66,57 @@ pub struct Detail {
     /// (null where the daemon's own figures are not known, e.g. in metrics).
     #[serde(default)]
     pub memory: Option<MemoryDetail>,
+    /// Extension: the array's cluster as this node last read it from etcd (null: the array
+    /// is not clustered).
+    #[serde(default)]
+    pub cluster: Option<ClusterDetail>,
+}
+
+/// A clustered array's nodes, as `detail --json` shows them.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ClusterDetail {
+    /// This node's name, its write-intent bitmap slot and its epoch (the etcd revision that
+    /// created its membership: a new one at every start).
+    pub node: String,
+    pub slot: usize,
+    pub epoch: i64,
+    /// The node that runs the array's resync and recovery (null: none elected yet).
+    pub coordinator: Option<String>,
+    /// Every node holding a bitmap slot, by slot.
+    pub nodes: Vec<ClusterNode>,
+}
+
+impl ClusterDetail {
+    /// `cluster: node a slot 0 (this node, coordinator), b slot 1 gone`.
+    pub fn mdstat_line(&self) -> String {
+        let nodes: Vec<String> = self
+            .nodes
+            .iter()
+            .map(|n| {
+                let mut notes = Vec::new();
+                if n.name == self.node {
+                    notes.push("this node");
+                }
+                if self.coordinator.as_deref() == Some(n.name.as_str()) {
+                    notes.push("coordinator");
+                }
+                let notes = match notes.is_empty() {
+                    true => String::new(),
+                    false => format!(" ({})", notes.join(", ")),
+                };
+                format!("{} slot {} {}{notes}", n.name, n.slot, n.state)
+            })
+            .collect();
+        format!("      cluster: {}\n", nodes.join("; "))
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ClusterNode {
+    pub name: String,
+    pub slot: usize,
+    /// "active" (its lease lives) or "gone" (its lease ended; its slot is still its own).
+    pub state: String,
 }
 
 /// A bounded pool or cache: bytes held now and the most it may hold.
@@ -651,6 +702,7 @@ impl Detail {
             }),
             guidance: s.guidance.as_ref().map(GuidanceDetail::from_engine),
             memory: None,
+            cluster: None,
         }
     }
 
@@ -758,6 +810,9 @@ impl Detail {
         }
         if let Some(g) = &self.guidance {
             out.push_str(&g.mdstat_line());
+        }
+        if let Some(c) = &self.cluster {
+            out.push_str(&c.mdstat_line());
         }
         for m in self
             .members
@@ -930,6 +985,7 @@ mod tests {
             torn_reads_refused: 0,
             no_space: None,
             memory: None,
+            cluster: None,
         }
     }
 

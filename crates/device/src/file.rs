@@ -79,7 +79,17 @@ impl FileDevice {
 
     /// Take an exclusive advisory lock so that two daemons cannot drive the same member.
     pub fn lock_exclusive(&self) -> io::Result<()> {
-        rustix::fs::flock(&self.buffered, FlockOperation::NonBlockingLockExclusive).map_err(|e| {
+        self.lock(FlockOperation::NonBlockingLockExclusive)
+    }
+
+    /// Take a shared advisory lock: the nodes of a cluster drive the member together, and a
+    /// daemon that wants it for itself alone is refused while they do.
+    pub fn lock_shared(&self) -> io::Result<()> {
+        self.lock(FlockOperation::NonBlockingLockShared)
+    }
+
+    fn lock(&self, how: FlockOperation) -> io::Result<()> {
+        rustix::fs::flock(&self.buffered, how).map_err(|e| {
             if e == rustix::io::Errno::WOULDBLOCK {
                 io::Error::new(
                     io::ErrorKind::WouldBlock,

@@ -29,6 +29,16 @@ impl Coordinator for Node {
     fn slot_number(&self) -> usize {
         self.0
     }
+    fn write_refusal(&self) -> Option<String> {
+        None
+    }
+    fn shares_metadata(&self) -> bool {
+        true
+    }
+    fn member_failed(&self, _dev_number: u32) {}
+    fn sync_refusal(&self) -> Option<String> {
+        None
+    }
     fn metadata_update_start(&self) {}
     fn metadata_update_finish(&self, _events: u64) {}
     fn area_resyncing(&self, _range: Range<u64>) -> bool {

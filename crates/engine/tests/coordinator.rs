@@ -27,11 +27,35 @@ struct Recording {
     consulted: AtomicU64,
     veto: bool,
     removals: Mutex<Vec<u32>>,
+    /// Member writes are refused while this is set (a fenced node).
+    refusal: Mutex<Option<String>>,
+    /// Other nodes write the superblocks too.
+    shared: bool,
+    /// Members reported failed, by device number.
+    failed_members: Mutex<Vec<u32>>,
+    /// Background windows are refused while this is set.
+    sync_refused: Mutex<Option<String>>,
 }
 
 impl Coordinator for Recording {
     fn slot_number(&self) -> usize {
         self.slot
+    }
+
+    fn write_refusal(&self) -> Option<String> {
+        self.refusal.lock().clone()
+    }
+
+    fn shares_metadata(&self) -> bool {
+        self.shared
+    }
+
+    fn member_failed(&self, dev_number: u32) {
+        self.failed_members.lock().push(dev_number);
+    }
+
+    fn sync_refusal(&self) -> Option<String> {
+        self.sync_refused.lock().clone()
     }
 
     fn metadata_update_start(&self) {
@@ -253,4 +277,144 @@ fn assembly_records_a_changed_role_table_inside_the_brackets() {
     let on_disk = engine::read_superblock(sims[0].as_ref()).unwrap().events;
     assert_eq!(finished.first().copied(), Some(on_disk), "{finished:?}");
     drop(a);
+}
+
+#[test]
+fn a_node_the_coordinator_fences_writes_nothing_to_the_members() {
+    let sims = sims(3, 70);
+    simkit::create_clean("fence", Level::Raid1, None, 0, devs(&sims[..2]), vec![]);
+    let coord = Arc::new(Recording::default());
+    let clock = Arc::new(ManualClock::default());
+    let a = boot(&sims[..2], &coord, &clock);
+    a.write(0, &[1u8; 4096], true).unwrap();
+    *coord.refusal.lock() = Some("lease lost".into());
+    let writes: u64 = sims.iter().map(|s| s.stats().writes).sum();
+    let err = a.write(0, &[2u8; 4096], true).unwrap_err();
+    assert!(err.to_string().contains("lease lost"), "{err}");
+    assert_eq!(
+        sims.iter().map(|s| s.stats().writes).sum::<u64>(),
+        writes,
+        "no member write after the fence"
+    );
+    let mut back = [0u8; 4096];
+    a.read(0, &mut back).unwrap();
+    assert_eq!(back, [1u8; 4096], "reads still serve what was written");
+    *coord.refusal.lock() = None;
+    a.write(0, &[3u8; 4096], true).unwrap();
+}
+
+/// Three superblock commits or more: fail, remove and add back the member on `sim`.
+fn churn(a: &Array, sim: &Arc<SimDevice>) {
+    a.fail_member(sim.name()).unwrap();
+    a.remove_member(sim.name()).unwrap();
+    a.add_member(sim.clone() as Arc<dyn Device>, true).unwrap();
+}
+
+fn events_on(sims: &[Arc<SimDevice>]) -> Vec<u64> {
+    sims.iter()
+        .map(|s| engine::read_superblock(s.as_ref()).unwrap().events)
+        .collect()
+}
+
+#[test]
+fn nodes_sharing_the_superblocks_never_write_an_event_count_behind_the_members() {
+    let sims = sims(3, 90);
+    simkit::create_clean("share", Level::Raid1, None, 0, devs(&sims), vec![]);
+    let clock = Arc::new(ManualClock::default());
+    let coord_a = Arc::new(Recording {
+        shared: true,
+        ..Recording::default()
+    });
+    let coord_b = Arc::new(Recording {
+        shared: true,
+        ..Recording::default()
+    });
+    let a = boot(&sims, &coord_a, &clock);
+    let b = boot(&sims, &coord_b, &clock);
+    // Node a commits several times (a failure, a removal, a re-add).
+    a.write(0, &[1u8; 4096], true).unwrap();
+    churn(&a, &sims[2]);
+    let after_a = *events_on(&sims).iter().max().unwrap();
+    // Node b's next commit goes on from there, not from what b itself last wrote.
+    b.write(8192, &[7u8; 4096], true).unwrap();
+    let after_b = events_on(&sims);
+    assert!(
+        after_b.iter().all(|&e| e > after_a),
+        "{after_b:?} after {after_a}"
+    );
+    // A node alone (the canary) goes on from its own count and writes one behind the members.
+    let alone = Arc::new(Recording::default());
+    let sims2 = self::sims(3, 95);
+    simkit::create_clean("alone", Level::Raid1, None, 0, devs(&sims2), vec![]);
+    let c = boot(&sims2, &alone, &clock);
+    let d = boot(&sims2, &Arc::new(Recording::default()), &clock);
+    c.write(0, &[1u8; 4096], true).unwrap();
+    churn(&c, &sims2[2]);
+    let after_c = *events_on(&sims2).iter().max().unwrap();
+    d.write(8192, &[7u8; 4096], true).unwrap();
+    assert!(
+        events_on(&sims2).iter().all(|&e| e < after_c),
+        "without sharing, d writes a count behind c's"
+    );
+}
+
+#[test]
+fn a_failure_is_reported_to_the_coordinator_and_background_work_waits_for_its_leave() {
+    let sims = sims(4, 100);
+    simkit::create_clean("fail", Level::Raid1, None, 0, devs(&sims[..3]), vec![]);
+    let coord = Arc::new(Recording {
+        sync_refused: Mutex::new(Some("another node is active".into())),
+        ..Recording::default()
+    });
+    let clock = Arc::new(ManualClock::default());
+    let a = boot(&sims[..3], &coord, &clock);
+    a.fail_member("sim1").unwrap();
+    assert_eq!(*coord.failed_members.lock(), vec![1]);
+    a.add_member(sims[3].clone() as Arc<dyn Device>, false)
+        .unwrap();
+    for _ in 0..10 {
+        assert_eq!(a.sync_step(), SyncAction::Idle, "no rebuild while refused");
+    }
+    assert!(!a.status().missing_roles.is_empty());
+    *coord.sync_refused.lock() = None;
+    run_background(&a);
+    assert!(a.status().missing_roles.is_empty(), "rebuilt once allowed");
+}
+
+/// Reads of a RAID1 ×3 with `read_primary` (the seed paper's primary copy) or spread.
+fn reads_per_member(read_primary: bool) -> Vec<u64> {
+    let sims = sims(3, 110);
+    simkit::create_clean("primary", Level::Raid1, None, 0, devs(&sims), vec![]);
+    let a = assemble(
+        devs(&sims),
+        AssembleOptions {
+            config: ArrayConfig {
+                read_primary,
+                ..ArrayConfig::default()
+            },
+            ..Default::default()
+        },
+    )
+    .expect("assemble");
+    let before: Vec<u64> = sims.iter().map(|s| s.stats().reads).collect();
+    let mut buf = vec![0u8; 4096];
+    for i in 0..30 {
+        a.read(i * 4096, &mut buf).unwrap();
+    }
+    sims.iter()
+        .zip(before)
+        .map(|(s, b)| s.stats().reads - b)
+        .collect()
+}
+
+#[test]
+fn a_primary_copy_array_reads_only_its_first_mirror() {
+    let primary = reads_per_member(true);
+    assert!(
+        primary[0] >= 30 && primary[1] == 0 && primary[2] == 0,
+        "{primary:?}"
+    );
+    // The canary: spread reads use every mirror.
+    let spread = reads_per_member(false);
+    assert!(spread.iter().all(|&r| r > 0), "{spread:?}");
 }

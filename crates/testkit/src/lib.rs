@@ -9,12 +9,14 @@
 //! - [`oracle`]: where md puts data, parity and copies in member images and whether redundancy
 //!   agrees, computed byte by byte from [`md_model`];
 //! - [`crash_model`]: what an array may hold after a power cut, sector by sector;
+//! - [`etcd`]: a real etcd server on free loopback ports, for the cluster's tests;
 //! - [`seeds`]: which seeds a simulation test runs, and the replay line of a failing one
 //!   ([`for_each_seed!`]).
 //!
 //! The harness that builds engine arrays over simulated members is `simkit`, above this crate.
 
 pub mod crash_model;
+pub mod etcd;
 pub mod md_model;
 pub mod oracle;
 pub mod seeds;

@@ -83,6 +83,7 @@ pub fn package_of(tool: &str) -> &'static str {
         "fio" => "fio",
         "mdadm" => "mdadm",
         "openssl" => "openssl",
+        "etcd" => "etcd-server",
         "/dev/fuse" => "the fuse kernel module (in a container: --device /dev/fuse)",
         _ => "?",
     }

@@ -63,6 +63,10 @@ pub struct ArrayConfig {
     /// Integrity records kept in memory at most (4 bytes per 4 KiB member block; what does not
     /// fit is read from the tables when needed).
     pub integrity_cache_bytes: usize,
+    /// Mirrors: read every block from its first usable copy (the Distributed MD paper's
+    /// "primary copy": every node of a cluster reads the same copy, even of regions a crash
+    /// left divergent) instead of spreading reads over the copies.
+    pub read_primary: bool,
 }
 
 impl Default for ArrayConfig {
@@ -84,6 +88,7 @@ impl Default for ArrayConfig {
             guide_timeout: crate::policy::guided::DEFAULT_GUIDE_TIMEOUT,
             // Covers about 64 GiB of raw capacity (design study §5.6).
             integrity_cache_bytes: 64 << 20,
+            read_primary: false,
         }
     }
 }
@@ -816,6 +821,15 @@ impl Array {
         self.members
             .fail_role(role, None, "failed by administrator");
         Ok(())
+    }
+
+    /// Another node of the array's cluster recorded member `dev_number` (md's device number,
+    /// the same on every node) faulty: stop using it here too. Nothing happens if it is not
+    /// in a role here (failed already, or never added).
+    pub fn member_failed_elsewhere(&self, dev_number: u32, why: &str) {
+        if let Some(role) = self.members.role_of_member(dev_number) {
+            self.members.fail_role(role, None, why);
+        }
     }
 
     /// As [`Array::fail_member`], but refused (`Busy`, md's EBUSY) when the array would not

@@ -246,6 +246,11 @@ impl Walk {
         if self.pos >= self.end {
             return Ok(true);
         }
+        if array.members.coordinator().sync_refusal().is_some() {
+            // Another node became active: it may write into the next window. The walk stops
+            // here and resumes from `pos` when it may.
+            return Err(Stop::Interrupted);
+        }
         if !matches!(self.job, Job::Recover(_)) && array.sync.parity_degraded(array) {
             // A member went missing meanwhile: with it, the parity a resync would check is
             // what reconstructs the missing chunks, so "checking" it proves nothing and calling
@@ -593,6 +598,11 @@ impl SyncControl {
     /// see a gap between "requested" and "running").
     fn next_walk(&self, array: &Array, st: &mut SyncState) -> Option<Walk> {
         st.interrupt = false;
+        if array.members.coordinator().sync_refusal().is_some() {
+            // Another node could write into a window this one rewrites: the work waits (the
+            // loop asks again), and stays pending.
+            return None;
+        }
         let job = self.next_job(array, st)?;
         let (action, from) = match job {
             Job::Recover(role) => (

@@ -11,7 +11,9 @@
 //!   ([`Coordinator::resync_finish`]), so that other nodes know what to wait for;
 //! * adding and removing a member is put to a vote first ([`Coordinator::add_new_disk`],
 //!   [`Coordinator::remove_disk`]);
-//! * [`Coordinator::slot_number`] names this node's write-intent bitmap slot.
+//! * [`Coordinator::slot_number`] names this node's write-intent bitmap slot;
+//! * every group of member writes first asks [`Coordinator::write_refusal`] (a node that lost
+//!   its membership must not write: the others may be taking its regions over).
 //!
 //! [`Local`] is a single host: it always holds the token, nobody else resyncs, every vote
 //! passes, and its bitmap slot is 0. That is exactly the engine's behaviour without a cluster.
@@ -41,8 +43,22 @@ pub enum SyncKind {
 pub trait Coordinator: Send + Sync + Debug {
     /// This node's write-intent bitmap slot (md-cluster: one bitmap per node).
     fn slot_number(&self) -> usize;
+    /// Why this node may not start member writes now (None: it may): a node whose membership
+    /// is not confirmed could be declared dead by the others, who then take its regions over.
+    fn write_refusal(&self) -> Option<String>;
     /// Before a superblock update: take the cluster-wide right to change metadata.
     fn metadata_update_start(&self);
+    /// Do other nodes write this array's superblocks too? Then each update first re-reads
+    /// the event count on the members (md-cluster re-reads the superblock), so that counts
+    /// never go back and no member falls behind another's.
+    fn shares_metadata(&self) -> bool;
+    /// A member was recorded faulty in the superblocks here: return once every other node
+    /// has stopped using it too. Writes that skipped it are acknowledged only after this
+    /// (md-cluster: no degraded write before every node acknowledged the failure).
+    fn member_failed(&self, dev_number: u32);
+    /// Why this node may not run background windows (resync, recovery, check) now (None:
+    /// it may). A cluster runs them on one node, once the others cannot write into them.
+    fn sync_refusal(&self) -> Option<String>;
     /// After a superblock update reached every member: let the other nodes re-read it.
     fn metadata_update_finish(&self, events: u64);
     /// Is another node resyncing or recovering part of `range` (per-member bytes, md's sync
@@ -67,7 +83,21 @@ impl Coordinator for Local {
         0
     }
 
+    fn write_refusal(&self) -> Option<String> {
+        None
+    }
+
     fn metadata_update_start(&self) {}
+
+    fn shares_metadata(&self) -> bool {
+        false
+    }
+
+    fn member_failed(&self, _dev_number: u32) {}
+
+    fn sync_refusal(&self) -> Option<String> {
+        None
+    }
 
     fn metadata_update_finish(&self, _events: u64) {}
 

@@ -129,6 +129,12 @@ impl Array {
         if matches!(set.kind, WriteKind::Stripe | WriteKind::Mirror) {
             self.wait_for_other_nodes(set);
         }
+        if let Some(reason) = self.members.coordinator().write_refusal() {
+            return Err(EngineError::ReadOnly {
+                array: self.name.clone(),
+                reason,
+            });
+        }
         let _counted = InCommit::enter(self);
         if set.kind != WriteKind::Rebuild {
             self.mark_active()?;

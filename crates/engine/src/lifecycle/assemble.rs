@@ -565,6 +565,19 @@ fn running_roles(
     roles
 }
 
+/// Where a resync must start (sync coordinates, bytes), if one is owed. A clustered array's
+/// superblocks say "clean" when the last node to stop did so cleanly, which says nothing of
+/// another node that crashed before: a node's own slot keeps the bits of its writes in flight,
+/// so each of them needs a resync whatever the superblocks say (a clean stop clears the slot,
+/// so there is none after one).
+fn resync_at_start(best: &Superblock, geometry: &Geometry) -> Option<u64> {
+    let was_dirty = best.resync_offset != MAX_SECTOR;
+    let clustered = best.feature_map & format::feature::CLUSTERED != 0;
+    (was_dirty && geometry.max_degraded() > 0)
+        .then(|| best.resync_offset * 512)
+        .or_else(|| clustered.then_some(0))
+}
+
 fn build(
     opts: AssembleOptions,
     name: String,
@@ -576,15 +589,14 @@ fn build(
     let table_changed = roles != best.dev_roles || !p.forced.is_empty();
     let (members, slots, spare_members) = fill_slots(p.by_role, p.spares);
     let was_dirty = best.resync_offset != MAX_SECTOR;
-    let resync_from = (was_dirty && geometry.max_degraded() > 0).then(|| best.resync_offset * 512);
-    let bitmap = load_bitmap(&best, &geometry, &slots, node_slot(&opts), resync_from)?;
-    // A write-back journal acknowledges writes its map would not know of yet: arrays with a
-    // journal keep none (create writes none; this holds it for members that were reused).
-    let used = if best.feature_map & format::feature::JOURNAL != 0 {
-        None
-    } else {
-        load_used(&best, &geometry, &slots)
-    };
+    let resync_from = resync_at_start(&best, &geometry);
+    let node_slot = opts
+        .config
+        .coordinator
+        .as_deref()
+        .map_or(0, |c| c.slot_number());
+    let bitmap = load_bitmap(&best, &geometry, &slots, node_slot, resync_from)?;
+    let used = used_map_of(&best, &geometry, &slots);
     let mut meta = Meta {
         clock: opts.config.clock.clone().expect("assemble sets the clock"),
         members,
@@ -1021,6 +1033,19 @@ fn new_journal_sb(best: &Superblock, meta: &mut Meta, dev: &dyn Device) -> Resul
     Ok(sb)
 }
 
+/// The used-region map the array runs with. A write-back journal acknowledges writes its map
+/// would not know of yet: arrays with a journal keep none (create writes none; this holds it
+/// for members that were reused). Nor do clustered arrays: each node would answer reads of
+/// regions another node wrote from its own map, as zeroes (per-node maps of what was ever
+/// written are issue 23's). The map on the members falls behind the superblocks' events
+/// meanwhile, so a later run without the cluster counts every region as used.
+fn used_map_of(best: &Superblock, geometry: &Geometry, slots: &[Slot]) -> Option<Arc<UsedRegions>> {
+    if best.feature_map & (format::feature::JOURNAL | format::feature::CLUSTERED) != 0 {
+        return None;
+    }
+    load_used(best, geometry, slots)
+}
+
 /// The used-region map, if the members in sync carry one for this array: the union of their
 /// copies; a copy behind the superblocks (the array ran without it) counts as all used.
 fn load_used(best: &Superblock, geometry: &Geometry, slots: &[Slot]) -> Option<Arc<UsedRegions>> {
@@ -1077,14 +1102,6 @@ fn load_used(best: &Superblock, geometry: &Geometry, slots: &[Slot]) -> Option<A
     h.events = best.events;
     h.sb_utime = best.utime;
     Some(Arc::new(UsedRegions::load(base, h, &bits)))
-}
-
-/// This node's write-intent bitmap slot (0 without a cluster).
-fn node_slot(opts: &AssembleOptions) -> usize {
-    opts.config
-        .coordinator
-        .as_deref()
-        .map_or(0, |c| c.slot_number())
 }
 
 /// The write-intent bitmap of an array whose superblock announces one: the union of the

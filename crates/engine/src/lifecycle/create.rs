@@ -653,7 +653,8 @@ fn write_member(
     bitmap: Option<&BitmapSuper>,
 ) -> std::io::Result<()> {
     if let Some(bm) = bitmap {
-        crate::policy::bitmap::write_initial(dev.as_ref(), bm)?;
+        let clean = sb.resync_offset == format::MAX_SECTOR;
+        crate::policy::bitmap::write_initial(dev.as_ref(), bm, clean)?;
     }
     if sb.bblog_size > 0 {
         let bblog_at = (SB_OFFSET_SECTORS as i64 + i64::from(sb.bblog_offset)) as u64 * 512;

@@ -206,6 +206,9 @@ impl MemberSet {
     /// the lock go.
     pub fn commit_held(&self, meta: &mut Meta) -> SbFailures {
         self.coordinator.metadata_update_start();
+        if self.coordinator.shares_metadata() {
+            meta.catch_up_events();
+        }
         let failed = meta.commit();
         self.coordinator.metadata_update_finish(meta.events);
         SbFailures(failed)
@@ -305,6 +308,9 @@ impl MemberSet {
         }
         let failed = self.commit_held(&mut meta);
         drop(meta);
+        if let Some(m) = slot.member() {
+            self.coordinator.member_failed(m.dev_number);
+        }
         self.announce_failure(role, &name, why, survives);
         self.watch.member_failed();
         // Survivors whose superblock could not record this fail too, before anyone waiting

@@ -58,6 +58,21 @@ pub(crate) trait EventRecorder: Send + Sync {
 }
 
 impl Meta {
+    /// Other nodes write these superblocks too: go on from the highest event count the
+    /// members hold (what this node last wrote may be behind another node's commit).
+    pub fn catch_up_events(&mut self) {
+        let newest = self
+            .members
+            .iter()
+            .filter(|m| m.writable)
+            .filter_map(|m| read_superblock(m.member.dev.as_ref()).ok())
+            .map(|sb| sb.events)
+            .max();
+        if let Some(events) = newest.filter(|&e| e > self.events) {
+            self.events = events;
+        }
+    }
+
     /// Bump events and write every writable superblock. Returns the members whose write failed.
     pub fn commit(&mut self) -> Vec<(Arc<Member>, io::Error)> {
         let utime = format::ironraid_time(self.clock.wall());

@@ -60,9 +60,10 @@ impl Copies {
     }
 
     /// The copy reads start with: spread over the copies, but always the first while they may
-    /// differ (a resync pending), so that reading a block twice gives the same answer (md).
+    /// differ (a resync pending), so that reading a block twice gives the same answer (md),
+    /// and always with `read_primary`.
     fn first_copy(&self, array: &Array) -> usize {
-        if array.sync.unsynced.load(Ordering::Acquire) {
+        if array.config.read_primary || array.sync.unsynced.load(Ordering::Acquire) {
             0
         } else {
             self.next_copy.fetch_add(1, Ordering::Relaxed)

@@ -63,10 +63,14 @@ const CLEAR_AFTER_PASSES: u32 = 2;
 /// array clears them lazily, a dirty one resyncs what they cover: everything). A clustered
 /// bitmap gets every node slot, each with its header; as with mdadm, only slot 0 starts all
 /// ones (one node's resync covers the array once; the others start with nothing to do).
-pub(crate) fn write_initial(dev: &dyn Device, sb: &BitmapSuper) -> io::Result<()> {
+/// A clustered array created clean starts with no bit set at all: each node resyncs what its
+/// own slot holds at every start (`assemble.rs`), which must not be everything.
+pub(crate) fn write_initial(dev: &dyn Device, sb: &BitmapSuper, clean: bool) -> io::Result<()> {
     let slot_bytes = sb.bytes_on_disk() as usize;
     let mut buf = AlignedBuf::zeroed(sb.all_slots_bytes() as usize);
-    buf[..slot_bytes].fill(0xff);
+    if !(clean && sb.is_clustered()) {
+        buf[..slot_bytes].fill(0xff);
+    }
     for slot in buf.chunks_mut(slot_bytes) {
         slot[..BITMAP_HEADER_BYTES].copy_from_slice(&sb.encode());
     }

@@ -1,0 +1,386 @@
+//! Cluster mode end to end: a real etcd (Debian's), two `ironraid run --cluster` nodes on the
+//! same member files (each with its own IRONRAID_RUNDIR, as two hosts would have), real NBD
+//! clients on each node's socket.
+
+mod common;
+
+use common::{require_tools, sh, Daemon, Env, BIN};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+use testkit::etcd::EtcdServer;
+
+const MIB: u64 = 1 << 20;
+const MEMBER: u64 = 64 * MIB;
+
+/// One node: its name and run directory.
+struct Node {
+    name: String,
+    rundir: PathBuf,
+    array: String,
+}
+
+impl Node {
+    fn new(env: &Env, name: &str) -> Node {
+        Node::on_host(env, name, name)
+    }
+
+    /// Node `name` with the run directory of host `host` (two daemons of one name need two).
+    fn on_host(env: &Env, name: &str, host: &str) -> Node {
+        let rundir = env.dir.path().join(format!("run-{host}"));
+        std::fs::create_dir_all(&rundir).unwrap();
+        Node {
+            name: name.into(),
+            rundir,
+            array: env.name.clone(),
+        }
+    }
+
+    fn cmd(&self) -> Command {
+        let mut c = Command::new(BIN);
+        c.env("IRONRAID_RUNDIR", &self.rundir);
+        c
+    }
+
+    fn ironraid(&self, args: &[&str]) -> Output {
+        self.cmd().args(args).output().expect("spawn ironraid")
+    }
+
+    fn ok(&self, args: &[&str]) -> String {
+        let out = self.ironraid(args);
+        assert!(
+            out.status.success(),
+            "node {}: ironraid {args:?} failed:\n{}",
+            self.name,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    fn detail(&self) -> serde_json::Value {
+        serde_json::from_str(&self.ok(&["detail", &self.array, "--json"])).unwrap()
+    }
+
+    fn uri(&self) -> String {
+        format!(
+            "nbd+unix:///{}?socket={}",
+            self.array,
+            self.rundir.join(format!("{}.nbd", self.array)).display()
+        )
+    }
+
+    /// `ironraid run --cluster EP --node NAME EXTRA... MEMBERS`, once it serves; Err with its
+    /// log if it exits first.
+    fn try_run(
+        &self,
+        etcd: &EtcdServer,
+        extra: &[&str],
+        members: &[PathBuf],
+    ) -> Result<Daemon, String> {
+        let log = self.rundir.join("daemon.log");
+        let child = self
+            .cmd()
+            .args(["run", "--cluster", &etcd.endpoint, "--node", &self.name])
+            .args(extra)
+            .args(members)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("spawn ironraid run");
+        let mut d = Daemon { child, log };
+        let ctl = self.rundir.join(format!("{}.ctl", self.array));
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while std::os::unix::net::UnixStream::connect(&ctl).is_err() {
+            if let Ok(Some(st)) = d.child.try_wait() {
+                return Err(format!("({st}) {}", d.log_text()));
+            }
+            assert!(
+                Instant::now() < deadline,
+                "node {} did not start:\n{}",
+                self.name,
+                d.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(d)
+    }
+
+    fn run(&self, etcd: &EtcdServer, extra: &[&str], members: &[PathBuf]) -> Daemon {
+        self.try_run(etcd, extra, members)
+            .unwrap_or_else(|log| panic!("node {} exited early:\n{log}", self.name))
+    }
+
+    /// Poll `detail --json` until `done` holds (panics after `secs`).
+    fn wait_detail(
+        &self,
+        what: &str,
+        secs: u64,
+        done: impl Fn(&serde_json::Value) -> bool,
+    ) -> serde_json::Value {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        loop {
+            let d = self.detail();
+            if done(&d) {
+                return d;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "node {}: timed out waiting for {what}: {d:#}",
+                self.name
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+fn qemu_io(uri: &str, cmd: &str) -> String {
+    sh("qemu-io", &["-f", "raw", uri, "-c", cmd])
+}
+
+/// A clustered RAID1 over the env's members, registered in `etcd`.
+fn clustered(env: &Env, etcd: &EtcdServer, nodes: &str) {
+    env.create(
+        "1",
+        &[
+            "--consistency-policy",
+            "bitmap",
+            "--bitmap-chunk",
+            "4M",
+            "--cluster",
+            &etcd.endpoint,
+            "--nodes",
+            nodes,
+        ],
+    );
+}
+
+fn states(d: &serde_json::Value) -> Vec<(String, u64, String)> {
+    d["cluster"]["nodes"]
+        .as_array()
+        .unwrap_or(&Vec::new())
+        .iter()
+        .map(|n| {
+            (
+                n["name"].as_str().unwrap_or("").to_string(),
+                n["slot"].as_u64().unwrap_or(99),
+                n["state"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect()
+}
+
+fn member_state(d: &serde_json::Value, path: &Path) -> String {
+    common::member_state(d, path)
+}
+
+#[test]
+fn two_nodes_serve_one_raid1_and_read_each_others_writes() {
+    if !require_tools(&["qemu-io"]) {
+        return;
+    }
+    let Some(etcd) = EtcdServer::start() else {
+        return;
+    };
+    let env = Env::new("shared", 2, MEMBER);
+    clustered(&env, &etcd, "2");
+    let (a, b) = (Node::new(&env, "a"), Node::new(&env, "b"));
+    let _da = a.run(&etcd, &[], &env.members);
+    let _db = b.run(&etcd, &[], &env.members);
+    let d = b.wait_detail("both nodes in the view", 10, |d| states(d).len() == 2);
+    assert_eq!(
+        states(&d),
+        vec![
+            ("a".into(), 0, "active".into()),
+            ("b".into(), 1, "active".into())
+        ],
+        "{d:#}"
+    );
+    assert_eq!(d["cluster"]["node"], "b");
+    assert_eq!(d["cluster"]["coordinator"], "a");
+    // Each node's writes (flushed: qemu-io flushes at exit) read back on the other.
+    assert!(qemu_io(&a.uri(), "write -P 0x5a 0 1M").contains("wrote"));
+    assert!(qemu_io(&b.uri(), "read -P 0x5a 0 1M").contains("read"));
+    assert!(qemu_io(&b.uri(), "write -P 0xa5 8M 1M").contains("wrote"));
+    assert!(qemu_io(&a.uri(), "read -P 0xa5 8M 1M").contains("read"));
+    // Each node's view refreshes every third of its lease's TTL.
+    a.wait_detail("node b in a's view", 10, |d| states(d).len() == 2);
+    let status = a.ok(&["status"]);
+    assert!(
+        status.contains("cluster: a slot 0 active (this node, coordinator); b slot 1 active"),
+        "{status}"
+    );
+}
+
+#[test]
+fn a_member_failed_on_one_node_is_failed_on_the_other_before_a_degraded_write_returns() {
+    if !require_tools(&["qemu-io"]) {
+        return;
+    }
+    let Some(etcd) = EtcdServer::start() else {
+        return;
+    };
+    let env = Env::new("agree", 2, MEMBER);
+    clustered(&env, &etcd, "2");
+    let (a, b) = (Node::new(&env, "a"), Node::new(&env, "b"));
+    let _da = a.run(&etcd, &[], &env.members);
+    let _db = b.run(&etcd, &[], &env.members);
+    a.ok(&["fail", &env.name, env.members[1].to_str().unwrap()]);
+    // `fail` returned after node b acknowledged: it has stopped using the member.
+    assert_eq!(member_state(&b.detail(), &env.members[1]), "faulty");
+    assert!(qemu_io(&b.uri(), "write -P 0x33 0 64k").contains("wrote"));
+    assert!(qemu_io(&a.uri(), "read -P 0x33 0 64k").contains("read"));
+    // Adding a member needs every node's agreement, which is not built: refused while b runs.
+    let spare = env.file("spare.img", MEMBER);
+    let out = a.ironraid(&["add", &env.name, spare.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("not agreed across a cluster's nodes yet"),
+        "{err}"
+    );
+}
+
+#[test]
+fn clustered_and_plain_arrays_refuse_the_other_way_to_run() {
+    let Some(etcd) = EtcdServer::start() else {
+        return;
+    };
+    let env = Env::new("refuse", 2, MEMBER);
+    clustered(&env, &etcd, "2");
+    let plain = env.ironraid(&[
+        "run",
+        env.members[0].to_str().unwrap(),
+        env.members[1].to_str().unwrap(),
+    ]);
+    assert!(!plain.status.success());
+    let err = String::from_utf8_lossy(&plain.stderr);
+    assert!(err.contains("is clustered: run it with --cluster"), "{err}");
+    let a = Node::new(&env, "a");
+    let _da = a.run(&etcd, &[], &env.members);
+    let twin = Node::on_host(&env, "a", "other-host");
+    let err = twin
+        .try_run(&etcd, &[], &env.members)
+        .err()
+        .expect("a second node of the same name");
+    assert!(err.contains("already active"), "{err}");
+    // A plain array cannot be run as a cluster's.
+    let other = Env::new("plain", 2, MEMBER);
+    other.create("1", &["--consistency-policy", "bitmap"]);
+    let b = Node::new(&other, "b");
+    let err = b
+        .try_run(&etcd, &[], &other.members)
+        .err()
+        .expect("a plain array under --cluster");
+    assert!(err.contains("was not created for a cluster"), "{err}");
+}
+
+#[test]
+fn a_node_that_cannot_reach_etcd_refuses_writes_until_it_can() {
+    if !require_tools(&["qemu-io"]) {
+        return;
+    }
+    let Some(etcd) = EtcdServer::start() else {
+        return;
+    };
+    let env = Env::new("fence", 2, MEMBER);
+    clustered(&env, &etcd, "2");
+    let a = Node::new(&env, "a");
+    let _da = a.run(&etcd, &["--lease-ttl", "6s"], &env.members);
+    assert!(qemu_io(&a.uri(), "write -P 0x11 0 64k").contains("wrote"));
+    etcd.pause(true);
+    // Within TTL·(1−ρ) − 1 s of the last renewal (at most a third of the TTL ago).
+    std::thread::sleep(Duration::from_millis(5200));
+    let out = Command::new("qemu-io")
+        .args(["-f", "raw", &a.uri(), "-c", "write -P 0x22 0 64k"])
+        .output()
+        .unwrap();
+    etcd.pause(false);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        !text.contains("wrote"),
+        "a write went out with the lease unconfirmed: {text}"
+    );
+    // What was written before is intact.
+    assert!(qemu_io(&a.uri(), "read -P 0x11 0 64k").contains("read"));
+}
+
+/// Bytes `at..at+len` of a member file's data area.
+fn data_bytes(env: &Env, member: &Path, at: u64, len: usize) -> Vec<u8> {
+    use std::os::unix::fs::FileExt;
+    let offset = env.examine(member)["data_offset_sectors"].as_u64().unwrap() * 512;
+    let mut buf = vec![0u8; len];
+    std::fs::File::open(member)
+        .unwrap()
+        .read_exact_at(&mut buf, offset + at)
+        .unwrap();
+    buf
+}
+
+fn scribble(env: &Env, member: &Path, at: u64, bytes: &[u8]) {
+    use std::os::unix::fs::FileExt;
+    let offset = env.examine(member)["data_offset_sectors"].as_u64().unwrap() * 512;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(member)
+        .unwrap()
+        .write_all_at(bytes, offset + at)
+        .unwrap();
+}
+
+#[test]
+fn a_killed_node_is_gone_for_the_survivor_which_resyncs_only_what_it_had_dirty() {
+    if !require_tools(&["qemu-io"]) {
+        return;
+    }
+    let Some(etcd) = EtcdServer::start() else {
+        return;
+    };
+    let env = Env::new("takeover", 2, MEMBER);
+    clustered(&env, &etcd, "2");
+    let (a, b) = (Node::new(&env, "a"), Node::new(&env, "b"));
+    let da = a.run(&etcd, &["--lease-ttl", "2s"], &env.members);
+    let db = b.run(&etcd, &["--lease-ttl", "2s"], &env.members);
+    b.wait_detail("both nodes", 10, |d| states(d).len() == 2);
+    // A new bitmap has every bit set; a's daemon clears its slot's within a few passes.
+    a.wait_detail("a's slot clean", 30, |d| d["bitmap"]["dirty_chunks"] == 0);
+    // Node a writes and flushes 1 MiB in the second 4 MiB chunk; its bit stays set a while.
+    assert!(qemu_io(&a.uri(), "write -P 0x77 4M 1M").contains("wrote"));
+    da.kill9();
+    let t0 = Instant::now();
+    // Behind everyone's back, the mirrors now differ inside a's dirty chunk and outside it.
+    scribble(&env, &env.members[1], 4 * MIB + 8192, &[0xee; 4096]);
+    scribble(&env, &env.members[1], 20 * MIB, &[0xdd; 4096]);
+    let d = b.wait_detail("a gone and b coordinator", 15, |d| {
+        states(d).contains(&("a".into(), 0, "gone".into())) && d["cluster"]["coordinator"] == "b"
+    });
+    let noticed = t0.elapsed();
+    assert!(
+        noticed < Duration::from_secs(8),
+        "noticed after {noticed:?}: {d:#}"
+    );
+    // b takes a's slot over and resyncs its dirty chunk (b is alone now).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while data_bytes(&env, &env.members[1], 4 * MIB + 8192, 4096) != vec![0x77; 4096] {
+        assert!(
+            Instant::now() < deadline,
+            "a's dirty chunk was not resynced:\n{}",
+            db.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let log = db.log_text();
+    assert!(log.contains("took over a gone node's bitmap slot"), "{log}");
+    assert!(log.contains("adopted_chunks=1"), "{log}");
+    // Only what a had dirty: the difference outside its chunk is left as it is.
+    assert!(
+        data_bytes(&env, &env.members[1], 20 * MIB, 4096) == vec![0xdd; 4096],
+        "a clean chunk was resynced:\n{log}"
+    );
+    // a's flushed data reads back on b.
+    assert!(qemu_io(&b.uri(), "read -P 0x77 4M 1M").contains("read"));
+}
