@@ -177,7 +177,7 @@ fn two_nodes_then_node0_dies(s: &[Arc<SimDevice>]) -> Array {
     }
     drop(n0);
     clock.advance(Duration::from_secs(1));
-    assert_eq!(n1.sync_step(), SyncAction::Idle);
+    settle(&n1);
     assert!(
         engine::read_superblock(s[0].as_ref()).unwrap().is_clean(),
         "node 1's safe mode recorded the array clean"
@@ -302,4 +302,30 @@ fn a_power_cut_anywhere_in_the_takeover_leaves_nothing_unsynced() {
     for seed in 0..300u64 {
         takeover_cut_at(1000 + seed, seed % (calls + 12));
     }
+}
+
+/// A node that died with chunks dirty in its slot, while the other node went on and stopped
+/// cleanly (the shared superblocks say clean), resyncs its own slot's chunks when it starts
+/// again: the superblocks say nothing about its slot.
+#[test]
+fn a_node_restarting_after_its_crash_resyncs_its_own_slot_whatever_the_superblocks_say() {
+    let s = sims(700, None);
+    let n1 = two_nodes_then_node0_dies(&s);
+    n1.close().unwrap();
+    drop(n1);
+    assert!(engine::read_superblock(s[0].as_ref()).unwrap().is_clean());
+    scribble(&s, NODE0_CHUNKS[0]);
+    scribble(&s, QUIET_CHUNK);
+    let n0 = node(&s, 0).expect("node 0 again");
+    assert_eq!(
+        n0.status().bitmap.unwrap().dirty_chunks,
+        2,
+        "its slot as it left it, though its events lag the superblocks"
+    );
+    settle(&n0);
+    assert!(
+        mirrors_agree(&s, NODE0_CHUNKS[0]),
+        "node 0's dirty chunk resynced"
+    );
+    assert!(!mirrors_agree(&s, QUIET_CHUNK), "and nothing else");
 }
