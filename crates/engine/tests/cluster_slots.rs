@@ -329,3 +329,44 @@ fn a_node_restarting_after_its_crash_resyncs_its_own_slot_whatever_the_superbloc
     );
     assert!(!mirrors_agree(&s, QUIET_CHUNK), "and nothing else");
 }
+
+/// md-cluster's `gather_bitmaps`: a member re-added on node 1 recovers the chunks node 0 wrote
+/// while it was out (in node 0's slot, which a stop while degraded leaves set), not only what
+/// node 1's own slot holds.
+#[test]
+fn a_readd_recovers_what_any_node_wrote_while_the_member_was_out() {
+    let s = sims(800, None);
+    create(&s, 2);
+    let n0 = node(&s, 0).unwrap();
+    let n1 = node(&s, 1).unwrap();
+    // Both nodes stop using the member (the cluster agrees on a failure before going on).
+    n0.fail_member("sim1").unwrap();
+    n1.fail_member("sim1").unwrap();
+    n1.remove_member("sim1").unwrap();
+    n0.write(7 * CHUNK, &[7; 8192], false).unwrap();
+    n0.close().unwrap();
+    drop(n0);
+    assert_eq!(
+        slot_bits(&s[0], 0),
+        [7],
+        "a degraded stop keeps node 0's bit"
+    );
+    assert!(slot_bits(&s[0], 1).is_empty());
+    assert!(!mirrors_agree(&s, 7), "the member missed node 0's write");
+    let writes_before = s[1].stats().writes;
+    n1.add_member(s[1].clone() as Arc<dyn Device>, false)
+        .unwrap();
+    settle(&n1);
+    assert!(
+        n1.status().missing_roles.is_empty(),
+        "re-added member in sync"
+    );
+    assert!(
+        mirrors_agree(&s, 7),
+        "node 0's chunk recovered onto the member"
+    );
+    let rebuilt = s[1].stats().writes - writes_before;
+    // One chunk (plus superblock and bitmap writes), not the 240 of a full recovery.
+    assert!(rebuilt < 20, "re-add wrote {rebuilt} times");
+    assert_eq!(slot_bits(&s[0], 0), [7], "node 0's slot keeps its bit");
+}
