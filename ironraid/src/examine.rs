@@ -46,6 +46,84 @@ struct Examined {
     integrity_zone_sectors: Option<u64>,
     /// How many table copies of each member's records there are.
     integrity_copies: Option<usize>,
+    /// md-cluster's per-node bitmaps (null: not a clustered array).
+    cluster: Option<ExaminedCluster>,
+}
+
+/// A clustered member's bitmap: the cluster's name and every node slot.
+#[derive(Serialize)]
+struct ExaminedCluster {
+    name: String,
+    nodes: u32,
+    slots: Vec<ExaminedSlot>,
+}
+
+/// One node slot of a clustered bitmap, as `mdadm -X` lists it.
+#[derive(Serialize)]
+struct ExaminedSlot {
+    slot: u32,
+    /// Null when the slot cannot be read (`problem` says why).
+    events: Option<u64>,
+    events_cleared: Option<u64>,
+    chunks: Option<u64>,
+    dirty_chunks: Option<u64>,
+    problem: Option<String>,
+}
+
+/// Every node slot of a clustered member's bitmap; `None` unless the superblock says clustered
+/// and slot 0 reads.
+fn describe_cluster(d: &dyn Device, sb: &Superblock) -> Option<ExaminedCluster> {
+    if sb.feature_map & format::feature::CLUSTERED == 0
+        || !has_bitmap(sb)
+        || sb.bitmap_offset != format::BITMAP_OFFSET_SECTORS
+    {
+        return None;
+    }
+    let (first, _) = engine::read_bitmap(d).ok()?;
+    let slots = (0..first.slots())
+        .map(|slot| match engine::read_bitmap_slot(d, slot) {
+            Ok((bm, bits)) => ExaminedSlot {
+                slot,
+                events: Some(bm.events),
+                events_cleared: Some(bm.events_cleared),
+                chunks: Some(bm.chunks()),
+                dirty_chunks: Some(format::count_dirty(&bits, bm.chunks())),
+                problem: None,
+            },
+            Err(e) => ExaminedSlot {
+                slot,
+                events: None,
+                events_cleared: None,
+                chunks: None,
+                dirty_chunks: None,
+                problem: Some(e),
+            },
+        })
+        .collect();
+    Some(ExaminedCluster {
+        name: first.cluster_name(),
+        nodes: first.nodes,
+        slots,
+    })
+}
+
+fn print_cluster_text(c: &ExaminedCluster) {
+    println!("   Cluster Name : {}", c.name);
+    println!("  Cluster Nodes : {}", c.nodes);
+    for s in &c.slots {
+        match (s.dirty_chunks, s.chunks, &s.problem) {
+            (Some(dirty), Some(chunks), _) => println!(
+                "    Node Slot {} : {dirty} dirty of {chunks} chunks, events {}",
+                s.slot,
+                s.events.unwrap_or(0)
+            ),
+            (_, _, problem) => println!(
+                "    Node Slot {} : unreadable ({})",
+                s.slot,
+                problem.as_deref().unwrap_or("?")
+            ),
+        }
+    }
 }
 
 /// The meta block at `journal_tail` (reference §6.2): where recovery starts.
@@ -160,6 +238,7 @@ fn describe(path: &str, sb: &Superblock) -> Examined {
         integrity: zone.map(|_| "crc32c"),
         integrity_zone_sectors: zone.map(|z| z.start_sectors),
         integrity_copies: zone.map(|z| z.copies),
+        cluster: None,
     }
 }
 
@@ -212,6 +291,7 @@ pub fn examine(members: &[PathBuf], json: bool) -> anyhow::Result<()> {
                 if e.journal_tail_sectors.is_some() {
                     e.journal_tail_block = Some(tail_block(d.as_ref(), &sb));
                 }
+                e.cluster = describe_cluster(d.as_ref(), &sb);
                 e
             })
         },
@@ -237,7 +317,10 @@ struct ExaminedBitmap {
     sync_size_sectors: u64,
     sectors_reserved: u32,
     chunks: u64,
+    /// Slot 0's dirty chunks on a clustered bitmap (`cluster` lists every slot).
     dirty_chunks: u64,
+    /// md-cluster's per-node bitmaps (null: not clustered).
+    cluster: Option<ExaminedCluster>,
 }
 
 fn describe_bitmap(p: &Path) -> anyhow::Result<ExaminedBitmap> {
@@ -286,6 +369,7 @@ fn describe_bitmap(p: &Path) -> anyhow::Result<ExaminedBitmap> {
         sectors_reserved: bm.sectors_reserved,
         chunks: bm.chunks(),
         dirty_chunks: format::count_dirty(&bits, bm.chunks()),
+        cluster: describe_cluster(d.as_ref(), &sb),
     })
 }
 
@@ -325,6 +409,9 @@ fn print_bitmap_text(b: &ExaminedBitmap) {
         b.dirty_chunks,
         b.dirty_chunks as f64 * 100.0 / b.chunks.max(1) as f64
     );
+    if let Some(c) = &b.cluster {
+        print_cluster_text(c);
+    }
     println!();
 }
 
@@ -377,6 +464,9 @@ fn print_text(e: &Examined) {
                 problem.as_deref().unwrap_or("invalid")
             ),
         }
+    }
+    if let Some(c) = &e.cluster {
+        print_cluster_text(c);
     }
     println!("    Array State : {}", e.array_state);
     println!();

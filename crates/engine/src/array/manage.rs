@@ -19,6 +19,9 @@ impl Array {
         let mut meta = self.members.meta.lock();
         let (own, template) = self.refuse_add(&meta, dev.as_ref(), force)?;
         let readd = own.as_ref().and_then(|sb| self.readd_role(&meta, sb));
+        if readd.is_some() {
+            self.gather_other_slots()?;
+        }
         let free = |n: u32| {
             !meta.members.iter().any(|m| m.member.dev_number == n)
                 && meta.roles.get(n as usize).is_none_or(|r| *r >= ROLE_MAX)

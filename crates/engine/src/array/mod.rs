@@ -321,10 +321,15 @@ impl Array {
         });
         let policy = new_policy(p.bitmap, p.journal, guidance);
         let personality = crate::personality::for_geometry(&p.geometry);
-        let resync_from = if personality.redundancy() > 0 {
-            policy.resync_from(p.meta.resync_offset)
-        } else {
+        // A clustered node resyncs its own slot's bits at every start, which the shared
+        // superblocks' checkpoint cannot say (assembly's `resync_at_start`).
+        let clustered = policy.bitmap().is_some_and(|b| b.header().is_clustered());
+        let resync_from = if personality.redundancy() == 0 {
             None
+        } else if clustered {
+            p.resync_from
+        } else {
+            policy.resync_from(p.meta.resync_offset)
         };
         debug_assert_eq!(resync_from, p.resync_from, "assembly and policy disagree");
         let stripes = Arc::new(StripeCache::new(p.config.stripe_cache_bytes));

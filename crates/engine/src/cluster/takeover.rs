@@ -1,6 +1,7 @@
 //! md-cluster's recovery of a dead node's bitmap slot (`recover_slot` → `md_bitmap_copy_from_slot`
 //! → `recovery_cp`), as one engine call: the chunks the dead node had dirty become this node's,
-//! the dead slot is cleared, and a resync of exactly those chunks is requested.
+//! the dead slot is cleared, and a resync of exactly those chunks is requested. Also its
+//! `gather_bitmaps` before a bitmap-guided re-add (the other slots copied, not cleared).
 //!
 //! # What is durable at each step (DESIGN.md's ordering rules)
 //! 1. Read the dead slot: the union of its copies on the members in sync. Nothing written.
@@ -57,7 +58,7 @@ impl Array {
             .collect();
         {
             let _counted = crate::io::commit::InCommit::enter(self);
-            bm.adopt_needed(&self.members, &dirty)?;
+            bm.adopt(&self.members, &dirty, true)?;
             self.mark_active()?;
         }
         self.clear_slot(&header, slot)?;
@@ -71,6 +72,30 @@ impl Array {
             adopted_chunks: dirty.len() as u64,
             resync_from_bytes,
         })
+    }
+
+    /// md-cluster's `gather_bitmaps`, before a bitmap-guided re-add: every chunk another
+    /// node's slot has set is set in this node's slot too, durably (the other slots keep
+    /// theirs). The recovery skips chunks this slot has clear, and must not skip one another
+    /// node wrote while the member was out (a node that stopped while the array was degraded
+    /// left its bits set for exactly this). An array with one bitmap has nothing to gather.
+    pub(crate) fn gather_other_slots(&self) -> Result<()> {
+        let Some(bm) = self
+            .policy
+            .bitmap()
+            .filter(|b| b.header().is_clustered())
+            .cloned()
+        else {
+            return Ok(());
+        };
+        for slot in (0..bm.header().nodes).filter(|&s| s != bm.slot()) {
+            let (header, bits) = self.read_slot_union(slot)?;
+            let dirty: Vec<u64> = (0..header.chunks())
+                .filter(|&c| bit_is_set(&bits, c))
+                .collect();
+            bm.adopt(&self.members, &dirty, false)?;
+        }
+        Ok(())
     }
 
     /// Dirty chunks in bitmap slot `slot` on the members (the union of their copies), for

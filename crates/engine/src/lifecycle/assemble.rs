@@ -1183,7 +1183,10 @@ pub(crate) fn union_of_slot(
             ));
             continue;
         }
-        let stale = sb.events < best.events || sb.is_stale();
+        // A node's slot lags the superblocks the other nodes go on writing: md checks a
+        // clustered slot's events against nothing (`md_bitmap_read_sb`), nor does this.
+        let behind = !sb.is_clustered() && sb.events < best.events;
+        let stale = behind || sb.is_stale();
         if stale {
             tracing::warn!(member = %m.name(), bitmap_events = sb.events, events = best.events, "write-intent bitmap is out of date: every chunk counts as dirty");
         }

@@ -238,14 +238,16 @@ impl WriteIntentBitmap {
         Ok(())
     }
 
-    /// Chunks another node's slot had dirty become this slot's: durably set on the members and
-    /// needing resync (none clears before the resync passed it). NEEDED goes on first, so the
-    /// clean-up pass can no longer clear a chunk whose bit this is about to rely on.
-    pub(crate) fn adopt_needed(&self, members: &MemberSet, chunks: &[u64]) -> Result<()> {
+    /// Chunks another node's slot has dirty become this slot's too: durably set on the
+    /// members, and with `needed` also needing resync (then none clears before the resync
+    /// passed it; NEEDED goes on first, so the clean-up pass can no longer clear a chunk whose
+    /// bit this is about to rely on).
+    pub(crate) fn adopt(&self, members: &MemberSet, chunks: &[u64], needed: bool) -> Result<()> {
+        let mark = if needed { NEEDED } else { 0 };
         let mut new = Vec::new();
         for &c in chunks {
             assert!(c < self.chunks, "chunk {c} of {}", self.chunks);
-            let prev = self.counters[c as usize].fetch_or(NEEDED, Ordering::AcqRel);
+            let prev = self.counters[c as usize].fetch_or(mark, Ordering::AcqRel);
             if prev & ON_DISK == 0 {
                 new.push(c);
             }
