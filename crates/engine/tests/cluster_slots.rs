@@ -39,6 +39,13 @@ impl Coordinator for Node {
     fn sync_refusal(&self) -> Option<String> {
         None
     }
+    fn recovery_allowed(&self) -> bool {
+        true
+    }
+    fn recovery_starts(&self) -> bool {
+        true
+    }
+    fn recovery_paused(&self) {}
     fn metadata_update_start(&self) {}
     fn metadata_update_finish(&self, _events: u64) {}
     fn area_resyncing(&self, _range: Range<u64>) -> bool {
