@@ -239,6 +239,19 @@ impl BitmapSuper {
                 sb.events_cleared, sb.events
             )));
         }
+        // Every slot's offset is computed from this: the whole must fit in 64 bits.
+        if sb
+            .bytes_on_disk()
+            .checked_mul(u64::from(sb.slots()))
+            .is_none()
+        {
+            return Err(FormatError::Bitmap(format!(
+                "{} node slots of {} bytes each do not fit in 64 bits (sync size {} sectors)",
+                sb.slots(),
+                sb.bytes_on_disk(),
+                sb.sync_size
+            )));
+        }
         Ok(sb)
     }
 
@@ -352,7 +365,19 @@ mod tests {
         too_many.nodes = MAX_CLUSTER_NODES + 1;
         let mut behind = good.clone();
         behind.write_behind = MAX_WRITE_BEHIND + 1;
-        for bad in [bad_chunk, bad_version, clustered, no_nul, too_many, behind] {
+        // Slots whose total size wraps 64 bits (found by the fuzz smoke).
+        let mut huge = good.clone().clustered(MAX_CLUSTER_NODES, "c").unwrap();
+        huge.sync_size = u64::MAX;
+        huge.chunksize = 512;
+        for bad in [
+            bad_chunk,
+            bad_version,
+            clustered,
+            no_nul,
+            too_many,
+            behind,
+            huge,
+        ] {
             assert!(BitmapSuper::decode(&bad.encode()).is_err(), "{bad:?}");
         }
         let mut raw = good.encode();

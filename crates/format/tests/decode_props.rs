@@ -214,9 +214,12 @@ fn arb_bitmap_super() -> impl Strategy<Value = BitmapSuper> {
         if !clustered {
             return sb;
         }
+        // Every slot together must fit in 64 bits (decode refuses more): a sync size up to
+        // 2^48 sectors keeps 256 slots of the smallest chunk inside.
         let mut sb = BitmapSuper {
             version: BITMAP_VERSION_CLUSTERED,
             nodes,
+            sync_size: sb.sync_size % (1 << 48),
             ..sb
         };
         sb.cluster_name = [0; CLUSTER_NAME_BYTES];

@@ -120,22 +120,38 @@ impl Node {
             &[],
         );
         self.acknowledge(dev);
-        let acks = self.key(&format!("ack/{dev}/"));
+        self.wait_for_every_node(
+            &self.key(&format!("ack/{dev}/")),
+            &[],
+            "member failure acknowledged (degraded writes wait)",
+        );
+    }
+
+    /// Wait until every other node whose lease lives has a key `<acks><node>` holding
+    /// `value` (any value if empty), rereading both each poll.
+    pub(super) fn wait_for_every_node(&self, acks: &str, value: &[u8], what: &str) {
         let t0 = Instant::now();
         let mut warned = false;
         loop {
-            let waiting = match (self.live_nodes(), self.etcd.get_prefix(&acks)) {
+            let waiting: Vec<String> = match (self.live_nodes(), self.etcd.get_prefix(acks)) {
                 (Ok(live), Ok((acked, _))) => live
                     .into_iter()
-                    .filter(|n| !acked.iter().any(|kv| kv.key[acks.len()..] == *n))
-                    .collect::<Vec<_>>(),
-                _ => vec!["(etcd unreachable)".to_string()],
+                    .filter(|n| *n != self.name)
+                    .filter(|n| {
+                        !acked.iter().any(|kv| {
+                            kv.key[acks.len()..] == **n && (value.is_empty() || kv.value == value)
+                        })
+                    })
+                    .collect(),
+                _ => vec!["(etcd unreachable)".into()],
             };
-            if waiting.is_empty() {
+            // A fenced node writes nothing more (the engine refuses its writes): what it waited
+            // for no longer matters, and the walk or stop behind it must go on.
+            if waiting.is_empty() || self.fence.refusal().is_some() {
                 return;
             }
             if !warned && t0.elapsed() > Duration::from_secs(5) {
-                tracing::warn!(node = %self.name, dev, ?waiting, "member failure not yet acknowledged by every node; degraded writes wait");
+                tracing::warn!(node = %self.name, ?waiting, "waiting for every node: {what}");
                 warned = true;
             }
             std::thread::sleep(POLL);

@@ -17,7 +17,7 @@ use super::node::Node;
 use engine::Array;
 use std::sync::mpsc;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const POLL: Duration = Duration::from_millis(10);
 
@@ -100,9 +100,10 @@ impl Node {
         }
     }
 
-    /// etcd did not take the round: try until it does (the walk waits meanwhile).
+    /// etcd did not take the round: try until it does (the walk waits meanwhile), or until
+    /// this node is fenced (its writes are refused from then on).
     fn wait_for_etcd(&self, key: &str, value: &str) {
-        loop {
+        while self.fence.refusal().is_none() {
             std::thread::sleep(POLL * 10);
             if let Ok(round) = self.etcd.put(key, value.as_bytes(), None) {
                 return self.wait_for_acks(round);
@@ -111,31 +112,11 @@ impl Node {
     }
 
     fn wait_for_acks(&self, round: i64) {
-        let acks = format!("{}round-ack/", self.prefix);
-        let t0 = Instant::now();
-        let mut warned = false;
-        loop {
-            let waiting: Vec<String> = match (self.live_nodes(), self.etcd.get_prefix(&acks)) {
-                (Ok(live), Ok((acked, _))) => live
-                    .into_iter()
-                    .filter(|n| *n != self.name)
-                    .filter(|n| {
-                        !acked.iter().any(|kv| {
-                            kv.key[acks.len()..] == **n && kv.value == round.to_string().as_bytes()
-                        })
-                    })
-                    .collect(),
-                _ => vec!["(etcd unreachable)".into()],
-            };
-            if waiting.is_empty() {
-                return;
-            }
-            if !warned && t0.elapsed() > Duration::from_secs(5) {
-                tracing::warn!(node = %self.name, round, ?waiting, "background window not yet held by every node");
-                warned = true;
-            }
-            std::thread::sleep(POLL);
-        }
+        self.wait_for_every_node(
+            &format!("{}round-ack/", self.prefix),
+            round.to_string().as_bytes(),
+            "background window held",
+        );
     }
 
     /// Follow the coordinator's rounds once: hold its current window (dropping the previous
