@@ -228,6 +228,9 @@ pub(crate) struct Journal {
     cache: Mutex<WbCache>,
     /// Rows in the cache or being written out of it (read lock-free by the read path).
     cached_rows: std::sync::atomic::AtomicUsize,
+    /// The superblocks say a resync is owed because rows went home unlogged after the log
+    /// failed (`Array::owe_resync_for_unlogged_write_out`).
+    pub(crate) unlogged_recorded: std::sync::atomic::AtomicBool,
 }
 
 /// Write-back mode: data acknowledged once in the log, held here until its row is written out.
@@ -974,6 +977,7 @@ pub(crate) fn recover(
         write_back: std::sync::atomic::AtomicBool::new(false),
         cache: Mutex::new(WbCache::default()),
         cached_rows: std::sync::atomic::AtomicUsize::new(0),
+        unlogged_recorded: std::sync::atomic::AtomicBool::new(false),
     };
     Ok((journal, pending))
 }

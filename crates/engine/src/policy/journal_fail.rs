@@ -38,6 +38,7 @@
 use crate::array::Array;
 use crate::error::Result;
 use crate::members::Member;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 impl Array {
@@ -50,6 +51,24 @@ impl Array {
             Some(member.name()),
             format!("{why}; writes are refused; writing out what the log covered"),
         );
+    }
+
+    /// Cached rows go home unlogged once the log failed (here, or a row that fills up, or the
+    /// journal daemon): a crash in that may tear them, and the log holds their data without
+    /// parity, which a degraded start cannot rebuild a missing member's chunks from. Before
+    /// the first of those writes, the superblocks say a resync is owed, as for an array
+    /// without a journal: a degraded start after such a crash is refused unless forced (md's
+    /// start_dirty_degraded), a whole one resyncs.
+    pub(crate) fn owe_resync_for_unlogged_write_out(&self) {
+        let Some(j) = self.policy.journal() else {
+            return;
+        };
+        if self.config.read_only || j.unlogged_recorded.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let mut meta = self.members.meta.lock();
+        meta.resync_offset = 0;
+        self.members.commit(meta);
     }
 
     /// Steps 2 and 3 of the module notes, once; callers that come while another one runs
@@ -69,15 +88,8 @@ impl Array {
         // No ticket is given once the log has failed: when those out end, nothing more can
         // go into the cache or past the log.
         j.wait_tickets();
-        if !j.pending_rows().is_empty() && !self.config.read_only {
-            // The write-out below is not logged: a crash in it may tear its rows, and the log
-            // holds their data without parity, which a degraded start cannot rebuild a missing
-            // member's chunks from. From here the superblocks say a resync is owed, as for an
-            // array without a journal: a degraded start after such a crash is refused unless
-            // forced (md's start_dirty_degraded), a whole one resyncs.
-            let mut meta = self.members.meta.lock();
-            meta.resync_offset = 0;
-            self.members.commit(meta);
+        if !j.pending_rows().is_empty() {
+            self.owe_resync_for_unlogged_write_out();
         }
         self.write_out_pending()?;
         self.flush_members();

@@ -301,7 +301,8 @@ impl ConsistencyPolicy for JournalPolicy {
         let image = image.expect("stripe writes come with their image");
         if image.parity_only && self.journal.failed().is_some() {
             // The log is gone: cached write-back data still goes home from memory (md does
-            // the same); only new writes are refused.
+            // the same); only new writes are refused. Unlogged, it reopens the write hole.
+            array.owe_resync_for_unlogged_write_out();
             return Ok(None);
         }
         self.journal.log(array, image).map(Some)
