@@ -340,8 +340,14 @@ struct CreateArgs {
     #[arg(long)]
     name: Option<String>,
     /// resync, bitmap, journal (needs --journal) or guided (the bitmap, and after an unclean
-    /// stop the resync waits for a guide such as `guide NAME ext4`; RAID1/4/5/6/10).
-    #[arg(long, default_value = "resync", value_parser = ["resync", "bitmap", "journal", "guided"])]
+    /// stop the resync waits for a guide such as `guide NAME ext4`; RAID1/4/5/6/10). With
+    /// --nodes the default is bitmap (as mdadm's --bitmap=clustered).
+    #[arg(
+        long,
+        default_value = "resync",
+        default_value_if("nodes", clap::builder::ArgPredicate::IsPresent, Some("bitmap")),
+        value_parser = ["resync", "bitmap", "journal", "guided"]
+    )]
     consistency_policy: String,
     /// Bytes each write-intent bit covers (with --consistency-policy bitmap or guided; default:
     /// md's, at least 64M).

@@ -140,11 +140,10 @@ fn qemu_io(uri: &str, cmd: &str) -> String {
 
 /// A clustered RAID1 over the env's members, registered in `etcd`.
 fn clustered(env: &Env, etcd: &EtcdServer, nodes: &str) {
+    // The contract's form: no policy given, --nodes implies the bitmap.
     env.create(
         "1",
         &[
-            "--consistency-policy",
-            "bitmap",
             "--bitmap-chunk",
             "4M",
             "--cluster",

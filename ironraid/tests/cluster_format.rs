@@ -161,7 +161,16 @@ fn create_nodes_writes_md_clusters_format_that_mdadm_reads() {
 #[test]
 fn nodes_need_a_bitmap_and_the_name_has_a_default() {
     let env = Env::new("cfmt", 2, 64 * MIB);
-    let mut args = vec!["create", "--level", "1", "--nodes", "2", "--assume-clean"];
+    let mut args = vec![
+        "create",
+        "--level",
+        "1",
+        "--consistency-policy",
+        "resync",
+        "--nodes",
+        "2",
+        "--assume-clean",
+    ];
     let members = env.member_args();
     args.extend(members.iter().map(String::as_str));
     let out = env.ironraid(&args);
@@ -176,7 +185,8 @@ fn nodes_need_a_bitmap_and_the_name_has_a_default() {
         !examined.status.success(),
         "a refused create writes nothing"
     );
-    env.create("1", &["--consistency-policy", "bitmap", "--nodes", "2"]);
+    // Without a policy, --nodes implies the bitmap (mdadm's --bitmap=clustered).
+    env.create("1", &["--nodes", "2"]);
     let cluster = &env.examine(&env.members[0])["cluster"];
     assert_eq!(cluster["name"], "ironraid", "{cluster:#}");
     assert_eq!(cluster["nodes"], 2);
