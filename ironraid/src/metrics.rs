@@ -236,6 +236,18 @@ fn cluster_series(s: &mut Sheet, dev: &str, node: &crate::cluster::node::Node) {
         labels(&[("device", dev), ("node", &c.node)]),
         f64::from(u8::from(node.fence.refusal().is_some())),
     );
+    s.gauge(
+        "cluster_owned_extents",
+        "Parity levels: extents this node writes alone now.",
+        labels(&[("device", dev), ("node", &c.node)]),
+        c.owned_extents as f64,
+    );
+    s.counter(
+        "cluster_extent_handoffs_total",
+        "Parity levels: extents this node handed to another node that asked.",
+        labels(&[("device", dev), ("node", &c.node)]),
+        c.extent_handoffs,
+    );
 }
 
 /// What each bounded pool holds against its limit (`detail --json`'s `memory`).

@@ -84,6 +84,11 @@ pub struct ClusterDetail {
     pub coordinator: Option<String>,
     /// Every node holding a bitmap slot, by slot.
     pub nodes: Vec<ClusterNode>,
+    /// Parity levels: the extents this node writes alone now, how many it got from etcd since
+    /// it started, and how many it handed to other nodes.
+    pub owned_extents: usize,
+    pub extent_claims: u64,
+    pub extent_handoffs: u64,
 }
 
 impl ClusterDetail {

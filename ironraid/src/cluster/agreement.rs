@@ -63,6 +63,9 @@ impl Node {
     /// (so it serves nothing there).
     pub fn attach(self: &Arc<Self>, array: &Arc<Array>) {
         let _ = self.agreement.array.set(Arc::downgrade(array));
+        if array.geometry().level().is_parity() {
+            self.spawn_handoffs();
+        }
         let hold = self.follow_round(array, None);
         let node = self.clone();
         let array = Arc::downgrade(array);
@@ -70,6 +73,11 @@ impl Node {
             .name("cluster-watch".into())
             .spawn(move || node.watch(array, hold))
             .expect("spawn the cluster watcher");
+    }
+
+    /// The array this node serves, once attached and while it runs.
+    pub(super) fn served_array(&self) -> Option<Arc<Array>> {
+        self.agreement.array.get().and_then(Weak::upgrade)
     }
 
     /// Take the cluster-wide right to write superblocks (blocks until free).

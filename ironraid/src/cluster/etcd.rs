@@ -32,6 +32,8 @@ pub struct KeyValue {
 pub enum Compare {
     /// The key does not exist.
     Absent(String),
+    /// The key was last changed at this revision (it exists, unchanged since it was read).
+    ModRevision(String, i64),
 }
 
 /// An operation of a transaction.
@@ -147,6 +149,12 @@ impl Etcd {
             &json!({ "key": B64.encode(prefix), "range_end": B64.encode(prefix_end(prefix)) }),
         )?;
         Ok((kvs(&v)?, header_revision(&v)))
+    }
+
+    /// The key itself, if it exists (not the keys it prefixes).
+    pub fn get(&self, key: &str) -> anyhow::Result<Option<KeyValue>> {
+        let v = self.call("/v3/kv/range", &json!({ "key": B64.encode(key) }))?;
+        Ok(kvs(&v)?.into_iter().find(|kv| kv.key == key))
     }
 
     /// Put `value` at `key` (bound to `lease` if given); the new revision.
@@ -320,6 +328,9 @@ fn compare_body(c: &Compare) -> Value {
     match c {
         Compare::Absent(key) => json!({
             "target": "CREATE", "result": "EQUAL", "key": B64.encode(key), "create_revision": "0"
+        }),
+        Compare::ModRevision(key, rev) => json!({
+            "target": "MOD", "result": "EQUAL", "key": B64.encode(key), "mod_revision": rev.to_string()
         }),
     }
 }

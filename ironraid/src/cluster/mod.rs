@@ -8,6 +8,7 @@
 mod agreement;
 pub mod etcd;
 pub mod node;
+mod ownership;
 mod windows;
 
 use anyhow::{anyhow, bail, Context};
@@ -40,6 +41,14 @@ struct ArrayRecord {
     level: String,
     /// Write-intent bitmap slots: the most nodes that may run the array at once.
     nodes: usize,
+    /// Parity levels: per-member bytes of the extents that have one writer at a time (the
+    /// same on every node, so it is recorded here).
+    #[serde(default = "default_extent_bytes")]
+    extent_bytes: u64,
+}
+
+fn default_extent_bytes() -> u64 {
+    ownership::DEFAULT_EXTENT_BYTES
 }
 
 fn meta_key(uuid: &str) -> String {
@@ -68,6 +77,7 @@ pub fn register(
         name: name.to_string(),
         level: level.name().to_string(),
         nodes,
+        extent_bytes: ownership::DEFAULT_EXTENT_BYTES,
     };
     let put = etcd.txn(
         &[Compare::Absent(meta_key(&uuid))],
@@ -129,26 +139,11 @@ pub fn join(
     let record: ArrayRecord =
         serde_json::from_slice(&meta.value).context("the array's record in etcd")?;
     let node = Node::join(etcd, &uuid, &args.node, record.nodes, args.lease_ttl)?;
-    let parity = matches!(sb.level, 4..=6);
-    if parity {
-        // Two nodes writing parts of one stripe would both rewrite its parity: until extents
-        // have one owner each, a parity array has one node at a time.
-        let others: Vec<String> = node
-            .live_nodes()?
-            .into_iter()
-            .filter(|n| *n != args.node)
-            .collect();
-        if !others.is_empty() {
-            node.leave();
-            bail!(
-                "array '{}' is RAID{}: its nodes cannot write one stripe's parity together yet \
-                 (extent ownership is not built), and node {} runs it now",
-                sb.set_name,
-                sb.level,
-                others.join(", ")
-            );
-        }
+    if record.extent_bytes == 0 {
+        node.leave();
+        bail!("array {uuid}'s record in etcd has extents of 0 bytes");
     }
+    node.ownership.set_extent_bytes(record.extent_bytes);
     node.spawn_keeper();
     Ok(Some(node))
 }
@@ -238,6 +233,14 @@ impl Coordinator for EtcdCoordinator {
 
     fn resync_finish(&self) {
         self.node.end_windows();
+    }
+
+    fn own_stripes(&self, range: Range<u64>) -> Result<(), String> {
+        self.node.own_stripes(range)
+    }
+
+    fn release_stripes(&self, range: Range<u64>) {
+        self.node.release_stripes(range);
     }
 
     fn add_new_disk(&self, _device_uuid: [u8; 16]) -> engine::Result<()> {

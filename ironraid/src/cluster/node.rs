@@ -98,6 +98,8 @@ pub struct Node {
     pub(super) stop: AtomicBool,
     /// What the agreement with the other nodes needs (see `agreement.rs`).
     pub(super) agreement: super::agreement::State,
+    /// The extents this node writes alone (parity levels; see `ownership.rs`).
+    pub(super) ownership: super::ownership::Ownership,
 }
 
 impl Node {
@@ -154,6 +156,7 @@ impl Node {
             view: Mutex::new(ClusterView::default()),
             stop: AtomicBool::new(false),
             agreement: Default::default(),
+            ownership: Default::default(),
         });
         node.campaign();
         node.refresh_view()?;
@@ -290,6 +293,9 @@ impl Node {
             epoch: self.epoch,
             coordinator: view.coordinator,
             nodes: view.nodes,
+            owned_extents: self.ownership.owned(),
+            extent_claims: self.ownership.claims.load(Ordering::Relaxed),
+            extent_handoffs: self.ownership.handoffs.load(Ordering::Relaxed),
         }
     }
 

@@ -23,6 +23,8 @@ use crate::error::Result;
 use std::fmt::Debug;
 
 mod takeover;
+use crate::array::Array;
+use crate::error::EngineError;
 use std::ops::Range;
 pub use takeover::TakeoverReport;
 
@@ -78,6 +80,21 @@ pub trait Coordinator: Send + Sync + Debug {
     fn resync_info_update(&self, kind: SyncKind, range: Range<u64>);
     /// This node's background walk ended (done, stopped or failed).
     fn resync_finish(&self);
+    /// Parity levels with several writers (beyond md-cluster): return once this node alone may
+    /// write the stripes holding per-member bytes `range`, and read them degraded, until
+    /// [`Coordinator::release_stripes`] of the same range. Two nodes writing parts of one
+    /// stripe would both rewrite its parity from what each read; a degraded read reconstructs
+    /// from parity another node may be rewriting. Err: why this node may not (fenced). Alone,
+    /// every stripe is this node's.
+    fn own_stripes(&self, range: Range<u64>) -> std::result::Result<(), String> {
+        let _ = range;
+        Ok(())
+    }
+    /// The stripes [`Coordinator::own_stripes`] gave are not used by this caller any more
+    /// (the node may hand them to another).
+    fn release_stripes(&self, range: Range<u64>) {
+        let _ = range;
+    }
     /// May a member with this device UUID join the array? An error says why not.
     fn add_new_disk(&self, device_uuid: [u8; 16]) -> Result<()>;
     /// May the member with this device number leave the array?
@@ -135,5 +152,49 @@ impl Coordinator for Local {
 
     fn remove_disk(&self, _dev_number: u32) -> Result<()> {
         Ok(())
+    }
+}
+
+/// Stripes this node may write (and read degraded) while the guard lives: see
+/// [`Coordinator::own_stripes`]. Taken before any stripe claim or row announcement of the
+/// range, never while another is held, so that a node handing stripes over never waits for a
+/// writer that waits for it.
+pub(crate) struct OwnedStripes<'a> {
+    coordinator: &'a dyn Coordinator,
+    range: Range<u64>,
+}
+
+impl<'a> OwnedStripes<'a> {
+    /// Stripes (parity rows) `first..end` of `array`, each `chunk_bytes` of every member.
+    pub(crate) fn take(
+        array: &'a Array,
+        first: u64,
+        end: u64,
+        chunk_bytes: u64,
+    ) -> std::result::Result<OwnedStripes<'a>, String> {
+        assert!(first < end, "owning no stripes ({first}..{end})");
+        let coordinator = array.members.coordinator();
+        let range = first * chunk_bytes..end * chunk_bytes;
+        coordinator.own_stripes(range.clone())?;
+        Ok(OwnedStripes { coordinator, range })
+    }
+
+    /// [`OwnedStripes::take`], its refusal as the engine's error.
+    pub(crate) fn take_or_refuse(
+        array: &'a Array,
+        first: u64,
+        end: u64,
+        chunk_bytes: u64,
+    ) -> Result<OwnedStripes<'a>> {
+        Self::take(array, first, end, chunk_bytes).map_err(|reason| EngineError::ReadOnly {
+            array: array.name.clone(),
+            reason,
+        })
+    }
+}
+
+impl Drop for OwnedStripes<'_> {
+    fn drop(&mut self) {
+        self.coordinator.release_stripes(self.range.clone());
     }
 }

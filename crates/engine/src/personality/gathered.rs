@@ -70,6 +70,25 @@ impl Array {
                 Err(e) => results.push(Some(Err(e))),
             }
         }
+        // The run's stripes are owned at once, before any is announced or placed: a node
+        // never holds some of them while it waits for others (see `cluster::OwnedStripes`).
+        let hull = taken
+            .iter()
+            .map(|(_, w, _)| (w.offset_bytes, w.offset_bytes + w.data.len() as u64))
+            .reduce(|(a, b), (c, d)| (a.min(c), b.max(d)));
+        let _owned = match hull.map(|(a, b)| self.parity().own_rows(self, a, b - a)) {
+            Some(Err(reason)) => {
+                for (i, w, watched) in taken {
+                    self.policy.write_ended(self, watched, false, w.fua);
+                    results[i] = Some(Err(EngineError::ReadOnly {
+                        array: self.name.clone(),
+                        reason: reason.clone(),
+                    }));
+                }
+                return results.into_iter().map(|r| r.expect("refused")).collect();
+            }
+            owned => owned,
+        };
         let bytes = taken.iter().map(|(_, w, _)| w.data.len()).sum();
         let reserved = self.stripes.reserve(bytes);
         let mut led = Vec::new();

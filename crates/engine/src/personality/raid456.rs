@@ -23,6 +23,7 @@
 //! failure marks it faulty and the stripe stays recoverable through the remaining members.
 
 use crate::array::Array;
+use crate::cluster::OwnedStripes;
 use crate::error::{EngineError, Result};
 use crate::intervals::merge;
 use crate::io::bufpool::PoolBuf;
@@ -142,6 +143,19 @@ impl Parity {
         (row * self.g.data_disks() as u64 + d as u64) * self.chunk_bytes() + off
     }
 
+    /// Own the stripes that array bytes `offset_bytes..offset_bytes + len` touch, for as long
+    /// as the guard lives (a cluster's nodes write a stripe one at a time).
+    pub(crate) fn own_rows<'a>(
+        &self,
+        array: &'a Array,
+        offset_bytes: u64,
+        len: u64,
+    ) -> std::result::Result<OwnedStripes<'a>, String> {
+        let first = self.g.locate(offset_bytes / 512).stripe;
+        let last = self.g.locate((offset_bytes + len.max(1) - 1) / 512).stripe;
+        OwnedStripes::take(array, first, last + 1, self.chunk_bytes())
+    }
+
     /// Pieces of a byte range: (row, data_index, offset in chunk, length, offset in request).
     fn parity_pieces(&self, offset_bytes: u64, len: usize) -> Vec<(u64, usize, u64, usize, usize)> {
         let chunk = self.chunk_bytes();
@@ -249,6 +263,8 @@ impl Parity {
         off: u64,
         out: &mut [u8],
     ) -> Result<()> {
+        // Reconstruction needs parity that no other node is rewriting.
+        let _owned = OwnedStripes::take_or_refuse(array, row, row + 1, self.chunk_bytes())?;
         let r = array.stripes.get(row);
         let st = r.claim(r.st.lock());
         drop(st);
@@ -321,6 +337,12 @@ impl Parity {
         fua: bool,
         intent: Option<WriteIntent>,
     ) -> Result<()> {
+        let _owned = self
+            .own_rows(array, offset_bytes, data.len() as u64)
+            .map_err(|reason| EngineError::ReadOnly {
+                array: array.name.clone(),
+                reason,
+            })?;
         let reserved = array.stripes.reserve(data.len());
         let mut led = Vec::new();
         let placed = self.parity_place(array, offset_bytes, data, fua, intent, &mut led);

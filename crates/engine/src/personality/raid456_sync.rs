@@ -444,12 +444,20 @@ impl Parity {
             let end = ((at / window + 1) * window).min(b);
             let mut tries = 0;
             let found = loop {
+                // A repair rewrites parity: no other node may write these stripes meanwhile.
+                let owned = crate::cluster::OwnedStripes::take_or_refuse(
+                    array,
+                    at / chunk,
+                    end.div_ceil(chunk),
+                    chunk,
+                )?;
                 let guard = array.range_lock().lock(LockRange::Stripes {
                     first: at / chunk,
                     end: end.div_ceil(chunk),
                 });
                 let res = self.scrub_span(array, at, end - at, fix, heal);
                 drop(guard);
+                drop(owned);
                 match res {
                     // A member failed while being read: plan again without it.
                     Err(Stop::Interrupted) if tries < 4 => tries += 1,
