@@ -496,6 +496,20 @@ fn a_dead_nodes_chunk_is_resynced_while_another_node_writes_and_the_mirrors_agre
 /// stripe of a RAID5 ×4 with 64 KiB chunks), `loops` times over `size`, verified after; with
 /// `verify_only`, only the verification of what such a run wrote.
 fn fio_one_chunk_per_stripe(uri: &str, offset: u64, size: u64, verify_only: bool) {
+    let args = fio_stripe_args(uri, offset, size, verify_only);
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = sh("fio", &refs);
+    assert!(
+        out.contains("err= 0"),
+        "fio at {offset} through {uri}: {out}"
+    );
+    assert!(
+        !out.contains("verify: bad"),
+        "fio at {offset} through {uri}: {out}"
+    );
+}
+
+fn fio_stripe_args(uri: &str, offset: u64, size: u64, verify_only: bool) -> Vec<String> {
     let mut args = vec![
         "--name=stripes".to_string(),
         "--ioengine=nbd".into(),
@@ -518,16 +532,7 @@ fn fio_one_chunk_per_stripe(uri: &str, offset: u64, size: u64, verify_only: bool
         }
         .into(),
     );
-    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-    let out = sh("fio", &refs);
-    assert!(
-        out.contains("err= 0"),
-        "fio at {offset} through {uri}: {out}"
-    );
-    assert!(
-        !out.contains("verify: bad"),
-        "fio at {offset} through {uri}: {out}"
-    );
+    args
 }
 
 /// The coordinator's parity check: the mismatch count it printed.
@@ -590,4 +595,87 @@ fn two_nodes_writing_different_chunks_of_the_same_raid5_stripes_leave_parity_con
         handoffs > 0,
         "the nodes never handed an extent over:\n{da:#}\n{db:#}"
     );
+}
+
+#[test]
+fn a_raid5_node_killed_mid_write_leaves_its_flushed_data_and_consistent_parity_to_the_survivor() {
+    if !require_tools(&["fio", "qemu-io"]) {
+        return;
+    }
+    let Some(etcd) = EtcdServer::start() else {
+        return;
+    };
+    let env = Env::new("kill5", 4, MEMBER);
+    env.create(
+        "5",
+        &[
+            "--chunk",
+            "64K",
+            "--bitmap-chunk",
+            "4M",
+            "--cluster",
+            &etcd.endpoint,
+            "--nodes",
+            "2",
+        ],
+    );
+    let (a, b) = (Node::new(&env, "a"), Node::new(&env, "b"));
+    let ttl = ["--lease-ttl", "2s"];
+    let da = a.run(&etcd, &ttl, &env.members);
+    let db = b.run(&etcd, &ttl, &env.members);
+    b.wait_detail("both nodes", 10, |d| states(d).len() == 2);
+    // a's flushed data, in stripes that both nodes write afterwards.
+    assert!(qemu_io(&a.uri(), "write -P 0x3c 128k 64k").contains("wrote"));
+    const SIZE: u64 = 96 * MIB;
+    // a writes chunk 0 of every stripe without end; b writes chunk 1 of the same stripes.
+    let mut args = fio_stripe_args(&a.uri(), 0, SIZE, false);
+    args.retain(|s| s != "--loops=3");
+    args.push("--loops=1000".into());
+    let mut fio_a = Command::new("fio")
+        .args(&args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn fio");
+    let uri_b = b.uri();
+    let writer_b = std::thread::spawn(move || {
+        let mut args = fio_stripe_args(&uri_b, 65536, SIZE, false);
+        args.retain(|s| s != "--loops=3");
+        args.push("--loops=12".into());
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = sh("fio", &refs);
+        assert!(out.contains("err= 0"), "fio on b: {out}");
+        assert!(!out.contains("verify: bad"), "fio on b: {out}");
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    da.kill9();
+    let _ = fio_a.kill();
+    let _ = fio_a.wait();
+    // b goes on writing through a's extents once a's lease and the grace are over, takes
+    // a's slot over and resyncs what a had dirty.
+    writer_b.join().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !db
+        .log_text()
+        .contains("took over a gone node's bitmap slot")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "a's slot was not taken over:\n{}",
+            db.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    b.wait_detail("a's dirty chunks resynced", 60, |d| {
+        d["sync"]["action"] == "idle"
+    });
+    let log = db.log_text();
+    // The extents a owned when it died went to b.
+    assert!(
+        log.contains("took over the extent of a gone owner"),
+        "{log}"
+    );
+    assert!(qemu_io(&b.uri(), "read -P 0x3c 128k 64k").contains("read"));
+    fio_one_chunk_per_stripe(&b.uri(), 65536, SIZE, true);
+    assert_eq!(check_mismatches(&b), 0, "parity disagrees with the data");
 }

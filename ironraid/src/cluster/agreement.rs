@@ -210,7 +210,7 @@ impl Node {
                         continue;
                     }
                     let by = String::from_utf8_lossy(&kv.value).into_owned();
-                    if let Some(array) = self.agreement.array.get().and_then(Weak::upgrade) {
+                    if let Some(array) = self.served_array() {
                         array.member_failed_elsewhere(dev, &format!("failed on node {by}"));
                     }
                     self.acknowledge(dev);
@@ -235,7 +235,7 @@ impl Node {
         if !self.is_coordinator() {
             return;
         }
-        let Some(array) = self.agreement.array.get().and_then(Weak::upgrade) else {
+        let Some(array) = self.served_array() else {
             return;
         };
         for n in nodes.iter().filter(|n| n.state == "gone") {

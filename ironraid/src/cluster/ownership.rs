@@ -262,6 +262,10 @@ impl Node {
             &[put],
             &[],
         )?;
+        if taken.succeeded {
+            tracing::info!(node = %self.name, key, owner = %String::from_utf8_lossy(&kv.value),
+                "took over the extent of a gone owner");
+        }
         Ok(taken.succeeded.then_some(taken.revision))
     }
 
