@@ -116,6 +116,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     .map_err(|e| anyhow!("{e}"))?;
     let array = Arc::new(array);
     if let Some(n) = &node {
+        n.set_opener(opener.clone());
         n.attach(&array);
     }
     array.set_sync_speed(args.speed_min, args.speed_max);

@@ -173,6 +173,7 @@ async fn handle(req: Request, ctx: &Ctx) -> Response {
 async fn add(ctx: &Ctx, member: String, force: bool) -> Response {
     let array = ctx.array.clone();
     let opener = ctx.opener.clone();
+    let cluster = ctx.cluster.clone();
     blocking(move || {
         // Opening it would fail on our own lock ("in use by another process").
         let name = crate::member::name(Path::new(&member));
@@ -187,7 +188,23 @@ async fn add(ctx: &Ctx, member: String, force: bool) -> Response {
             anyhow::bail!("{member} is already {as_what} of {}", array.name());
         }
         let dev = opener.open(Path::new(&member))?;
-        array.add_member(dev, force).map_err(anyhow::Error::from)
+        array.add_member(dev, force).map_err(anyhow::Error::from)?;
+        if let Some(node) = &cluster {
+            // The other nodes open the same device (a path as every node names it).
+            let shared_name = match device::is_nbd_uri(&member) {
+                true => member.clone(),
+                false => std::fs::canonicalize(&member)?.display().to_string(),
+            };
+            let dev_number = array
+                .status()
+                .members
+                .iter()
+                .find(|m| m.name == name)
+                .map(|m| m.dev_number)
+                .ok_or_else(|| anyhow::anyhow!("{member} is not in the array after its add"))?;
+            node.publish_added(dev_number, &shared_name)?;
+        }
+        Ok(())
     })
     .await
 }

@@ -247,20 +247,20 @@ fn a_member_failed_on_one_node_is_failed_on_the_other_before_a_degraded_write_re
     assert_eq!(member_state(&b.detail(), &env.members[1]), "faulty");
     assert!(qemu_io(&b.uri(), "write -P 0x33 0 64k").contains("wrote"));
     assert!(qemu_io(&a.uri(), "read -P 0x33 0 64k").contains("read"));
-    // Adding a member needs every node's agreement, which is not built: refused while b runs.
-    let spare = env.file("spare.img", MEMBER);
-    let out = a.ironraid(&["add", &env.name, spare.to_str().unwrap()]);
+    // Removing a member is not put to the other nodes yet: refused while b runs.
+    let failed = env.members[1].to_str().unwrap();
+    let out = a.ironraid(&["remove", &env.name, failed]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains("not agreed across a cluster's nodes yet"),
         "{err}"
     );
+    let spare = env.file("spare.img", MEMBER);
     // Alone, a may: the failed member out, a new one in and rebuilt. A node that starts after
     // that does not fail the new member from the old failure's record.
     b.ok(&["stop", &env.name]);
     drop(db);
-    let failed = env.members[1].to_str().unwrap();
     a.ok(&["remove", &env.name, failed]);
     a.ok(&["add", &env.name, spare.to_str().unwrap()]);
     a.ok(&["action", &env.name, "idle", "--wait"]);
@@ -678,4 +678,89 @@ fn a_raid5_node_killed_mid_write_leaves_its_flushed_data_and_consistent_parity_t
     assert!(qemu_io(&b.uri(), "read -P 0x3c 128k 64k").contains("read"));
     fio_one_chunk_per_stripe(&b.uri(), 65536, SIZE, true);
     assert_eq!(check_mismatches(&b), 0, "parity disagrees with the data");
+}
+
+/// A clustered RAID5 ×4 with 64 KiB chunks on `env`'s members.
+fn clustered_raid5(env: &Env, etcd: &EtcdServer) {
+    env.create(
+        "5",
+        &[
+            "--chunk",
+            "64K",
+            "--bitmap-chunk",
+            "4M",
+            "--cluster",
+            &etcd.endpoint,
+            "--nodes",
+            "2",
+        ],
+    );
+}
+
+#[test]
+fn a_member_failed_on_one_raid5_node_is_rebuilt_while_both_nodes_write() {
+    if !require_tools(&["fio"]) {
+        return;
+    }
+    let Some(etcd) = EtcdServer::start() else {
+        return;
+    };
+    let env = Env::new("rebuild5", 4, MEMBER);
+    clustered_raid5(&env, &etcd);
+    let (a, b) = (Node::new(&env, "a"), Node::new(&env, "b"));
+    // a coordinates; its rebuild is slowed so that both nodes' writes meet it everywhere.
+    let _da = a.run(&etcd, &["--speed-max", "16M"], &env.members);
+    let _db = b.run(&etcd, &[], &env.members);
+    a.wait_detail("both nodes", 10, |d| states(d).len() == 2);
+    const SIZE: u64 = 96 * MIB;
+    let writer = |uri: String, offset: u64, loops: u32| {
+        std::thread::spawn(move || {
+            let mut args = fio_stripe_args(&uri, offset, SIZE, false);
+            args.retain(|s| s != "--loops=3");
+            args.push(format!("--loops={loops}"));
+            let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+            let out = sh("fio", &refs);
+            assert!(
+                out.contains("err= 0"),
+                "fio at {offset} through {uri}: {out}"
+            );
+            assert!(!out.contains("verify: bad"), "fio at {offset}: {out}");
+        })
+    };
+    let wa = writer(a.uri(), 0, 1);
+    let wb = writer(b.uri(), 65536, 1);
+    wa.join().unwrap();
+    wb.join().unwrap();
+    // b fails a member (a agrees before b's degraded writes return); b adds a new one, which
+    // a learns of and rebuilds while both write on.
+    let failed = env.members[3].to_str().unwrap();
+    b.ok(&["fail", &env.name, failed]);
+    assert_eq!(member_state(&a.detail(), &env.members[3]), "faulty");
+    let spare = env.file("spare.img", MEMBER);
+    b.ok(&["add", &env.name, spare.to_str().unwrap()]);
+    let wa = writer(a.uri(), 0, 6);
+    let wb = writer(b.uri(), 65536, 6);
+    let d = a.wait_detail("a rebuilding the new member", 20, |d| {
+        member_state(d, &spare) == "rebuilding"
+    });
+    let rb = b.wait_detail("b writing to the member being rebuilt", 20, |d| {
+        member_state(d, &spare) == "rebuilding"
+    });
+    wa.join().unwrap();
+    wb.join().unwrap();
+    let d_done = a.wait_detail("the rebuild done", 60, |d| {
+        member_state(d, &spare) == "in_sync"
+    });
+    let db_done = b.wait_detail("b seeing the member in sync", 10, |d| {
+        member_state(d, &spare) == "in_sync"
+    });
+    // What each wrote reads back through the other node, and parity (with the rebuilt
+    // member's chunks) agrees with the data everywhere.
+    fio_one_chunk_per_stripe(&b.uri(), 0, SIZE, true);
+    fio_one_chunk_per_stripe(&a.uri(), 65536, SIZE, true);
+    assert_eq!(
+        check_mismatches(&a),
+        0,
+        "parity disagrees after the rebuild:\n{d:#}\n{rb:#}\n{d_done:#}\n{db_done:#}"
+    );
 }

@@ -174,7 +174,7 @@ fn every_superblock_update_is_bracketed_and_a_rebuild_announces_its_windows() {
     let windows = coord.windows.lock().clone();
     let recovery: Vec<_> = windows
         .iter()
-        .filter(|(k, _)| *k == SyncKind::Recovery)
+        .filter(|(k, _)| matches!(k, SyncKind::Recovery { .. }))
         .map(|(_, r)| r.clone())
         .collect();
     assert!(!recovery.is_empty(), "the rebuild announced no window");

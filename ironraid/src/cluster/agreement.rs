@@ -40,12 +40,17 @@ pub struct State {
     /// The array this node serves (set once assembled): remote failures are applied to it.
     array: OnceLock<Weak<Array>>,
     /// Failures (device numbers) this node has applied and acknowledged.
-    applied: Mutex<HashSet<u32>>,
+    pub(super) applied: Mutex<HashSet<u32>>,
     /// This node holds the `sync` key.
     sync_held: AtomicBool,
     /// Nodes seen gone (lease ended), since when; and those whose slot was taken over since.
     gone_since: Mutex<HashMap<String, Instant>>,
     taken_over: Mutex<HashSet<String>>,
+    /// Members added by any node that this node has (`added.rs`), and how it opens them.
+    pub(super) seen_added: Mutex<HashSet<u32>>,
+    pub(super) opener: OnceLock<crate::member::Opener>,
+    /// The level rebuilds while several nodes serve (RAID1, RAID4/5/6).
+    pub(super) rebuild_while_serving: AtomicBool,
 }
 
 /// After a node's lease is gone, how long its slot is left alone: the node stopped its member
@@ -54,7 +59,7 @@ pub struct State {
 const TAKEOVER_GRACE: Duration = Duration::from_secs(1);
 
 impl Node {
-    fn key(&self, rest: &str) -> String {
+    pub(super) fn key(&self, rest: &str) -> String {
         format!("{}{rest}", self.prefix)
     }
 
@@ -192,6 +197,7 @@ impl Node {
         while !self.stop.load(Ordering::Acquire) {
             self.apply_failures();
             if let Some(a) = array.upgrade() {
+                self.apply_added(&a);
                 hold = self.follow_round(&a, hold);
             }
             std::thread::sleep(POLL);
@@ -300,6 +306,10 @@ impl Node {
     /// Say in the `sync` key that this node rebuilds (nodes that start meanwhile wait), then
     /// check it is alone: a node that registered before the key said so is seen here.
     pub fn begin_recovery(&self) -> bool {
+        if self.rebuilds_while_serving() {
+            // The others learn of the member and its progress from the rounds.
+            return true;
+        }
         if self.set_sync_mode(RECOVERY) && self.alone_now() {
             return true;
         }
@@ -309,6 +319,9 @@ impl Node {
 
     /// The rebuild stopped and its progress is durable: nodes waiting to start may.
     pub fn end_recovery(&self) {
+        if self.rebuilds_while_serving() {
+            return;
+        }
         self.set_sync_mode(BACKGROUND);
     }
 

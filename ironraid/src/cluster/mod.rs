@@ -5,6 +5,7 @@
 //! agreed by every node, resync rounds, takeover of a dead node's slot) is not built yet: the
 //! coordinator's other calls keep a single node's behaviour (README, Status).
 
+mod added;
 mod agreement;
 pub mod etcd;
 pub mod node;
@@ -144,6 +145,10 @@ pub fn join(
         bail!("array {uuid}'s record in etcd has extents of 0 bytes");
     }
     node.ownership.set_extent_bytes(record.extent_bytes);
+    node.agreement.rebuild_while_serving.store(
+        matches!(sb.level, 1 | 4..=6),
+        std::sync::atomic::Ordering::Release,
+    );
     node.spawn_keeper();
     Ok(Some(node))
 }
@@ -162,7 +167,7 @@ pub struct EtcdCoordinator {
 impl EtcdCoordinator {
     /// Member adds and removes are not put to the other nodes' vote yet: they are allowed
     /// while this node is the only one whose lease lives.
-    fn alone(&self, what: &str) -> engine::Result<()> {
+    fn refuse_unless_alone(&self, what: &str) -> engine::Result<()> {
         let live = self
             .node
             .live_nodes()
@@ -210,7 +215,7 @@ impl Coordinator for EtcdCoordinator {
     }
 
     fn recovery_allowed(&self) -> bool {
-        self.node.alone_now()
+        self.node.rebuilds_while_serving() || self.node.alone_now()
     }
 
     fn recovery_starts(&self) -> bool {
@@ -227,8 +232,8 @@ impl Coordinator for EtcdCoordinator {
         false
     }
 
-    fn resync_info_update(&self, _kind: SyncKind, range: Range<u64>) {
-        self.node.announce_window(range.start, range.end);
+    fn resync_info_update(&self, kind: SyncKind, range: Range<u64>) {
+        self.node.announce_window(kind, range.start, range.end);
     }
 
     fn resync_finish(&self) {
@@ -243,11 +248,22 @@ impl Coordinator for EtcdCoordinator {
         self.node.release_stripes(range);
     }
 
+    /// Several nodes agree on a new member through its `added/` record (`added.rs`); RAID10
+    /// rebuilds only while one node runs the array.
     fn add_new_disk(&self, _device_uuid: [u8; 16]) -> engine::Result<()> {
-        self.alone("adding a member")
+        match self.node.rebuilds_while_serving() {
+            true => Ok(()),
+            false => self.refuse_unless_alone("adding a member"),
+        }
+    }
+
+    /// A member re-added while other nodes run (or could start) is rebuilt whole: what they
+    /// write meanwhile is dirty only in their own bitmap slots.
+    fn alone(&self) -> bool {
+        false
     }
 
     fn remove_disk(&self, _dev_number: u32) -> engine::Result<()> {
-        self.alone("removing a member")
+        self.refuse_unless_alone("removing a member")
     }
 }

@@ -111,11 +111,11 @@ fn parse_record(value: &[u8]) -> Option<(String, i64)> {
 
 impl Node {
     fn own_key(&self, extent: u64) -> String {
-        format!("{}own/{extent}", self.prefix)
+        self.key(&format!("own/{extent}"))
     }
 
     fn want_prefix(&self) -> String {
-        format!("{}want/", self.prefix)
+        self.key("want/")
     }
 
     /// Return once this node owns every extent of per-member bytes `range`, each counting one

@@ -1,11 +1,15 @@
 //! Background windows locked on every node (the seed paper's protocol, md-cluster's
 //! RESYNCING messages; reference: cluster-design.md §3.4):
 //!
-//! 1. the coordinator puts the `round` key (`"<node> <lo> <hi>"`, sync coordinates) before it
-//!    works on a window; the key's revision names the round;
+//! 1. the coordinator puts the `round` key (`"<node> <lo> <hi>"`, sync coordinates; a recovery
+//!    window adds `"recovery <device number> <role>"`) before it works on a window; the key's
+//!    revision names the round;
 //! 2. every other node's watcher drops its hold of the previous window, takes the new one with
 //!    the engine's range lock (which waits for its client writes in flight there and keeps new
-//!    ones out) and acknowledges the round under `round-ack/<node>`;
+//!    ones out) and acknowledges the round under `round-ack/<node>`. Of a recovery window, it
+//!    first counts the member rebuilt below the window, before its hold of the window before
+//!    lets writes in there (`added.rs`); when the recovery's rounds end, it reads from the
+//!    member's superblock how far it got;
 //! 3. the coordinator works on the window once every node whose lease lives has acknowledged;
 //! 4. the next round's put releases the window; an empty round (`"<node>"`) ends the walk.
 //!
@@ -14,6 +18,7 @@
 
 use super::etcd::KeyValue;
 use super::node::Node;
+use engine::cluster::SyncKind;
 use engine::Array;
 use std::sync::mpsc;
 use std::sync::Arc;
@@ -26,6 +31,8 @@ const POLL: Duration = Duration::from_millis(10);
 /// guard may not leave the thread that took it).
 pub struct Hold {
     round: i64,
+    /// The member a recovery window is rebuilding (device number).
+    recovering: Option<u32>,
     release: Option<mpsc::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -45,6 +52,7 @@ impl Hold {
         let _ = held_rx.recv();
         Hold {
             round,
+            recovering: None,
             release: Some(release),
             thread: Some(thread),
         }
@@ -60,14 +68,42 @@ impl Drop for Hold {
     }
 }
 
+/// A window of a round: sync coordinates `lo..hi`, and for a recovery the member rebuilt and
+/// its role.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Window {
+    lo: u64,
+    hi: u64,
+    recovery: Option<(u32, usize)>,
+}
+
+fn round_value(node: &str, kind: SyncKind, lo: u64, hi: u64) -> String {
+    match kind {
+        SyncKind::Resync => format!("{node} {lo} {hi}"),
+        SyncKind::Recovery { dev_number, role } => {
+            format!("{node} {lo} {hi} recovery {dev_number} {role}")
+        }
+    }
+}
+
 /// What a `round` key says: who works, and on which window (None: the walk ended).
-fn parse_round(kv: &KeyValue) -> Option<(String, Option<(u64, u64)>)> {
+fn parse_round(kv: &KeyValue) -> Option<(String, Option<Window>)> {
     let text = String::from_utf8_lossy(&kv.value).into_owned();
-    let mut parts = text.split(' ');
-    let node = parts.next()?.to_string();
-    let window = match (parts.next(), parts.next()) {
-        (Some(lo), Some(hi)) => Some((lo.parse().ok()?, hi.parse().ok()?)),
-        _ => None,
+    let parts: Vec<&str> = text.split(' ').collect();
+    let node = parts.first()?.to_string();
+    let window = match parts[1..] {
+        [] => None,
+        [lo, hi] => Some(Window {
+            lo: lo.parse().ok()?,
+            hi: hi.parse().ok()?,
+            recovery: None,
+        }),
+        [lo, hi, "recovery", dev, role] => Some(Window {
+            lo: lo.parse().ok()?,
+            hi: hi.parse().ok()?,
+            recovery: Some((dev.parse().ok()?, role.parse().ok()?)),
+        }),
+        _ => return None,
     };
     Some((node, window))
 }
@@ -75,9 +111,8 @@ fn parse_round(kv: &KeyValue) -> Option<(String, Option<(u64, u64)>)> {
 impl Node {
     /// Announce the window `lo..hi` this node's walk works on next, and return once every
     /// other node whose lease lives holds it.
-    pub fn announce_window(&self, lo: u64, hi: u64) {
-        let value = format!("{} {lo} {hi}", self.name);
-        self.put_round(&value, true);
+    pub fn announce_window(&self, kind: SyncKind, lo: u64, hi: u64) {
+        self.put_round(&round_value(&self.name, kind, lo, hi), true);
     }
 
     /// The walk ended: release the last window everywhere.
@@ -139,17 +174,39 @@ impl Node {
             // Ours, or held already: let a gone coordinator's window go.
             return if author_gone { None } else { hold };
         }
+        let window = window.filter(|_| !author_gone);
+        let recovering = window.and_then(|w| w.recovery);
+        if let (Some(w), Some((dev, role))) = (window, recovering) {
+            let counted = self.know_member(array, dev)
+                && array
+                    .recovery_window_elsewhere(dev, role, w.lo)
+                    .map_err(|e| tracing::error!(node = %self.name, dev, "{e}"))
+                    .is_ok();
+            if !counted {
+                // Not acknowledged: the window is not rebuilt while this node could write
+                // below it without the member.
+                return hold;
+            }
+        }
+        if let Some(dev) = hold.as_ref().and_then(|h| h.recovering) {
+            if recovering.map(|r| r.0) != Some(dev) {
+                // The walk over it stopped (its progress is in its superblock by now).
+                array.recovery_paused_elsewhere(dev);
+            }
+        }
         drop(hold);
-        let hold = match window {
-            Some((lo, hi)) if !author_gone => Some(Hold::take(array.clone(), round, lo, hi - lo)),
-            _ => None,
-        };
+        let hold = window.map(|w| {
+            let mut h = Hold::take(array.clone(), round, w.lo, w.hi - w.lo);
+            h.recovering = recovering.map(|r| r.0);
+            h
+        });
         let ack = format!("{}round-ack/{}", self.prefix, self.name);
         if let Err(e) = self.etcd.put(&ack, round.to_string().as_bytes(), None) {
             tracing::warn!(node = %self.name, "cannot acknowledge a background window: {e:#}");
         }
         hold.or(Some(Hold {
             round,
+            recovering: None,
             release: None,
             thread: None,
         }))

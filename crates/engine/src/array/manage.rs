@@ -18,7 +18,10 @@ impl Array {
     pub fn add_member(&self, dev: Arc<dyn Device>, force: bool) -> Result<()> {
         let mut meta = self.members.meta.lock();
         let (own, template) = self.refuse_add(&meta, dev.as_ref(), force)?;
-        let readd = own.as_ref().and_then(|sb| self.readd_role(&meta, sb));
+        let readd = own
+            .as_ref()
+            .filter(|_| self.members.coordinator().alone())
+            .and_then(|sb| self.readd_role(&meta, sb));
         if readd.is_some() {
             self.gather_other_slots()?;
         }

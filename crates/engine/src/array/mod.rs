@@ -839,15 +839,6 @@ impl Array {
         SyncWindow(self.range_lock().lock(LockRange::Sync { at, len }))
     }
 
-    /// Another node of the array's cluster recorded member `dev_number` (md's device number,
-    /// the same on every node) faulty: stop using it here too. Nothing happens if it is not
-    /// in a role here (failed already, or never added).
-    pub fn member_failed_elsewhere(&self, dev_number: u32, why: &str) {
-        if let Some(role) = self.members.role_of_member(dev_number) {
-            self.members.fail_role(role, None, why);
-        }
-    }
-
     /// As [`Array::fail_member`], but refused (`Busy`, md's EBUSY) when the array would not
     /// survive losing that member.
     pub fn fail_member_safely(&self, name: &str) -> Result<()> {

@@ -241,6 +241,30 @@ pub(crate) struct Walk {
 }
 
 impl Walk {
+    /// Other nodes of a cluster keep their writes out of the window this one rewrites (a
+    /// check only reads: nothing to announce).
+    fn announce_window(&self, array: &Array) -> Result<(), Stop> {
+        if matches!(self.job, Job::Scrub(SyncAction::Check)) {
+            return Ok(());
+        }
+        let kind = match self.job {
+            Job::Recover(role) => match array.members.slots[role].member() {
+                Some(m) => crate::cluster::SyncKind::Recovery {
+                    dev_number: m.dev_number,
+                    role,
+                },
+                None => return Err(Stop::Interrupted),
+            },
+            _ => crate::cluster::SyncKind::Resync,
+        };
+        let hi = (self.pos + array.config.sync_window_bytes).min(self.end);
+        array
+            .members
+            .coordinator()
+            .resync_info_update(kind, self.pos..hi);
+        Ok(())
+    }
+
     /// One window; `Ok(true)` once the walk reached its end.
     fn step(&mut self, array: &Array) -> Result<bool, Stop> {
         if self.pos >= self.end {
@@ -261,19 +285,7 @@ impl Walk {
             // resumes after the rebuild.
             return Err(Stop::Interrupted);
         }
-        if !matches!(self.job, Job::Scrub(SyncAction::Check)) {
-            // Other nodes of a cluster keep their writes out of the window this one rewrites
-            // (a check only reads: nothing to announce).
-            let kind = match self.job {
-                Job::Recover(_) => crate::cluster::SyncKind::Recovery,
-                _ => crate::cluster::SyncKind::Resync,
-            };
-            let hi = (self.pos + array.config.sync_window_bytes).min(self.end);
-            array
-                .members
-                .coordinator()
-                .resync_info_update(kind, self.pos..hi);
-        }
+        self.announce_window(array)?;
         // Where the real work of this step starts (None: the step only skips).
         let mut work_from = None;
         let next = match self.job {
@@ -752,15 +764,19 @@ impl SyncControl {
     }
 
     fn finish_job(&self, array: &Array, walk: &Walk, res: Result<(), Stop>) {
-        array.members.coordinator().resync_finish();
         let action = walk.action;
         let member = walk.member.as_deref();
         if let Job::Recover(role) = walk.job {
+            // Recorded before the other nodes of a cluster let the last window go: they read
+            // from the member's superblock how far it got (whole: they use all of it).
             match &res {
                 Ok(()) => self.finish_recovery(array, role),
                 Err(_) => self.checkpoint_recovery(array, role),
             }
+            array.members.coordinator().resync_finish();
             array.members.coordinator().recovery_paused();
+        } else {
+            array.members.coordinator().resync_finish();
         }
         if let Some(integ) = array
             .integrity

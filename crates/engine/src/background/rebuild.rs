@@ -32,6 +32,11 @@ impl SyncControl {
             .iter()
             .position(|s| !s.is_faulty() && !s.is_complete())
         {
+            // Resumed here, perhaps after another node of a cluster rebuilt it so far: this
+            // node records the progress from now on.
+            if let Some(m) = array.members.slots[role].member() {
+                array.members.meta.lock().set_writable(m.dev_number, true);
+            }
             return Some(role);
         }
         let role = array.members.slots.iter().position(|s| s.is_faulty())?;

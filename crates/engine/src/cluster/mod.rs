@@ -22,6 +22,7 @@
 use crate::error::Result;
 use std::fmt::Debug;
 
+mod elsewhere;
 mod takeover;
 use crate::array::Array;
 use crate::error::EngineError;
@@ -33,8 +34,9 @@ pub use takeover::TakeoverReport;
 pub enum SyncKind {
     /// Making redundancy consistent again (resync, repair).
     Resync,
-    /// Filling a member that is rebuilding.
-    Recovery,
+    /// Filling member `dev_number`, which is rebuilding role `role`: the other nodes write it
+    /// below the window from now on.
+    Recovery { dev_number: u32, role: usize },
 }
 
 /// A node's agreement with the other nodes of its array. Every method may block while the
@@ -94,6 +96,13 @@ pub trait Coordinator: Send + Sync + Debug {
     /// (the node may hand them to another).
     fn release_stripes(&self, range: Range<u64>) {
         let _ = range;
+    }
+    /// Does no other node run the array, nor can one start to before this node's next
+    /// question? Only then may a member come back with a bitmap-guided recovery (md's
+    /// re-add): the chunks other nodes write meanwhile are dirty in their own bitmap slots,
+    /// which this node's recovery does not read.
+    fn alone(&self) -> bool {
+        true
     }
     /// May a member with this device UUID join the array? An error says why not.
     fn add_new_disk(&self, device_uuid: [u8; 16]) -> Result<()>;

@@ -27,7 +27,8 @@ pub(crate) const SB_OFFSET_BYTES: u64 = SB_OFFSET_SECTORS * 512;
 pub(crate) struct MemberSb {
     pub member: Arc<Member>,
     pub sb: Superblock,
-    /// False once the member is faulty: md stops writing its superblock.
+    /// False once the member is faulty (md stops writing its superblock), and while another
+    /// node of a cluster rebuilds it (that node records its progress there).
     pub writable: bool,
 }
 
@@ -130,6 +131,17 @@ impl Meta {
 }
 
 impl Meta {
+    /// Write member `dev_number`'s superblock in commits, or not (another node rebuilds it).
+    pub fn set_writable(&mut self, dev_number: u32, writable: bool) {
+        for m in self
+            .members
+            .iter_mut()
+            .filter(|m| m.member.dev_number == dev_number)
+        {
+            m.writable = writable;
+        }
+    }
+
     /// A spare takes `role` and starts rebuilding from the beginning.
     pub fn activate_spare(&mut self, dev_number: u32, role: u16) {
         if let Some(r) = self.roles.get_mut(dev_number as usize) {

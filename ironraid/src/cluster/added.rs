@@ -1,0 +1,103 @@
+//! Members added while several nodes run the array (md-cluster's NEWDISK), and the rebuild
+//! that follows while they all serve.
+//!
+//! * The node that adds a member writes its superblock and the array's (the engine's `add`),
+//!   then records `added/<device number>` = the path it opened (members are shared devices:
+//!   the same path on every node, as md-cluster expects the same device on every host). A
+//!   failure recorded earlier under that device number is forgotten first: it was another
+//!   member's.
+//! * Every other node's watcher opens that path and takes the member as a spare
+//!   (`Array::member_added_elsewhere`).
+//! * The coordinator rebuilds it window by window; each window's round names the member and
+//!   its role, and a node holding it first counts everything below the window rebuilt
+//!   (`windows.rs`). A node that has not seen the member yet opens it then, before it
+//!   acknowledges.
+//!
+//! RAID10's recovery walks per-member bytes while the others hold array bytes, so its
+//! rebuilds still run only while the coordinator is alone (`agreement.rs`).
+
+use super::node::Node;
+use crate::member::Opener;
+use engine::Array;
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+impl Node {
+    fn added_key(&self, dev: u32) -> String {
+        self.key(&format!("added/{dev}"))
+    }
+
+    /// This node added `path` as device number `dev`: let the others open it.
+    pub fn publish_added(&self, dev: u32, path: &str) -> anyhow::Result<()> {
+        self.etcd.delete(&self.key(&format!("failed/{dev}")))?;
+        self.etcd.delete_prefix(&self.key(&format!("ack/{dev}/")))?;
+        self.agreement.applied.lock().remove(&dev);
+        self.etcd.put(&self.added_key(dev), path.as_bytes(), None)?;
+        self.agreement.seen_added.lock().insert(dev);
+        Ok(())
+    }
+
+    /// Open and take as spares the members other nodes added since the last look.
+    pub(super) fn apply_added(&self, array: &Arc<Array>) {
+        let prefix = self.key("added/");
+        let Ok((kvs, _)) = self.etcd.get_prefix(&prefix) else {
+            return;
+        };
+        for kv in kvs {
+            let Ok(dev) = kv.key[prefix.len()..].parse::<u32>() else {
+                continue;
+            };
+            if self.agreement.seen_added.lock().contains(&dev) {
+                continue;
+            }
+            if self.take_added(array, dev, &String::from_utf8_lossy(&kv.value)) {
+                self.agreement.seen_added.lock().insert(dev);
+            }
+        }
+    }
+
+    /// Member `dev` is rebuilt by another node: make sure this node has it (opened from its
+    /// `added/` record if not). False if it cannot.
+    pub(super) fn know_member(&self, array: &Arc<Array>, dev: u32) -> bool {
+        if array.status().members.iter().any(|m| m.dev_number == dev) {
+            return true;
+        }
+        match self.etcd.get(&self.added_key(dev)) {
+            Ok(Some(kv)) => self.take_added(array, dev, &String::from_utf8_lossy(&kv.value)),
+            Ok(None) => {
+                tracing::error!(node = %self.name, dev, "a member rebuilt elsewhere was never recorded as added");
+                false
+            }
+            Err(e) => {
+                tracing::warn!(node = %self.name, dev, "cannot read a member added elsewhere: {e:#}");
+                false
+            }
+        }
+    }
+
+    fn take_added(&self, array: &Arc<Array>, dev: u32, path: &str) -> bool {
+        self.agreement.applied.lock().remove(&dev);
+        let Some(opener) = self.agreement.opener.get() else {
+            return false;
+        };
+        let opened = opener.open(Path::new(path));
+        match opened.map(|d| array.member_added_elsewhere(d).map_err(anyhow::Error::from)) {
+            Ok(Ok(())) => true,
+            Ok(Err(e)) | Err(e) => {
+                tracing::error!(node = %self.name, dev, path, "cannot use a member another node added: {e:#}");
+                false
+            }
+        }
+    }
+
+    /// How this node opens members other nodes add (set once, when it attaches).
+    pub fn set_opener(&self, opener: Opener) {
+        let _ = self.agreement.opener.set(opener);
+    }
+
+    /// Whether this array's rebuilds may run while other nodes serve (not RAID10: see above).
+    pub(super) fn rebuilds_while_serving(&self) -> bool {
+        self.agreement.rebuild_while_serving.load(Ordering::Acquire)
+    }
+}
