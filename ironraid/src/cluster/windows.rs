@@ -254,7 +254,7 @@ mod tests {
         let array = Arc::new(simkit::reassemble(&sims).unwrap());
         follower.attach(&array);
         // Returns only once b holds the window.
-        coordinator.announce_window(0, 1 << 20);
+        coordinator.announce_window(SyncKind::Resync, 0, 1 << 20);
         let inside = write_in_thread(&array, 8192);
         let outside = write_in_thread(&array, 2 << 20);
         outside
