@@ -216,9 +216,45 @@ impl Node {
 #[cfg(test)]
 mod tests {
     use super::*;
+
     use crate::cluster::etcd::Etcd;
     use device::SimDevice;
     use testkit::etcd::EtcdServer;
+
+    fn round(value: &str) -> KeyValue {
+        KeyValue {
+            key: "round".into(),
+            value: value.into(),
+            create_revision: 1,
+            mod_revision: 1,
+            lease: 0,
+        }
+    }
+
+    #[test]
+    fn rounds_name_the_window_and_the_member_a_recovery_rebuilds() {
+        let recovery = SyncKind::Recovery {
+            dev_number: 4,
+            role: 3,
+        };
+        let window = |recovery| {
+            Some(Window {
+                lo: 0,
+                hi: 8,
+                recovery,
+            })
+        };
+        assert_eq!(
+            parse_round(&round(&round_value("a", recovery, 0, 8))),
+            Some(("a".into(), window(Some((4, 3)))))
+        );
+        assert_eq!(
+            parse_round(&round(&round_value("a", SyncKind::Resync, 0, 8))),
+            Some(("a".into(), window(None)))
+        );
+        assert_eq!(parse_round(&round("a")), Some(("a".into(), None)));
+        assert_eq!(parse_round(&round("a 0 8 resync")), None);
+    }
 
     const UUID: &str = "0a1b2c3d-0000-4000-8000-0000000000aa";
 
