@@ -40,6 +40,8 @@ pub struct RunArgs {
     /// md's `sync_speed_min`/`sync_speed_max` in bytes per second (None: md's defaults).
     pub speed_min: Option<u64>,
     pub speed_max: Option<u64>,
+    /// Per-member bytes of a background window (None: the engine's default).
+    pub sync_window: Option<u64>,
     /// Start what md would refuse to start (see `engine::AssembleOptions::force`).
     pub force: bool,
     /// Start degraded when members the superblocks record as working were not given (md's
@@ -89,6 +91,9 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         .iter()
         .map(|a| endpoint::parse(a))
         .collect::<anyhow::Result<_>>()?;
+    if let Some(w) = args.sync_window.filter(|w| *w == 0 || w % 4096 != 0) {
+        bail!("--sync-window {w}: must be a non-zero multiple of 4 KiB");
+    }
     let opener = args.opener();
     let devs = opener.open_all(&args.members)?;
     let add_journal = opener.open_all(args.add_journal.as_slice())?.pop();
@@ -100,6 +105,9 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         integrity_cache_bytes: args.integrity_cache_bytes,
         coordinator: node.as_ref().map(|n| crate::cluster::coordinator(n)),
         read_primary: args.read_primary,
+        sync_window_bytes: args
+            .sync_window
+            .unwrap_or(ArrayConfig::default().sync_window_bytes),
         ..ArrayConfig::default()
     };
     let array = engine::assemble(

@@ -122,6 +122,10 @@ enum Cmd {
         /// Rebuild/resync/check rate never exceeded, per second (default 200000K).
         #[arg(long, value_parser = size_arg)]
         speed_max: Option<u64>,
+        /// Bytes of each member one background window (rebuild, resync, check) covers: the
+        /// extent a cluster locks on every node at a time (default 2M).
+        #[arg(long, value_parser = size_arg)]
+        sync_window: Option<u64>,
         /// Start what md would refuse to start, saying what it risks: a dirty, degraded
         /// RAID4/5/6 (the write hole), or too few current members (stale or faulty-recorded
         /// members are taken back, freshest first, like `mdadm --assemble --force`).
@@ -502,6 +506,7 @@ fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
             write_hold_us,
             speed_min,
             speed_max,
+            sync_window,
             force,
             run_degraded,
             add_journal,
@@ -558,6 +563,7 @@ fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
                 write_hold: Duration::from_micros(write_hold_us),
                 speed_min,
                 speed_max,
+                sync_window,
                 force,
                 run_degraded,
                 metrics,
@@ -919,6 +925,7 @@ fn demo(dir: Option<PathBuf>) -> anyhow::Result<()> {
         write_hold: Duration::from_micros(2000),
         speed_min: None,
         speed_max: None,
+        sync_window: None,
         force: false,
         run_degraded: false,
         add_journal: None,
