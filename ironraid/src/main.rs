@@ -57,6 +57,18 @@ struct Cli {
 enum Cmd {
     /// Write md v1.2 superblocks onto members, making a new array; prints its UUID.
     Create(CreateArgs),
+    /// Convert a stopped clustered array back to one host's: every node slot's dirty bits
+    /// gathered into one internal bitmap (resynced at the next start), the superblocks'
+    /// clustered feature off (as `mdadm --grow --bitmap=internal` after `--bitmap=none`).
+    /// With --cluster, refused while any node's lease lives, and the array's etcd record is
+    /// removed after.
+    LeaveCluster {
+        /// etcd client URLs, comma-separated.
+        #[arg(long)]
+        cluster: Option<String>,
+        #[arg(required = true)]
+        members: Vec<PathBuf>,
+    },
     /// Read and print members' superblocks, like `mdadm --examine`.
     Examine {
         /// Print the write-intent bitmap instead, like `mdadm --examine-bitmap`.
@@ -473,6 +485,7 @@ fn size_arg(s: &str) -> Result<u64, String> {
 fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
     match cmd {
         Cmd::Create(a) => create(a).map(|uuid| println!("{uuid}")),
+        Cmd::LeaveCluster { cluster, members } => cluster::leave(cluster.as_deref(), &members),
         Cmd::Examine {
             scan: true,
             config,

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{require_tools, sh, Daemon, Env, BIN};
+use common::{mdadm_field, require_tools, sh, Daemon, Env, BIN};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -763,4 +763,81 @@ fn a_member_failed_on_one_raid5_node_is_rebuilt_while_both_nodes_write() {
         0,
         "parity disagrees after the rebuild:\n{d:#}\n{rb:#}\n{d_done:#}\n{db_done:#}"
     );
+}
+
+#[test]
+fn a_clustered_array_whose_nodes_are_gone_converts_back_and_resyncs_every_nodes_dirty_chunks() {
+    if !require_tools(&["qemu-io", "mdadm"]) {
+        return;
+    }
+    let Some(etcd) = EtcdServer::start() else {
+        return;
+    };
+    let env = Env::new("leave", 2, MEMBER);
+    clustered(&env, &etcd, "2");
+    let (a, b) = (Node::new(&env, "a"), Node::new(&env, "b"));
+    let ttl = ["--lease-ttl", "2s"];
+    let _da = a.run(&etcd, &ttl, &env.members);
+    let db = b.run(&etcd, &ttl, &env.members);
+    b.wait_detail("both nodes", 10, |d| states(d).len() == 2);
+    // b writes and dies with its chunk dirty in its slot; a stops cleanly.
+    assert!(qemu_io(&b.uri(), "write -P 0x5b 12M 1M").contains("wrote"));
+    db.kill9();
+    a.ok(&["stop", &env.name]);
+    let members: Vec<&str> = env.members.iter().map(|m| m.to_str().unwrap()).collect();
+    let leave = |extra: &[&str]| {
+        let mut args = vec!["leave-cluster"];
+        args.extend_from_slice(extra);
+        args.extend(&members);
+        a.ironraid(&args)
+    };
+    // b's lease still lives (2 s): refused, nothing changed.
+    let out = leave(&["--cluster", &etcd.endpoint]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("node b") && err.contains("alive"), "{err}");
+    assert!(env.examine(&env.members[0])["cluster"].is_object());
+    // Behind everyone's back the mirrors differ inside b's dirty chunk.
+    scribble(&env, &env.members[1], 12 * MIB + 8192, &[0xee; 4096]);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let out = loop {
+        let out = leave(&["--cluster", &etcd.endpoint]);
+        if out.status.success() || Instant::now() > deadline {
+            break out;
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    };
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(said.contains("2 node slot(s) gathered"), "{said}");
+    for m in &env.members {
+        let e = sh("mdadm", &["--examine", m.to_str().unwrap()]);
+        let features =
+            u32::from_str_radix(mdadm_field(&e, "Feature Map").trim_start_matches("0x"), 16)
+                .unwrap();
+        assert_eq!(features & 0x101, 0x001, "bitmap, not clustered:\n{e}");
+        assert!(env.examine(m)["cluster"].is_null());
+    }
+    // A second conversion is refused; the array's etcd record is gone, and the plain array
+    // runs without --cluster (and refuses it).
+    let out = leave(&[]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not clustered"));
+    let refused = a.try_run(&etcd, &[], &env.members).err().expect("refused");
+    assert!(refused.contains("not created for a cluster"), "{refused}");
+    let _d = env.run(&env.members);
+    // The chunk b had dirty was resynced from the first mirror at the start.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while data_bytes(&env, &env.members[1], 12 * MIB + 8192, 4096) != vec![0x5b; 4096] {
+        assert!(
+            Instant::now() < deadline,
+            "b's dirty chunk was not resynced"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(qemu_io(&env.uri(), "read -P 0x5b 12M 1M").contains("read"));
 }

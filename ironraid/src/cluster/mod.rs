@@ -95,6 +95,34 @@ pub fn register(
     Ok(())
 }
 
+/// `leave-cluster`: the array on `members` (stopped on every node) becomes one host's again.
+pub fn leave(endpoints: Option<&str>, members: &[std::path::PathBuf]) -> anyhow::Result<()> {
+    let devs = crate::member::Opener::new(device::OpenMode::ReadWrite).open_all(members)?;
+    let sb = superblock_of(&devs)?;
+    let uuid = format::format_uuid(&sb.set_uuid);
+    let etcd = endpoints.map(|e| Etcd::new(e, ETCD_TIMEOUT)).transpose()?;
+    if let Some(etcd) = &etcd {
+        let (live, _) = etcd.get_prefix(&format!("/ironraid/{uuid}/nodes/"))?;
+        if let Some(kv) = live.first() {
+            bail!(
+                "node {} of array '{}' is alive (its lease lives): stop every node first",
+                kv.key.rsplit('/').next().unwrap_or("?"),
+                sb.set_name
+            );
+        }
+    }
+    let report = engine::cluster::leave_cluster(&devs).map_err(|e| anyhow!("{e}"))?;
+    if let Some(etcd) = &etcd {
+        etcd.delete_prefix(&format!("/ironraid/{uuid}/"))
+            .context("the array is converted; removing its etcd record failed")?;
+    }
+    println!(
+        "{}: no longer clustered; {} node slot(s) gathered into one bitmap, {} dirty chunk(s)          to resync at the next start (events {})",
+        sb.set_name, report.slots, report.dirty_chunks, report.events
+    );
+    Ok(())
+}
+
 /// The superblock of the first member that has one.
 fn superblock_of(devs: &[Arc<dyn Device>]) -> anyhow::Result<format::Superblock> {
     devs.iter()

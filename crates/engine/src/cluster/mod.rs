@@ -23,9 +23,11 @@ use crate::error::Result;
 use std::fmt::Debug;
 
 mod elsewhere;
+mod leave;
 mod takeover;
 use crate::array::Array;
 use crate::error::EngineError;
+pub use leave::{leave_cluster, LeaveReport};
 use std::ops::Range;
 pub use takeover::TakeoverReport;
 

@@ -22,7 +22,9 @@ mod superblocks;
 
 pub use member::{Member, Slot, FULLY_IN_SYNC};
 pub use superblocks::read_superblock;
-pub(crate) use superblocks::{superblock_block, write_superblock, EventRecorder, MemberSb, Meta};
+pub(crate) use superblocks::{
+    superblock_block, write_superblock, EventRecorder, MemberSb, Meta, SB_OFFSET_BYTES,
+};
 
 use crate::cluster::Coordinator;
 use crate::error::EngineError;

@@ -1,0 +1,145 @@
+//! Converting a clustered array back to one host's (mdadm's `--grow --bitmap=internal` after
+//! `--bitmap=none`, done here on stopped members in one step).
+//!
+//! Every node's write-intent bits must survive: a chunk a dead node left dirty is still owed a
+//! resync. So slot 0 becomes the union of every slot's bits, under a version 4 header (no
+//! slots, no cluster name) whose event count is the one the superblocks get next, and only then
+//! do the superblocks lose the CLUSTERED feature (events + 1). A cut between the two steps
+//! leaves a clustered superblock over a plain bitmap: running the conversion again finishes it
+//! (a plain bitmap is read as its one slot). The superblocks record the resync owed from the
+//! first dirty chunk on, so the next start resyncs the union's chunks (and only those).
+
+use crate::error::{EngineError, Result};
+use crate::members::{read_superblock, superblock_block, SB_OFFSET_BYTES};
+use crate::policy::bitmap::{read_bitmap_slot, BITMAP_BYTE_OFFSET};
+use device::{AlignedBuf, Device};
+use format::{feature, BitmapSuper, Superblock, BITMAP_HEADER_BYTES};
+use std::sync::Arc;
+
+/// What [`leave_cluster`] did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaveReport {
+    /// Node slots whose bits were gathered into the one bitmap.
+    pub slots: u32,
+    /// Chunks dirty in any slot: the next start resyncs them.
+    pub dirty_chunks: u64,
+    /// The superblocks' event count now.
+    pub events: u64,
+}
+
+/// Turn the clustered array on `devs` (every member it has, stopped everywhere) into a plain
+/// one with an internal bitmap.
+pub fn leave_cluster(devs: &[Arc<dyn Device>]) -> Result<LeaveReport> {
+    let invalid = |dev: &dyn Device, why: String| {
+        EngineError::InvalidArgument(format!("{}: {why}", dev.name()))
+    };
+    let sbs = devs
+        .iter()
+        .map(|d| read_superblock(d.as_ref()).map_err(|e| invalid(d.as_ref(), e)))
+        .collect::<Result<Vec<Superblock>>>()?;
+    let first = sbs
+        .first()
+        .ok_or_else(|| EngineError::InvalidArgument("no members given".into()))?;
+    for (d, sb) in devs.iter().zip(&sbs) {
+        if sb.set_uuid != first.set_uuid {
+            return Err(invalid(d.as_ref(), "a member of another array".into()));
+        }
+        if sb.feature_map & feature::BITMAP_OFFSET == 0 {
+            return Err(invalid(
+                d.as_ref(),
+                "no internal write-intent bitmap".into(),
+            ));
+        }
+    }
+    if sbs
+        .iter()
+        .all(|sb| sb.feature_map & feature::CLUSTERED == 0)
+    {
+        return Err(EngineError::InvalidArgument(format!(
+            "array '{}' is not clustered",
+            first.set_name
+        )));
+    }
+    let events = sbs.iter().map(|sb| sb.events).max().unwrap_or(0) + 1;
+    let (header, union, slots) = gather_slots(devs)?;
+    let plain = BitmapSuper {
+        version: format::BITMAP_VERSION,
+        nodes: 0,
+        cluster_name: [0; format::CLUSTER_NAME_BYTES],
+        events,
+        ..header
+    };
+    let mut image = AlignedBuf::zeroed(plain.bytes_on_disk() as usize);
+    image[..BITMAP_HEADER_BYTES].copy_from_slice(&plain.encode());
+    let n = union.len().min(image.len() - BITMAP_HEADER_BYTES);
+    image[BITMAP_HEADER_BYTES..BITMAP_HEADER_BYTES + n].copy_from_slice(&union[..n]);
+    for d in devs {
+        d.write_at(&image, BITMAP_BYTE_OFFSET, false)
+            .and_then(|()| d.flush())
+            .map_err(|e| member_io(d.as_ref(), "write the bitmap", e))?;
+    }
+    // The superblocks say a resync is owed from the first dirty chunk on (a clean array's
+    // start would leave the bits to be cleared, as md's does): it visits the dirty chunks only.
+    let first_dirty = (0..plain.chunks()).find(|&c| format::bit_is_set(&union, c));
+    for (d, sb) in devs.iter().zip(sbs) {
+        let owed = first_dirty.map(|c| c * u64::from(plain.chunksize) / 512);
+        let sb = Superblock {
+            feature_map: sb.feature_map & !feature::CLUSTERED,
+            events,
+            resync_offset: owed.map_or(sb.resync_offset, |o| o.min(sb.resync_offset)),
+            ..sb
+        };
+        d.write_at(&superblock_block(&sb), SB_OFFSET_BYTES, true)
+            .map_err(|e| member_io(d.as_ref(), "write the superblock", e))?;
+    }
+    Ok(LeaveReport {
+        slots,
+        dirty_chunks: format::count_dirty(&union, plain.chunks()),
+        events,
+    })
+}
+
+/// Slot 0's header and the union of every slot's bits over every member (a chunk dirty in any
+/// copy of any slot is dirty), and how many slots there were.
+fn gather_slots(devs: &[Arc<dyn Device>]) -> Result<(BitmapSuper, Vec<u8>, u32)> {
+    let mut header: Option<BitmapSuper> = None;
+    let mut union: Vec<u8> = Vec::new();
+    for d in devs {
+        let read = |slot| {
+            read_bitmap_slot(d.as_ref(), slot)
+                .map_err(|e| EngineError::InvalidArgument(format!("{}: {e}", d.name())))
+        };
+        let (first, _) = read(0)?;
+        for slot in 0..first.slots() {
+            let (_, bits) = read(slot)?;
+            if union.len() < bits.len() {
+                union.resize(bits.len(), 0);
+            }
+            for (u, b) in union.iter_mut().zip(bits) {
+                *u |= b;
+            }
+        }
+        if let Some(h) = &header {
+            if (h.uuid, h.sync_size, h.chunksize) != (first.uuid, first.sync_size, first.chunksize)
+            {
+                return Err(EngineError::InvalidArgument(format!(
+                    "{}: its bitmap disagrees with the other members' (array, size or chunk)",
+                    d.name()
+                )));
+            }
+        }
+        header.get_or_insert(first);
+    }
+    let header = header.ok_or_else(|| EngineError::InvalidArgument("no members given".into()))?;
+    let slots = header.slots();
+    Ok((header, union, slots))
+}
+
+fn member_io(dev: &dyn Device, op: &'static str, e: std::io::Error) -> EngineError {
+    EngineError::MemberIo {
+        member: dev.name().into(),
+        op,
+        offset_bytes: 0,
+        source: e,
+    }
+}
