@@ -216,7 +216,7 @@ pub fn render(array: &Array, source: &Source) -> String {
 /// A clustered array's nodes as this node last read them, and whether it may write.
 fn cluster_series(s: &mut Sheet, dev: &str, node: &crate::cluster::node::Node) {
     let c = node.detail();
-    for state in ["active", "gone"] {
+    for state in ["active", "recovering", "gone"] {
         s.gauge(
             "cluster_nodes",
             "Nodes holding a bitmap slot of the array, by the state of their lease.",

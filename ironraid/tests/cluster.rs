@@ -389,7 +389,12 @@ fn a_killed_node_is_gone_for_the_survivor_which_resyncs_only_what_it_had_dirty()
     clustered(&env, &etcd, "2");
     let (a, b) = (Node::new(&env, "a"), Node::new(&env, "b"));
     let da = a.run(&etcd, &["--lease-ttl", "2s"], &env.members);
-    let db = b.run(&etcd, &["--lease-ttl", "2s"], &env.members);
+    // b's resync is slow (4 s for the chunk): long enough to see a as "recovering".
+    let db = b.run(
+        &etcd,
+        &["--lease-ttl", "2s", "--speed-max", "1M"],
+        &env.members,
+    );
     b.wait_detail("both nodes", 10, |d| states(d).len() == 2);
     // A new bitmap has every bit set; a's daemon clears its slot's within a few passes.
     a.wait_detail("a's slot clean", 30, |d| d["bitmap"]["dirty_chunks"] == 0);
@@ -400,8 +405,9 @@ fn a_killed_node_is_gone_for_the_survivor_which_resyncs_only_what_it_had_dirty()
     // Behind everyone's back, the mirrors now differ inside a's dirty chunk and outside it.
     scribble(&env, &env.members[1], 4 * MIB + 8192, &[0xee; 4096]);
     scribble(&env, &env.members[1], 20 * MIB, &[0xdd; 4096]);
-    let d = b.wait_detail("a gone and b coordinator", 15, |d| {
-        states(d).contains(&("a".into(), 0, "gone".into())) && d["cluster"]["coordinator"] == "b"
+    let d = b.wait_detail("a taken over by b", 15, |d| {
+        states(d).contains(&("a".into(), 0, "recovering".into()))
+            && d["cluster"]["coordinator"] == "b"
     });
     let noticed = t0.elapsed();
     assert!(
@@ -421,6 +427,9 @@ fn a_killed_node_is_gone_for_the_survivor_which_resyncs_only_what_it_had_dirty()
     let log = db.log_text();
     assert!(log.contains("took over a gone node's bitmap slot"), "{log}");
     assert!(log.contains("adopted_chunks=1"), "{log}");
+    b.wait_detail("a gone once its chunk is resynced", 10, |d| {
+        states(d).contains(&("a".into(), 0, "gone".into()))
+    });
     // Only what a had dirty: the difference outside its chunk is left as it is.
     assert!(
         data_bytes(&env, &env.members[1], 20 * MIB, 4096) == vec![0xdd; 4096],

@@ -46,6 +46,9 @@ pub struct State {
     /// Nodes seen gone (lease ended), since when; and those whose slot was taken over since.
     gone_since: Mutex<HashMap<String, Instant>>,
     taken_over: Mutex<HashSet<String>>,
+    /// Gone nodes whose slot this node took over and whose chunks it still resyncs (each
+    /// shown to every node by a `recovering/<node>` key bound to this node's lease).
+    recovering: Mutex<HashSet<String>>,
     /// Members added by any node that this node has (`added.rs`), and how it opens them.
     pub(super) seen_added: Mutex<HashSet<u32>>,
     pub(super) opener: OnceLock<crate::member::Opener>,
@@ -255,6 +258,11 @@ impl Node {
             {
                 continue;
             }
+            let recovering = self.key(&format!("recovering/{}", n.name));
+            if let Err(e) = self.etcd.put(&recovering, b"", Some(self.lease)) {
+                tracing::warn!(node = %self.name, gone = %n.name, "cannot show the takeover: {e:#}");
+            }
+            self.agreement.recovering.lock().insert(n.name.clone());
             match array.take_over_slot(n.slot as u32) {
                 Ok(r) => {
                     tracing::info!(node = %self.name, gone = %n.name, slot = n.slot, adopted_chunks = r.adopted_chunks, "took over a gone node's bitmap slot");
@@ -263,6 +271,26 @@ impl Node {
                 Err(e) => {
                     tracing::warn!(node = %self.name, gone = %n.name, slot = n.slot, "cannot take over the slot of a gone node: {e}")
                 }
+            }
+        }
+    }
+
+    /// The gone nodes whose chunks this node resynced since it took their slots over are
+    /// shown as gone again (their `recovering/` keys go) once nothing is owed any more.
+    pub(super) fn end_finished_takeovers(&self) {
+        let Some(array) = self.served_array() else {
+            return;
+        };
+        let st = array.status();
+        let owed = st.bitmap.as_ref().is_some_and(|b| b.needed_chunks > 0)
+            || st.sync.action != engine::SyncAction::Idle;
+        if owed {
+            return;
+        }
+        let done: Vec<String> = self.agreement.recovering.lock().drain().collect();
+        for name in done {
+            if let Err(e) = self.etcd.delete(&self.key(&format!("recovering/{name}"))) {
+                tracing::warn!(node = %self.name, gone = %name, "cannot end the takeover's state: {e:#}");
             }
         }
     }

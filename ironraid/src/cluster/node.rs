@@ -196,7 +196,10 @@ impl Node {
             }
             self.campaign();
             match self.refresh_view() {
-                Ok(()) => self.take_over_gone_slots(),
+                Ok(()) => {
+                    self.take_over_gone_slots();
+                    self.end_finished_takeovers();
+                }
                 Err(e) => {
                     tracing::warn!(node = %self.name, "cannot read the cluster's state: {e:#}")
                 }
@@ -232,8 +235,11 @@ impl Node {
                 view.coordinator = Some(String::from_utf8_lossy(&kv.value).into_owned());
             } else if let Some(slot) = rest.strip_prefix("slots/") {
                 let name = String::from_utf8_lossy(&kv.value).into_owned();
+                let recovering = format!("{}recovering/{name}", self.prefix);
                 let state = if live.contains(&name.as_str()) {
                     "active"
+                } else if kvs.iter().any(|kv| kv.key == recovering) {
+                    "recovering"
                 } else {
                     "gone"
                 };

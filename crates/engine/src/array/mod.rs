@@ -234,6 +234,8 @@ pub struct BitmapStatus {
     pub chunks: u64,
     /// Bits set: chunks written recently, or still to resync or recover.
     pub dirty_chunks: u64,
+    /// Of those, chunks still owed a resync (a crash's, or a gone cluster node's taken over).
+    pub needed_chunks: u64,
     pub events_cleared: u64,
 }
 
@@ -922,6 +924,7 @@ impl Array {
                 chunk_bytes: b.chunk_bytes(),
                 chunks: b.chunks(),
                 dirty_chunks: b.dirty_chunks(),
+                needed_chunks: b.needed_chunks(),
                 events_cleared: b.events_cleared(),
             }),
             torn_rows_exposed: self.exposed_rows(),

@@ -377,12 +377,15 @@ impl WriteIntentBitmap {
 
     /// Bytes (sync coordinates) of the chunks that need resync.
     pub(crate) fn needed_bytes(&self) -> u64 {
-        let needed = self
-            .counters
+        (self.needed_chunks() * self.chunk_bytes).min(self.sync_bytes)
+    }
+
+    /// Chunks that need resync.
+    pub(crate) fn needed_chunks(&self) -> u64 {
+        self.counters
             .iter()
             .filter(|c| c.load(Ordering::Acquire) & NEEDED != 0)
-            .count() as u64;
-        (needed * self.chunk_bytes).min(self.sync_bytes)
+            .count() as u64
     }
 
     /// Chunks counted in the bitmap.
