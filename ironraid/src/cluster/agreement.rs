@@ -34,6 +34,9 @@ fn sync_value(node: &str, mode: &str) -> Vec<u8> {
 
 /// How often a node looks for failures recorded by others, and waits between polls.
 const POLL: Duration = Duration::from_millis(20);
+/// How often a node holding another node's background window looks for the next round, and
+/// the first pause of a node waiting for the others' acknowledgements (doubling up to `POLL`).
+const ROUND_POLL: Duration = Duration::from_millis(2);
 
 #[derive(Default, Debug)]
 pub struct State {
@@ -148,6 +151,7 @@ impl Node {
     pub(super) fn wait_for_every_node(&self, acks: &str, value: &[u8], what: &str) {
         let t0 = Instant::now();
         let mut warned = false;
+        let mut pause = ROUND_POLL;
         loop {
             let waiting: Vec<String> = match (self.live_nodes(), self.etcd.get_prefix(acks)) {
                 (Ok(live), Ok((acked, _))) => live
@@ -170,7 +174,8 @@ impl Node {
                 tracing::warn!(node = %self.name, ?waiting, "waiting for every node: {what}");
                 warned = true;
             }
-            std::thread::sleep(POLL);
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(POLL);
         }
     }
 
@@ -196,14 +201,26 @@ impl Node {
 
     /// Apply the failures other nodes record and follow the coordinator's windows, until the
     /// node leaves.
+    /// While it holds another node's window, it looks for the next round every
+    /// [`ROUND_POLL`]: the coordinator waits for that, and client writes into the window wait
+    /// for the coordinator.
     fn watch(&self, array: Weak<Array>, mut hold: Option<super::windows::Hold>) {
+        let mut last_look = Instant::now() - POLL;
         while !self.stop.load(Ordering::Acquire) {
-            self.apply_failures();
-            if let Some(a) = array.upgrade() {
-                self.apply_added(&a);
-                hold = self.follow_round(&a, hold);
+            let a = array.upgrade();
+            if last_look.elapsed() >= POLL {
+                last_look = Instant::now();
+                self.apply_failures();
+                if let Some(a) = &a {
+                    self.apply_added(a);
+                }
             }
-            std::thread::sleep(POLL);
+            if let Some(a) = &a {
+                hold = self.follow_round(a, hold);
+            }
+            drop(a);
+            let in_window = hold.as_ref().is_some_and(|h| h.holds_window());
+            std::thread::sleep(if in_window { ROUND_POLL } else { POLL });
         }
     }
 

@@ -59,6 +59,13 @@ impl Hold {
     }
 }
 
+impl Hold {
+    /// Does it keep writes out of a window (not just remember a round)?
+    pub(super) fn holds_window(&self) -> bool {
+        self.release.is_some()
+    }
+}
+
 impl Drop for Hold {
     fn drop(&mut self) {
         drop(self.release.take());
