@@ -85,6 +85,10 @@ impl RunArgs {
     }
 }
 
+/// Exit status of a cluster node whose lease is gone (EX_TEMPFAIL): run it again to rejoin
+/// (`ironraid@.service` restarts it).
+pub const EXIT_FENCED: i32 = 75;
+
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
     let parsed: Vec<(Listen, Option<String>)> = args
         .nbd
@@ -125,6 +129,13 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     let array = Arc::new(array);
     if let Some(n) = &node {
         n.set_opener(opener.clone());
+        let name = n.name.clone();
+        n.on_lease_lost(move || {
+            // Fenced for good: the other nodes take this node's slot and extents over. It
+            // comes back as a new node (a new epoch) by starting again, which its unit does.
+            tracing::error!(node = %name, "cluster lease lost: exiting to rejoin as a new epoch (exit {EXIT_FENCED})");
+            std::process::exit(EXIT_FENCED);
+        });
         n.attach(&array);
     }
     array.set_sync_speed(args.speed_min, args.speed_max);

@@ -850,3 +850,48 @@ fn a_clustered_array_whose_nodes_are_gone_converts_back_and_resyncs_every_nodes_
     }
     assert!(qemu_io(&env.uri(), "read -P 0x5b 12M 1M").contains("read"));
 }
+
+#[test]
+fn a_node_whose_lease_expired_exits_to_rejoin_and_comes_back_with_a_new_epoch() {
+    if !require_tools(&["qemu-io"]) {
+        return;
+    }
+    let Some(etcd) = EtcdServer::start() else {
+        return;
+    };
+    let env = Env::new("rejoin", 2, MEMBER);
+    clustered(&env, &etcd, "2");
+    let a = Node::new(&env, "a");
+    let mut da = a.run(&etcd, &["--lease-ttl", "2s"], &env.members);
+    let epoch = a.detail()["cluster"]["epoch"].as_i64().unwrap();
+    assert!(qemu_io(&a.uri(), "write -P 0x21 0 64k").contains("wrote"));
+    // etcd stops answering for longer than the lease; once it answers again, the lease is gone.
+    etcd.pause(true);
+    std::thread::sleep(Duration::from_secs(5));
+    etcd.pause(false);
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(st) = da.child.try_wait().unwrap() {
+            break st;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "a fenced node kept running:\n{}",
+            da.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(status.code(), Some(75), "{}", da.log_text());
+    assert!(
+        da.log_text().contains("cluster lease lost"),
+        "{}",
+        da.log_text()
+    );
+    // Started again (as its unit does), it is a new member of the cluster.
+    let _da = a.run(&etcd, &["--lease-ttl", "2s"], &env.members);
+    let d = a.detail();
+    assert!(d["cluster"]["epoch"].as_i64().unwrap() > epoch, "{d:#}");
+    assert_eq!(d["cluster"]["slot"], 0, "{d:#}");
+    assert!(qemu_io(&a.uri(), "read -P 0x21 0 64k").contains("read"));
+    assert!(qemu_io(&a.uri(), "write -P 0x22 0 64k").contains("wrote"));
+}

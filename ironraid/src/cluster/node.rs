@@ -100,6 +100,16 @@ pub struct Node {
     pub(super) agreement: super::agreement::State,
     /// The extents this node writes alone (parity levels; see `ownership.rs`).
     pub(super) ownership: super::ownership::Ownership,
+    /// What the daemon does once the lease is gone for good (after the fence is up).
+    on_lease_lost: std::sync::OnceLock<LeaseLostHook>,
+}
+
+struct LeaseLostHook(Box<dyn Fn() + Send + Sync>);
+
+impl std::fmt::Debug for LeaseLostHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("LeaseLostHook")
+    }
 }
 
 impl Node {
@@ -157,6 +167,7 @@ impl Node {
             stop: AtomicBool::new(false),
             agreement: Default::default(),
             ownership: Default::default(),
+            on_lease_lost: Default::default(),
         });
         node.campaign();
         node.refresh_view()?;
@@ -169,6 +180,12 @@ impl Node {
             "joined the cluster"
         );
         Ok(node)
+    }
+
+    /// Run `hook` if the lease is ever found gone (the others may be taking this node's slot
+    /// and extents over; it must come back as a new member of the cluster, a new epoch).
+    pub fn on_lease_lost(&self, hook: impl Fn() + Send + Sync + 'static) {
+        let _ = self.on_lease_lost.set(LeaseLostHook(Box::new(hook)));
     }
 
     /// The lease's keep-alive, coordinator campaign and view refresh, every third of the TTL,
@@ -190,6 +207,9 @@ impl Node {
                 Ok(None) => {
                     tracing::error!(node = %self.name, "cluster lease expired: fenced, writes refused");
                     self.fence.lost();
+                    if let Some(hook) = self.on_lease_lost.get() {
+                        (hook.0)();
+                    }
                     return;
                 }
                 Err(e) => tracing::warn!(node = %self.name, "cluster keep-alive failed: {e:#}"),
