@@ -66,6 +66,8 @@ enum Cmd {
         /// etcd client URLs, comma-separated.
         #[arg(long)]
         cluster: Option<String>,
+        #[command(flatten)]
+        etcd_tls: cluster::EtcdTlsArgs,
         #[arg(required = true)]
         members: Vec<PathBuf>,
     },
@@ -207,6 +209,8 @@ enum Cmd {
         /// gone (it stops writing before then on its own if it cannot renew).
         #[arg(long, value_parser = member::parse_duration, default_value = "10s", requires = "cluster")]
         lease_ttl: Duration,
+        #[command(flatten)]
+        etcd_tls: cluster::EtcdTlsArgs,
         /// Assemble every ARRAY of the config from the devices its DEVICE globs allow, each as
         /// a daemon of its own, like `mdadm --assemble --scan`.
         #[arg(long, conflicts_with_all = ["members", "name"])]
@@ -382,6 +386,8 @@ struct CreateArgs {
     /// `run --cluster`; needs --nodes.
     #[arg(long, value_name = "ENDPOINTS", requires = "nodes")]
     cluster: Option<String>,
+    #[command(flatten)]
+    etcd_tls: cluster::EtcdTlsArgs,
     /// The log device of --consistency-policy journal (md's raid5-cache write journal).
     #[arg(long, value_name = "DEV")]
     journal: Option<PathBuf>,
@@ -485,7 +491,11 @@ fn size_arg(s: &str) -> Result<u64, String> {
 fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
     match cmd {
         Cmd::Create(a) => create(a).map(|uuid| println!("{uuid}")),
-        Cmd::LeaveCluster { cluster, members } => cluster::leave(cluster.as_deref(), &members),
+        Cmd::LeaveCluster {
+            cluster,
+            etcd_tls,
+            members,
+        } => cluster::leave(cluster.as_deref(), &etcd_tls.into(), &members),
         Cmd::Examine {
             scan: true,
             config,
@@ -536,6 +546,7 @@ fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
             cluster,
             node,
             lease_ttl,
+            etcd_tls,
             scan,
             config,
             array,
@@ -547,6 +558,7 @@ fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
                     .zip(node)
                     .map(|(endpoints, node)| cluster::ClusterArgs {
                         endpoints,
+                        tls: etcd_tls.into(),
                         node,
                         lease_ttl,
                     }),
@@ -738,20 +750,27 @@ fn create(a: CreateArgs) -> anyhow::Result<String> {
             && all_paths.iter().all(|p| space::zeroes_cheaply(p)),
         guided: a.consistency_policy == "guided",
     };
+    let etcd_tls = a.etcd_tls.clone().into();
     if let Some(ep) = &a.cluster {
-        cluster::check_reachable(ep)?;
+        cluster::check_reachable(ep, &etcd_tls)?;
     }
     let created = engine::create(&spec).map_err(|e| anyhow!("{e}"))?;
     if let (Some(ep), Some(nodes)) = (&a.cluster, a.nodes) {
-        cluster::register(ep, &created.uuid, &spec.name, level, nodes as usize).with_context(
-            || {
-                format!(
-                    "the members carry the new array {}, but it is not registered in etcd \
+        cluster::register(
+            ep,
+            &etcd_tls,
+            &created.uuid,
+            &spec.name,
+            level,
+            nodes as usize,
+        )
+        .with_context(|| {
+            format!(
+                "the members carry the new array {}, but it is not registered in etcd \
                      (create it again with --force once etcd answers)",
-                    format::format_uuid(&created.uuid)
-                )
-            },
-        )?;
+                format::format_uuid(&created.uuid)
+            )
+        })?;
     }
     if !a.preallocate {
         space::warn_overcommit(&all_paths);
@@ -896,6 +915,7 @@ fn demo(dir: Option<PathBuf>) -> anyhow::Result<()> {
             nodes: None,
             cluster_name: None,
             cluster: None,
+            etcd_tls: Default::default(),
             journal: None,
             journal_mode: None,
             integrity: None,

@@ -895,3 +895,69 @@ fn a_node_whose_lease_expired_exits_to_rejoin_and_comes_back_with_a_new_epoch() 
     assert!(qemu_io(&a.uri(), "read -P 0x21 0 64k").contains("read"));
     assert!(qemu_io(&a.uri(), "write -P 0x22 0 64k").contains("wrote"));
 }
+
+#[test]
+fn nodes_reach_an_etcd_that_requires_tls_and_client_certificates() {
+    if !require_tools(&["qemu-io", "openssl"]) {
+        return;
+    }
+    let certs = tempfile::tempdir().unwrap();
+    common::make_certificates(certs.path());
+    let Some(etcd) = EtcdServer::start_tls(certs.path()) else {
+        return;
+    };
+    assert!(etcd.endpoint.starts_with("https://"), "{}", etcd.endpoint);
+    let pem = |f: &str| certs.path().join(f).to_str().unwrap().to_string();
+    let tls = [
+        "--etcd-cacert".to_string(),
+        pem("ca-cert.pem"),
+        "--etcd-cert".to_string(),
+        pem("client-cert.pem"),
+        "--etcd-key".to_string(),
+        pem("client-key.pem"),
+    ];
+    let tls: Vec<&str> = tls.iter().map(String::as_str).collect();
+    let env = Env::new("secure", 2, MEMBER);
+    let base = [
+        "--bitmap-chunk",
+        "4M",
+        "--cluster",
+        &etcd.endpoint,
+        "--nodes",
+        "2",
+    ];
+    // Without a client certificate etcd refuses the connection, and nothing is written.
+    let mut args = vec![
+        "create",
+        "--level",
+        "1",
+        "--name",
+        "secure",
+        "--assume-clean",
+    ];
+    args.extend(base);
+    args.extend(&tls[..2]);
+    let members = env.member_args();
+    args.extend(members.iter().map(String::as_str));
+    let out = env.ironraid(&args);
+    assert!(
+        !out.status.success(),
+        "created without a client certificate"
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("etcd unreachable"), "{err}");
+    let examined = env.ironraid(&["examine", env.members[0].to_str().unwrap()]);
+    assert!(
+        !examined.status.success(),
+        "a member was written before etcd answered"
+    );
+    let mut extra: Vec<&str> = base.to_vec();
+    extra.extend(&tls);
+    env.create("1", &extra);
+    let (a, b) = (Node::new(&env, "a"), Node::new(&env, "b"));
+    let _da = a.run(&etcd, &tls, &env.members);
+    let _db = b.run(&etcd, &tls, &env.members);
+    b.wait_detail("both nodes", 10, |d| states(d).len() == 2);
+    assert!(qemu_io(&a.uri(), "write -P 0x7e 0 1M").contains("wrote"));
+    assert!(qemu_io(&b.uri(), "read -P 0x7e 0 1M").contains("read"));
+}

@@ -25,6 +25,17 @@ impl EtcdServer {
     /// Start one; None if `etcd` is missing (and the test may skip, see
     /// [`crate::require_tool`]). Panics if it does not answer within 20 s.
     pub fn start() -> Option<EtcdServer> {
+        EtcdServer::start_with(None)
+    }
+
+    /// [`EtcdServer::start`] serving TLS (an `https://` endpoint) with `certs`'s
+    /// `server-cert.pem` and `server-key.pem`, requiring client certificates signed by its
+    /// `ca-cert.pem`.
+    pub fn start_tls(certs: &std::path::Path) -> Option<EtcdServer> {
+        EtcdServer::start_with(Some(certs))
+    }
+
+    fn start_with(certs: Option<&std::path::Path>) -> Option<EtcdServer> {
         let etcd = crate::require_tool("etcd")?;
         let dir = std::env::temp_dir().join(format!(
             "ironraid-etcd-{}-{}",
@@ -34,10 +45,21 @@ impl EtcdServer {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("etcd data directory");
         let (client, peer) = (free_port(), free_port());
-        let endpoint = format!("http://127.0.0.1:{client}");
+        let scheme = if certs.is_some() { "https" } else { "http" };
+        let endpoint = format!("{scheme}://127.0.0.1:{client}");
         let peer_url = format!("http://127.0.0.1:{peer}");
         let log = std::fs::File::create(dir.join("etcd.log")).expect("etcd log");
-        let child = Command::new(etcd)
+        let mut cmd = Command::new(etcd);
+        if let Some(c) = certs {
+            cmd.arg("--cert-file")
+                .arg(c.join("server-cert.pem"))
+                .arg("--key-file")
+                .arg(c.join("server-key.pem"))
+                .arg("--trusted-ca-file")
+                .arg(c.join("ca-cert.pem"))
+                .arg("--client-cert-auth");
+        }
+        let child = cmd
             .args(["--name", "t", "--data-dir"])
             .arg(dir.join("data"))
             .args(["--listen-client-urls", &endpoint])

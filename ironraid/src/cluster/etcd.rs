@@ -6,13 +6,22 @@
 //! here is one short HTTP/1.1 exchange. Every call goes to the first endpoint that answers;
 //! etcd forwards what needs the leader. Reads are linearizable (etcd's default), which the
 //! cluster's decisions need (reference: cluster-design.md §2.4).
+//!
+//! `https://` endpoints are spoken to over TLS (rustls), with etcdctl's choices: the CA given
+//! (`--etcd-cacert`, else the system's bundle) and, for an etcd that requires client
+//! certificates (`--client-cert-auth`), a certificate and key (`--etcd-cert`, `--etcd-key`).
+//! Each call is its own connection, so each pays a handshake (about a millisecond of CPU).
 
 use anyhow::{anyhow, bail, Context};
 use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine as _;
+use rustls::pki_types::ServerName;
+use rustls::{ClientConfig, ClientConnection, RootCertStore};
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// One key as etcd returns it.
@@ -57,6 +66,46 @@ pub struct TxnResult {
 struct Endpoint {
     /// `host:port` as given.
     authority: String,
+    /// `https://`: the name its certificate must carry (the host).
+    tls_name: Option<ServerName<'static>>,
+}
+
+/// Certificates for `https://` endpoints (etcdctl's `--cacert`, `--cert`, `--key`).
+#[derive(Clone, Debug, Default)]
+pub struct EtcdTls {
+    /// The CA etcd's certificate must chain to (default: the system's bundle).
+    pub cacert: Option<PathBuf>,
+    /// This client's certificate and key, for an etcd that asks for one.
+    pub cert: Option<PathBuf>,
+    pub key: Option<PathBuf>,
+}
+
+/// The CA bundle Debian keeps the system's trusted roots in.
+const SYSTEM_CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
+
+impl EtcdTls {
+    fn client_config(&self) -> anyhow::Result<Arc<ClientConfig>> {
+        let ca = self
+            .cacert
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(SYSTEM_CA_BUNDLE));
+        let mut roots = RootCertStore::empty();
+        for c in nbd::read_certs(&ca)? {
+            roots.add(c).with_context(|| format!("{}", ca.display()))?;
+        }
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let builder = ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()?
+            .with_root_certificates(roots);
+        let config = match (&self.cert, &self.key) {
+            (Some(cert), Some(key)) => builder
+                .with_client_auth_cert(nbd::read_certs(cert)?, nbd::read_key(key)?)
+                .with_context(|| format!("{}", cert.display()))?,
+            (None, None) => builder.with_no_client_auth(),
+            _ => bail!("--etcd-cert and --etcd-key go together"),
+        };
+        Ok(Arc::new(config))
+    }
 }
 
 /// A client of one etcd cluster.
@@ -64,32 +113,42 @@ struct Endpoint {
 pub struct Etcd {
     endpoints: Vec<Endpoint>,
     timeout: Duration,
+    /// For `https://` endpoints.
+    tls: Option<Arc<ClientConfig>>,
 }
 
 impl Etcd {
-    /// `endpoints`: etcd client URLs, comma-separated (`http://127.0.0.1:2379,...`).
+    /// `endpoints`: etcd client URLs, comma-separated (`http://127.0.0.1:2379,...`); an
+    /// `https://` one is checked against the system's CA bundle.
+    #[cfg(test)]
     pub fn new(endpoints: &str, timeout: Duration) -> anyhow::Result<Etcd> {
+        Etcd::with_tls(endpoints, &EtcdTls::default(), timeout)
+    }
+
+    /// [`Etcd::new`], `https://` endpoints with `tls`'s certificates.
+    pub fn with_tls(endpoints: &str, tls: &EtcdTls, timeout: Duration) -> anyhow::Result<Etcd> {
         let endpoints = endpoints
             .split(',')
             .map(str::trim)
             .filter(|e| !e.is_empty())
-            .map(|e| {
-                let authority = e.strip_prefix("http://").ok_or_else(|| {
-                    anyhow!("etcd endpoint '{e}': only http:// URLs are supported")
-                })?;
-                let authority = authority.trim_end_matches('/');
-                if authority.is_empty() || authority.contains('/') {
-                    bail!("etcd endpoint '{e}': expected http://HOST:PORT");
-                }
-                Ok(Endpoint {
-                    authority: authority.to_string(),
-                })
-            })
+            .map(parse_endpoint)
             .collect::<anyhow::Result<Vec<_>>>()?;
         if endpoints.is_empty() {
             bail!("no etcd endpoint given");
         }
-        Ok(Etcd { endpoints, timeout })
+        let secure = endpoints.iter().any(|e| e.tls_name.is_some());
+        if !secure && (tls.cacert.is_some() || tls.cert.is_some()) {
+            bail!("--etcd-cacert/--etcd-cert need https:// endpoints");
+        }
+        let tls = match secure {
+            true => Some(tls.client_config().context("etcd TLS")?),
+            false => None,
+        };
+        Ok(Etcd {
+            endpoints,
+            timeout,
+            tls,
+        })
     }
 
     /// POST `body` to `path` on the first endpoint that answers; the first JSON value of the
@@ -112,36 +171,18 @@ impl Etcd {
             .context("cannot resolve")?
             .next()
             .ok_or_else(|| anyhow!("no address"))?;
-        let mut s = TcpStream::connect_timeout(&addr, self.timeout)?;
+        let s = TcpStream::connect_timeout(&addr, self.timeout)?;
         s.set_read_timeout(Some(self.timeout))?;
         s.set_write_timeout(Some(self.timeout))?;
         s.set_nodelay(true)?;
-        let payload = body.to_string();
-        write!(
-            s,
-            "POST {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n\
-             Content-Length: {}\r\nConnection: close\r\n\r\n{payload}",
-            ep.authority,
-            payload.len()
-        )?;
-        let mut r = BufReader::new(s);
-        let (status, chunked) = read_head(&mut r)?;
-        let value = if chunked {
-            first_json_chunked(&mut r)?
-        } else {
-            let mut rest = Vec::new();
-            r.read_to_end(&mut rest)?;
-            first_json(&rest)?.ok_or_else(|| anyhow!("empty reply"))?
-        };
-        if let Some(err) = value.get("error").or_else(|| value.get("message")) {
-            bail!("{}", err.as_str().unwrap_or("error"));
+        match (&ep.tls_name, &self.tls) {
+            (Some(name), Some(config)) => {
+                let conn = ClientConnection::new(config.clone(), name.clone())?;
+                exchange(rustls::StreamOwned::new(conn, s), ep, path, body)
+            }
+            _ => exchange(s, ep, path, body),
         }
-        if status != 200 {
-            bail!("HTTP status {status}");
-        }
-        Ok(value.get("result").cloned().unwrap_or(value))
     }
-
     /// Every key under `prefix`, and the revision the read saw.
     pub fn get_prefix(&self, prefix: &str) -> anyhow::Result<(Vec<KeyValue>, i64)> {
         let v = self.call(
@@ -216,6 +257,71 @@ impl Etcd {
         self.call("/v3/lease/revoke", &json!({ "ID": id.to_string() }))?;
         Ok(())
     }
+}
+
+/// One HTTP/1.1 exchange on `s`: POST `body` to `path`; the reply's first JSON value.
+fn exchange<S: Read + Write>(
+    mut s: S,
+    ep: &Endpoint,
+    path: &str,
+    body: &Value,
+) -> anyhow::Result<Value> {
+    let payload = body.to_string();
+    write!(
+        s,
+        "POST {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{payload}",
+        ep.authority,
+        payload.len()
+    )?;
+    s.flush()?;
+    let mut r = BufReader::new(s);
+    let (status, chunked) = read_head(&mut r)?;
+    let value = if chunked {
+        first_json_chunked(&mut r)?
+    } else {
+        let mut rest = Vec::new();
+        r.read_to_end(&mut rest)?;
+        first_json(&rest)?.ok_or_else(|| anyhow!("empty reply"))?
+    };
+    if let Some(err) = value.get("error").or_else(|| value.get("message")) {
+        bail!("{}", err.as_str().unwrap_or("error"));
+    }
+    if status != 200 {
+        bail!("HTTP status {status}");
+    }
+    Ok(value.get("result").cloned().unwrap_or(value))
+}
+
+/// `http://HOST:PORT` or `https://HOST:PORT`.
+fn parse_endpoint(e: &str) -> anyhow::Result<Endpoint> {
+    let (authority, tls) = match (e.strip_prefix("http://"), e.strip_prefix("https://")) {
+        (Some(a), _) => (a, false),
+        (_, Some(a)) => (a, true),
+        _ => bail!("etcd endpoint '{e}': expected an http:// or https:// URL"),
+    };
+    let authority = authority.trim_end_matches('/');
+    if authority.is_empty() || authority.contains('/') {
+        bail!("etcd endpoint '{e}': expected http(s)://HOST:PORT");
+    }
+    let tls_name = match tls {
+        false => None,
+        true => {
+            let host = match authority.rsplit_once(':') {
+                Some((h, p)) if p.parse::<u16>().is_ok() => h,
+                _ => authority,
+            };
+            let host = host.trim_start_matches('[').trim_end_matches(']');
+            Some(
+                ServerName::try_from(host.to_string())
+                    .map_err(|err| anyhow!("etcd endpoint '{e}': {err}"))?,
+            )
+        }
+    };
+    Ok(Endpoint {
+        authority: authority.to_string(),
+        tls_name,
+    })
 }
 
 /// The status code and whether the body is chunked.
@@ -355,7 +461,14 @@ mod tests {
     fn endpoints_must_be_http_urls() {
         assert!(Etcd::new("http://127.0.0.1:2379", Duration::from_secs(1)).is_ok());
         assert!(Etcd::new("127.0.0.1:2379", Duration::from_secs(1)).is_err());
-        assert!(Etcd::new("https://h:1", Duration::from_secs(1)).is_err());
+        let t = Duration::from_secs(1);
+        let missing_ca = EtcdTls {
+            cacert: Some("/nonexistent/ca.pem".into()),
+            ..EtcdTls::default()
+        };
+        assert!(Etcd::with_tls("https://h:1", &missing_ca, t).is_err());
+        assert!(Etcd::with_tls("http://h:1", &missing_ca, t).is_err());
+        assert!(Etcd::new("ftp://h:1", t).is_err());
         assert!(Etcd::new(" , ", Duration::from_secs(1)).is_err());
     }
 

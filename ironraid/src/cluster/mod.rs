@@ -15,6 +15,7 @@ mod windows;
 use anyhow::{anyhow, bail, Context};
 use device::Device;
 use engine::cluster::{Coordinator, SyncKind};
+pub use etcd::EtcdTls;
 use etcd::{Compare, Etcd, Op};
 use node::Node;
 use serde::{Deserialize, Serialize};
@@ -22,11 +23,35 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// etcdctl's TLS options, for `https://` endpoints.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct EtcdTlsArgs {
+    /// The CA etcd's certificate must chain to (https:// endpoints; default: the system's).
+    #[arg(long, value_name = "FILE")]
+    pub etcd_cacert: Option<std::path::PathBuf>,
+    /// A client certificate for an etcd that requires one (with --etcd-key).
+    #[arg(long, value_name = "FILE", requires = "etcd_key")]
+    pub etcd_cert: Option<std::path::PathBuf>,
+    #[arg(long, value_name = "FILE", requires = "etcd_cert")]
+    pub etcd_key: Option<std::path::PathBuf>,
+}
+
+impl From<EtcdTlsArgs> for EtcdTls {
+    fn from(a: EtcdTlsArgs) -> EtcdTls {
+        EtcdTls {
+            cacert: a.etcd_cacert,
+            cert: a.etcd_cert,
+            key: a.etcd_key,
+        }
+    }
+}
+
 /// How a node reaches its cluster (`run --cluster ENDPOINTS --node NAME`).
 #[derive(Clone, Debug)]
 pub struct ClusterArgs {
     /// etcd client URLs, comma-separated.
     pub endpoints: String,
+    pub tls: EtcdTls,
     pub node: String,
     /// The node's lease: the others count it gone this long after its last renewal.
     pub lease_ttl: Duration,
@@ -57,8 +82,8 @@ fn meta_key(uuid: &str) -> String {
 }
 
 /// Before `create --cluster` writes anything: etcd answers.
-pub fn check_reachable(endpoints: &str) -> anyhow::Result<()> {
-    Etcd::new(endpoints, ETCD_TIMEOUT)?
+pub fn check_reachable(endpoints: &str, tls: &EtcdTls) -> anyhow::Result<()> {
+    Etcd::with_tls(endpoints, tls, ETCD_TIMEOUT)?
         .get_prefix("/ironraid/")
         .map(|_| ())
         .context("create --cluster")
@@ -67,12 +92,13 @@ pub fn check_reachable(endpoints: &str) -> anyhow::Result<()> {
 /// Register a new clustered array in etcd (`create --cluster`): refused if its UUID is there.
 pub fn register(
     endpoints: &str,
+    tls: &EtcdTls,
     uuid: &[u8; 16],
     name: &str,
     level: layout::Level,
     nodes: usize,
 ) -> anyhow::Result<()> {
-    let etcd = Etcd::new(endpoints, ETCD_TIMEOUT)?;
+    let etcd = Etcd::with_tls(endpoints, tls, ETCD_TIMEOUT)?;
     let uuid = format::format_uuid(uuid);
     let record = ArrayRecord {
         name: name.to_string(),
@@ -96,11 +122,17 @@ pub fn register(
 }
 
 /// `leave-cluster`: the array on `members` (stopped on every node) becomes one host's again.
-pub fn leave(endpoints: Option<&str>, members: &[std::path::PathBuf]) -> anyhow::Result<()> {
+pub fn leave(
+    endpoints: Option<&str>,
+    tls: &EtcdTls,
+    members: &[std::path::PathBuf],
+) -> anyhow::Result<()> {
     let devs = crate::member::Opener::new(device::OpenMode::ReadWrite).open_all(members)?;
     let sb = superblock_of(&devs)?;
     let uuid = format::format_uuid(&sb.set_uuid);
-    let etcd = endpoints.map(|e| Etcd::new(e, ETCD_TIMEOUT)).transpose()?;
+    let etcd = endpoints
+        .map(|e| Etcd::with_tls(e, tls, ETCD_TIMEOUT))
+        .transpose()?;
     if let Some(etcd) = &etcd {
         let (live, _) = etcd.get_prefix(&format!("/ironraid/{uuid}/nodes/"))?;
         if let Some(kv) = live.first() {
@@ -154,7 +186,7 @@ pub fn join(
         );
     }
     let uuid = format::format_uuid(&sb.set_uuid);
-    let etcd = Etcd::new(&args.endpoints, ETCD_TIMEOUT)?;
+    let etcd = Etcd::with_tls(&args.endpoints, &args.tls, ETCD_TIMEOUT)?;
     let (found, _) = etcd.get_prefix(&meta_key(&uuid))?;
     let meta = found
         .iter()

@@ -479,3 +479,97 @@ impl Drop for FuseExport {
         let _ = self.nbdkit.wait();
     }
 }
+
+fn openssl(dir: &Path, args: &[&str]) {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("spawn openssl");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A CA, a server certificate for 127.0.0.1 and a client one, in `dir` (made with openssl); `dir/client` is the
+/// `tls-certificates` directory libnbd and qemu read (ca-cert.pem, client-cert.pem,
+/// client-key.pem).
+pub fn make_certificates(dir: &Path) -> PathBuf {
+    let ca = [
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca-key.pem",
+        "-out",
+        "ca-cert.pem",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=ironraid test CA",
+    ];
+    openssl(dir, &ca);
+    for (who, ext) in [
+        (
+            "server",
+            // clientAuth too: etcd's JSON gateway connects to its own gRPC server with it.
+            "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth,clientAuth\n",
+        ),
+        ("client", "extendedKeyUsage=clientAuth\n"),
+    ] {
+        let key = format!("{who}-key.pem");
+        let csr = format!("{who}.csr");
+        let cert = format!("{who}-cert.pem");
+        let extfile = format!("{who}.ext");
+        std::fs::write(
+            dir.join(&extfile),
+            format!("basicConstraints=CA:FALSE\n{ext}"),
+        )
+        .unwrap();
+        openssl(
+            dir,
+            &[
+                "req",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-keyout",
+                &key,
+                "-out",
+                &csr,
+                "-subj",
+                &format!("/CN={who}"),
+            ],
+        );
+        openssl(
+            dir,
+            &[
+                "x509",
+                "-req",
+                "-in",
+                &csr,
+                "-CA",
+                "ca-cert.pem",
+                "-CAkey",
+                "ca-key.pem",
+                "-CAcreateserial",
+                "-out",
+                &cert,
+                "-days",
+                "2",
+                "-extfile",
+                &extfile,
+            ],
+        );
+    }
+    let client = dir.join("client");
+    std::fs::create_dir_all(&client).unwrap();
+    for f in ["ca-cert.pem", "client-cert.pem", "client-key.pem"] {
+        std::fs::copy(dir.join(f), client.join(f)).unwrap();
+    }
+    client
+}
