@@ -518,6 +518,23 @@ fn fio_one_chunk_per_stripe(uri: &str, offset: u64, size: u64, verify_only: bool
     );
 }
 
+/// [`fio_one_chunk_per_stripe`] `loops` times over, verified after.
+fn fio_stripe_loops(uri: &str, offset: u64, size: u64, loops: u32) {
+    let mut args = fio_stripe_args(uri, offset, size, false);
+    args.retain(|s| s != "--loops=3");
+    args.push(format!("--loops={loops}"));
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = sh("fio", &refs);
+    assert!(
+        out.contains("err= 0"),
+        "fio at {offset} through {uri}: {out}"
+    );
+    assert!(
+        !out.contains("verify: bad"),
+        "fio at {offset} through {uri}: {out}"
+    );
+}
+
 fn fio_stripe_args(uri: &str, offset: u64, size: u64, verify_only: bool) -> Vec<String> {
     let mut args = vec![
         "--name=stripes".to_string(),
@@ -564,19 +581,7 @@ fn two_nodes_writing_different_chunks_of_the_same_raid5_stripes_leave_parity_con
         return;
     };
     let env = Env::new("stripes", 4, MEMBER);
-    env.create(
-        "5",
-        &[
-            "--chunk",
-            "64K",
-            "--bitmap-chunk",
-            "4M",
-            "--cluster",
-            &etcd.endpoint,
-            "--nodes",
-            "2",
-        ],
-    );
+    clustered_raid5(&env, &etcd);
     let (a, b) = (Node::new(&env, "a"), Node::new(&env, "b"));
     let _da = a.run(&etcd, &[], &env.members);
     let _db = b.run(&etcd, &[], &env.members);
@@ -615,19 +620,7 @@ fn a_raid5_node_killed_mid_write_leaves_its_flushed_data_and_consistent_parity_t
         return;
     };
     let env = Env::new("kill5", 4, MEMBER);
-    env.create(
-        "5",
-        &[
-            "--chunk",
-            "64K",
-            "--bitmap-chunk",
-            "4M",
-            "--cluster",
-            &etcd.endpoint,
-            "--nodes",
-            "2",
-        ],
-    );
+    clustered_raid5(&env, &etcd);
     let (a, b) = (Node::new(&env, "a"), Node::new(&env, "b"));
     let ttl = ["--lease-ttl", "2s"];
     let da = a.run(&etcd, &ttl, &env.members);
@@ -647,15 +640,7 @@ fn a_raid5_node_killed_mid_write_leaves_its_flushed_data_and_consistent_parity_t
         .spawn()
         .expect("spawn fio");
     let uri_b = b.uri();
-    let writer_b = std::thread::spawn(move || {
-        let mut args = fio_stripe_args(&uri_b, 65536, SIZE, false);
-        args.retain(|s| s != "--loops=3");
-        args.push("--loops=12".into());
-        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-        let out = sh("fio", &refs);
-        assert!(out.contains("err= 0"), "fio on b: {out}");
-        assert!(!out.contains("verify: bad"), "fio on b: {out}");
-    });
+    let writer_b = std::thread::spawn(move || fio_stripe_loops(&uri_b, 65536, SIZE, 12));
     std::thread::sleep(Duration::from_secs(2));
     da.kill9();
     let _ = fio_a.kill();
@@ -723,18 +708,7 @@ fn a_member_failed_on_one_raid5_node_is_rebuilt_while_both_nodes_write() {
     a.wait_detail("both nodes", 10, |d| states(d).len() == 2);
     const SIZE: u64 = 96 * MIB;
     let writer = |uri: String, offset: u64, loops: u32| {
-        std::thread::spawn(move || {
-            let mut args = fio_stripe_args(&uri, offset, SIZE, false);
-            args.retain(|s| s != "--loops=3");
-            args.push(format!("--loops={loops}"));
-            let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-            let out = sh("fio", &refs);
-            assert!(
-                out.contains("err= 0"),
-                "fio at {offset} through {uri}: {out}"
-            );
-            assert!(!out.contains("verify: bad"), "fio at {offset}: {out}");
-        })
+        std::thread::spawn(move || fio_stripe_loops(&uri, offset, SIZE, loops))
     };
     let wa = writer(a.uri(), 0, 1);
     let wb = writer(b.uri(), 65536, 1);
