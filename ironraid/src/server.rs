@@ -105,15 +105,31 @@ async fn handle(req: Request, ctx: &Ctx) -> Response {
             blocking(move || array.remove_member(&member).map_err(anyhow::Error::from)).await
         }
         Request::Add { member, force } => add(ctx, member, force).await,
-        Request::Action { action } => match array.request_action(&action) {
-            Ok(()) => Response::ok(),
-            Err(e) => Response::err(e.to_string()),
-        },
+        Request::Action { action } => {
+            if let Some(why) = ctx
+                .cluster
+                .as_ref()
+                .and_then(|n| n.action_refusal(array.name()))
+            {
+                return Response::err(why);
+            }
+            match array.request_action(&action) {
+                Ok(()) => Response::ok(),
+                Err(e) => Response::err(e.to_string()),
+            }
+        }
         Request::Speed { min, max } => {
             if max == Some(0) {
                 return Response::err("speed: --max must be above 0");
             }
             array.set_sync_speed(min, max);
+            if let Some(node) = &ctx.cluster {
+                if let Err(e) = node.publish_speed(min, max) {
+                    return Response::err(format!(
+                        "speed set on this node only: the other nodes' is unchanged ({e:#})"
+                    ));
+                }
+            }
             detail(ctx)
         }
         Request::JournalMode { mode } => {

@@ -318,6 +318,9 @@ pub struct BitmapDetail {
     pub chunks: u64,
     /// Bits set: chunks written recently, or still to resync or recover.
     pub dirty_chunks: u64,
+    /// Of those, chunks still owed a resync (a crash's, or a gone cluster node's).
+    #[serde(default)]
+    pub needed_chunks: u64,
     pub events_cleared: u64,
 }
 
@@ -689,6 +692,7 @@ impl Detail {
                 chunk_bytes: b.chunk_bytes,
                 chunks: b.chunks,
                 dirty_chunks: b.dirty_chunks,
+                needed_chunks: b.needed_chunks,
                 events_cleared: b.events_cleared,
             }),
             used_regions: s.used_regions.as_ref().map(UsedDetail::from_engine),
@@ -892,6 +896,7 @@ mod tests {
             chunk_bytes: 64 << 20,
             chunks: 59_605,
             dirty_chunks: 0,
+            needed_chunks: 0,
             events_cleared: 7,
         };
         assert_eq!(

@@ -204,6 +204,16 @@ fn two_nodes_serve_one_raid1_and_read_each_others_writes() {
     assert!(qemu_io(&b.uri(), "read -P 0x5a 0 1M").contains("read"));
     assert!(qemu_io(&b.uri(), "write -P 0xa5 8M 1M").contains("wrote"));
     assert!(qemu_io(&a.uri(), "read -P 0xa5 8M 1M").contains("read"));
+    // Background work is the coordinator's: `action` on b names it; `speed` on b is every
+    // node's.
+    let out = b.ironraid(&["action", &env.name, "check"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("coordinator, node a"), "{err}");
+    b.ok(&["speed", &env.name, "--max", "5M"]);
+    a.wait_detail("b's speed applied on a", 5, |d| {
+        d["sync"]["speed_max_bytes_per_s"] == 5 << 20
+    });
     // Each node's view refreshes every third of its lease's TTL.
     a.wait_detail("node b in a's view", 10, |d| states(d).len() == 2);
     let status = a.ok(&["status"]);

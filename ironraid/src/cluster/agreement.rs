@@ -57,6 +57,8 @@ pub struct State {
     pub(super) opener: OnceLock<crate::member::Opener>,
     /// The level rebuilds while several nodes serve (RAID1, RAID4/5/6).
     pub(super) rebuild_while_serving: AtomicBool,
+    /// The `speed` record this node applied last (its mod revision).
+    pub(super) speed_revision: std::sync::atomic::AtomicI64,
 }
 
 /// After a node's lease is gone, how long its slot is left alone: the node stopped its member
@@ -74,6 +76,13 @@ impl Node {
     /// (so it serves nothing there).
     pub fn attach(self: &Arc<Self>, array: &Arc<Array>) {
         let _ = self.agreement.array.set(Arc::downgrade(array));
+        // Rate limits recorded before this node started are not its: its own command line's
+        // (or md's defaults) are, as md's sysfs limits are each host's.
+        if let Ok(Some(kv)) = self.etcd.get(&self.key("speed")) {
+            self.agreement
+                .speed_revision
+                .store(kv.mod_revision, Ordering::Release);
+        }
         if array.geometry().level().is_parity() {
             self.spawn_handoffs();
         }
@@ -213,6 +222,7 @@ impl Node {
                 self.apply_failures();
                 if let Some(a) = &a {
                     self.apply_added(a);
+                    self.apply_speed(a);
                 }
             }
             if let Some(a) = &a {

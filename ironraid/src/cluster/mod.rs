@@ -10,6 +10,7 @@ mod agreement;
 pub mod etcd;
 pub mod node;
 mod ownership;
+mod settings;
 mod windows;
 
 use anyhow::{anyhow, bail, Context};
