@@ -102,7 +102,21 @@ async fn handle(req: Request, ctx: &Ctx) -> Response {
             .await
         }
         Request::Remove { member } => {
-            blocking(move || array.remove_member(&member).map_err(anyhow::Error::from)).await
+            let cluster = ctx.cluster.clone();
+            blocking(move || {
+                let dev_number = array
+                    .status()
+                    .members
+                    .iter()
+                    .find(|m| m.name == crate::member::name(Path::new(&member)))
+                    .map(|m| m.dev_number);
+                array.remove_member(&member)?;
+                if let (Some(node), Some(dev)) = (&cluster, dev_number) {
+                    node.publish_removed(dev)?;
+                }
+                Ok(())
+            })
+            .await
         }
         Request::Add { member, force } => add(ctx, member, force).await,
         Request::Action { action } => {

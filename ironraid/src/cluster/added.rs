@@ -1,5 +1,9 @@
-//! Members added while several nodes run the array (md-cluster's NEWDISK), and the rebuild
-//! that follows while they all serve.
+//! Members added and removed while several nodes run the array (md-cluster's NEWDISK and
+//! REMOVE), and the rebuild that follows an add while they all serve.
+//!
+//! * A node that removes a member (a spare, or a faulty one) records `removed/<device
+//!   number>` after its superblocks say so; every other node takes it out of its view too,
+//!   so that none of its superblock writes names the member or reaches its device again.
 //!
 //! * The node that adds a member writes its superblock and the array's (the engine's `add`),
 //!   then records `added/<device number>` = the path it opened (members are shared devices:
@@ -30,12 +34,49 @@ impl Node {
 
     /// This node added `path` as device number `dev`: let the others open it.
     pub fn publish_added(&self, dev: u32, path: &str) -> anyhow::Result<()> {
-        self.etcd.delete(&self.key(&format!("failed/{dev}")))?;
-        self.etcd.delete_prefix(&self.key(&format!("ack/{dev}/")))?;
-        self.agreement.applied.lock().remove(&dev);
+        self.forget_device_number(dev)?;
         self.etcd.put(&self.added_key(dev), path.as_bytes(), None)?;
         self.agreement.seen_added.lock().insert(dev);
         Ok(())
+    }
+
+    /// This node removed member `dev`: the others drop it too.
+    pub fn publish_removed(&self, dev: u32) -> anyhow::Result<()> {
+        self.forget_device_number(dev)?;
+        self.etcd
+            .put(&self.key(&format!("removed/{dev}")), b"", None)?;
+        self.agreement.seen_removed.lock().insert(dev);
+        Ok(())
+    }
+
+    /// What was recorded of an earlier member with device number `dev` (md reuses them): its
+    /// failure, add and removal.
+    fn forget_device_number(&self, dev: u32) -> anyhow::Result<()> {
+        self.etcd.delete(&self.key(&format!("failed/{dev}")))?;
+        self.etcd.delete_prefix(&self.key(&format!("ack/{dev}/")))?;
+        self.etcd.delete(&self.added_key(dev))?;
+        self.etcd.delete(&self.key(&format!("removed/{dev}")))?;
+        self.agreement.applied.lock().remove(&dev);
+        self.agreement.seen_added.lock().remove(&dev);
+        self.agreement.seen_removed.lock().remove(&dev);
+        Ok(())
+    }
+
+    /// Drop the members other nodes removed since the last look.
+    pub(super) fn apply_removed(&self, array: &Arc<Array>) {
+        let prefix = self.key("removed/");
+        let Ok((kvs, _)) = self.etcd.get_prefix(&prefix) else {
+            return;
+        };
+        for kv in kvs {
+            let Ok(dev) = kv.key[prefix.len()..].parse::<u32>() else {
+                continue;
+            };
+            if self.agreement.seen_removed.lock().insert(dev) {
+                array.member_removed_elsewhere(dev);
+                self.agreement.seen_added.lock().remove(&dev);
+            }
+        }
     }
 
     /// Open and take as spares the members other nodes added since the last look.
@@ -78,6 +119,7 @@ impl Node {
 
     fn take_added(&self, array: &Arc<Array>, dev: u32, path: &str) -> bool {
         self.agreement.applied.lock().remove(&dev);
+        self.agreement.seen_removed.lock().remove(&dev);
         let Some(opener) = self.agreement.opener.get() else {
             return false;
         };

@@ -54,6 +54,7 @@ pub struct State {
     recovering: Mutex<HashSet<String>>,
     /// Members added by any node that this node has (`added.rs`), and how it opens them.
     pub(super) seen_added: Mutex<HashSet<u32>>,
+    pub(super) seen_removed: Mutex<HashSet<u32>>,
     pub(super) opener: OnceLock<crate::member::Opener>,
     /// The level rebuilds while several nodes serve (RAID1, RAID4/5/6).
     pub(super) rebuild_while_serving: AtomicBool,
@@ -222,6 +223,7 @@ impl Node {
                 self.apply_failures();
                 if let Some(a) = &a {
                     self.apply_added(a);
+                    self.apply_removed(a);
                     self.apply_speed(a);
                 }
             }

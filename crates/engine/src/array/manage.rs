@@ -218,6 +218,21 @@ impl Array {
             })?;
         let dev_number = meta.members[idx].member.dev_number;
         self.members.coordinator().remove_disk(dev_number)?;
+        self.forget_member(&mut meta, idx)?;
+        self.members.commit(meta);
+        self.members
+            .events
+            .emit("member_removed", &self.name, Some(name), String::new());
+        Ok(())
+    }
+
+    /// Take member `idx` of `meta` out of the array here (not yet durable): a spare leaves
+    /// the spares, a faulty member its role; an active member is refused.
+    pub(crate) fn forget_member(&self, meta: &mut crate::members::Meta, idx: usize) -> Result<()> {
+        let (dev_number, name) = {
+            let m = &meta.members[idx].member;
+            (m.dev_number, m.name().to_string())
+        };
         let mut spares = self.members.spares.lock();
         if let Some(pos) = spares.iter().position(|s| s.dev_number == dev_number) {
             spares.remove(pos);
@@ -238,10 +253,6 @@ impl Array {
         drop(spares);
         meta.retire(dev_number, ROLE_FAULTY);
         meta.members.remove(idx);
-        self.members.commit(meta);
-        self.members
-            .events
-            .emit("member_removed", &self.name, Some(name), String::new());
         Ok(())
     }
 }

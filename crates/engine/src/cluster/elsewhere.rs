@@ -27,6 +27,35 @@ impl Array {
         }
     }
 
+    /// Another node removed member `dev_number` (a spare, or a faulty member) and recorded it
+    /// in the superblocks: it leaves this node's view too, so that no superblock of this
+    /// node's names it again or is written to it. An active member here is kept (and said).
+    pub fn member_removed_elsewhere(&self, dev_number: u32) {
+        let mut meta = self.members.meta.lock();
+        let Some(idx) = meta
+            .members
+            .iter()
+            .position(|m| m.member.dev_number == dev_number)
+        else {
+            return;
+        };
+        let name = meta.members[idx].member.name().to_string();
+        match self.forget_member(&mut meta, idx) {
+            Ok(()) => {
+                drop(meta);
+                self.members.events.emit(
+                    "member_removed",
+                    &self.name,
+                    Some(&name),
+                    "removed on another node".into(),
+                );
+            }
+            Err(e) => {
+                tracing::error!(array = %self.name, member = %name, "not removed here as on another node: {e}")
+            }
+        }
+    }
+
     /// Another node added `dev` (its superblock written, and the array's): it becomes a spare
     /// here too. A member this node knows already is left as it is.
     pub fn member_added_elsewhere(&self, dev: Arc<dyn Device>) -> Result<()> {
