@@ -119,19 +119,14 @@ async fn handle(req: Request, ctx: &Ctx) -> Response {
             .await
         }
         Request::Add { member, force } => add(ctx, member, force).await,
-        Request::Action { action } => {
-            if let Some(why) = ctx
-                .cluster
-                .as_ref()
-                .and_then(|n| n.action_refusal(array.name()))
-            {
-                return Response::err(why);
-            }
-            match array.request_action(&action) {
+        Request::Action { action } => match ctx.cluster.clone().filter(|n| !n.runs_actions()) {
+            // Background work is the coordinator's: it takes the request.
+            Some(node) => blocking(move || node.forward_action(&action)).await,
+            None => match array.request_action(&action) {
                 Ok(()) => Response::ok(),
                 Err(e) => Response::err(e.to_string()),
-            }
-        }
+            },
+        },
         Request::Speed { min, max } => {
             if max == Some(0) {
                 return Response::err("speed: --max must be above 0");

@@ -60,6 +60,11 @@ pub struct State {
     pub(super) rebuild_while_serving: AtomicBool,
     /// The `speed` record this node applied last (its mod revision).
     pub(super) speed_revision: std::sync::atomic::AtomicI64,
+    /// Forwarded `action` requests: the last one this node took as coordinator, the one it
+    /// runs for another node, and the one it asked for (`settings.rs`).
+    pub(super) action_revision: std::sync::atomic::AtomicI64,
+    pub(super) serving: Mutex<Option<super::settings::Serving>>,
+    pub(super) asked: Mutex<Option<super::settings::Asked>>,
 }
 
 /// After a node's lease is gone, how long its slot is left alone: the node stopped its member
@@ -82,6 +87,12 @@ impl Node {
         if let Ok(Some(kv)) = self.etcd.get(&self.key("speed")) {
             self.agreement
                 .speed_revision
+                .store(kv.mod_revision, Ordering::Release);
+        }
+        // Requests from before this node started were answered by the coordinator then.
+        if let Ok(Some(kv)) = self.etcd.get(&self.key("action")) {
+            self.agreement
+                .action_revision
                 .store(kv.mod_revision, Ordering::Release);
         }
         if array.geometry().level().is_parity() {
@@ -225,6 +236,8 @@ impl Node {
                     self.apply_added(a);
                     self.apply_removed(a);
                     self.apply_speed(a);
+                    self.serve_actions(a);
+                    self.follow_asked(a);
                 }
             }
             if let Some(a) = &a {

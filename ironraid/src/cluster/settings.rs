@@ -1,32 +1,187 @@
 //! What `action` and `speed` mean on a node of a cluster (the contract: they act for the
 //! whole cluster).
 //!
-//! * Background work runs on the coordinator only, so `action` is taken there; on another
-//!   node it is refused with the coordinator's name (forwarding it, with `--wait` following
-//!   the coordinator's progress, is not built).
+//! * Background work runs on the coordinator only. `action` on another node is forwarded: it
+//!   records `action` = "<action> <node>" (its revision names the request) and waits for the
+//!   coordinator to say whether it took it (`action-state` = "<revision> accepted" or
+//!   "<revision> failed <why>"); then it relays "started" and "finished <mismatched
+//!   sectors>" as its own events and status, so `action --wait` there works as on the
+//!   coordinator. A request the coordinator does not answer within [`ACTION_ANSWER`] fails.
 //! * The rate limits are every node's (whichever coordinates next uses them): `speed` on any
 //!   node records them under `speed` ("MIN MAX", bytes per second, `-` for unchanged), and
 //!   every running node's watcher applies a new record (a node that starts later keeps its
 //!   own command line's, as md's limits are each host's).
 
 use super::node::Node;
-use engine::Array;
+use engine::{Array, Event, SyncAction};
 use std::sync::atomic::Ordering;
+use std::sync::mpsc::Receiver;
+use std::time::{Duration, Instant};
+
+/// How long a forwarded `action` waits for the coordinator to take it or refuse it.
+const ACTION_ANSWER: Duration = Duration::from_secs(5);
+
+/// A check, repair or resync this node forwarded, until it ended.
+#[derive(Debug)]
+pub struct Asked {
+    revision: i64,
+    action: SyncAction,
+    started: bool,
+}
+
+/// A forwarded request the coordinator runs, followed through its events.
+#[derive(Debug)]
+pub struct Serving {
+    revision: i64,
+    action: SyncAction,
+    events: Receiver<Event>,
+}
+
+fn work_action(action: &str) -> Option<SyncAction> {
+    match action {
+        "check" => Some(SyncAction::Check),
+        "repair" => Some(SyncAction::Repair),
+        "resync" => Some(SyncAction::Resync),
+        _ => None,
+    }
+}
 
 impl Node {
-    /// Why this node does not take `action` requests (None: it coordinates).
-    pub fn action_refusal(&self, array: &str) -> Option<String> {
-        if self.is_coordinator() {
-            return None;
+    /// Does this node run `action` requests itself (it coordinates)?
+    pub fn runs_actions(&self) -> bool {
+        self.is_coordinator()
+    }
+
+    /// `action` on a node that does not coordinate: hand it to the coordinator; Ok once it
+    /// took it.
+    pub fn forward_action(&self, action: &str) -> anyhow::Result<()> {
+        let value = format!("{action} {}", self.name);
+        let revision = self.etcd.put(&self.key("action"), value.as_bytes(), None)?;
+        let t0 = Instant::now();
+        loop {
+            match self.action_state(revision)? {
+                Some((state, rest)) if state == "failed" => anyhow::bail!("{rest}"),
+                Some(_) => break,
+                None if t0.elapsed() > ACTION_ANSWER => anyhow::bail!(
+                    "the coordinator did not take `{action}` within {ACTION_ANSWER:?}"
+                ),
+                None => std::thread::sleep(Duration::from_millis(10)),
+            }
         }
-        let coordinator = self
-            .detail()
-            .coordinator
-            .unwrap_or_else(|| "(none elected yet)".into());
-        Some(format!(
-            "array '{array}' is clustered: background work runs on its coordinator, node \
-             {coordinator}; run `action` there"
-        ))
+        if let Some(action) = work_action(action) {
+            *self.agreement.asked.lock() = Some(Asked {
+                revision,
+                action,
+                started: false,
+            });
+        }
+        Ok(())
+    }
+
+    /// What the coordinator said of request `revision` (its state word and the rest).
+    fn action_state(&self, revision: i64) -> anyhow::Result<Option<(String, String)>> {
+        let Some(kv) = self.etcd.get(&self.key("action-state"))? else {
+            return Ok(None);
+        };
+        let text = String::from_utf8_lossy(&kv.value).into_owned();
+        let mut parts = text.splitn(3, ' ');
+        let (rev, state, rest) = (parts.next(), parts.next(), parts.next());
+        Ok(match (rev.and_then(|r| r.parse::<i64>().ok()), state) {
+            (Some(r), Some(state)) if r == revision => {
+                Some((state.to_string(), rest.unwrap_or("").to_string()))
+            }
+            _ => None,
+        })
+    }
+
+    fn put_action_state(&self, revision: i64, state: &str) {
+        let value = format!("{revision} {state}");
+        if let Err(e) = self.etcd.put(&self.key("action-state"), value.as_bytes(), None) {
+            tracing::warn!(node = %self.name, "cannot answer a forwarded action: {e:#}");
+        }
+    }
+
+    /// Relay the coordinator's progress on the request this node forwarded.
+    pub(super) fn follow_asked(&self, array: &Array) {
+        let mut asked = self.agreement.asked.lock();
+        let Some(a) = asked.as_mut() else {
+            return;
+        };
+        let Ok(Some((state, rest))) = self.action_state(a.revision) else {
+            return;
+        };
+        let by = self.detail().coordinator.unwrap_or_default();
+        let ended = match state.as_str() {
+            "finished" => Some(rest.trim().parse::<u64>().map_err(|_| rest.clone())),
+            "failed" => Some(Err(rest.clone())),
+            _ => None,
+        };
+        if !a.started && (state == "started" || ended.is_some()) {
+            array.sync_started_elsewhere(a.action, &by);
+            a.started = true;
+        }
+        if let Some(outcome) = ended {
+            array.sync_ended_elsewhere(a.action, &by, outcome);
+            *asked = None;
+        }
+    }
+
+    /// The coordinator: take the requests other nodes forward, and say how they go.
+    pub(super) fn serve_actions(&self, array: &Array) {
+        self.report_serving(array);
+        if !self.is_coordinator() {
+            return;
+        }
+        let Ok(Some(kv)) = self.etcd.get(&self.key("action")) else {
+            return;
+        };
+        let seen = &self.agreement.action_revision;
+        if kv.mod_revision <= seen.load(Ordering::Acquire) {
+            return;
+        }
+        seen.store(kv.mod_revision, Ordering::Release);
+        let text = String::from_utf8_lossy(&kv.value).into_owned();
+        let action = text.split(' ').next().unwrap_or("").to_string();
+        let events = array.subscribe();
+        match array.request_action(&action) {
+            Ok(()) => {
+                self.put_action_state(kv.mod_revision, "accepted");
+                if let Some(action) = work_action(&action) {
+                    *self.agreement.serving.lock() = Some(Serving {
+                        revision: kv.mod_revision,
+                        action,
+                        events,
+                    });
+                }
+            }
+            Err(e) => self.put_action_state(kv.mod_revision, &format!("failed {e}")),
+        }
+    }
+
+    fn report_serving(&self, array: &Array) {
+        let mut serving = self.agreement.serving.lock();
+        let Some(s) = serving.as_ref() else {
+            return;
+        };
+        let name = s.action.name();
+        while let Ok(ev) = s.events.try_recv() {
+            let state = if ev.kind == format!("{name}_started") {
+                "started".to_string()
+            } else if ev.kind == format!("{name}_finished") {
+                format!("finished {}", array.status().sync.mismatch_sectors)
+            } else if matches!(ev.kind, "sync_interrupted" | "sync_failed")
+                && ev.message.starts_with(name)
+            {
+                format!("failed {}", ev.message)
+            } else {
+                continue;
+            };
+            self.put_action_state(s.revision, &state);
+            if state != "started" {
+                *serving = None;
+                return;
+            }
+        }
     }
 
     /// `speed` on this node: for every node of the cluster.

@@ -932,6 +932,40 @@ impl SyncControl {
     }
 }
 
+impl SyncControl {
+    /// Another node of a cluster ran `action` at this node's request: its outcome (the
+    /// mismatched sectors it found, or why it failed) becomes this node's last action, with
+    /// the events a local one would have sent (`action --wait` here follows them).
+    pub(crate) fn record_elsewhere(
+        &self,
+        array: &Array,
+        action: SyncAction,
+        node: &str,
+        outcome: std::result::Result<u64, String>,
+    ) {
+        if let Ok(mismatches) = outcome {
+            let mut st = self.st.lock();
+            st.last = action;
+            st.mismatches = mismatches;
+        }
+        let res = outcome
+            .map(|_| ())
+            .map_err(|why| Stop::Failed(crate::EngineError::Busy(format!("on node {node}: {why}"))));
+        let mismatches = self.st.lock().mismatches;
+        self.announce_finish(array, action, None, res, mismatches);
+    }
+
+    /// Another node of a cluster started `action` at this node's request.
+    pub(crate) fn started_elsewhere(&self, array: &Array, action: SyncAction, node: &str) {
+        array.members.events.emit(
+            started_event(action),
+            &array.name,
+            None,
+            format!("{} started on node {node}", action.name()),
+        );
+    }
+}
+
 fn started_event(a: SyncAction) -> &'static str {
     match a {
         SyncAction::Recover => "rebuild_started",

@@ -56,6 +56,22 @@ impl Array {
         }
     }
 
+    /// Another node of the cluster (its coordinator) started the check, repair or resync this
+    /// node asked for.
+    pub fn sync_started_elsewhere(&self, action: crate::SyncAction, node: &str) {
+        self.sync.started_elsewhere(self, action, node);
+    }
+
+    /// ... and ended it: the sectors it found inconsistent, or why it failed.
+    pub fn sync_ended_elsewhere(
+        &self,
+        action: crate::SyncAction,
+        node: &str,
+        outcome: std::result::Result<u64, String>,
+    ) {
+        self.sync.record_elsewhere(self, action, node, outcome);
+    }
+
     /// Another node added `dev` (its superblock written, and the array's): it becomes a spare
     /// here too. A member this node knows already is left as it is.
     pub fn member_added_elsewhere(&self, dev: Arc<dyn Device>) -> Result<()> {
