@@ -386,14 +386,46 @@ impl Sim {
         }
         let targets = self.targets();
         let mut writes: Vec<(u64, u64)> = Vec::new();
+        // Parity levels: now and then a node verifies (and repairs) a range while the others
+        // write: it owns the stripes it compares, so it must find nothing. Not when a node
+        // may die in this step: what that one tears is the takeover's to resync. (The
+        // background check and repair walks rely on windows every node holds instead, which
+        // this simulation does not have: they run while the other nodes are idle.)
+        let quiet =
+            self.failed_member.is_none() && failing_node.is_none() && !self.world.kill_armed();
+        let scrubbing = (quiet && self.shape.level != Level::Raid1 && self.rng.gen_bool(0.1))
+            .then(|| live[self.rng.gen_range(0..live.len())]);
+        let mut scrub = None;
         for n in live {
             let op = match failing_node {
                 Some(f) if f == n => Op::Fail(format!("sim{}", self.failed_member.unwrap())),
+                _ if scrubbing == Some(n) => {
+                    let hot = HOT_STRIPES * self.stripe_bytes / SECTOR;
+                    let len = self.rng.gen_range(1..=2 * self.stripe_bytes / SECTOR);
+                    let at = self.rng.gen_range(0..hot - len) * SECTOR;
+                    Op::Verify {
+                        at,
+                        len: len * SECTOR,
+                    }
+                }
                 _ => self.client_op(&targets, &mut writes),
             };
-            self.queue(n, op);
+            let id = self.queue(n, op);
+            if scrubbing == Some(n) {
+                scrub = Some((n, id));
+            }
         }
         self.run();
+        if let Some((n, id)) = scrub {
+            match self.books.outcomes.remove(&id) {
+                Some(Outcome::Mismatches(0)) => self.report.scrubs += 1,
+                // A node that died mid-scrub has no outcome.
+                None if self.untaken == Some(n) => {}
+                other => self.books.problems.push(format!(
+                    "node {n}: a verify while other nodes wrote: {other:?}"
+                )),
+            }
+        }
     }
 
     /// This step's meeting points: a stripe every node aims at, and a block range.
@@ -441,10 +473,17 @@ impl Sim {
                 writes.push((at, len));
                 let mut data = vec![0u8; len as usize];
                 r.fill(&mut data[..]);
+                // Now and then a gathered run (what the NBD frontend hands over at once).
+                let mut pieces = Vec::new();
+                if len > SECTOR && r.gen_bool(0.2) {
+                    let cut = r.gen_range(1..len / SECTOR) * SECTOR;
+                    pieces = vec![cut as usize, (len - cut) as usize];
+                }
                 Op::Write {
                     at,
                     data: Arc::new(data),
                     fua: r.gen_bool(0.1),
+                    pieces,
                 }
             }
             55..=84 => Op::Read {

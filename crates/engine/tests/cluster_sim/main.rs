@@ -60,6 +60,7 @@ pub struct Report {
     pub deaths: u32,
     pub failures: u32,
     pub readds: u32,
+    pub scrubs: u32,
     pub trace: u64,
     pub images: Vec<u64>,
 }
@@ -97,11 +98,13 @@ fn every_seed(test: &str, shape: Shape, seeds: testkit::Seeds, knobs: driver::Kn
         t.deaths += r.deaths;
         t.failures += r.failures;
         t.readds += r.readds;
+        t.scrubs += r.scrubs;
     });
     let t = totals.into_inner().unwrap();
     eprintln!(
         "{test}: {} seeds in {:.1?}: {} device calls granted, {} hand-offs, {} claims, \
-         {} remote failures applied, {} member failures, {} re-adds, {} node deaths",
+         {} remote failures applied, {} member failures, {} re-adds, {} node deaths, {} verifies \
+         beside writers",
         seeds.list().len(),
         t0.elapsed(),
         t.stats.0,
@@ -110,7 +113,8 @@ fn every_seed(test: &str, shape: Shape, seeds: testkit::Seeds, knobs: driver::Kn
         t.stats.3,
         t.failures,
         t.readds,
-        t.deaths
+        t.deaths,
+        t.scrubs
     );
 }
 

@@ -14,10 +14,13 @@ use std::sync::{Arc, Weak};
 pub enum Op {
     /// Assemble the array (the node joins the cluster) and resync what its slot holds.
     Join,
+    /// `data` at `at`; with `pieces`, as a gathered run of writes of these lengths (each
+    /// beginning where the one before ends), acknowledged together.
     Write {
         at: u64,
         data: Arc<Vec<u8>>,
         fua: bool,
+        pieces: Vec<usize>,
     },
     Read {
         at: u64,
@@ -34,6 +37,12 @@ pub enum Op {
     TakeOver(u32),
     /// Run a check to its end: the mismatches it counted.
     Check,
+    /// A client's verify (repairing) of array bytes `at..at + len` while other nodes write:
+    /// the mismatches it found.
+    Verify {
+        at: u64,
+        len: u64,
+    },
 }
 
 #[derive(Debug)]
@@ -258,7 +267,27 @@ fn run_op(s: &NodeSetup, coord: &Arc<SimNode>, array: &mut Option<Arc<Array>>, o
     let a = array.as_ref().expect("an operation on a node that joined");
     match op {
         Op::Join => unreachable!(),
-        Op::Write { at, data, fua } => done(a.write(at, &data, fua)),
+        Op::Write {
+            at,
+            data,
+            fua,
+            pieces,
+        } if !pieces.is_empty() => {
+            let mut writes = Vec::new();
+            let mut off = 0;
+            for len in pieces {
+                writes.push(engine::GatheredWrite {
+                    offset_bytes: at + off as u64,
+                    data: &data[off..off + len],
+                    fua,
+                    intent: None,
+                });
+                off += len;
+            }
+            assert_eq!(off, data.len());
+            done(a.write_gathered(writes).into_iter().collect())
+        }
+        Op::Write { at, data, fua, .. } => done(a.write(at, &data, fua)),
         Op::Read { at, len } => {
             let mut buf = vec![0u8; len];
             match a.read(at, &mut buf) {
@@ -285,6 +314,10 @@ fn run_op(s: &NodeSetup, coord: &Arc<SimNode>, array: &mut Option<Arc<Array>>, o
             settle(a);
             done(r)
         }
+        Op::Verify { at, len } => match a.verify(&[(at, len)]) {
+            Ok(r) => Outcome::Mismatches(r.mismatch_sectors),
+            Err(e) => Outcome::Error(e.to_string()),
+        },
         Op::Check => {
             settle(a);
             if let Err(e) = a.request_action("check") {
