@@ -7,7 +7,7 @@ use crate::world::{Event, World};
 use crate::{Report, Shape};
 use device::{Device, SimDevice};
 use engine::{BitmapSpec, ClusterFormat, CreateSpec, ManualClock};
-use layout::Level;
+use layout::{Geometry, GeometrySpec, Level};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::collections::{HashMap, HashSet};
@@ -87,7 +87,7 @@ impl Books {
     }
 }
 
-fn create(shape: Shape, seed: u64) -> (Vec<Arc<SimDevice>>, u64) {
+fn create(shape: Shape, seed: u64) -> (Vec<Arc<SimDevice>>, Geometry) {
     let sims: Vec<Arc<SimDevice>> = (0..shape.members)
         .map(|i| {
             Arc::new(SimDevice::new(
@@ -118,7 +118,21 @@ fn create(shape: Shape, seed: u64) -> (Vec<Arc<SimDevice>>, u64) {
         &ManualClock::seeded(seed),
     )
     .expect("create");
-    (sims, created.array_bytes)
+    let geometry = Geometry::new(GeometrySpec {
+        level: shape.level,
+        layout: shape.layout.unwrap_or(layout::default_layout(shape.level)),
+        chunk_sectors: if shape.level == Level::Raid1 {
+            0
+        } else {
+            CHUNK / SECTOR
+        },
+        raid_disks: shape.members,
+        component_sectors: created.component_sectors,
+        device_sectors: Vec::new(),
+    })
+    .expect("geometry");
+    assert_eq!(geometry.array_sectors() * SECTOR, created.array_bytes);
+    (sims, geometry)
 }
 
 /// What a run may do.
@@ -145,6 +159,7 @@ pub struct Sim {
     sched: ChaCha8Rng,
     books: Books,
     size: u64,
+    geometry: Geometry,
     stripe_bytes: u64,
     failed_member: Option<usize>,
     failed_for: usize,
@@ -157,12 +172,12 @@ pub struct Sim {
 
 impl Sim {
     pub fn new(shape: Shape, seed: u64, knobs: Knobs) -> Sim {
-        let (sims, size) = create(shape, seed);
+        let (sims, geometry) = create(shape, seed);
+        let size = geometry.array_sectors() * SECTOR;
         let data_disks = match shape.level {
             Level::Raid1 => 1,
-            Level::Raid6 => shape.members - 2,
-            _ => shape.members - 1,
-        } as u64;
+            _ => geometry.data_disks() as u64,
+        };
         let world = Arc::new(World::new(
             shape.nodes,
             knobs.ownership,
@@ -181,6 +196,7 @@ impl Sim {
                 ..Books::default()
             },
             size,
+            geometry,
             stripe_bytes: CHUNK * data_disks,
             failed_member: None,
             failed_for: 0,
@@ -499,6 +515,16 @@ impl Sim {
         let live = self.live();
         let n = live[self.rng.gen_range(0..live.len())];
         self.expect_done(n, Op::TakeOver(dead as u32));
+        self.redundancy_agrees("after the takeover's resync");
+    }
+
+    /// Between steps nothing is written: redundancy read from the images must agree.
+    fn redundancy_agrees(&mut self, when: &str) {
+        if let Some(e) = simkit::redundancy_error_in(&self.sims, &self.geometry) {
+            self.books
+                .problems
+                .push(format!("member images {when}: {e}"));
+        }
     }
 
     /// The failed member comes back: the other nodes leave, one re-adds and rebuilds it
@@ -514,6 +540,7 @@ impl Sim {
         self.world.forget_failures();
         self.expect_done(k, Op::Readd(m));
         self.report.readds += 1;
+        self.redundancy_agrees("after the re-add's rebuild");
         for n in self.away() {
             self.join(n);
             self.run();

@@ -271,8 +271,7 @@ impl World {
         st.trace = (st.trace ^ (tag << 8 | node as u64)).wrapping_mul(0x100_0000_01b3);
         if let (Action::Go(n), Block::Gate { .. }) = (a, &st.nodes[node].block) {
             st.stats.grants += 1;
-            if let Some((k, left)) = st.kill.as_mut().filter(|(k, _)| *k == n) {
-                let _ = k;
+            if let Some((_, left)) = st.kill.as_mut().filter(|(k, _)| *k == n) {
                 if *left == 0 {
                     st.kill = None;
                     self.kill(st, n);
