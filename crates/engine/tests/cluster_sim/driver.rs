@@ -146,6 +146,8 @@ pub struct Knobs {
     pub deaths: bool,
     /// ... or dies at this one.
     pub kill_at: Option<usize>,
+    /// A survivor takes a dead node's slot over (off: a canary; the dead node stays away).
+    pub takeover: bool,
 }
 
 pub struct Sim {
@@ -166,6 +168,8 @@ pub struct Sim {
     /// A dead node whose slot no survivor has taken over yet.
     untaken: Option<usize>,
     died_once: bool,
+    /// A dead node nobody took over (the canary without takeovers).
+    stays_dead: Option<usize>,
     knobs: Knobs,
     report: Report,
 }
@@ -202,6 +206,7 @@ impl Sim {
             failed_for: 0,
             untaken: None,
             died_once: false,
+            stays_dead: None,
             knobs,
             report: Report::default(),
         };
@@ -304,7 +309,7 @@ impl Sim {
     fn away(&self) -> Vec<usize> {
         let st = self.world.lock();
         (0..self.shape.nodes)
-            .filter(|&n| !st.nodes[n].live && Some(n) != self.untaken)
+            .filter(|&n| !st.nodes[n].live && Some(n) != self.untaken && Some(n) != self.stays_dead)
             .collect()
     }
 
@@ -367,6 +372,12 @@ impl Sim {
         }
         // Maintenance first, while the other nodes are idle.
         if let Some(dead) = self.untaken.take() {
+            if !self.knobs.takeover {
+                // The canary: the dead node stays away, its slot untaken.
+                self.redundancy_agrees("where a takeover would have resynced");
+                self.stays_dead = Some(dead);
+                return;
+            }
             return self.take_over(dead);
         }
         if self.failed_member.is_some() && self.failed_for > 3 && self.rng.gen_bool(0.3) {

@@ -78,6 +78,7 @@ const ALL: driver::Knobs = driver::Knobs {
     member_failures: true,
     deaths: true,
     kill_at: None,
+    takeover: true,
 };
 
 fn run(shape: Shape, seed: u64, knobs: driver::Knobs) -> Result<Report, String> {
@@ -239,4 +240,32 @@ fn without_ownership_degraded_reads_return_what_no_write_put_there() {
         wrong_reads >= 5,
         "without ownership only {wrong_reads} of 30 seeds read wrong data: {failed:?}"
     );
+}
+
+/// Canary: when nobody takes a dead node's slot over (and it never comes back), the stripes
+/// it left half written stay torn: where the takeover's resync would have run, parity read
+/// from the images must disagree on some seeds.
+#[test]
+fn without_a_takeover_the_stripes_a_dead_node_tore_are_found() {
+    let knobs = driver::Knobs {
+        deaths: false,
+        kill_at: Some(2),
+        takeover: false,
+        ..ALL
+    };
+    let seeds = 0xdead_0000..0xdead_0000 + 40u64;
+    let torn: Vec<u64> = seeds
+        .clone()
+        .filter(|&seed| {
+            run(RAID5, seed, knobs)
+                .err()
+                .is_some_and(|e| e.contains("where a takeover would have resynced"))
+        })
+        .collect();
+    eprintln!(
+        "without a takeover, {} of {} seeds leave stripes torn: {torn:?}",
+        torn.len(),
+        seeds.count()
+    );
+    assert!(torn.len() >= 4, "dead nodes left too few stripes torn");
 }

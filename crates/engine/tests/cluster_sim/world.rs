@@ -94,7 +94,7 @@ pub struct State {
     pub extent_bytes: u64,
     events: Vec<Event>,
     pub stats: Stats,
-    /// The node to kill, and how many of its gated calls to grant first.
+    /// The node to kill, and how many of its gated member writes to grant first.
     kill: Option<(usize, u32)>,
     /// Every action taken, folded (a determinism witness).
     pub trace: u64,
@@ -211,7 +211,7 @@ impl World {
         st.nodes[node].queued = Some((id, op));
     }
 
-    /// Kill `node` at its gate after `after` more granted device calls.
+    /// Kill `node` at its gate when it next writes after `after` more granted member writes.
     pub fn arm_kill(&self, node: usize, after: u32) {
         self.st.lock().kill = Some((node, after));
     }
@@ -269,9 +269,11 @@ impl World {
             Action::Failure(n, dev) => (n, Instr::Failure(dev), 4 + dev as u64 * 16),
         };
         st.trace = (st.trace ^ (tag << 8 | node as u64)).wrapping_mul(0x100_0000_01b3);
-        if let (Action::Go(n), Block::Gate { .. }) = (a, &st.nodes[node].block) {
+        if let (Action::Go(n), Block::Gate { what, .. }) = (a, &st.nodes[node].block) {
             st.stats.grants += 1;
-            if let Some((_, left)) = st.kill.as_mut().filter(|(k, _)| *k == n) {
+            // Counted in member writes: it dies in the middle of writing.
+            let write = *what == "write";
+            if let Some((_, left)) = st.kill.as_mut().filter(|(k, _)| *k == n && write) {
                 if *left == 0 {
                     st.kill = None;
                     self.kill(st, n);
