@@ -110,7 +110,10 @@ enum Action {
 
 pub struct World {
     st: Mutex<State>,
-    cv: Condvar,
+    /// The scheduler waits on `sched`, node `n`'s thread on `turns[n]` (only the one given
+    /// the turn wakes).
+    sched: Condvar,
+    turns: Vec<Condvar>,
 }
 
 impl World {
@@ -138,7 +141,8 @@ impl World {
                 kill: None,
                 trace: 0xcbf2_9ce4_8422_2325,
             }),
-            cv: Condvar::new(),
+            sched: Condvar::new(),
+            turns: (0..nodes).map(|_| Condvar::new()).collect(),
         }
     }
 
@@ -159,9 +163,9 @@ impl World {
         );
         st.nodes[me].block = block;
         st.turn = None;
-        self.cv.notify_all();
+        self.sched.notify_one();
         while st.turn != Some(me) && !st.nodes[me].dead {
-            self.cv.wait(st);
+            self.turns[me].wait(st);
         }
         if st.nodes[me].dead {
             return Instr::Die;
@@ -175,7 +179,7 @@ impl World {
         let mut st = self.st.lock();
         st.nodes[me].thread = Some(std::thread::current().id());
         while st.turn != Some(me) && !st.nodes[me].dead {
-            self.cv.wait(&mut st);
+            self.turns[me].wait(&mut st);
         }
         if st.nodes[me].dead {
             return Instr::Die;
@@ -197,7 +201,7 @@ impl World {
         n.live = false;
         n.block = Block::Idle;
         n.thread = None;
-        self.cv.notify_all();
+        self.sched.notify_one();
     }
 
     pub fn event(&self, e: Event) {
@@ -235,7 +239,7 @@ impl World {
         loop {
             let mut st = self.st.lock();
             while st.turn.is_some() {
-                self.cv.wait(&mut st);
+                self.sched.wait(&mut st);
             }
             let events = std::mem::take(&mut st.events);
             if !events.is_empty() {
@@ -284,7 +288,7 @@ impl World {
         }
         st.instr = Some(instr);
         st.turn = Some(node);
-        self.cv.notify_all();
+        self.turns[node].notify_one();
     }
 
     /// The node's host is gone: its device calls never reach the members again, the cluster
@@ -301,7 +305,7 @@ impl World {
         }
         st.owners.retain(|_, o| o.node != n);
         st.events.push(Event::Died(n));
-        self.cv.notify_all();
+        self.turns[n].notify_one();
     }
 
     /// A dead node may join again (after its slot was taken over).
