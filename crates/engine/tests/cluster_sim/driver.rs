@@ -366,51 +366,16 @@ impl Sim {
         }
     }
 
+    /// One step: maintenance alone, or an operation for every live node at once.
     fn step(&mut self, step: usize) {
         if self.failed_member.is_some() {
             self.failed_for += 1;
         }
-        // Maintenance first, while the other nodes are idle.
-        if let Some(dead) = self.untaken.take() {
-            if !self.knobs.takeover {
-                // The canary: the dead node stays away, its slot untaken.
-                self.redundancy_agrees("where a takeover would have resynced");
-                self.stays_dead = Some(dead);
-                return;
-            }
-            return self.take_over(dead);
-        }
-        if self.failed_member.is_some() && self.failed_for > 3 && self.rng.gen_bool(0.3) {
-            return self.readd();
-        }
-        if self.failed_member.is_none() && !self.away().is_empty() && self.rng.gen_bool(0.3) {
-            for n in self.away() {
-                self.join(n);
-                self.run();
-            }
+        if self.maintenance() {
             return;
         }
         let live = self.live();
-        let healthy = self.failed_member.is_none() && !self.world.kill_armed();
-        let mut failing_node = None;
-        if healthy && self.knobs.member_failures && self.rng.gen_bool(0.06) {
-            let m = self.rng.gen_range(0..self.sims.len());
-            self.failed_member = Some(m);
-            self.failed_for = 0;
-            self.report.failures += 1;
-            if self.rng.gen_bool(0.5) {
-                self.sims[m].set_dead(true);
-            } else {
-                failing_node = Some(live[self.rng.gen_range(0..live.len())]);
-            }
-        } else if healthy && live.len() > 1 && !self.died_once {
-            let forced = self.knobs.kill_at == Some(step);
-            if forced || (self.knobs.deaths && self.rng.gen_bool(0.04)) {
-                let victim = live[self.rng.gen_range(0..live.len())];
-                self.world.arm_kill(victim, self.rng.gen_range(0..24));
-                self.died_once = true;
-            }
-        }
+        let failing_node = self.trouble(step, &live);
         let targets = self.targets();
         let mut writes: Vec<(u64, u64)> = Vec::new();
         // Parity levels: now and then a node verifies (and repairs) a range while the others
@@ -420,13 +385,13 @@ impl Sim {
         // this simulation does not have: they run while the other nodes are idle.)
         let quiet =
             self.failed_member.is_none() && failing_node.is_none() && !self.world.kill_armed();
-        let scrubbing = (quiet && self.shape.level != Level::Raid1 && self.rng.gen_bool(0.1))
+        let verifying = (quiet && self.shape.level != Level::Raid1 && self.rng.gen_bool(0.1))
             .then(|| live[self.rng.gen_range(0..live.len())]);
-        let mut scrub = None;
+        let mut verify = None;
         for n in live {
             let op = match failing_node {
                 Some(f) if f == n => Op::Fail(format!("sim{}", self.failed_member.unwrap())),
-                _ if scrubbing == Some(n) => {
+                _ if verifying == Some(n) => {
                     let hot = HOT_STRIPES * self.stripe_bytes / SECTOR;
                     let len = self.rng.gen_range(1..=2 * self.stripe_bytes / SECTOR);
                     let at = self.rng.gen_range(0..hot - len) * SECTOR;
@@ -438,21 +403,74 @@ impl Sim {
                 _ => self.client_op(&targets, &mut writes),
             };
             let id = self.queue(n, op);
-            if scrubbing == Some(n) {
-                scrub = Some((n, id));
+            if verifying == Some(n) {
+                verify = Some((n, id));
             }
         }
         self.run();
-        if let Some((n, id)) = scrub {
+        if let Some((n, id)) = verify {
             match self.books.outcomes.remove(&id) {
-                Some(Outcome::Mismatches(0)) => self.report.scrubs += 1,
-                // A node that died mid-scrub has no outcome.
-                None if self.untaken == Some(n) => {}
+                Some(Outcome::Mismatches(0)) => self.report.verifies += 1,
                 other => self.books.problems.push(format!(
                     "node {n}: a verify while other nodes wrote: {other:?}"
                 )),
             }
         }
+    }
+
+    /// Maintenance, while the other nodes are idle: a takeover after a death, a re-add after
+    /// a failure, nodes away joining again. Whether it ran (the step is then over).
+    fn maintenance(&mut self) -> bool {
+        if let Some(dead) = self.untaken.take() {
+            if self.knobs.takeover {
+                self.take_over(dead);
+            } else {
+                // The canary: the dead node stays away, its slot untaken.
+                self.redundancy_agrees("where a takeover would have resynced");
+                self.stays_dead = Some(dead);
+            }
+            return true;
+        }
+        if self.failed_member.is_some() && self.failed_for > 3 && self.rng.gen_bool(0.3) {
+            self.readd();
+            return true;
+        }
+        if self.failed_member.is_none() && !self.away().is_empty() && self.rng.gen_bool(0.3) {
+            for n in self.away() {
+                self.join(n);
+                self.run();
+            }
+            return true;
+        }
+        false
+    }
+
+    /// What goes wrong in this step, on a healthy array: a member fails (its device dies, or
+    /// `fail` on the node returned), or a node is set to die in the middle of its writes.
+    fn trouble(&mut self, step: usize, live: &[usize]) -> Option<usize> {
+        if self.failed_member.is_some() || self.world.kill_armed() {
+            return None;
+        }
+        if self.knobs.member_failures && self.rng.gen_bool(0.06) {
+            let m = self.rng.gen_range(0..self.sims.len());
+            self.failed_member = Some(m);
+            self.failed_for = 0;
+            self.report.failures += 1;
+            if self.rng.gen_bool(0.5) {
+                self.sims[m].set_dead(true);
+                return None;
+            }
+            return Some(live[self.rng.gen_range(0..live.len())]);
+        }
+        if live.len() > 1 && !self.died_once {
+            let forced = self.knobs.kill_at == Some(step);
+            if forced || (self.knobs.deaths && self.rng.gen_bool(0.04)) {
+                let victim = live[self.rng.gen_range(0..live.len())];
+                self.world.arm_kill(victim, self.rng.gen_range(0..24));
+                self.died_once = true;
+            }
+        }
+        None
     }
 
     /// This step's meeting points: a stripe every node aims at, and a block range.

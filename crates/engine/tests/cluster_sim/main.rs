@@ -17,6 +17,7 @@
 //! `IRONRAID_CLUSTER_CASES` sets the number of seeds per test, `IRONRAID_SEED_BASE` where they
 //! start, `IRONRAID_SEED` replays one (see `testkit::seeds`).
 
+mod cluster;
 mod driver;
 mod gate;
 mod model;
@@ -60,7 +61,7 @@ pub struct Report {
     pub deaths: u32,
     pub failures: u32,
     pub readds: u32,
-    pub scrubs: u32,
+    pub verifies: u32,
     pub trace: u64,
     pub images: Vec<u64>,
 }
@@ -99,7 +100,7 @@ fn every_seed(test: &str, shape: Shape, seeds: testkit::Seeds, knobs: driver::Kn
         t.deaths += r.deaths;
         t.failures += r.failures;
         t.readds += r.readds;
-        t.scrubs += r.scrubs;
+        t.verifies += r.verifies;
     });
     let t = totals.into_inner().unwrap();
     eprintln!(
@@ -115,7 +116,7 @@ fn every_seed(test: &str, shape: Shape, seeds: testkit::Seeds, knobs: driver::Kn
         t.failures,
         t.readds,
         t.deaths,
-        t.scrubs
+        t.verifies
     );
 }
 

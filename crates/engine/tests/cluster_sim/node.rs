@@ -247,22 +247,7 @@ fn run_op(s: &NodeSetup, coord: &Arc<SimNode>, array: &mut Option<Arc<Array>>, o
         Err(e) => Outcome::Error(e.to_string()),
     };
     if let Op::Join = op {
-        s.world.joined(s.me);
-        let opts = AssembleOptions {
-            config: config(s, coord),
-            ..Default::default()
-        };
-        return match engine::assemble(s.devs.clone(), opts) {
-            Ok(a) => {
-                let a = Arc::new(a);
-                *coord.array.lock() = Arc::downgrade(&a);
-                // A node resyncs what its slot says it left dirty (the others are idle).
-                settle(&a);
-                *array = Some(a);
-                Outcome::Done
-            }
-            Err(e) => Outcome::Error(format!("join: {e}")),
-        };
+        return join(s, coord, array);
     }
     let a = array.as_ref().expect("an operation on a node that joined");
     match op {
@@ -326,5 +311,25 @@ fn run_op(s: &NodeSetup, coord: &Arc<SimNode>, array: &mut Option<Arc<Array>>, o
             settle(a);
             Outcome::Mismatches(a.status().sync.mismatch_sectors)
         }
+    }
+}
+
+/// Assemble the array on this node and resync what its slot says it left dirty (the other
+/// nodes are idle meanwhile).
+fn join(s: &NodeSetup, coord: &Arc<SimNode>, array: &mut Option<Arc<Array>>) -> Outcome {
+    s.world.joined(s.me);
+    let opts = AssembleOptions {
+        config: config(s, coord),
+        ..Default::default()
+    };
+    match engine::assemble(s.devs.clone(), opts) {
+        Ok(a) => {
+            let a = Arc::new(a);
+            *coord.array.lock() = Arc::downgrade(&a);
+            settle(&a);
+            *array = Some(a);
+            Outcome::Done
+        }
+        Err(e) => Outcome::Error(format!("join: {e}")),
     }
 }
