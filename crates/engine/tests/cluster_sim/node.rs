@@ -289,6 +289,9 @@ fn run_op(s: &NodeSetup, coord: &Arc<SimNode>, array: &mut Option<Arc<Array>>, o
         }
         Op::Readd(i) => {
             let dev = s.devs[i].clone();
+            // A member whose device died while no I/O of this node reached it is still in
+            // its role here: failed first (refused if it is failed already).
+            let _ = a.fail_member(dev.name());
             let _ = a.remove_member(dev.name());
             let r = a.add_member(dev, false);
             settle(a);
