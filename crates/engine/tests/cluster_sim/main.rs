@@ -6,13 +6,18 @@
 //! has flushed). Member I/O interleaves across nodes one device call at a time, in an order
 //! drawn from the seed (`world.rs`), so the read-modify-writes of two nodes really meet.
 //!
-//! Every seed runs a workload of writes (often different chunks of the same stripes as
-//! another node, sometimes the same blocks), reads and flushes; members fail (an injected
-//! device death, or `fail` on one node) and come back (re-added on one node while the others
-//! left); a node may die in the middle of its I/O, and a survivor takes its slot over. Every
-//! read, on any node, must return what the acknowledged writes allow (`model.rs`); at the end
-//! every node reads the whole array, a check on one node counts no mismatch, and parity read
-//! straight from the member images agrees.
+//! Every seed runs a workload (`driver.rs`) of writes (often different chunks of the same
+//! stripes as another node, sometimes the same blocks; plain, FUA and gathered), reads,
+//! flushes and verifies of a range; members fail (an injected device death, or `fail` on one
+//! node) and come back (re-added on one node while the others left); a node may die in the
+//! middle of its member writes, and a survivor takes its slot over. Every read, on any node,
+//! must return what the acknowledged writes allow (`model.rs`); after every takeover and
+//! rebuild, parity read straight from the member images agrees; at the end every node reads
+//! the same whole array, a check on one node alone counts no mismatch, and the images agree.
+//!
+//! Not simulated: background check, repair and resync while other nodes write (they rely on
+//! windows every node holds, whose range lock is an engine lock another node's thread would
+//! wait on where the scheduler cannot see it): they run while the other nodes are idle.
 //!
 //! `IRONRAID_CLUSTER_CASES` sets the number of seeds per test, `IRONRAID_SEED_BASE` where they
 //! start, `IRONRAID_SEED` replays one (see `testkit::seeds`).
