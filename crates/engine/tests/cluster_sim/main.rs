@@ -201,9 +201,11 @@ fn without_ownership(base: u64, seeds: u64, knobs: driver::Knobs) -> Vec<(u64, S
     let with = |what: &str| failed.iter().filter(|(_, e)| e.contains(what)).count();
     eprintln!(
         "without ownership ({knobs:?}), {} of {seeds} seeds fail: {} with wrong reads, {} \
-         with check mismatches, {} with parity wrong on the images; first: {:?}",
+         with mismatches found by a verify beside writers, {} with check mismatches, {} with \
+         parity wrong on the images; first: {:?}",
         failed.len(),
         with("which no write"),
+        with("a verify while"),
         with("check on node"),
         with("member images: stripe"),
         failed.first()
