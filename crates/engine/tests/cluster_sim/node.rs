@@ -180,7 +180,18 @@ pub struct NodeSetup {
 pub fn spawn(setup: NodeSetup) -> std::thread::JoinHandle<()> {
     std::thread::Builder::new()
         .name(format!("sim-node-{}", setup.me))
-        .spawn(move || node_main(setup))
+        .spawn(move || {
+            let (world, me) = (setup.world.clone(), setup.me);
+            let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| node_main(setup)));
+            if let Err(e) = ran {
+                let why = e
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_default();
+                world.crashed(me, why);
+            }
+        })
         .expect("spawn a node thread")
 }
 

@@ -101,6 +101,8 @@ pub struct State {
     kill: Option<(usize, u32)>,
     /// Every action taken, folded (a determinism witness).
     pub trace: u64,
+    /// A node thread panicked (the scheduler panics with it instead of waiting forever).
+    panicked: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -143,6 +145,7 @@ impl World {
                 stats: Stats::default(),
                 kill: None,
                 trace: 0xcbf2_9ce4_8422_2325,
+                panicked: None,
             }),
             sched: Condvar::new(),
             turns: (0..nodes).map(|_| Condvar::new()).collect(),
@@ -207,6 +210,16 @@ impl World {
         self.sched.notify_one();
     }
 
+    /// Node `me`'s thread panicked with `why`.
+    pub fn crashed(&self, me: usize, why: String) {
+        let mut st = self.st.lock();
+        st.panicked = Some(format!("node {me}'s thread panicked: {why}"));
+        if st.turn == Some(me) {
+            st.turn = None;
+        }
+        self.sched.notify_one();
+    }
+
     pub fn event(&self, e: Event) {
         self.st.lock().events.push(e);
     }
@@ -241,8 +254,11 @@ impl World {
     pub fn run(&self, rng: &mut ChaCha8Rng, mut on_event: impl FnMut(Event)) {
         loop {
             let mut st = self.st.lock();
-            while st.turn.is_some() {
+            while st.turn.is_some() && st.panicked.is_none() {
                 self.sched.wait(&mut st);
+            }
+            if let Some(why) = st.panicked.take() {
+                panic!("{why}");
             }
             let events = std::mem::take(&mut st.events);
             if !events.is_empty() {
