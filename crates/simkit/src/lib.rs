@@ -7,8 +7,8 @@
 //!   [`create_clean`] / [`clean_spec`] for tests that build their own; [`devs`], [`config`],
 //!   [`reassemble`] / [`reassemble_with`];
 //! - [`geometries`]: [`all_geometries`], every level and layout with a member count;
-//! - [`redundancy`]: [`check_redundancy`] / [`redundancy_error`], parity and copies as the
-//!   engine's geometry places them;
+//! - [`redundancy`]: [`check_redundancy`] / [`redundancy_error`] (/ [`redundancy_error_in`]
+//!   without an array), parity and copies as the engine's geometry places them;
 //! - [`workload`]: [`run_workload`] and the [`DiskModel`] it checks reads against;
 //! - [`records`]: the integrity fault tests' faults and arrays with records.
 //!
@@ -39,5 +39,5 @@ pub use array::{
     SimArray,
 };
 pub use geometries::all_geometries;
-pub use redundancy::{check_redundancy, redundancy_error};
+pub use redundancy::{check_redundancy, redundancy_error, redundancy_error_in};
 pub use workload::{run_workload, DiskModel};

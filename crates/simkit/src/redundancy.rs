@@ -2,7 +2,9 @@
 //! engine's own geometry and the `parity` crate (the independent check is `testkit::oracle`).
 
 use crate::array::SimArray;
-use layout::Level;
+use device::SimDevice;
+use layout::{Geometry, Level};
+use std::sync::Arc;
 
 /// Check, straight from the member images, that every stripe's parity matches its data (parity
 /// levels) or that every copy agrees (mirrors).
@@ -14,13 +16,17 @@ pub fn check_redundancy(sa: &SimArray) {
 
 /// The first place where redundancy disagrees with the data, read from the member images.
 pub fn redundancy_error(sa: &SimArray) -> Option<String> {
-    let images: Vec<Vec<u8>> = sa.sims.iter().map(|s| s.contents()).collect();
-    let offsets: Vec<usize> = sa
-        .sims
+    redundancy_error_in(&sa.sims, sa.array.geometry())
+}
+
+/// [`redundancy_error`] of members `sims` (`sims[i]` in role `i`) laid out as `g`, with no
+/// array assembled over them (a cluster's nodes may be writing them).
+pub fn redundancy_error_in(sims: &[Arc<SimDevice>], g: &Geometry) -> Option<String> {
+    let images: Vec<Vec<u8>> = sims.iter().map(|s| s.contents()).collect();
+    let offsets: Vec<usize> = sims
         .iter()
         .map(|s| engine::read_superblock(s.as_ref()).expect("sb").data_offset as usize * 512)
         .collect();
-    let g = sa.array.geometry();
     match g.level() {
         Level::Raid4 | Level::Raid5 | Level::Raid6 => {
             let chunk = g.chunk_sectors() as usize * 512;
