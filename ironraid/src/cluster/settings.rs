@@ -96,7 +96,10 @@ impl Node {
 
     fn put_action_state(&self, revision: i64, state: &str) {
         let value = format!("{revision} {state}");
-        if let Err(e) = self.etcd.put(&self.key("action-state"), value.as_bytes(), None) {
+        if let Err(e) = self
+            .etcd
+            .put(&self.key("action-state"), value.as_bytes(), None)
+        {
             tracing::warn!(node = %self.name, "cannot answer a forwarded action: {e:#}");
         }
     }

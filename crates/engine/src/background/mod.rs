@@ -948,9 +948,9 @@ impl SyncControl {
             st.last = action;
             st.mismatches = mismatches;
         }
-        let res = outcome
-            .map(|_| ())
-            .map_err(|why| Stop::Failed(crate::EngineError::Busy(format!("on node {node}: {why}"))));
+        let res = outcome.map(|_| ()).map_err(|why| {
+            Stop::Failed(crate::EngineError::Busy(format!("on node {node}: {why}")))
+        });
         let mismatches = self.st.lock().mismatches;
         self.announce_finish(array, action, None, res, mismatches);
     }
