@@ -590,7 +590,10 @@ fn two_nodes_writing_different_chunks_of_the_same_raid5_stripes_leave_parity_con
     let Some(etcd) = EtcdServer::start() else {
         return;
     };
-    let env = Env::new("stripes", 4, MEMBER);
+    // Five members: writing one chunk of a stripe reads less by read-modify-write (old data
+    // and parity) than by reconstruct-write (the three other data chunks), and a lost update
+    // of parity stays lost (a reconstruct-write would recompute it from the data).
+    let env = Env::new("stripes", 5, MEMBER);
     clustered_raid5(&env, &etcd);
     let (a, b) = (Node::new(&env, "a"), Node::new(&env, "b"));
     let _da = a.run(&etcd, &[], &env.members);
@@ -601,17 +604,15 @@ fn two_nodes_writing_different_chunks_of_the_same_raid5_stripes_leave_parity_con
     const SIZE: u64 = 96 * MIB;
     let writers: Vec<_> = [(a.uri(), 0u64), (b.uri(), 65536)]
         .into_iter()
-        .map(|(uri, offset)| {
-            std::thread::spawn(move || fio_one_chunk_per_stripe(&uri, offset, SIZE, false))
-        })
+        .map(|(uri, offset)| std::thread::spawn(move || fio_chunks(&uri, offset, SIZE, false)))
         .collect();
     for w in writers {
         w.join().unwrap();
     }
     // Each node reads back what the other wrote; the check runs on a (the coordinator),
     // asked for on b.
-    fio_one_chunk_per_stripe(&b.uri(), 0, SIZE, true);
-    fio_one_chunk_per_stripe(&a.uri(), 65536, SIZE, true);
+    fio_chunks(&b.uri(), 0, SIZE, true);
+    fio_chunks(&a.uri(), 65536, SIZE, true);
     assert_eq!(check_mismatches(&b), 0, "parity disagrees with the data");
     let (da, db) = (a.detail(), b.detail());
     let handoffs = da["cluster"]["extent_handoffs"].as_u64().unwrap()
@@ -619,6 +620,25 @@ fn two_nodes_writing_different_chunks_of_the_same_raid5_stripes_leave_parity_con
     assert!(
         handoffs > 0,
         "the nodes never handed an extent over:\n{da:#}\n{db:#}"
+    );
+}
+
+/// fio through `uri` on a RAID5 ×5 with 64 KiB chunks: one chunk of every stripe (every 256
+/// KiB from `offset`), three times over and verified, or (`verify_only`) only verified.
+fn fio_chunks(uri: &str, offset: u64, size: u64, verify_only: bool) {
+    let mut args = fio_stripe_args(uri, offset, size, verify_only);
+    for a in args.iter_mut().filter(|a| *a == "--rw=write:128k") {
+        *a = "--rw=write:192k".into();
+    }
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = sh("fio", &refs);
+    assert!(
+        out.contains("err= 0"),
+        "fio at {offset} through {uri}: {out}"
+    );
+    assert!(
+        !out.contains("verify: bad"),
+        "fio at {offset} through {uri}: {out}"
     );
 }
 
@@ -685,7 +705,7 @@ fn a_raid5_node_killed_mid_write_leaves_its_flushed_data_and_consistent_parity_t
     assert_eq!(check_mismatches(&b), 0, "parity disagrees with the data");
 }
 
-/// A clustered RAID5 ×4 with 64 KiB chunks on `env`'s members.
+/// A clustered RAID5 with 64 KiB chunks on `env`'s members.
 fn clustered_raid5(env: &Env, etcd: &EtcdServer) {
     env.create(
         "5",
