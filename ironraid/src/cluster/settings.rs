@@ -3,10 +3,11 @@
 //!
 //! * Background work runs on the coordinator only. `action` on another node is forwarded: it
 //!   records `action` = "<action> <node>" (its revision names the request) and waits for the
-//!   coordinator to say whether it took it (`action-state` = "<revision> accepted" or
-//!   "<revision> failed <why>"); then it relays "started" and "finished <mismatched
-//!   sectors>" as its own events and status, so `action --wait` there works as on the
-//!   coordinator. A request the coordinator does not answer within [`ACTION_ANSWER`] fails.
+//!   coordinator to say whether it took it (`action-state/<revision>` = "accepted <node>" or
+//!   "failed <why>"); then it relays "started" and "finished <mismatched sectors>" as its own
+//!   events and status, so `action --wait` there works as on the coordinator. A request the
+//!   coordinator does not answer within [`ACTION_ANSWER`] fails, and one whose node is gone
+//!   before it finished ends as failed.
 //! * The rate limits are every node's (whichever coordinates next uses them): `speed` on any
 //!   node records them under `speed` ("MIN MAX", bytes per second, `-` for unchanged), and
 //!   every running node's watcher applies a new record (a node that starts later keeps its
@@ -26,6 +27,8 @@ const ACTION_ANSWER: Duration = Duration::from_secs(5);
 pub struct Asked {
     revision: i64,
     action: SyncAction,
+    /// The node that took it.
+    runner: String,
     started: bool,
 }
 
@@ -58,50 +61,54 @@ impl Node {
         let value = format!("{action} {}", self.name);
         let revision = self.etcd.put(&self.key("action"), value.as_bytes(), None)?;
         let t0 = Instant::now();
-        loop {
+        let runner = loop {
             match self.action_state(revision)? {
                 Some((state, rest)) if state == "failed" => anyhow::bail!("{rest}"),
-                Some(_) => break,
+                Some((_, runner)) => break runner,
                 None if t0.elapsed() > ACTION_ANSWER => anyhow::bail!(
                     "the coordinator did not take `{action}` within {ACTION_ANSWER:?}"
                 ),
                 None => std::thread::sleep(Duration::from_millis(10)),
             }
-        }
-        if let Some(action) = work_action(action) {
-            *self.agreement.asked.lock() = Some(Asked {
-                revision,
-                action,
-                started: false,
-            });
+        };
+        match work_action(action) {
+            Some(action) => {
+                *self.agreement.asked.lock() = Some(Asked {
+                    revision,
+                    action,
+                    runner,
+                    started: false,
+                })
+            }
+            None => self.forget_action_state(revision),
         }
         Ok(())
     }
 
+    fn action_state_key(&self, revision: i64) -> String {
+        self.key(&format!("action-state/{revision}"))
+    }
+
     /// What the coordinator said of request `revision` (its state word and the rest).
     fn action_state(&self, revision: i64) -> anyhow::Result<Option<(String, String)>> {
-        let Some(kv) = self.etcd.get(&self.key("action-state"))? else {
+        let Some(kv) = self.etcd.get(&self.action_state_key(revision))? else {
             return Ok(None);
         };
         let text = String::from_utf8_lossy(&kv.value).into_owned();
-        let mut parts = text.splitn(3, ' ');
-        let (rev, state, rest) = (parts.next(), parts.next(), parts.next());
-        Ok(match (rev.and_then(|r| r.parse::<i64>().ok()), state) {
-            (Some(r), Some(state)) if r == revision => {
-                Some((state.to_string(), rest.unwrap_or("").to_string()))
-            }
-            _ => None,
-        })
+        let (state, rest) = text.split_once(' ').unwrap_or((&text, ""));
+        Ok(Some((state.to_string(), rest.to_string())))
     }
 
     fn put_action_state(&self, revision: i64, state: &str) {
-        let value = format!("{revision} {state}");
-        if let Err(e) = self
-            .etcd
-            .put(&self.key("action-state"), value.as_bytes(), None)
-        {
+        let key = self.action_state_key(revision);
+        if let Err(e) = self.etcd.put(&key, state.as_bytes(), None) {
             tracing::warn!(node = %self.name, "cannot answer a forwarded action: {e:#}");
         }
+    }
+
+    /// The asking node is done with request `revision`.
+    fn forget_action_state(&self, revision: i64) {
+        let _ = self.etcd.delete(&self.action_state_key(revision));
     }
 
     /// Relay the coordinator's progress on the request this node forwarded.
@@ -113,10 +120,12 @@ impl Node {
         let Ok(Some((state, rest))) = self.action_state(a.revision) else {
             return;
         };
-        let by = self.detail().coordinator.unwrap_or_default();
+        let by = a.runner.clone();
+        let gone = !self.others_active().contains(&by);
         let ended = match state.as_str() {
             "finished" => Some(rest.trim().parse::<u64>().map_err(|_| rest.clone())),
             "failed" => Some(Err(rest.clone())),
+            _ if gone => Some(Err(format!("node {by}, which ran it, is gone"))),
             _ => None,
         };
         if !a.started && (state == "started" || ended.is_some()) {
@@ -125,6 +134,7 @@ impl Node {
         }
         if let Some(outcome) = ended {
             array.sync_ended_elsewhere(a.action, &by, outcome);
+            self.forget_action_state(a.revision);
             *asked = None;
         }
     }
@@ -148,7 +158,7 @@ impl Node {
         let events = array.subscribe();
         match array.request_action(&action) {
             Ok(()) => {
-                self.put_action_state(kv.mod_revision, "accepted");
+                self.put_action_state(kv.mod_revision, &format!("accepted {}", self.name));
                 if let Some(action) = work_action(&action) {
                     *self.agreement.serving.lock() = Some(Serving {
                         revision: kv.mod_revision,
