@@ -62,16 +62,20 @@ impl Node {
         Ok(())
     }
 
+    /// The `<what>/<device number>` records in etcd, with their values.
+    fn device_records(&self, what: &str) -> Vec<(u32, Vec<u8>)> {
+        let prefix = self.key(&format!("{what}/"));
+        let Ok((kvs, _)) = self.etcd.get_prefix(&prefix) else {
+            return Vec::new();
+        };
+        kvs.into_iter()
+            .filter_map(|kv| Some((kv.key[prefix.len()..].parse().ok()?, kv.value)))
+            .collect()
+    }
+
     /// Drop the members other nodes removed since the last look.
     pub(super) fn apply_removed(&self, array: &Arc<Array>) {
-        let prefix = self.key("removed/");
-        let Ok((kvs, _)) = self.etcd.get_prefix(&prefix) else {
-            return;
-        };
-        for kv in kvs {
-            let Ok(dev) = kv.key[prefix.len()..].parse::<u32>() else {
-                continue;
-            };
+        for (dev, _) in self.device_records("removed") {
             if self.agreement.seen_removed.lock().insert(dev) {
                 array.member_removed_elsewhere(dev);
                 self.agreement.seen_added.lock().remove(&dev);
@@ -81,18 +85,11 @@ impl Node {
 
     /// Open and take as spares the members other nodes added since the last look.
     pub(super) fn apply_added(&self, array: &Arc<Array>) {
-        let prefix = self.key("added/");
-        let Ok((kvs, _)) = self.etcd.get_prefix(&prefix) else {
-            return;
-        };
-        for kv in kvs {
-            let Ok(dev) = kv.key[prefix.len()..].parse::<u32>() else {
-                continue;
-            };
+        for (dev, path) in self.device_records("added") {
             if self.agreement.seen_added.lock().contains(&dev) {
                 continue;
             }
-            if self.take_added(array, dev, &String::from_utf8_lossy(&kv.value)) {
+            if self.take_added(array, dev, &String::from_utf8_lossy(&path)) {
                 self.agreement.seen_added.lock().insert(dev);
             }
         }

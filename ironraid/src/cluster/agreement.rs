@@ -83,18 +83,10 @@ impl Node {
     pub fn attach(self: &Arc<Self>, array: &Arc<Array>) {
         let _ = self.agreement.array.set(Arc::downgrade(array));
         // Rate limits recorded before this node started are not its: its own command line's
-        // (or md's defaults) are, as md's sysfs limits are each host's.
-        if let Ok(Some(kv)) = self.etcd.get(&self.key("speed")) {
-            self.agreement
-                .speed_revision
-                .store(kv.mod_revision, Ordering::Release);
-        }
-        // Requests from before this node started were answered by the coordinator then.
-        if let Ok(Some(kv)) = self.etcd.get(&self.key("action")) {
-            self.agreement
-                .action_revision
-                .store(kv.mod_revision, Ordering::Release);
-        }
+        // (or md's defaults) are, as md's sysfs limits are each host's. Requests from before
+        // it started were answered by the coordinator then.
+        self.newer_record("speed", &self.agreement.speed_revision);
+        self.newer_record("action", &self.agreement.action_revision);
         if array.geometry().level().is_parity() {
             self.spawn_handoffs();
         }

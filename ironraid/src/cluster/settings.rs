@@ -15,7 +15,7 @@
 
 use super::node::Node;
 use engine::{Array, Event, SyncAction};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
@@ -145,29 +145,24 @@ impl Node {
         if !self.is_coordinator() {
             return;
         }
-        let Ok(Some(kv)) = self.etcd.get(&self.key("action")) else {
+        let Some((revision, text)) = self.newer_record("action", &self.agreement.action_revision)
+        else {
             return;
         };
-        let seen = &self.agreement.action_revision;
-        if kv.mod_revision <= seen.load(Ordering::Acquire) {
-            return;
-        }
-        seen.store(kv.mod_revision, Ordering::Release);
-        let text = String::from_utf8_lossy(&kv.value).into_owned();
         let action = text.split(' ').next().unwrap_or("").to_string();
         let events = array.subscribe();
         match array.request_action(&action) {
             Ok(()) => {
-                self.put_action_state(kv.mod_revision, &format!("accepted {}", self.name));
+                self.put_action_state(revision, &format!("accepted {}", self.name));
                 if let Some(action) = work_action(&action) {
                     *self.agreement.serving.lock() = Some(Serving {
-                        revision: kv.mod_revision,
+                        revision,
                         action,
                         events,
                     });
                 }
             }
-            Err(e) => self.put_action_state(kv.mod_revision, &format!("failed {e}")),
+            Err(e) => self.put_action_state(revision, &format!("failed {e}")),
         }
     }
 
@@ -197,6 +192,18 @@ impl Node {
         }
     }
 
+    /// Key `name`'s revision and text if it changed since revision `seen`, which moves on to it.
+    pub(super) fn newer_record(&self, name: &str, seen: &AtomicI64) -> Option<(i64, String)> {
+        let kv = self.etcd.get(&self.key(name)).ok()??;
+        if seen.fetch_max(kv.mod_revision, Ordering::AcqRel) >= kv.mod_revision {
+            return None;
+        }
+        Some((
+            kv.mod_revision,
+            String::from_utf8_lossy(&kv.value).into_owned(),
+        ))
+    }
+
     /// `speed` on this node: for every node of the cluster.
     pub fn publish_speed(&self, min: Option<u64>, max: Option<u64>) -> anyhow::Result<()> {
         let show = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
@@ -211,15 +218,9 @@ impl Node {
 
     /// Apply a `speed` another node recorded since the last look.
     pub(super) fn apply_speed(&self, array: &Array) {
-        let Ok(Some(kv)) = self.etcd.get(&self.key("speed")) else {
+        let Some((_, text)) = self.newer_record("speed", &self.agreement.speed_revision) else {
             return;
         };
-        let seen = &self.agreement.speed_revision;
-        if kv.mod_revision <= seen.load(Ordering::Acquire) {
-            return;
-        }
-        seen.store(kv.mod_revision, Ordering::Release);
-        let text = String::from_utf8_lossy(&kv.value).into_owned();
         let parse = |s: Option<&str>| s.and_then(|v| v.parse::<u64>().ok());
         let mut parts = text.split(' ');
         let (min, max) = (parse(parts.next()), parse(parts.next()));
