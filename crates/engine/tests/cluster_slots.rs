@@ -377,3 +377,28 @@ fn a_readd_recovers_what_any_node_wrote_while_the_member_was_out() {
     assert!(rebuilt < 20, "re-add wrote {rebuilt} times");
     assert_eq!(slot_bits(&s[0], 0), [7], "node 0's slot keeps its bit");
 }
+
+#[test]
+fn leaving_the_cluster_refuses_a_member_that_fell_behind_and_converts_the_current_ones() {
+    let s = sims(900, None);
+    create(&s, 2);
+    let n0 = node(&s, 0).expect("node 0");
+    n0.fail_member(s[1].name()).expect("fail mirror 1");
+    drop(n0);
+    let devs = simkit::devs(&s);
+    let err = engine::cluster::leave_cluster(&devs).expect_err("a failed member converted");
+    assert!(
+        err.to_string().contains("behind the other members"),
+        "{err}"
+    );
+    assert!(
+        engine::read_superblock(s[0].as_ref()).unwrap().feature_map & format::feature::CLUSTERED
+            != 0,
+        "a refused conversion changed a superblock"
+    );
+    let report = engine::cluster::leave_cluster(&devs[..1]).expect("the current member");
+    assert_eq!(report.slots, 2);
+    let sb = engine::read_superblock(s[0].as_ref()).unwrap();
+    assert_eq!(sb.feature_map & format::feature::CLUSTERED, 0);
+    assert_eq!(sb.events, report.events);
+}

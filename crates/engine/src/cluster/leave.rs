@@ -29,18 +29,16 @@ pub struct LeaveReport {
 
 /// Turn the clustered array on `devs` (every member it has, stopped everywhere) into a plain
 /// one with an internal bitmap.
-pub fn leave_cluster(devs: &[Arc<dyn Device>]) -> Result<LeaveReport> {
+/// Why the members `devs` with superblocks `sbs` cannot be converted, if they cannot; else the
+/// newest superblock.
+fn convertible<'a>(devs: &[Arc<dyn Device>], sbs: &'a [Superblock]) -> Result<&'a Superblock> {
     let invalid = |dev: &dyn Device, why: String| {
         EngineError::InvalidArgument(format!("{}: {why}", dev.name()))
     };
-    let sbs = devs
-        .iter()
-        .map(|d| read_superblock(d.as_ref()).map_err(|e| invalid(d.as_ref(), e)))
-        .collect::<Result<Vec<Superblock>>>()?;
     let first = sbs
         .first()
         .ok_or_else(|| EngineError::InvalidArgument("no members given".into()))?;
-    for (d, sb) in devs.iter().zip(&sbs) {
+    for (d, sb) in devs.iter().zip(sbs) {
         if sb.set_uuid != first.set_uuid {
             return Err(invalid(d.as_ref(), "a member of another array".into()));
         }
@@ -60,7 +58,39 @@ pub fn leave_cluster(devs: &[Arc<dyn Device>]) -> Result<LeaveReport> {
             first.set_name
         )));
     }
-    let events = sbs.iter().map(|sb| sb.events).max().unwrap_or(0) + 1;
+    let newest = sbs
+        .iter()
+        .max_by_key(|sb| sb.events)
+        .expect("at least one member");
+    for (d, sb) in devs.iter().zip(sbs) {
+        // Given the new event count, a member that failed or missed updates would look as
+        // current as the others: it stays out (it can be added back after).
+        let faulty = newest.dev_roles.get(sb.dev_number as usize) == Some(&format::ROLE_FAULTY);
+        if faulty || sb.events + 1 < newest.events {
+            return Err(invalid(
+                d.as_ref(),
+                format!(
+                    "behind the other members (events {} of {}{}): leave it out, add it back after",
+                    sb.events,
+                    newest.events,
+                    if faulty { ", recorded faulty" } else { "" }
+                ),
+            ));
+        }
+    }
+    Ok(newest)
+}
+
+pub fn leave_cluster(devs: &[Arc<dyn Device>]) -> Result<LeaveReport> {
+    let sbs = devs
+        .iter()
+        .map(|d| {
+            read_superblock(d.as_ref())
+                .map_err(|e| EngineError::InvalidArgument(format!("{}: {e}", d.name())))
+        })
+        .collect::<Result<Vec<Superblock>>>()?;
+    let newest = convertible(devs, &sbs)?;
+    let events = newest.events + 1;
     let (header, union, slots) = gather_slots(devs)?;
     let plain = BitmapSuper {
         version: format::BITMAP_VERSION,
