@@ -89,9 +89,10 @@ impl Node {
             if self.agreement.seen_added.lock().contains(&dev) {
                 continue;
             }
-            if self.take_added(array, dev, &String::from_utf8_lossy(&path)) {
-                self.agreement.seen_added.lock().insert(dev);
-            }
+            // Tried once: a path this node cannot open is said once, not every poll; the
+            // first recovery round over the member tries again (`know_member`).
+            self.take_added(array, dev, &String::from_utf8_lossy(&path));
+            self.agreement.seen_added.lock().insert(dev);
         }
     }
 
