@@ -95,7 +95,7 @@ pub use journal::{
     PAGE_SECTORS, PAYLOAD_DATA, PAYLOAD_FLUSH, PAYLOAD_PARITY,
 };
 pub use used_map::{
-    choose_region_bytes, used_map_bytes, used_map_offset_sectors, UsedMapHeader,
+    choose_region_bytes, node_map_offset, used_map_bytes, used_map_offset_sectors, UsedMapHeader,
     USED_MAP_FLAG_GUIDED, USED_MAP_FLAG_RESYNC_OWED, USED_MAP_FLAG_UNGUIDED, USED_MAP_HEADER_BYTES,
 };
 pub use util::{

@@ -26,6 +26,11 @@
 //! between, no guide may end what the fallback started (the layer above may have changed its
 //! journal meanwhile). Unknown flags are refused.
 //!
+//! A clustered array (the superblock's CLUSTERED feature) keeps one map per node slot, back to
+//! back: slot `k`'s map starts [`node_map_offset`] bytes past the first, each with the same
+//! header fields and region size. A node sets bits in its own map only; a region may hold data
+//! if any slot's map has its bit set (the seed's per-node "ever written" maps).
+//!
 //! A clear bit promises that the region is zero on every member in sync (data and parity), so
 //! it reads as zeroes and is consistent without being read. The map is written before the
 //! superblocks on every event change, and it is trusted only if the superblocks are exactly
@@ -146,6 +151,12 @@ impl UsedMapHeader {
 /// Header page plus `regions` bits, rounded up to whole pages.
 pub fn used_map_bytes(regions: u64) -> u64 {
     USED_MAP_HEADER_BYTES as u64 + regions.div_ceil(8).div_ceil(4096) * 4096
+}
+
+/// Where node slot `slot`'s map starts, in bytes past the first map, when each takes
+/// `map_bytes` ([`UsedMapHeader::bytes_on_disk`]).
+pub fn node_map_offset(map_bytes: u64, slot: usize) -> u64 {
+    map_bytes * slot as u64
 }
 
 /// Where the map starts on a member (sectors from the device start): the first 4 KiB

@@ -241,9 +241,9 @@ pub(crate) struct Walk {
 }
 
 impl Walk {
-    /// Other nodes of a cluster keep their writes out of the window this one rewrites (a
-    /// check only reads: nothing to announce).
-    fn announce_window(&self, array: &Array) -> Result<(), Stop> {
+    /// Other nodes of a cluster keep their writes out of the window `pos..hi` this one rewrites
+    /// (a check only reads: nothing to announce).
+    fn announce_window(&self, array: &Array, hi: u64) -> Result<(), Stop> {
         if matches!(self.job, Job::Scrub(SyncAction::Check)) {
             return Ok(());
         }
@@ -257,12 +257,19 @@ impl Walk {
             },
             _ => crate::cluster::SyncKind::Resync,
         };
-        let hi = (self.pos + array.config.sync_window_bytes).min(self.end);
         array
             .members
             .coordinator()
             .resync_info_update(kind, self.pos..hi);
         Ok(())
+    }
+
+    /// Where the next window ends: one sync window on, or, in a cluster, over the whole run of
+    /// regions no node's used-region map has set from `pos` on (skipped in one step).
+    fn window_end(&self, array: &Array) -> u64 {
+        let normal = (self.pos + array.config.sync_window_bytes).min(self.end);
+        let unused_to = array.unused_run_elsewhere(self.pos, self.end);
+        normal.max(unused_to)
     }
 
     /// One window; `Ok(true)` once the walk reached its end.
@@ -285,11 +292,29 @@ impl Walk {
             // resumes after the rebuild.
             return Err(Stop::Interrupted);
         }
-        self.announce_window(array)?;
+        // Other nodes hold only the announced window: all of a step's work and skipping stays
+        // inside it. Clean chunks need no window to be passed over, so a resync moves to the
+        // next one first (a window announced at `pos` would not cover it).
+        let shared = coordinator.shares_metadata();
+        if let Job::Resync { full: false, .. } = self.job {
+            let todo = array.policy.next_to_resync(self.pos, self.end);
+            if shared && todo.start > self.pos {
+                self.pos = todo.start;
+                return Ok(self.pos >= self.end);
+            }
+        }
+        let hi = self.window_end(array);
+        self.announce_window(array, hi)?;
+        let limit = if shared {
+            array.read_other_maps(self.pos, hi);
+            hi
+        } else {
+            self.end
+        };
         // Where the real work of this step starts (None: the step only skips).
         let mut work_from = None;
         let next = match self.job {
-            Job::Recover(role) => match array.skip_unused_for_recovery(role, self.pos, self.end) {
+            Job::Recover(role) => match array.skip_unused_for_recovery(role, self.pos, limit) {
                 Some(res) => res?,
                 None => match array.skip_clean_for_recovery(role, self.pos, self.end) {
                     Some(next) => next,
@@ -305,9 +330,9 @@ impl Walk {
                 // The policy may know that parts are consistent (the bitmap: chunks without a
                 // set bit), and unused regions are (zero everywhere).
                 let todo = if full {
-                    self.pos..self.end
+                    self.pos..limit
                 } else {
-                    array.policy.next_to_resync(self.pos, self.end)
+                    array.policy.next_to_resync(self.pos, limit)
                 };
                 let work = array.used_within(todo.clone());
                 if work.start >= todo.end {
@@ -324,10 +349,10 @@ impl Walk {
                 next
             }
             Job::Scrub(a) => {
-                let work = array.used_within(self.pos..self.end);
-                if work.start >= self.end {
-                    self.pos = self.end;
-                    return Ok(true);
+                let work = array.used_within(self.pos..limit);
+                if work.start >= limit {
+                    self.pos = limit;
+                    return Ok(self.pos >= self.end);
                 }
                 work_from = Some(work.start);
                 array.sync.scrub_step(array, a, work.start, work.end)?

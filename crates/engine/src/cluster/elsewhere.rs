@@ -185,6 +185,12 @@ impl Array {
         if rebuilt_below > slot.in_sync_bytes() {
             slot.advance(rebuilt_below);
         }
+        drop(meta);
+        if let Some(used) = &self.used {
+            // The member gets this node's used-region map whole before the rebuilding node
+            // goes past this window: a walk after the rebuild reads the maps on it too.
+            used.copy_to_new_members(&self.members);
+        }
         Ok(())
     }
 

@@ -61,6 +61,7 @@ impl Array {
             bm.adopt(&self.members, &dirty, true)?;
             self.mark_active()?;
         }
+        self.adopt_used_map(slot);
         self.clear_slot(&header, slot)?;
         let resync_from_bytes = dirty.first().map(|&c| c * bm.chunk_bytes());
         if let Some(from) = resync_from_bytes {
@@ -72,6 +73,31 @@ impl Array {
             adopted_chunks: dirty.len() as u64,
             resync_from_bytes,
         })
+    }
+
+    /// The gone node's used-region map becomes part of this node's, whose commits write it
+    /// whole onto every member added later (nobody writes the gone slot's any more). The gone
+    /// slot keeps its bits: until this is durable, walks read them there.
+    fn adopt_used_map(&self, slot: u32) {
+        let Some(used) = &self.used else {
+            return;
+        };
+        let Some(nodes) = used.nodes() else {
+            return;
+        };
+        match nodes.read_slot(&self.members, slot as usize, 0..used.regions()) {
+            Some(bits) => match used.adopt(&self.members, &bits) {
+                Ok(n) => {
+                    tracing::info!(array = %self.name, slot, regions = n, "adopted a gone node's used regions")
+                }
+                Err(e) => {
+                    tracing::warn!(array = %self.name, slot, "cannot adopt a gone node's used regions: {e}")
+                }
+            },
+            None => {
+                tracing::warn!(array = %self.name, slot, "cannot read a gone node's used-region map")
+            }
+        }
     }
 
     /// md-cluster's `gather_bitmaps`, before a bitmap-guided re-add: every chunk another

@@ -596,7 +596,9 @@ fn build(
         .as_deref()
         .map_or(0, |c| c.slot_number());
     let bitmap = load_bitmap(&best, &geometry, &slots, node_slot, resync_from)?;
-    let used = used_map_of(&best, &geometry, &slots);
+    let node_slots = bitmap.as_ref().map_or(0, |b| b.header().nodes as usize);
+    let writable = !opts.config.read_only;
+    let used = used_map_of(&best, &geometry, &slots, node_slots, node_slot, writable)?;
     let mut meta = Meta {
         clock: opts.config.clock.clone().expect("assemble sets the clock"),
         members,
@@ -619,7 +621,12 @@ fn build(
     let commit_table = table_changed && !opts.config.read_only;
     // The guided flag needs the bitmap it falls back to; without a readable map the array
     // runs as a bitmap array (always safe).
-    let flag = |f: u32| used.as_ref().is_some_and(|u| u.has_flag(f));
+    // Guidance does not run in a cluster: a node's map header is its own.
+    let flag = |f: u32| {
+        used.as_ref()
+            .filter(|u| u.nodes().is_none())
+            .is_some_and(|u| u.has_flag(f))
+    };
     let guided = bitmap.is_some() && flag(format::USED_MAP_FLAG_GUIDED);
     let resync_owed = flag(format::USED_MAP_FLAG_RESYNC_OWED);
     let unguided = flag(format::USED_MAP_FLAG_UNGUIDED);
@@ -1035,15 +1042,40 @@ fn new_journal_sb(best: &Superblock, meta: &mut Meta, dev: &dyn Device) -> Resul
 
 /// The used-region map the array runs with. A write-back journal acknowledges writes its map
 /// would not know of yet: arrays with a journal keep none (create writes none; this holds it
-/// for members that were reused). Nor do clustered arrays: each node would answer reads of
-/// regions another node wrote from its own map, as zeroes (per-node maps of what was ever
-/// written are issue 23's). The map on the members falls behind the superblocks' events
-/// meanwhile, so a later run without the cluster counts every region as used.
-fn used_map_of(best: &Superblock, geometry: &Geometry, slots: &[Slot]) -> Option<Arc<UsedRegions>> {
-    if best.feature_map & (format::feature::JOURNAL | format::feature::CLUSTERED) != 0 {
-        return None;
+/// for members that were reused). A clustered array's node keeps its own slot's map of the
+/// `node_slots` (`policy::used_nodes`).
+fn used_map_of(
+    best: &Superblock,
+    geometry: &Geometry,
+    slots: &[Slot],
+    node_slots: usize,
+    node_slot: usize,
+    writable: bool,
+) -> Result<Option<Arc<UsedRegions>>> {
+    if best.feature_map & format::feature::JOURNAL != 0 {
+        return Ok(None);
     }
-    load_used(best, geometry, slots)
+    if best.feature_map & format::feature::CLUSTERED == 0 {
+        return Ok(load_used(best, geometry, slots));
+    }
+    let personality = crate::personality::for_geometry(geometry);
+    if !personality.keeps_used_map() || node_slots == 0 {
+        return Ok(None);
+    }
+    crate::policy::used_nodes::load(
+        best,
+        format::used_map_offset_sectors(best) * 512,
+        personality.sync_total(crate::work::SyncAction::Resync),
+        geometry.chunk_sectors() * 512,
+        slots,
+        node_slots,
+        node_slot,
+        writable,
+    )
+    .map_err(|why| EngineError::Assemble {
+        member: format!("array '{}'", best.set_name),
+        reason: why,
+    })
 }
 
 /// The used-region map, if the members in sync carry one for this array: the union of their

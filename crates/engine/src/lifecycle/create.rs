@@ -389,7 +389,13 @@ fn plan_used_map(
         .filter(|_| spec.journal.is_none())
         .and_then(|sb| {
             let base = format::used_map_offset_sectors(sb) * 512;
-            let room = (sb.data_offset * 512).checked_sub(base)?;
+            // A clustered array keeps one map per node slot in the same room.
+            let maps = spec
+                .bitmap
+                .as_ref()
+                .and_then(|b| b.cluster.as_ref())
+                .map_or(1, |c| u64::from(c.nodes.max(1)));
+            let room = (sb.data_offset * 512).checked_sub(base)? / maps;
             let flags = if spec.guided {
                 format::USED_MAP_FLAG_GUIDED
             } else {
@@ -407,7 +413,7 @@ fn plan_used_map(
                 !spec.discard,
                 flags,
             )
-            .map(|(_, bytes)| (base, bytes))
+            .map(|(_, bytes)| (base, bytes.repeat(maps as usize)))
         });
     if spec.guided && used_map.is_none() {
         return Err(EngineError::InvalidArgument(
@@ -616,7 +622,8 @@ fn make_room_for_slots(
     sizes: &mut Sizes,
     bm: &BitmapSuper,
 ) -> Result<bool> {
-    let used_map_reserve = 2 * format::BITMAP_PAGE_BYTES as u64 / 512;
+    // A header page and a page of bits for each node's used-region map.
+    let used_map_reserve = u64::from(bm.nodes) * 2 * format::BITMAP_PAGE_BYTES as u64 / 512;
     let need = SB_OFFSET_SECTORS
         + format::SB_RESERVED_SECTORS
         + bm.all_slots_bytes() / 512

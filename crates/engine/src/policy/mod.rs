@@ -18,6 +18,7 @@ pub(crate) mod guided;
 pub(crate) mod journal;
 pub(crate) mod journal_fail;
 pub(crate) mod used;
+pub(crate) mod used_nodes;
 pub(crate) mod writeback;
 
 use crate::array::Array;

@@ -25,6 +25,7 @@ use crate::io::{IoKind, MemberIo};
 use crate::lock::LockRange;
 use crate::members::paged::{PagedCopy, WriteFailures};
 use crate::members::{Member, MemberSet};
+use crate::policy::used_nodes::NodeMaps;
 use format::{UsedMapHeader, USED_MAP_HEADER_BYTES};
 use parking_lot::Mutex;
 use std::ops::Range;
@@ -38,6 +39,8 @@ pub(crate) struct UsedRegions {
     used: Box<[AtomicU64]>,
     header: Mutex<UsedMapHeader>,
     copy: PagedCopy,
+    /// A clustered array's other node slots' maps (None: one map, this array's own).
+    nodes: Option<NodeMaps>,
 }
 
 /// The map a new array over `sync_bytes` of sync coordinates starts with: `used` says whether
@@ -66,22 +69,31 @@ pub(crate) fn initial_map(
     Some((header, bytes))
 }
 
+/// Why a member's used-region map could not be read.
+pub(crate) enum MapError {
+    /// The device did not answer.
+    Io(String),
+    /// What it holds there is no map (of this shape).
+    Format(String),
+}
+
 /// Read a member's used-region map at `base`: header and bit bytes.
 pub(crate) fn read_map(
     dev: &dyn device::Device,
     base: u64,
-) -> std::result::Result<(UsedMapHeader, Vec<u8>), String> {
+) -> std::result::Result<(UsedMapHeader, Vec<u8>), MapError> {
+    let io = |e: std::io::Error| MapError::Io(format!("cannot read the used-region map: {e}"));
     let mut head = device::AlignedBuf::zeroed(USED_MAP_HEADER_BYTES);
-    dev.read_at(&mut head, base)
-        .map_err(|e| format!("cannot read the used-region map: {e}"))?;
-    let h = UsedMapHeader::decode(&head).map_err(|e| e.to_string())?;
+    dev.read_at(&mut head, base).map_err(io)?;
+    let h = UsedMapHeader::decode(&head).map_err(|e| MapError::Format(e.to_string()))?;
     let total = h.bytes_on_disk();
     if base + total > dev.len_bytes() {
-        return Err("used-region map runs past the device end".into());
+        return Err(MapError::Format(
+            "used-region map runs past the device end".into(),
+        ));
     }
     let mut all = device::AlignedBuf::zeroed(total as usize);
-    dev.read_at(&mut all, base)
-        .map_err(|e| format!("cannot read the used-region map: {e}"))?;
+    dev.read_at(&mut all, base).map_err(io)?;
     Ok((h, all[USED_MAP_HEADER_BYTES..].to_vec()))
 }
 
@@ -89,6 +101,24 @@ impl UsedRegions {
     /// The map as assembly found it at byte `base` of every member: `bits` is the union of the
     /// members' copies.
     pub(crate) fn load(base: u64, header: UsedMapHeader, bits: &[u8]) -> UsedRegions {
+        Self::build(base, header, bits, None)
+    }
+
+    /// A clustered array's node: its own slot's map, with `bits` as assembly found them.
+    pub(crate) fn load_for_node(
+        nodes: NodeMaps,
+        header: UsedMapHeader,
+        bits: &[u8],
+    ) -> UsedRegions {
+        Self::build(nodes.own_base(), header, bits, Some(nodes))
+    }
+
+    fn build(
+        base: u64,
+        header: UsedMapHeader,
+        bits: &[u8],
+        nodes: Option<NodeMaps>,
+    ) -> UsedRegions {
         let words = header.regions.div_ceil(64) as usize;
         let used: Box<[AtomicU64]> = (0..words)
             .map(|w| {
@@ -109,7 +139,13 @@ impl UsedRegions {
             used,
             header: Mutex::new(header),
             copy: PagedCopy::new(base, bytes),
+            nodes,
         }
+    }
+
+    /// The other node slots' maps, if this is a clustered array's node.
+    pub(crate) fn nodes(&self) -> Option<&NodeMaps> {
+        self.nodes.as_ref()
     }
 
     pub(crate) fn region_bytes(&self) -> u64 {
@@ -120,8 +156,15 @@ impl UsedRegions {
         self.regions
     }
 
+    /// Set in this node's map.
     fn is_set(&self, r: u64) -> bool {
         self.used[(r / 64) as usize].load(Ordering::Acquire) & (1 << (r % 64)) != 0
+    }
+
+    /// May hold data, as far as this node knows: set in its map, or (in a cluster) in another
+    /// node's as last read.
+    fn is_used(&self, r: u64) -> bool {
+        self.is_set(r) || self.nodes.as_ref().is_some_and(|n| n.others_have(r))
     }
 
     fn span(&self, offset: u64, len: u64) -> Range<u64> {
@@ -132,7 +175,52 @@ impl UsedRegions {
 
     /// Regions marked used.
     pub(crate) fn used_regions(&self) -> u64 {
-        (0..self.regions).filter(|&r| self.is_set(r)).count() as u64
+        (0..self.regions).filter(|&r| self.is_used(r)).count() as u64
+    }
+
+    /// In a cluster: read the other nodes' maps over sync coordinates `from..to`, unless every
+    /// region there is known used already (bits never clear in a cluster).
+    pub(crate) fn read_others(&self, members: &MemberSet, from: u64, to: u64) {
+        let Some(nodes) = &self.nodes else {
+            return;
+        };
+        let rs = self.span(from, to.saturating_sub(from));
+        if rs.clone().all(|r| self.is_used(r)) {
+            return;
+        }
+        nodes.read_others(members, rs);
+    }
+
+    /// Set the regions `bits` has set (bit `r` is region `r`) in this node's map, durably: a
+    /// gone node's map, taken over. Returns how many regions `bits` has set.
+    pub(crate) fn adopt(&self, members: &MemberSet, bits: &[u8]) -> Result<u64> {
+        let new: Vec<u64> = (0..self.regions)
+            .filter(|&r| {
+                bits.get((r / 8) as usize)
+                    .is_some_and(|b| b & (1 << (r % 8)) != 0)
+            })
+            .collect();
+        let n = new.len() as u64;
+        if !self
+            .copy
+            .commit_bits(members, USED_MAP_HEADER_BYTES, new.iter().copied(), true)
+        {
+            return Err(members.metadata_failed(0, 0, "cannot record the used-region map"));
+        }
+        for r in new {
+            self.used[(r / 64) as usize].fetch_or(1 << (r % 64), Ordering::AcqRel);
+        }
+        Ok(n)
+    }
+
+    /// Write this node's map to every member in a role that lacks a whole copy (one that
+    /// started filling a role on another node's word).
+    pub(crate) fn copy_to_new_members(&self, members: &MemberSet) {
+        let failed = {
+            let mut w = self.copy.writer();
+            self.copy.write_out(&members.role_members(), &mut w)
+        };
+        members.fail_metadata_writers(failed);
     }
 
     /// Before a write into `offset..offset+len` (sync coordinates) goes out: its regions are
@@ -163,12 +251,12 @@ impl UsedRegions {
         let first = from / self.region_bytes;
         // Regions starting at or past `end` cannot change the answer: stop scanning there.
         let last = end.div_ceil(self.region_bytes).min(self.regions);
-        let Some(start_r) = (first..last).find(|&r| self.is_set(r)) else {
+        let Some(start_r) = (first..last).find(|&r| self.is_used(r)) else {
             return end..end;
         };
         let start = (start_r * self.region_bytes).max(from).min(end);
         let stop = (start_r..last)
-            .find(|&r| !self.is_set(r))
+            .find(|&r| !self.is_used(r))
             .map_or(end, |r| (r * self.region_bytes).min(end));
         start..stop.max(start)
     }
@@ -257,7 +345,8 @@ impl Array {
     /// as zeroes without touching the members (whatever those hold there: garbage left behind
     /// the array's back included). Without a map, one run of data.
     pub fn zero_runs(&self, offset: u64, len: u64) -> Vec<(u64, bool)> {
-        let Some(used) = &self.used else {
+        // In a cluster another node may have written a region this node's map has clear.
+        let Some(used) = self.used.as_ref().filter(|u| u.nodes().is_none()) else {
             return vec![(len, false)];
         };
         // Regions cover whole stripes, so each is one contiguous span of array bytes.
@@ -286,8 +375,27 @@ impl Array {
         r < used.regions() && !used.is_set(r)
     }
 
-    /// The part of `range` (sync coordinates) background work must visit: the first run of
-    /// used regions in it (all of it without a map).
+    /// In a cluster: where the run of regions that no node's map has set, from `pos` on, ends
+    /// (at most [`crate::policy::bitmap::SKIP_MAX_BYTES`] on, and before `end`); `pos` if the
+    /// region at `pos` may hold data, or outside a cluster. The maps are read without a
+    /// window held: a write that races with it is seen by the read made under the window,
+    /// which only shortens the skip.
+    pub(crate) fn unused_run_elsewhere(&self, pos: u64, end: u64) -> u64 {
+        let Some(used) = self.used.as_ref().filter(|u| u.nodes().is_some()) else {
+            return pos;
+        };
+        let far = end.min(pos + crate::policy::bitmap::SKIP_MAX_BYTES);
+        used.read_others(&self.members, pos, far);
+        used.next_used(pos, far).start
+    }
+
+    /// In a cluster: read the other nodes' maps over sync coordinates `from..to`.
+    pub(crate) fn read_other_maps(&self, from: u64, to: u64) {
+        if let Some(used) = &self.used {
+            used.read_others(&self.members, from, to);
+        }
+    }
+
     /// Bytes of `range` (sync coordinates) that background work will not skip as unused.
     pub(crate) fn work_within(&self, range: Range<u64>) -> u64 {
         match &self.used {
@@ -296,6 +404,8 @@ impl Array {
         }
     }
 
+    /// The part of `range` (sync coordinates) background work must visit: the first run of
+    /// used regions in it (all of it without a map).
     pub(crate) fn used_within(&self, range: Range<u64>) -> Range<u64> {
         match &self.used {
             Some(u) => u.next_used(range.start, range.end),
@@ -319,7 +429,9 @@ impl Array {
         offset_bytes: u64,
         len_bytes: u64,
     ) -> Result<Option<Range<u64>>> {
-        let Some(used) = self.used.as_ref() else {
+        // A cluster's nodes never clear bits: a region one node released could be in use
+        // by another, whose map it cannot clear.
+        let Some(used) = self.used.as_ref().filter(|u| u.nodes().is_none()) else {
             return Ok(None);
         };
         let (at, len) = self.personality.sync_range_within(offset_bytes, len_bytes);

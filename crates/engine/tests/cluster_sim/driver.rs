@@ -106,6 +106,8 @@ fn create(shape: Shape, seed: u64) -> (Vec<Arc<SimDevice>>, Geometry) {
                     name: "sim".into(),
                 }),
             }),
+            // Every region starts unused: walks skip what no node's used-region map has.
+            discard: true,
             ..simkit::clean_spec(
                 "clsim",
                 shape.level,
