@@ -779,6 +779,64 @@ fn a_member_failed_on_one_raid5_node_is_rebuilt_while_both_nodes_write() {
     );
 }
 
+/// Bytes `path` really occupies on disk (the members are sparse files: what was never
+/// written, or was discarded, takes nothing).
+fn allocated(path: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).unwrap().blocks() * 512
+}
+
+#[test]
+fn a_rebuild_while_both_nodes_serve_copies_only_the_regions_either_node_wrote() {
+    let Some(etcd) = EtcdServer::start() else {
+        return;
+    };
+    let env = Env::new("usedmaps", 4, MEMBER);
+    clustered_raid5(&env, &etcd);
+    let (a, b) = (Node::new(&env, "a"), Node::new(&env, "b"));
+    let _da = a.run(&etcd, &[], &env.members);
+    let _db = b.run(&etcd, &[], &env.members);
+    a.wait_detail("both nodes", 10, |d| states(d).len() == 2);
+    // Each node writes 8 MiB of the array: 8/3 MiB of every member, three 1 MiB regions each.
+    qemu_io(&a.uri(), "write -P 0xa1 0 8M");
+    qemu_io(&b.uri(), "write -P 0xb2 96M 8M");
+    let region = a.detail()["used_regions"]["region_bytes"].as_u64().unwrap();
+    assert_eq!(region, MIB, "{:#}", a.detail());
+    let failed = env.members[3].to_str().unwrap();
+    b.ok(&["fail", &env.name, failed]);
+    let spare = env.file("spare.img", MEMBER);
+    b.ok(&["add", &env.name, spare.to_str().unwrap()]);
+    let done = a.wait_detail("the rebuild done", 60, |d| {
+        member_state(d, &spare) == "in_sync"
+    });
+    b.wait_detail("b seeing the member in sync", 10, |d| {
+        member_state(d, &spare) == "in_sync"
+    });
+    assert_eq!(
+        done["used_regions"]["used"], 6,
+        "a knows the regions both nodes wrote: {done:#}"
+    );
+    // The new member got the six used regions and nothing else (its superblock, bitmap and
+    // maps take well under a MiB).
+    let copied = allocated(&spare);
+    assert!(
+        (6 * MIB..8 * MIB).contains(&copied),
+        "{copied} bytes allocated on the rebuilt member of {MEMBER}"
+    );
+    assert_eq!(
+        check_mismatches(&a),
+        0,
+        "parity disagrees after the rebuild"
+    );
+    // With another member gone, the rebuilt one's chunks are what both nodes' data is made of.
+    a.ok(&["fail", &env.name, env.members[0].to_str().unwrap()]);
+    for n in [&a, &b] {
+        assert!(qemu_io(&n.uri(), "read -P 0xa1 0 8M").contains("read 8388608"));
+        assert!(qemu_io(&n.uri(), "read -P 0xb2 96M 8M").contains("read 8388608"));
+        assert!(qemu_io(&n.uri(), "read -P 0 40M 8M").contains("read 8388608"));
+    }
+}
+
 #[test]
 fn a_clustered_array_whose_nodes_are_gone_converts_back_and_resyncs_every_nodes_dirty_chunks() {
     if !require_tools(&["qemu-io", "mdadm"]) {

@@ -320,9 +320,15 @@ impl Walk {
                     Some(next) => next,
                     None => {
                         work_from = Some(self.pos);
+                        // Up to the end of the used run: what follows is skipped, not copied.
+                        // (RAID10 rebuilds in member bytes; its map is in array bytes.)
+                        let stop = match array.personality.recovery_maps_chunks() {
+                            true => self.end,
+                            false => array.used_within(self.pos..self.end).end,
+                        };
                         array
                             .personality
-                            .recover_window(array, role, self.pos, self.end)?
+                            .recover_window(array, role, self.pos, stop)?
                     }
                 },
             },

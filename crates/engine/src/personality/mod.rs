@@ -428,8 +428,8 @@ impl Personality for Parity {
         self.parity_write(a, offset_bytes, data, fua, intent)
     }
 
-    fn recover_window(&self, a: &Array, role: usize, pos: u64, _end: u64) -> Result<u64, Stop> {
-        self.recover_rows(a, role, pos)
+    fn recover_window(&self, a: &Array, role: usize, pos: u64, end: u64) -> Result<u64, Stop> {
+        self.recover_rows(a, role, pos, end)
     }
 
     fn scrub_window(

@@ -34,12 +34,21 @@ fn join_rebuild_write(
 }
 
 impl Parity {
-    /// Rebuild `role`'s chunks of the stripes from member byte `pos` on, one window under the
-    /// stripes' claims; returns where the next window starts.
-    pub(crate) fn recover_rows(&self, array: &Array, role: usize, pos: u64) -> Result<u64, Stop> {
+    /// Rebuild `role`'s chunks of the stripes from member byte `pos` on (not past `end`), one
+    /// window under the stripes' claims; returns where the next window starts.
+    pub(crate) fn recover_rows(
+        &self,
+        array: &Array,
+        role: usize,
+        pos: u64,
+        end: u64,
+    ) -> Result<u64, Stop> {
         let chunk = self.g.chunk_sectors() * 512;
         let row = pos / chunk;
-        let last = (row + self.window_rows(array)).min(self.g.stripes());
+        let last = (row + self.window_rows(array))
+            .min(self.g.stripes())
+            .min(end.div_ceil(chunk))
+            .max(row + 1);
         let guard = array.range_lock().lock(LockRange::Stripes {
             first: row,
             end: last,
