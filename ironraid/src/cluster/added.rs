@@ -17,14 +17,13 @@
 //!   (`windows.rs`). A node that has not seen the member yet opens it then, before it
 //!   acknowledges.
 //!
-//! RAID10's recovery walks per-member bytes while the others hold array bytes, so its
-//! rebuilds still run only while the coordinator is alone (`agreement.rs`).
+//! RAID10's recovery walks per-member bytes; a node holding one of its windows holds the
+//! array bytes the window's chunks hold (`Array::hold_recovery_window`).
 
 use super::node::Node;
 use crate::member::Opener;
 use engine::Array;
 use std::path::Path;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 impl Node {
@@ -134,10 +133,5 @@ impl Node {
     /// How this node opens members other nodes add (set once, when it attaches).
     pub fn set_opener(&self, opener: Opener) {
         let _ = self.agreement.opener.set(opener);
-    }
-
-    /// Whether this array's rebuilds may run while other nodes serve (not RAID10: see above).
-    pub(super) fn rebuilds_while_serving(&self) -> bool {
-        self.agreement.rebuild_while_serving.load(Ordering::Acquire)
     }
 }

@@ -24,9 +24,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
-/// What the `sync` key says its holder does: any background work, or rebuilding a member.
+/// What the `sync` key says its holder does (md-cluster's resync lock): background work.
 const BACKGROUND: &str = "background";
-const RECOVERY: &str = "recovery";
 
 fn sync_value(node: &str, mode: &str) -> Vec<u8> {
     format!("{node} {mode}").into_bytes()
@@ -57,7 +56,6 @@ pub struct State {
     pub(super) seen_removed: Mutex<HashSet<u32>>,
     pub(super) opener: OnceLock<crate::member::Opener>,
     /// The level rebuilds while several nodes serve (RAID1, RAID4/5/6).
-    pub(super) rebuild_while_serving: AtomicBool,
     /// The `speed` record this node applied last (its mod revision).
     pub(super) speed_revision: std::sync::atomic::AtomicI64,
     /// Forwarded `action` requests: the last one this node took as coordinator, the one it
@@ -190,16 +188,6 @@ impl Node {
             std::thread::sleep(pause);
             pause = (pause * 2).min(POLL);
         }
-    }
-
-    /// A member is added or removed while this node alone runs the array: the failures
-    /// recorded so far are in every superblock, and a new member may take a failed one's
-    /// device number, which an old record would fail again on the next node to start.
-    pub fn forget_failures(&self) -> anyhow::Result<()> {
-        self.etcd.delete_prefix(&self.key("failed/"))?;
-        self.etcd.delete_prefix(&self.key("ack/"))?;
-        self.agreement.applied.lock().clear();
-        Ok(())
     }
 
     fn acknowledge(&self, dev: u32) {
@@ -356,72 +344,6 @@ impl Node {
             }
             Ok(_) => Some("another node runs background work".into()),
             Err(e) => Some(format!("{e:#}")),
-        }
-    }
-
-    /// Is this node the only one whose lease lives (read now, not from the last view)?
-    pub fn alone_now(&self) -> bool {
-        self.live_nodes()
-            .is_ok_and(|live| live.iter().all(|n| *n == self.name))
-    }
-
-    /// Say in the `sync` key that this node rebuilds (nodes that start meanwhile wait), then
-    /// check it is alone: a node that registered before the key said so is seen here.
-    pub fn begin_recovery(&self) -> bool {
-        if self.rebuilds_while_serving() {
-            // The others learn of the member and its progress from the rounds.
-            return true;
-        }
-        if self.set_sync_mode(RECOVERY) && self.alone_now() {
-            return true;
-        }
-        self.set_sync_mode(BACKGROUND);
-        false
-    }
-
-    /// The rebuild stopped and its progress is durable: nodes waiting to start may.
-    pub fn end_recovery(&self) {
-        if self.rebuilds_while_serving() {
-            return;
-        }
-        self.set_sync_mode(BACKGROUND);
-    }
-
-    fn set_sync_mode(&self, mode: &str) -> bool {
-        if !self.agreement.sync_held.load(Ordering::Acquire) {
-            return false;
-        }
-        let put = self.etcd.put(
-            &self.key("sync"),
-            &sync_value(&self.name, mode),
-            Some(self.lease),
-        );
-        if let Err(e) = &put {
-            tracing::warn!(node = %self.name, "cannot record what background work runs: {e:#}");
-        }
-        put.is_ok()
-    }
-
-    /// A joining node waits while another node rebuilds a member (this node would not know
-    /// of the member being rebuilt, and skip it where it is rebuilt already).
-    pub(super) fn wait_for_background_work_elsewhere(&self) -> anyhow::Result<()> {
-        let key = self.key("sync");
-        let t0 = Instant::now();
-        let mut warned = false;
-        loop {
-            let (kvs, _) = self.etcd.get_prefix(&key)?;
-            let rebuilding = kvs.iter().find(|kv| kv.key == key).is_some_and(|kv| {
-                kv.value != sync_value(&self.name, RECOVERY)
-                    && kv.value.ends_with(RECOVERY.as_bytes())
-            });
-            if !rebuilding {
-                return Ok(());
-            }
-            if !warned && t0.elapsed() > Duration::from_secs(2) {
-                tracing::info!(node = %self.name, "waiting for another node's rebuild to pause");
-                warned = true;
-            }
-            std::thread::sleep(POLL);
         }
     }
 }

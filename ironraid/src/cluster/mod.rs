@@ -206,10 +206,6 @@ pub fn join(
         bail!("array {uuid}'s record in etcd has extents of 0 bytes");
     }
     node.ownership.set_extent_bytes(record.extent_bytes);
-    node.agreement.rebuild_while_serving.store(
-        matches!(sb.level, 1 | 4..=6),
-        std::sync::atomic::Ordering::Release,
-    );
     node.spawn_keeper();
     Ok(Some(node))
 }
@@ -223,27 +219,6 @@ pub fn coordinator(node: &Arc<Node>) -> Arc<dyn Coordinator> {
 #[derive(Debug)]
 pub struct EtcdCoordinator {
     pub node: Arc<Node>,
-}
-
-impl EtcdCoordinator {
-    /// Member adds and removes are not put to the other nodes' vote yet: they are allowed
-    /// while this node is the only one whose lease lives.
-    fn refuse_unless_alone(&self, what: &str) -> engine::Result<()> {
-        let live = self
-            .node
-            .live_nodes()
-            .map_err(|e| engine::EngineError::Busy(format!("{what}: {e:#}")))?;
-        if live.iter().all(|n| *n == self.node.name) {
-            return self
-                .node
-                .forget_failures()
-                .map_err(|e| engine::EngineError::Busy(format!("{what}: {e:#}")));
-        }
-        Err(engine::EngineError::Unsupported(format!(
-            "{what} is not agreed across a cluster's nodes yet: stop the other nodes ({}) first",
-            live.join(", ")
-        )))
-    }
 }
 
 impl Coordinator for EtcdCoordinator {
@@ -275,17 +250,16 @@ impl Coordinator for EtcdCoordinator {
         self.node.sync_refusal()
     }
 
+    /// Every node learns of the member rebuilt and of its progress from the rounds.
     fn recovery_allowed(&self) -> bool {
-        self.node.rebuilds_while_serving() || self.node.alone_now()
+        true
     }
 
     fn recovery_starts(&self) -> bool {
-        self.node.begin_recovery()
+        true
     }
 
-    fn recovery_paused(&self) {
-        self.node.end_recovery();
-    }
+    fn recovery_paused(&self) {}
 
     /// Other nodes keep their writes out of this node's windows with their range locks
     /// (`windows.rs`), which they take before their writes do: nothing waits here.
@@ -309,13 +283,9 @@ impl Coordinator for EtcdCoordinator {
         self.node.release_stripes(range);
     }
 
-    /// Several nodes agree on a new member through its `added/` record (`added.rs`); RAID10
-    /// rebuilds only while one node runs the array.
+    /// Several nodes agree on a new member through its `added/` record (`added.rs`).
     fn add_new_disk(&self, _device_uuid: [u8; 16]) -> engine::Result<()> {
-        match self.node.rebuilds_while_serving() {
-            true => Ok(()),
-            false => self.refuse_unless_alone("adding a member"),
-        }
+        Ok(())
     }
 
     /// A member re-added while other nodes run (or could start) is rebuilt whole: what they

@@ -171,7 +171,6 @@ impl Node {
         });
         node.campaign();
         node.refresh_view()?;
-        node.wait_for_background_work_elsewhere()?;
         tracing::info!(
             node = name,
             slot,

@@ -38,13 +38,17 @@ pub struct Hold {
 }
 
 impl Hold {
-    fn take(array: Arc<Array>, round: i64, at: u64, len: u64) -> Hold {
+    /// Hold `at..at + len` of `array` (of the member rebuilding `role`, for a recovery).
+    fn take(array: Arc<Array>, round: i64, at: u64, len: u64, role: Option<usize>) -> Hold {
         let (held_tx, held_rx) = mpsc::channel();
         let (release, release_rx) = mpsc::channel::<()>();
         let thread = std::thread::Builder::new()
             .name("cluster-window".into())
             .spawn(move || {
-                let _window = array.hold_sync_window(at, len);
+                let _window = match role {
+                    Some(role) => array.hold_recovery_window(role, at, len),
+                    None => array.hold_sync_window(at, len),
+                };
                 let _ = held_tx.send(());
                 let _ = release_rx.recv();
             })
@@ -203,7 +207,8 @@ impl Node {
         }
         drop(hold);
         let hold = window.map(|w| {
-            let mut h = Hold::take(array.clone(), round, w.lo, w.hi - w.lo);
+            let role = recovering.map(|r| r.1);
+            let mut h = Hold::take(array.clone(), round, w.lo, w.hi - w.lo, role);
             h.recovering = recovering.map(|r| r.0);
             h
         });

@@ -841,6 +841,16 @@ impl Array {
         SyncWindow(self.range_lock().lock(LockRange::Sync { at, len }))
     }
 
+    /// [`Array::hold_sync_window`] for another node's recovery window over `at..at + len` of
+    /// the member rebuilding `role`. RAID10 rebuilds in member bytes: the array bytes its
+    /// chunks hold are held (their hull, as the rebuilding node's own skips lock).
+    pub fn hold_recovery_window(&self, role: usize, at: u64, len: u64) -> SyncWindow<'_> {
+        match self.personality.recovery_array_hull(role, at, len) {
+            Some((at, len)) => SyncWindow(self.range_lock().lock(LockRange::Array { at, len })),
+            None => self.hold_sync_window(at, len),
+        }
+    }
+
     /// As [`Array::fail_member`], but refused (`Busy`, md's EBUSY) when the array would not
     /// survive losing that member.
     pub fn fail_member_safely(&self, name: &str) -> Result<()> {

@@ -268,8 +268,63 @@ impl Walk {
     /// regions no node's used-region map has set from `pos` on (skipped in one step).
     fn window_end(&self, array: &Array) -> u64 {
         let normal = (self.pos + array.config.sync_window_bytes).min(self.end);
+        if matches!(self.job, Job::Recover(_)) && array.personality.recovery_maps_chunks() {
+            // RAID10 rebuilds in member bytes; the maps are in array bytes.
+            return normal;
+        }
         let unused_to = array.unused_run_elsewhere(self.pos, self.end);
         normal.max(unused_to)
+    }
+
+    /// One recovery window of `role`, skipping (unused regions up to `limit`, clean chunks)
+    /// where it can: where the next starts, and whether it copied.
+    fn recover_step(&self, array: &Array, role: usize, limit: u64) -> Result<(u64, bool), Stop> {
+        if let Some(res) = array.skip_unused_for_recovery(role, self.pos, limit) {
+            return Ok((res?, false));
+        }
+        if let Some(next) = array.skip_clean_for_recovery(role, self.pos, self.end) {
+            return Ok((next, false));
+        }
+        // Up to the end of the used run: what follows is skipped, not copied. (RAID10
+        // rebuilds in member bytes; its map is in array bytes.)
+        let stop = match array.personality.recovery_maps_chunks() {
+            true => self.end,
+            false => array.used_within(self.pos..self.end).end,
+        };
+        let next = array
+            .personality
+            .recover_window(array, role, self.pos, stop)?;
+        Ok((next, true))
+    }
+
+    /// Announce the next window to the cluster's other nodes: the bound of this step's work
+    /// and skipping (the walk's end outside a cluster); None if the step was only a move to
+    /// the next chunk a resync needs.
+    fn open_window(&mut self, array: &Array) -> Result<Option<u64>, Stop> {
+        // Other nodes hold only the announced window: all of a step's work and skipping stays
+        // inside it. Clean chunks need no window to be passed over, so a resync moves to the
+        // next one first (a window announced at `pos` would not cover it).
+        let shared = array.members.coordinator().shares_metadata();
+        if let Job::Resync { full: false, .. } = self.job {
+            let todo = array.policy.next_to_resync(self.pos, self.end);
+            if shared && todo.start > self.pos {
+                self.pos = todo.start;
+                return Ok(None);
+            }
+        }
+        let hi = self.window_end(array);
+        self.announce_window(array, hi)?;
+        if !shared {
+            return Ok(Some(self.end));
+        }
+        match self.job {
+            // RAID10 rebuilds in member bytes; its maps are in array bytes: read them whole.
+            Job::Recover(_) if array.personality.recovery_maps_chunks() => {
+                array.read_other_maps(0, array.personality.sync_total(SyncAction::Resync))
+            }
+            _ => array.read_other_maps(self.pos, hi),
+        }
+        Ok(Some(hi))
     }
 
     /// One window; `Ok(true)` once the walk reached its end.
@@ -292,46 +347,17 @@ impl Walk {
             // resumes after the rebuild.
             return Err(Stop::Interrupted);
         }
-        // Other nodes hold only the announced window: all of a step's work and skipping stays
-        // inside it. Clean chunks need no window to be passed over, so a resync moves to the
-        // next one first (a window announced at `pos` would not cover it).
-        let shared = coordinator.shares_metadata();
-        if let Job::Resync { full: false, .. } = self.job {
-            let todo = array.policy.next_to_resync(self.pos, self.end);
-            if shared && todo.start > self.pos {
-                self.pos = todo.start;
-                return Ok(self.pos >= self.end);
-            }
-        }
-        let hi = self.window_end(array);
-        self.announce_window(array, hi)?;
-        let limit = if shared {
-            array.read_other_maps(self.pos, hi);
-            hi
-        } else {
-            self.end
+        let Some(limit) = self.open_window(array)? else {
+            return Ok(self.pos >= self.end);
         };
         // Where the real work of this step starts (None: the step only skips).
-        let mut work_from = None;
+        let work_from;
         let next = match self.job {
-            Job::Recover(role) => match array.skip_unused_for_recovery(role, self.pos, limit) {
-                Some(res) => res?,
-                None => match array.skip_clean_for_recovery(role, self.pos, self.end) {
-                    Some(next) => next,
-                    None => {
-                        work_from = Some(self.pos);
-                        // Up to the end of the used run: what follows is skipped, not copied.
-                        // (RAID10 rebuilds in member bytes; its map is in array bytes.)
-                        let stop = match array.personality.recovery_maps_chunks() {
-                            true => self.end,
-                            false => array.used_within(self.pos..self.end).end,
-                        };
-                        array
-                            .personality
-                            .recover_window(array, role, self.pos, stop)?
-                    }
-                },
-            },
+            Job::Recover(role) => {
+                let (next, worked) = self.recover_step(array, role, limit)?;
+                work_from = worked.then_some(self.pos);
+                next
+            }
             Job::Resync { full, .. } => {
                 // The policy may know that parts are consistent (the bitmap: chunks without a
                 // set bit), and unused regions are (zero everywhere).

@@ -596,9 +596,7 @@ fn build(
         .as_deref()
         .map_or(0, |c| c.slot_number());
     let bitmap = load_bitmap(&best, &geometry, &slots, node_slot, resync_from)?;
-    let node_slots = bitmap.as_ref().map_or(0, |b| b.header().nodes as usize);
-    let writable = !opts.config.read_only;
-    let used = used_map_of(&best, &geometry, &slots, node_slots, node_slot, writable)?;
+    let used = used_map_of(&best, &geometry, &slots, bitmap.as_ref(), &opts.config)?;
     let mut meta = Meta {
         clock: opts.config.clock.clone().expect("assemble sets the clock"),
         members,
@@ -621,12 +619,7 @@ fn build(
     let commit_table = table_changed && !opts.config.read_only;
     // The guided flag needs the bitmap it falls back to; without a readable map the array
     // runs as a bitmap array (always safe).
-    // Guidance does not run in a cluster: a node's map header is its own.
-    let flag = |f: u32| {
-        used.as_ref()
-            .filter(|u| u.nodes().is_none())
-            .is_some_and(|u| u.has_flag(f))
-    };
+    let flag = |f: u32| used.as_ref().is_some_and(|u| u.has_flag(f));
     let guided = bitmap.is_some() && flag(format::USED_MAP_FLAG_GUIDED);
     let resync_owed = flag(format::USED_MAP_FLAG_RESYNC_OWED);
     let unguided = flag(format::USED_MAP_FLAG_UNGUIDED);
@@ -1042,16 +1035,20 @@ fn new_journal_sb(best: &Superblock, meta: &mut Meta, dev: &dyn Device) -> Resul
 
 /// The used-region map the array runs with. A write-back journal acknowledges writes its map
 /// would not know of yet: arrays with a journal keep none (create writes none; this holds it
-/// for members that were reused). A clustered array's node keeps its own slot's map of the
-/// `node_slots` (`policy::used_nodes`).
+/// for members that were reused). A clustered array's node keeps the map of its own bitmap
+/// slot (`policy::used_nodes`).
 fn used_map_of(
     best: &Superblock,
     geometry: &Geometry,
     slots: &[Slot],
-    node_slots: usize,
-    node_slot: usize,
-    writable: bool,
+    bitmap: Option<&Arc<WriteIntentBitmap>>,
+    config: &ArrayConfig,
 ) -> Result<Option<Arc<UsedRegions>>> {
+    let node = crate::policy::used_nodes::ThisNode {
+        slots: bitmap.map_or(0, |b| b.header().nodes as usize),
+        own: bitmap.map_or(0, |b| b.slot() as usize),
+        writable: !config.read_only,
+    };
     if best.feature_map & format::feature::JOURNAL != 0 {
         return Ok(None);
     }
@@ -1059,7 +1056,7 @@ fn used_map_of(
         return Ok(load_used(best, geometry, slots));
     }
     let personality = crate::personality::for_geometry(geometry);
-    if !personality.keeps_used_map() || node_slots == 0 {
+    if !personality.keeps_used_map() || node.slots == 0 {
         return Ok(None);
     }
     crate::policy::used_nodes::load(
@@ -1068,9 +1065,7 @@ fn used_map_of(
         personality.sync_total(crate::work::SyncAction::Resync),
         geometry.chunk_sectors() * 512,
         slots,
-        node_slots,
-        node_slot,
-        writable,
+        node,
     )
     .map_err(|why| EngineError::Assemble {
         member: format!("array '{}'", best.set_name),

@@ -109,6 +109,13 @@ pub(crate) trait Personality: Send + Sync {
     /// bitmap skip rounds to).
     fn recovery_unit(&self) -> u64;
 
+    /// Where a recovery window over member bytes `at..at + len` of `role` is not in sync
+    /// coordinates (RAID10): the hull `(at, len)` of the array bytes its chunks hold.
+    fn recovery_array_hull(&self, role: usize, at: u64, len: u64) -> Option<(u64, u64)> {
+        let _ = (role, at, len);
+        None
+    }
+
     fn read(&self, a: &Array, offset_bytes: u64, buf: &mut [u8]) -> Result<()>;
 
     fn write(
@@ -311,6 +318,18 @@ impl Personality for Copies {
 
     fn recovery_maps_chunks(&self) -> bool {
         self.g.level() == Level::Raid10
+    }
+
+    fn recovery_array_hull(&self, role: usize, at: u64, len: u64) -> Option<(u64, u64)> {
+        if !self.recovery_maps_chunks() {
+            return None;
+        }
+        let step = self.recovery_unit();
+        let (lo, hi) = (at / step * step..at + len)
+            .step_by(step as usize)
+            .filter_map(|p| self.g.reverse_copy(role, p / 512).map(|s| s * 512))
+            .fold((u64::MAX, 0), |(lo, hi), a| (lo.min(a), hi.max(a + step)));
+        Some(if lo < hi { (lo, hi - lo) } else { (0, 0) })
     }
 
     fn recovery_unit(&self) -> u64 {

@@ -295,9 +295,10 @@ impl UsedRegions {
             .commit_bits(members, USED_MAP_HEADER_BYTES, rs, false);
     }
 
-    /// Whether the header has `flag` (`format::USED_MAP_FLAG_*`).
+    /// Whether the header has `flag` (`format::USED_MAP_FLAG_*`). Never in a cluster:
+    /// guidance does not run there (each node's map header is its own).
     pub(crate) fn has_flag(&self, flag: u32) -> bool {
-        self.header.lock().flags & flag != 0
+        self.nodes.is_none() && self.header.lock().flags & flag != 0
     }
 
     /// Set or clear header flag `flag`, durably (FUA) on every member in a role (the caller

@@ -134,8 +134,17 @@ fn in_sync_members(slots: &[Slot]) -> impl Iterator<Item = Arc<Member>> + '_ {
         .filter_map(|s| s.usable())
 }
 
-/// The maps of a clustered array with `slots` node slots, for the node in slot `own`
-/// (`writable`: unless it runs read-only).
+/// Which node loads the maps.
+pub(crate) struct ThisNode {
+    /// Node slots the array has.
+    pub slots: usize,
+    /// This node's.
+    pub own: usize,
+    /// False if it runs read-only (it writes nothing, its map included).
+    pub writable: bool,
+}
+
+/// The maps of a clustered array, for `node`.
 /// `Ok(None)`: the members in sync carry no map per slot for this array (a clustered array
 /// created before the maps were per node; every node finds the same), which runs without one.
 /// Err: a map there could not be read or marked on any member. A node must not run without
@@ -146,10 +155,13 @@ pub(crate) fn load(
     sync_bytes: u64,
     chunk_bytes: u64,
     slots_on: &[Slot],
-    slots: usize,
-    own: usize,
-    writable: bool,
+    node: ThisNode,
 ) -> Result<Option<Arc<UsedRegions>>, String> {
+    let ThisNode {
+        slots,
+        own,
+        writable,
+    } = node;
     let members: Vec<Arc<Member>> = slots_on
         .iter()
         .filter(|s| s.is_complete())
@@ -177,13 +189,12 @@ pub(crate) fn load(
             };
             let whole = h.region_bytes.is_power_of_two()
                 && (chunk_bytes == 0 || h.region_bytes.is_multiple_of(chunk_bytes));
-            let fits = h.uuid == best.set_uuid
-                && whole
-                && h.regions == sync_bytes.div_ceil(h.region_bytes)
-                && header
-                    .as_ref()
-                    .is_none_or(|k| k.region_bytes == h.region_bytes);
-            if !fits {
+            let known = header.as_ref().map_or(h.region_bytes, |k| k.region_bytes);
+            if h.uuid != best.set_uuid
+                || !whole
+                || h.regions != sync_bytes.div_ceil(h.region_bytes)
+                || h.region_bytes != known
+            {
                 return Ok(None);
             }
             read += 1;
@@ -204,9 +215,7 @@ pub(crate) fn load(
             ));
         }
     }
-    let Some(mut h) = header else {
-        return Ok(None);
-    };
+    let mut h = header.ok_or("no node slots")?;
     let map_bytes = h.bytes_on_disk();
     if !fresh {
         // A read-only node writes nothing, its map included.
