@@ -312,9 +312,14 @@ fn table_fault(seed: u64, level: Level, scrub: bool) {
     let holder = zone.holder(subject, copy);
     let index = rng.gen_range(0..zone.tables);
     let off = zone.table_sector(copy, index) * 512;
-    let which = rng.gen_range(0..3);
+    let which = rng.gen_range(0..4);
     let mut injected = true;
-    if which == 2 {
+    if which == 3 {
+        // Zeroed: beside a written copy, a blank one is a lost write (both blank: never
+        // written, and nothing changed).
+        injected = rig.block(holder, off).iter().any(|&b| b != 0);
+        rig.put(holder, off, &[0u8; PAGE as usize]);
+    } else if which == 2 {
         // Lost table write: the holder keeps the old table block while the data changes.
         let old = rig.block(holder, off);
         let rows_per_table = format::RECORDS_PER_TABLE as u64 * PAGE / rig.chunk();
@@ -424,6 +429,70 @@ fn table_faults_found_and_fixed_by_scrub() {
         let level = [Level::Raid4, Level::Raid5, Level::Raid6][s as usize % 3];
         table_fault(s, level, true)
     });
+}
+
+/// Create writes no tables (they read as zeroes, each block's records the zero block's); the
+/// first write-out writes the tables its writes changed, and only those.
+#[test]
+fn create_writes_no_tables_and_blank_ones_hold_the_zero_blocks_records() {
+    let (sims, created, array) = records::array(7, Level::Raid5, Some(2), 16384, 4, MEMBER, true);
+    let mut rig = Rig {
+        model: vec![0u8; array.size_bytes() as usize],
+        sims,
+        array,
+        data_offset: created.data_offset_sectors * 512,
+        component_sectors: created.component_sectors,
+        level: Level::Raid5,
+        seed: 7,
+    };
+    let zone = rig.zone();
+    let zone_bytes = |rig: &Rig, d: usize| -> Vec<u8> {
+        (0..zone.len_sectors() / 8)
+            .flat_map(|p| rig.block(d, (zone.start_sectors + p * 8) * 512))
+            .collect()
+    };
+    for d in 0..rig.sims.len() {
+        assert!(
+            zone_bytes(&rig, d).iter().all(|&b| b == 0),
+            "member {d}: create wrote tables"
+        );
+    }
+    assert!(
+        rig.read_all().unwrap() == rig.model,
+        "a new array reads as zeroes"
+    );
+    rig.run_action("check");
+    assert_eq!(
+        rig.counts(),
+        IntegrityCounts::default(),
+        "blank tables are the initial ones"
+    );
+    let mut rng = ChaCha8Rng::seed_from_u64(7);
+    rig.write(0, 8192, &mut rng);
+    rig.array.flush().expect("flush");
+    let written: usize = (0..rig.sims.len())
+        .map(|d| {
+            zone_bytes(&rig, d)
+                .chunks(PAGE as usize)
+                .filter(|b| b.iter().any(|&x| x != 0))
+                .count()
+        })
+        .sum();
+    // Two data blocks and their parity, each recorded in table block 0 of its member, in two
+    // copies: at most 3 members' tables times 2 copies.
+    assert!(
+        (1..=6).contains(&written),
+        "{written} table blocks written for one stripe's write"
+    );
+    rig.reassemble();
+    assert!(rig.read_all().unwrap() == rig.model);
+    rig.run_action("check");
+    let c = rig.counts();
+    assert_eq!(
+        c.table_copies_bad + c.table_copies_stale + c.tables_rebuilt,
+        0,
+        "{c:?}"
+    );
 }
 
 /// Canary: without records the same data faults reach the client as good data.

@@ -843,7 +843,12 @@ impl SyncControl {
             // Scrub the tables too: every copy on disk against the records (the changed ones
             // written out first); `repair` rewrites the wrong ones.
             array.flush_members();
-            if integ.verify_tables(action == SyncAction::Repair) > 0 && action == SyncAction::Repair
+            // Tables cover member bytes; the used-region map's are RAID10's array bytes.
+            let unused = |from: u64, to: u64| {
+                !array.personality.recovery_maps_chunks() && array.used_within(from..to).start >= to
+            };
+            if integ.verify_tables(action == SyncAction::Repair, unused) > 0
+                && action == SyncAction::Repair
             {
                 array.flush_members();
             }

@@ -23,6 +23,13 @@
 //! them; a block with a valid copy on one member only (every block of a 2-way mirror, blocks
 //! whose other holders are missing or rebuilding) is written with FUA, so a cut never leaves
 //! it without a valid copy, which would lose the records of data flushed long before.
+//!
+//! Create writes no tables: it discards the members' data areas, the zone included, and a
+//! table block all of whose copies read as zeroes was never written, so its records are the
+//! zero block's (epoch 1, as if written at create). Creation costs nothing per byte of array.
+//! A blank copy beside a valid one is a copy whose write was lost (counted bad, rewritten);
+//! a blank copy beside a bad one is no evidence either way, and the records are rebuilt from
+//! the data as for any block without a valid copy.
 
 pub(crate) mod record_cache;
 
@@ -40,6 +47,23 @@ const BLOCK: u64 = RECORD_BLOCK as u64;
 const PER: u64 = RECORDS_PER_TABLE as u64;
 /// Table blocks read or checked per member read at load and scrub.
 const TABLE_RUN: u64 = 256;
+
+/// Why a table block's copy is not a valid table.
+#[derive(Debug)]
+enum TableFault {
+    /// All zeroes: never written (or zeroed behind the array's back).
+    Blank,
+    Bad(FormatError),
+}
+
+impl std::fmt::Display for TableFault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TableFault::Blank => f.write_str("blank (never written)"),
+            TableFault::Bad(e) => e.fmt(f),
+        }
+    }
+}
 
 /// A member write in flight: its first block and the records of its blocks.
 struct InFlight {
@@ -606,19 +630,29 @@ impl Integrity {
         copy: usize,
         index: u64,
         raw: &[u8],
-    ) -> Result<TableBlock, FormatError> {
+    ) -> Result<TableBlock, TableFault> {
+        if raw.iter().all(|&b| b == 0) {
+            return Err(TableFault::Blank);
+        }
         let holder = self.zone.holder(subject, copy) as u32;
         TableBlock::decode(raw, &self.uuid, copy as u8, subject as u32, holder, index)
+            .map_err(TableFault::Bad)
     }
 
     /// The newest valid copy of a table block, with the largest epoch its copies carry. Bad
-    /// and stale copies are counted and marked for rewriting.
+    /// and stale copies are counted and marked for rewriting. Copies that were all never
+    /// written are the table create would have written.
     fn choose(
         &self,
         subject: usize,
         index: u64,
-        copies: Vec<Option<Result<TableBlock, FormatError>>>,
+        copies: Vec<Option<Result<TableBlock, TableFault>>>,
     ) -> Option<(TableBlock, u64)> {
+        let mut read = copies.iter().flatten().peekable();
+        if read.peek().is_some() && read.all(|c| matches!(c, Err(TableFault::Blank))) {
+            let t = self.table_of(subject, index, 0, 1, &[self.zero_record; RECORDS_PER_TABLE]);
+            return Some((t, 1));
+        }
         let best = copies
             .iter()
             .flatten()
@@ -688,9 +722,11 @@ impl Integrity {
     /// Read every table copy the usable, complete holders keep and compare it with the records
     /// (a scrub's pass over the tables; the caller wrote out and flushed the changed tables
     /// first). A copy that does not decode, or holds other records, is counted; with `fix` it
-    /// is rewritten at the next write-out. Tables changed meanwhile are skipped. Returns the
-    /// copies found wrong.
-    pub fn verify_tables(&self, fix: bool) -> u64 {
+    /// is rewritten at the next write-out. Tables changed meanwhile are skipped, and so are
+    /// runs of tables whose blocks (member bytes `from..to`) `unused` says hold no data: reads
+    /// there never consult them, and a write there fetches them first. Returns the copies
+    /// found wrong.
+    pub fn verify_tables(&self, fix: bool, unused: impl Fn(u64, u64) -> bool) -> u64 {
         let mut wrong = 0;
         for subject in 0..self.zone.raid_disks {
             for copy in 0..self.zone.copies {
@@ -701,12 +737,24 @@ impl Integrity {
                 let mut index = 0;
                 while index < self.zone.tables {
                     let n = TABLE_RUN.min(self.zone.tables - index);
+                    if unused(index * PER * BLOCK, (index + n) * PER * BLOCK) {
+                        index += n;
+                        continue;
+                    }
                     let area = self.read_tables(subject, copy, index, n);
                     for i in index..index + n {
                         let at = ((i - index) * BLOCK) as usize;
                         let ok = area.as_ref().is_some_and(|a| {
-                            self.decode(subject, copy, i, &a[at..at + RECORD_BLOCK])
-                                .is_ok_and(|t| self.page(subject, i, |p| p.recs == t.records))
+                            let recs =
+                                match self.decode(subject, copy, i, &a[at..at + RECORD_BLOCK]) {
+                                    Ok(t) => t.records,
+                                    // Never written: the records create would have written.
+                                    Err(TableFault::Blank) => {
+                                        vec![self.zero_record; RECORDS_PER_TABLE]
+                                    }
+                                    Err(TableFault::Bad(_)) => return false,
+                                };
+                            self.page(subject, i, |p| p.recs == recs)
                         });
                         if ok || self.dirty.lock().contains(&(subject, i)) {
                             continue;
@@ -827,46 +875,6 @@ impl Integrity {
             cache: self.cache.stats(),
         }
     }
-}
-
-/// Write every table a new member `sb` holds: all records are the zero block's (the data area
-/// was just discarded), epoch 1.
-pub(crate) fn write_initial_tables(
-    dev: &dyn device::Device,
-    sb: &format::Superblock,
-    zone: &Zone,
-    uuid: [u8; 16],
-) -> std::io::Result<()> {
-    let format::DevRole::Active(holder) = sb.role() else {
-        return Ok(());
-    };
-    let holder = holder as usize;
-    let zero = format::record_of(format::record_seed(&uuid), &[0u8; RECORD_BLOCK]);
-    const RUN: u64 = 256;
-    for copy in 0..zone.copies {
-        let subject = zone.subject(holder, copy);
-        let mut index = 0;
-        while index < zone.tables {
-            let n = RUN.min(zone.tables - index);
-            let mut buf = Vec::with_capacity((n * BLOCK) as usize);
-            for i in index..index + n {
-                let t = TableBlock {
-                    copy: copy as u8,
-                    subject: subject as u32,
-                    holder: holder as u32,
-                    index: i,
-                    epoch: 1,
-                    uuid,
-                    records: vec![zero; RECORDS_PER_TABLE],
-                };
-                buf.extend_from_slice(&t.encode());
-            }
-            let at = (sb.data_offset + zone.table_sector(copy, index)) * 512;
-            dev.write_at(&AlignedBuf::copy_from(&buf), at, false)?;
-            index += n;
-        }
-    }
-    dev.flush()
 }
 
 #[cfg(test)]
