@@ -162,10 +162,20 @@ impl LogState {
         &mut self.units[(seq - first) as usize]
     }
 
-    /// Every unit below this sequence number has been written to the log.
+    /// Every unit below this sequence number has been written to the log. Units below
+    /// `durable_seq` are logged (they were when it moved past them): only the ones in flight
+    /// are looked at, not the whole ring (tens of thousands of units when the log is full).
     fn logged_prefix(&self) -> u64 {
+        let first = self.units.front().map_or(self.next_seq, |u| u.seq);
+        let from = self.durable_seq.clamp(first, self.next_seq);
+        debug_assert!(
+            self.units
+                .range(..(from - first) as usize)
+                .all(|u| u.logged),
+            "a unit below the durable sequence is not logged"
+        );
         self.units
-            .iter()
+            .range((from - first) as usize..)
             .find(|u| !u.logged)
             .map_or(self.next_seq, |u| u.seq)
     }
@@ -242,6 +252,10 @@ struct WbCache {
     /// row's claim (which the write-out holds) rather than straight to a member.
     writing: std::collections::BTreeSet<u64>,
     bytes: usize,
+    /// `rows` by the oldest unit each holds, then row: the order write-outs go in, kept as
+    /// rows come and go (a full cache holds thousands; sorting them for every write-out was
+    /// where a write-back array's time went).
+    by_age: std::collections::BTreeSet<(u64, u64)>,
 }
 
 /// One row's cached pages (by page offset in the chunk and data index), the write-back units
@@ -261,6 +275,11 @@ pub(crate) struct CachedRow {
 }
 
 impl CachedRow {
+    /// The oldest unit holding its pages (recovered rows, logged by none yet, come last).
+    fn oldest_seq(&self) -> u64 {
+        self.seqs.iter().copied().min().unwrap_or(u64::MAX)
+    }
+
     /// Copy the cached bytes of data chunk `d` over `buf`, which holds its bytes from `off`
     /// (in the chunk) on.
     pub fn overlay(&self, d: usize, off: u64, buf: &mut [u8]) {
@@ -639,6 +658,7 @@ impl Journal {
         let _ticket = TicketGuard(self);
         let mut c = self.cache.lock();
         let c = &mut *c;
+        let before = c.rows.get(&row).map(CachedRow::oldest_seq);
         let entry = c.rows.entry(row).or_insert_with(|| {
             self.cached_rows.fetch_add(1, Ordering::AcqRel);
             CachedRow {
@@ -651,6 +671,13 @@ impl Journal {
         });
         entry.need += grow;
         entry.seqs.extend(seqs);
+        let after = entry.oldest_seq();
+        if before != Some(after) {
+            if let Some(b) = before {
+                c.by_age.remove(&(b, row));
+            }
+            c.by_age.insert((after, row));
+        }
         for (key, page) in keyed {
             c.bytes += PAGE;
             if entry.pages.insert(key, page).is_some() {
@@ -675,6 +702,7 @@ impl Journal {
     pub fn take_row(&self, row: u64) -> Option<CachedRow> {
         let mut c = self.cache.lock();
         let r = c.rows.remove(&row)?;
+        c.by_age.remove(&(r.oldest_seq(), row));
         c.bytes -= r.pages.len() * PAGE;
         c.writing.insert(row);
         Some(r)
@@ -685,6 +713,7 @@ impl Journal {
         let mut c = self.cache.lock();
         c.bytes += r.pages.len() * PAGE;
         c.writing.remove(&row);
+        c.by_age.insert((r.oldest_seq(), row));
         c.rows.insert(row, r);
     }
 
@@ -704,23 +733,20 @@ impl Journal {
         self.cv.notify_all();
     }
 
-    /// Cached rows, the one holding the oldest unit first, with how long each has waited by
-    /// `now` (the array's clock).
-    pub fn cached_rows_by_age(&self, now: Duration) -> Vec<(u64, Duration)> {
+    /// Up to `limit` cached rows, the one holding the oldest unit first, with how long each
+    /// has waited by `now` (the array's clock).
+    pub fn cached_rows_by_age(&self, now: Duration, limit: usize) -> Vec<(u64, Duration)> {
         let c = self.cache.lock();
-        let mut rows: Vec<(u64, u64, Duration)> = c
-            .rows
+        debug_assert_eq!(
+            c.by_age.len(),
+            c.rows.len(),
+            "every cached row is in the age order"
+        );
+        c.by_age
             .iter()
-            .map(|(&row, r)| {
-                (
-                    r.seqs.iter().copied().min().unwrap_or(u64::MAX),
-                    row,
-                    now.saturating_sub(r.since),
-                )
-            })
-            .collect();
-        rows.sort_unstable();
-        rows.into_iter().map(|(_, row, age)| (row, age)).collect()
+            .take(limit)
+            .map(|&(_, row)| (row, now.saturating_sub(c.rows[&row].since)))
+            .collect()
     }
 
     /// The member writes of these units completed (their ticket from [`Journal::log`] ends).
@@ -1141,6 +1167,7 @@ fn write_back_cache(rows: BTreeMap<u64, CachedRow>, geometry: &Geometry) -> (WbC
         flush_reserve += r.need;
         cache.bytes += r.pages.len() * PAGE;
     }
+    cache.by_age = rows.iter().map(|(&row, r)| (r.oldest_seq(), row)).collect();
     cache.rows = rows;
     (cache, flush_reserve)
 }
@@ -1614,7 +1641,8 @@ impl Array {
             // Write-back: rows go home when the cache fills, when their data has waited a
             // while, and all of them once the array writes through (mode switched, degraded).
             let degraded = self.members.slots.iter().any(|s| !s.is_complete());
-            for (written, (_, age)) in j.cached_rows_by_age(clock.now()).into_iter().enumerate() {
+            let oldest = j.cached_rows_by_age(clock.now(), 64);
+            for (written, (_, age)) in oldest.into_iter().enumerate() {
                 let pressed = j.cache_bytes() > self.config.stripe_cache_bytes / 8;
                 if written >= 64
                     || !(pressed

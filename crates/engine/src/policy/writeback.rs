@@ -216,10 +216,33 @@ impl Array {
     /// Write out the cached row whose units block the log's tail longest, if nobody holds it.
     /// Returns whether one was written out.
     pub(crate) fn write_out_oldest(&self) -> bool {
+        const FIRST: usize = 16;
         let Some(j) = self.policy.journal() else {
             return false;
         };
-        for (row, _) in j.cached_rows_by_age(self.sync.clock.now()) {
+        // The oldest few; all of them only if those are all held.
+        let now = self.sync.clock.now();
+        let first = j.cached_rows_by_age(now, FIRST);
+        let tried = first.len();
+        if let Some(done) = self.write_out_first_free(first) {
+            return done;
+        }
+        tried == FIRST
+            && self
+                .write_out_first_free(
+                    j.cached_rows_by_age(now, usize::MAX)
+                        .into_iter()
+                        .skip(FIRST),
+                )
+                .unwrap_or(false)
+    }
+
+    /// Write out the first of `rows` nobody holds: whether that worked (None: all were held).
+    fn write_out_first_free(
+        &self,
+        rows: impl IntoIterator<Item = (u64, std::time::Duration)>,
+    ) -> Option<bool> {
+        for (row, _) in rows {
             let r = self.stripes.get(row);
             let claimed = r.try_claim();
             let res = claimed.then(|| self.write_out_row(row));
@@ -228,10 +251,10 @@ impl Array {
             }
             self.stripes.put(row);
             if let Some(res) = res {
-                return res.is_ok();
+                return Some(res.is_ok());
             }
         }
-        false
+        None
     }
 
     /// Write out every cached row (a stop, or leaving write-back mode).
@@ -239,7 +262,7 @@ impl Array {
         let Some(j) = self.policy.journal() else {
             return Ok(());
         };
-        for (row, _) in j.cached_rows_by_age(self.sync.clock.now()) {
+        for (row, _) in j.cached_rows_by_age(self.sync.clock.now(), usize::MAX) {
             let r = self.stripes.get(row);
             drop(r.claim(r.st.lock()));
             let res = self.write_out_row(row);
