@@ -722,18 +722,34 @@ fn clustered_raid5(env: &Env, etcd: &EtcdServer) {
     );
 }
 
-#[test]
-fn a_member_failed_on_one_raid5_node_is_rebuilt_while_both_nodes_write() {
+/// Two nodes of a clustered array of level `level` (64 KiB chunks) on 4 members write
+/// different chunks of the same rows with fio; b fails member `failed` (a agrees before b's
+/// degraded writes return) and adds a new one, which a (coordinating, its rebuild slowed)
+/// rebuilds while both write on. What each wrote then reads back through the other node, the
+/// redundancy agrees with the data, and with member `then_fail` gone too, b's chunks come
+/// from the rebuilt member.
+fn rebuilt_while_both_write(level: &str, failed: usize, then_fail: usize) {
     if !require_tools(&["fio"]) {
         return;
     }
     let Some(etcd) = EtcdServer::start() else {
         return;
     };
-    let env = Env::new("rebuild5", 4, MEMBER);
-    clustered_raid5(&env, &etcd);
+    let env = Env::new(&format!("rebuild{level}"), 4, MEMBER);
+    env.create(
+        level,
+        &[
+            "--chunk",
+            "64K",
+            "--bitmap-chunk",
+            "4M",
+            "--cluster",
+            &etcd.endpoint,
+            "--nodes",
+            "2",
+        ],
+    );
     let (a, b) = (Node::new(&env, "a"), Node::new(&env, "b"));
-    // a coordinates; its rebuild is slowed so that both nodes' writes meet it everywhere.
     let _da = a.run(&etcd, &["--speed-max", "16M"], &env.members);
     let _db = b.run(&etcd, &[], &env.members);
     a.wait_detail("both nodes", 10, |d| states(d).len() == 2);
@@ -745,11 +761,8 @@ fn a_member_failed_on_one_raid5_node_is_rebuilt_while_both_nodes_write() {
     let wb = writer(b.uri(), 65536, 1);
     wa.join().unwrap();
     wb.join().unwrap();
-    // b fails a member (a agrees before b's degraded writes return); b adds a new one, which
-    // a learns of and rebuilds while both write on.
-    let failed = env.members[3].to_str().unwrap();
-    b.ok(&["fail", &env.name, failed]);
-    assert_eq!(member_state(&a.detail(), &env.members[3]), "faulty");
+    b.ok(&["fail", &env.name, env.members[failed].to_str().unwrap()]);
+    assert_eq!(member_state(&a.detail(), &env.members[failed]), "faulty");
     let spare = env.file("spare.img", MEMBER);
     b.ok(&["add", &env.name, spare.to_str().unwrap()]);
     let wa = writer(a.uri(), 0, 6);
@@ -768,85 +781,27 @@ fn a_member_failed_on_one_raid5_node_is_rebuilt_while_both_nodes_write() {
     let db_done = b.wait_detail("b seeing the member in sync", 10, |d| {
         member_state(d, &spare) == "in_sync"
     });
-    // What each wrote reads back through the other node, and parity (with the rebuilt
-    // member's chunks) agrees with the data everywhere.
     fio_one_chunk_per_stripe(&b.uri(), 0, SIZE, true);
     fio_one_chunk_per_stripe(&a.uri(), 65536, SIZE, true);
     assert_eq!(
         check_mismatches(&a),
         0,
-        "parity disagrees after the rebuild:\n{d:#}\n{rb:#}\n{d_done:#}\n{db_done:#}"
+        "redundancy disagrees after the rebuild:\n{d:#}\n{rb:#}\n{d_done:#}\n{db_done:#}"
     );
+    a.ok(&["fail", &env.name, env.members[then_fail].to_str().unwrap()]);
+    fio_one_chunk_per_stripe(&a.uri(), 65536, SIZE, true);
 }
 
 #[test]
+fn a_member_failed_on_one_raid5_node_is_rebuilt_while_both_nodes_write() {
+    rebuilt_while_both_write("5", 3, 0);
+}
+
+/// Near copies over 4 members: a writes the chunks on members 0 and 1, b those on members 2
+/// and 3, of the same rows; member 3 is rebuilt, then its partner 2 fails.
+#[test]
 fn a_member_failed_on_one_raid10_node_is_rebuilt_while_both_nodes_write() {
-    if !require_tools(&["fio"]) {
-        return;
-    }
-    let Some(etcd) = EtcdServer::start() else {
-        return;
-    };
-    let env = Env::new("rebuild10", 4, MEMBER);
-    env.create(
-        "10",
-        &[
-            "--chunk",
-            "64K",
-            "--bitmap-chunk",
-            "4M",
-            "--cluster",
-            &etcd.endpoint,
-            "--nodes",
-            "2",
-        ],
-    );
-    let (a, b) = (Node::new(&env, "a"), Node::new(&env, "b"));
-    // a coordinates; its rebuild is slowed so that both nodes' writes meet it everywhere.
-    let _da = a.run(&etcd, &["--speed-max", "16M"], &env.members);
-    let _db = b.run(&etcd, &[], &env.members);
-    a.wait_detail("both nodes", 10, |d| states(d).len() == 2);
-    // Near copies over 4 members: a writes the chunks on members 0 and 1, b those on members
-    // 2 and 3, of the same rows.
-    const SIZE: u64 = 96 * MIB;
-    let writer = |uri: String, offset: u64, loops: u32| {
-        std::thread::spawn(move || fio_stripe_loops(&uri, offset, SIZE, loops))
-    };
-    let wa = writer(a.uri(), 0, 1);
-    let wb = writer(b.uri(), 65536, 1);
-    wa.join().unwrap();
-    wb.join().unwrap();
-    let failed = env.members[3].to_str().unwrap();
-    b.ok(&["fail", &env.name, failed]);
-    assert_eq!(member_state(&a.detail(), &env.members[3]), "faulty");
-    let spare = env.file("spare.img", MEMBER);
-    b.ok(&["add", &env.name, spare.to_str().unwrap()]);
-    let wa = writer(a.uri(), 0, 6);
-    let wb = writer(b.uri(), 65536, 6);
-    a.wait_detail("a rebuilding the new member", 20, |d| {
-        member_state(d, &spare) == "rebuilding"
-    });
-    b.wait_detail("b writing to the member being rebuilt", 20, |d| {
-        member_state(d, &spare) == "rebuilding"
-    });
-    wa.join().unwrap();
-    wb.join().unwrap();
-    a.wait_detail("the rebuild done", 60, |d| {
-        member_state(d, &spare) == "in_sync"
-    });
-    b.wait_detail("b seeing the member in sync", 10, |d| {
-        member_state(d, &spare) == "in_sync"
-    });
-    fio_one_chunk_per_stripe(&b.uri(), 0, SIZE, true);
-    fio_one_chunk_per_stripe(&a.uri(), 65536, SIZE, true);
-    assert_eq!(
-        check_mismatches(&a),
-        0,
-        "the copies disagree after the rebuild"
-    );
-    // The rebuilt member's copies alone serve b's chunks once their partner is gone.
-    a.ok(&["fail", &env.name, env.members[2].to_str().unwrap()]);
-    fio_one_chunk_per_stripe(&a.uri(), 65536, SIZE, true);
+    rebuilt_while_both_write("10", 3, 2);
 }
 
 /// Bytes `path` really occupies on disk (the members are sparse files: what was never

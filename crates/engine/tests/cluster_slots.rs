@@ -4,12 +4,11 @@
 //! and a power cut anywhere in the takeover still leaves nothing unsynced.
 
 use device::{Device, PowerRail, SimDevice};
-use engine::cluster::{Coordinator, SyncKind};
 use engine::{
     Array, ArrayConfig, BitmapSpec, ClusterFormat, CreateSpec, EngineError, ManualClock, SyncAction,
 };
 use layout::Level;
-use std::ops::Range;
+use simkit::cluster::SlotNode as Node;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,46 +19,6 @@ const NODE0_CHUNKS: [u64; 2] = [3, 50];
 const NODE1_CHUNK: u64 = 100;
 /// A chunk nobody writes: a difference planted there must survive the takeover's resync.
 const QUIET_CHUNK: u64 = 200;
-
-/// A node that knows only its slot (the other nodes are the test itself).
-#[derive(Debug)]
-struct Node(usize);
-
-impl Coordinator for Node {
-    fn slot_number(&self) -> usize {
-        self.0
-    }
-    fn write_refusal(&self) -> Option<String> {
-        None
-    }
-    fn shares_metadata(&self) -> bool {
-        true
-    }
-    fn member_failed(&self, _dev_number: u32) {}
-    fn sync_refusal(&self) -> Option<String> {
-        None
-    }
-    fn recovery_allowed(&self) -> bool {
-        true
-    }
-    fn recovery_starts(&self) -> bool {
-        true
-    }
-    fn recovery_paused(&self) {}
-    fn metadata_update_start(&self) {}
-    fn metadata_update_finish(&self, _events: u64) {}
-    fn area_resyncing(&self, _range: Range<u64>) -> bool {
-        false
-    }
-    fn resync_info_update(&self, _kind: SyncKind, _range: Range<u64>) {}
-    fn resync_finish(&self) {}
-    fn add_new_disk(&self, _device_uuid: [u8; 16]) -> engine::Result<()> {
-        Ok(())
-    }
-    fn remove_disk(&self, _dev_number: u32) -> engine::Result<()> {
-        Ok(())
-    }
-}
 
 fn sims(seed: u64, rail: Option<&Arc<PowerRail>>) -> Vec<Arc<SimDevice>> {
     (0..2)

@@ -5,10 +5,9 @@
 //! over; maps the superblocks were not written with count as all used.
 
 use device::{Device, SimDevice};
-use engine::cluster::{Coordinator, SyncKind};
 use engine::{Array, ArrayConfig, BitmapSpec, ClusterFormat, CreateSpec, ManualClock, SyncAction};
 use layout::Level;
-use std::ops::Range;
+use simkit::cluster::SlotNode as Node;
 use std::sync::Arc;
 
 const MEMBER: u64 = 16 << 20;
@@ -17,46 +16,6 @@ const CHUNK: u64 = 64 << 10;
 const NODE0_REGION: u64 = 2;
 const NODE1_REGION: u64 = 5;
 const QUIET_REGION: u64 = 9;
-
-/// A node that knows only its slot (the other node is the test itself).
-#[derive(Debug)]
-struct Node(usize);
-
-impl Coordinator for Node {
-    fn slot_number(&self) -> usize {
-        self.0
-    }
-    fn write_refusal(&self) -> Option<String> {
-        None
-    }
-    fn shares_metadata(&self) -> bool {
-        true
-    }
-    fn member_failed(&self, _dev_number: u32) {}
-    fn sync_refusal(&self) -> Option<String> {
-        None
-    }
-    fn recovery_allowed(&self) -> bool {
-        true
-    }
-    fn recovery_starts(&self) -> bool {
-        true
-    }
-    fn recovery_paused(&self) {}
-    fn metadata_update_start(&self) {}
-    fn metadata_update_finish(&self, _events: u64) {}
-    fn area_resyncing(&self, _range: Range<u64>) -> bool {
-        false
-    }
-    fn resync_info_update(&self, _kind: SyncKind, _range: Range<u64>) {}
-    fn resync_finish(&self) {}
-    fn add_new_disk(&self, _device_uuid: [u8; 16]) -> engine::Result<()> {
-        Ok(())
-    }
-    fn remove_disk(&self, _dev_number: u32) -> engine::Result<()> {
-        Ok(())
-    }
-}
 
 /// Two mirrors and a blank device to rebuild onto.
 fn sims(seed: u64) -> Vec<Arc<SimDevice>> {

@@ -435,16 +435,8 @@ fn table_faults_found_and_fixed_by_scrub() {
 /// first write-out writes the tables its writes changed, and only those.
 #[test]
 fn create_writes_no_tables_and_blank_ones_hold_the_zero_blocks_records() {
-    let (sims, created, array) = records::array(7, Level::Raid5, Some(2), 16384, 4, MEMBER, true);
-    let mut rig = Rig {
-        model: vec![0u8; array.size_bytes() as usize],
-        sims,
-        array,
-        data_offset: created.data_offset_sectors * 512,
-        component_sectors: created.component_sectors,
-        level: Level::Raid5,
-        seed: 7,
-    };
+    let parts = records::array(7, Level::Raid5, Some(2), 16384, 4, MEMBER, true);
+    let mut rig = Rig::new(7, Level::Raid5, parts);
     let zone = rig.zone();
     let zone_bytes = |rig: &Rig, d: usize| -> Vec<u8> {
         (0..zone.len_sectors() / 8)

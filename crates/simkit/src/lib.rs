@@ -10,7 +10,8 @@
 //! - [`redundancy`]: [`check_redundancy`] / [`redundancy_error`] (/ [`redundancy_error_in`]
 //!   without an array), parity and copies as the engine's geometry places them;
 //! - [`workload`]: [`run_workload`] and the [`DiskModel`] it checks reads against;
-//! - [`records`]: the integrity fault tests' faults and arrays with records.
+//! - [`records`]: the integrity fault tests' faults and arrays with records;
+//! - [`cluster`]: [`cluster::SlotNode`], a cluster node that knows only its bitmap slot.
 //!
 //! A seeded test over it:
 //!
@@ -29,6 +30,7 @@
 //! ```
 
 pub mod array;
+pub mod cluster;
 pub mod geometries;
 pub mod records;
 pub mod redundancy;

@@ -135,15 +135,13 @@ pub struct Rig {
 }
 
 impl Rig {
-    /// A rig over `created` (from [`array`]) after a few random writes (4 to 11, of 1 to 63
-    /// sectors, from `rng`) and a flush.
-    pub fn with_writes(
+    /// A rig over `created` (from [`array`]) as created: all zeroes.
+    pub fn new(
         seed: u64,
         level: Level,
         (sims, created, array): (Vec<Arc<SimDevice>>, Created, Array),
-        rng: &mut ChaCha8Rng,
     ) -> Rig {
-        let mut rig = Rig {
+        Rig {
             model: vec![0u8; array.size_bytes() as usize],
             sims,
             array,
@@ -151,7 +149,18 @@ impl Rig {
             component_sectors: created.component_sectors,
             level,
             seed,
-        };
+        }
+    }
+
+    /// A rig over `created` (from [`array`]) after a few random writes (4 to 11, of 1 to 63
+    /// sectors, from `rng`) and a flush.
+    pub fn with_writes(
+        seed: u64,
+        level: Level,
+        parts: (Vec<Arc<SimDevice>>, Created, Array),
+        rng: &mut ChaCha8Rng,
+    ) -> Rig {
+        let mut rig = Rig::new(seed, level, parts);
         for _ in 0..rng.gen_range(4..12) {
             let len = rng.gen_range(1..64usize) * 512;
             let at = rng.gen_range(0..(rig.model.len() - len) / 512) as u64 * 512;
