@@ -206,3 +206,23 @@ fn maps_the_superblocks_were_not_written_with_count_as_all_used() {
         "the region nobody wrote (as far as the maps knew) is copied too"
     );
 }
+
+#[test]
+fn leaving_the_cluster_keeps_every_nodes_regions_in_the_plain_arrays_one_map() {
+    let s = sims(500);
+    let (n0, rb) = two_nodes_wrote(&s);
+    n0.close().unwrap();
+    drop(n0);
+    engine::cluster::leave_cluster(&simkit::devs(&s[..2])).expect("leave the cluster");
+    let plain = simkit::reassemble(&s[..2]).expect("the plain array");
+    let st = plain.status().used_regions.expect("a used-region map");
+    assert_eq!(st.used, 2, "both nodes' regions, and only those");
+    let mut buf = vec![0u8; 8192];
+    plain.read(NODE1_REGION * rb, &mut buf).unwrap();
+    assert_eq!(buf, vec![0x11; 8192], "node 1's region reads as written");
+    plain.read(QUIET_REGION * rb, &mut buf).unwrap();
+    assert!(
+        buf.iter().all(|&b| b == 0),
+        "a region no node wrote reads as zeroes (the difference planted there is not data)"
+    );
+}

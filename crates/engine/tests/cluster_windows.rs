@@ -1,6 +1,7 @@
 //! Another node's recovery window held on this node (`Array::hold_recovery_window`): RAID10
 //! rebuilds in member bytes, so a node holding one of its windows must keep its client writes
-//! out of the array bytes that window's chunks hold, and only those.
+//! out of the array bytes that window's chunks hold, and only those (not the chunks between
+//! them, which other members hold).
 
 use engine::Array;
 use layout::Level;
@@ -46,6 +47,11 @@ fn a_raid10_recovery_window_holds_the_array_bytes_its_member_chunks_hold() {
     assert!(
         write_waits(&array, 20 * MIB - CHUNK, window),
         "a write into the window's last chunk went on"
+    );
+    // Between the window's chunks: array chunks on members 0 and 1 of the same rows.
+    assert!(
+        !write_waits(&array, 16 * MIB, window),
+        "a write between the window's chunks waited"
     );
     // The canary: the same range read as sync (array) coordinates holds other bytes.
     assert!(!write_waits(&array, 16 * MIB + CHUNK, as_sync_range));

@@ -843,10 +843,10 @@ impl Array {
 
     /// [`Array::hold_sync_window`] for another node's recovery window over `at..at + len` of
     /// the member rebuilding `role`. RAID10 rebuilds in member bytes: the array bytes its
-    /// chunks hold are held (their hull, as the rebuilding node's own skips lock).
+    /// chunks hold are held, and only those.
     pub fn hold_recovery_window(&self, role: usize, at: u64, len: u64) -> SyncWindow<'_> {
-        match self.personality.recovery_array_hull(role, at, len) {
-            Some((at, len)) => SyncWindow(self.range_lock().lock(LockRange::Array { at, len })),
+        match self.personality.recovery_array_ranges(role, at, len) {
+            Some(ranges) => SyncWindow(self.range_lock().lock_array_ranges(&ranges)),
             None => self.hold_sync_window(at, len),
         }
     }

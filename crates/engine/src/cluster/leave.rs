@@ -7,8 +7,11 @@
 //! do the superblocks lose the CLUSTERED feature (events + 1). A cut between the two steps
 //! leaves a clustered superblock over a plain bitmap: running the conversion again finishes it
 //! (a plain bitmap is read as its one slot). The superblocks record the resync owed from the
-//! first dirty chunk on, so the next start resyncs the union's chunks (and only those).
+//! first dirty chunk on, so the next start resyncs the union's chunks (and only those). The
+//! nodes' used-region maps become one the same way, written before the superblocks with the
+//! events and utime they get, so that the plain array trusts it.
 
+use crate::clock::Clock;
 use crate::error::{EngineError, Result};
 use crate::members::{read_superblock, superblock_block, SB_OFFSET_BYTES};
 use crate::policy::bitmap::{read_bitmap_slot, BITMAP_BYTE_OFFSET};
@@ -108,6 +111,16 @@ pub fn leave_cluster(devs: &[Arc<dyn Device>]) -> Result<LeaveReport> {
             .and_then(|()| d.flush())
             .map_err(|e| member_io(d.as_ref(), "write the bitmap", e))?;
     }
+    // The plain array's one used-region map: every node's regions, written with the events
+    // and utime the superblocks get next (so that it is trusted).
+    let utime = format::ironraid_time(crate::clock::SystemClock::default().wall());
+    if let Some((at, image)) = plain_used_map(devs, newest, slots as usize, events, utime) {
+        for d in devs {
+            d.write_at(&image, at, false)
+                .and_then(|()| d.flush())
+                .map_err(|e| member_io(d.as_ref(), "write the used-region map", e))?;
+        }
+    }
     // The superblocks say a resync is owed from the first dirty chunk on (a clean array's
     // start would leave the bits to be cleared, as md's does): it visits the dirty chunks only.
     let first_dirty = (0..plain.chunks()).find(|&c| format::bit_is_set(&union, c));
@@ -116,6 +129,7 @@ pub fn leave_cluster(devs: &[Arc<dyn Device>]) -> Result<LeaveReport> {
         let sb = Superblock {
             feature_map: sb.feature_map & !feature::CLUSTERED,
             events,
+            utime,
             resync_offset: owed.map_or(sb.resync_offset, |o| o.min(sb.resync_offset)),
             ..sb
         };
@@ -127,6 +141,58 @@ pub fn leave_cluster(devs: &[Arc<dyn Device>]) -> Result<LeaveReport> {
         dirty_chunks: format::count_dirty(&union, plain.chunks()),
         events,
     })
+}
+
+/// The union of every node slot's used-region map on `devs` as one plain map (where on the
+/// members, and its bytes), its header at `events` and `utime`. Untrusted maps (no slot's
+/// header matches the newest superblock) give every region used. None if the members carry no
+/// map per slot: the plain array then finds its map behind the superblocks, all used.
+fn plain_used_map(
+    devs: &[Arc<dyn Device>],
+    newest: &Superblock,
+    slots: usize,
+    events: u64,
+    utime: u64,
+) -> Option<(u64, AlignedBuf)> {
+    let base = format::used_map_offset_sectors(newest) * 512;
+    let mut header: Option<format::UsedMapHeader> = None;
+    let mut fresh = false;
+    let mut union: Vec<u8> = Vec::new();
+    for slot in 0..slots {
+        for d in devs {
+            let map_bytes = header
+                .as_ref()
+                .map_or(0, format::UsedMapHeader::bytes_on_disk);
+            let at = base + format::node_map_offset(map_bytes, slot);
+            let (h, bits) = crate::policy::used::read_map(d.as_ref(), at).ok()?;
+            let known = header.as_ref().map_or(h.region_bytes, |k| k.region_bytes);
+            if h.uuid != newest.set_uuid || h.region_bytes != known {
+                return None;
+            }
+            fresh |= h.events == newest.events
+                && h.sb_utime == newest.utime
+                && !format::written_by_md(newest.utime);
+            union.resize(union.len().max(bits.len()), 0);
+            for (u, b) in union.iter_mut().zip(&bits) {
+                *u |= b;
+            }
+            header.get_or_insert(h);
+        }
+    }
+    let h = format::UsedMapHeader {
+        events,
+        sb_utime: utime,
+        ..header?
+    };
+    if !fresh {
+        union.fill(0xff);
+    }
+    let mut image = AlignedBuf::zeroed(h.bytes_on_disk() as usize);
+    image[..format::USED_MAP_HEADER_BYTES].copy_from_slice(&h.encode());
+    let n = union.len().min(image.len() - format::USED_MAP_HEADER_BYTES);
+    image[format::USED_MAP_HEADER_BYTES..format::USED_MAP_HEADER_BYTES + n]
+        .copy_from_slice(&union[..n]);
+    Some((base, image))
 }
 
 /// Slot 0's header and the union of every slot's bits over every member (a chunk dirty in any

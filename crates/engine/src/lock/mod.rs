@@ -44,6 +44,8 @@ pub(crate) type RangeGuard<'a> = Box<dyn Held + 'a>;
 /// Keeps client writes out of a range for as long as its guard lives.
 pub(crate) trait RangeLock: Send + Sync {
     fn lock(&self, range: LockRange) -> RangeGuard<'_>;
+    /// Array byte ranges `(at, len)` of a mirror level, all at once.
+    fn lock_array_ranges(&self, ranges: &[(u64, u64)]) -> RangeGuard<'_>;
 }
 
 /// Exclusive claims on parity stripes: the stripe cache's, the same a write batch or a
@@ -79,6 +81,11 @@ impl LocalLocks {
 }
 
 impl RangeLock for LocalLocks {
+    fn lock_array_ranges(&self, ranges: &[(u64, u64)]) -> RangeGuard<'_> {
+        assert!(!self.parity, "parity levels lock stripes");
+        Box::new(self.regions.lock_ranges(ranges))
+    }
+
     fn lock(&self, range: LockRange) -> RangeGuard<'_> {
         match range {
             LockRange::Stripes { first, end } => {

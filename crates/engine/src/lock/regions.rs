@@ -22,9 +22,19 @@ impl RegionLocks {
 
     /// Lock the regions array bytes `offset..offset + len` fall in.
     pub fn lock_range(&self, offset_bytes: u64, len_bytes: u64) -> Vec<MutexGuard<'_, ()>> {
-        let first = offset_bytes / REGION_BYTES;
-        let last = (offset_bytes + len_bytes.max(1) - 1) / REGION_BYTES;
-        let mut idx: Vec<usize> = (first..=last.min(first + REGION_LOCKS as u64))
+        self.lock_ranges(&[(offset_bytes, len_bytes)])
+    }
+
+    /// Lock the regions any of the array byte ranges `(offset, len)` fall in, all at once (in
+    /// index order, as every taker does).
+    pub fn lock_ranges(&self, ranges: &[(u64, u64)]) -> Vec<MutexGuard<'_, ()>> {
+        let mut idx: Vec<usize> = ranges
+            .iter()
+            .flat_map(|&(offset_bytes, len_bytes)| {
+                let first = offset_bytes / REGION_BYTES;
+                let last = (offset_bytes + len_bytes.max(1) - 1) / REGION_BYTES;
+                first..=last.min(first + REGION_LOCKS as u64)
+            })
             .map(|r| (r % REGION_LOCKS as u64) as usize)
             .collect();
         idx.sort_unstable();

@@ -182,15 +182,10 @@ impl Copies {
         if to <= pos {
             return None;
         }
-        let (lo, hi) = spans(to)
-            .filter_map(|(_, at, len)| at.map(|at| (at, at + len)))
-            .fold((u64::MAX, 0), |(lo, hi), (a, b)| (lo.min(a), hi.max(b)));
-        let _guard = (lo < hi).then(|| {
-            array.range_lock().lock(LockRange::Array {
-                at: lo,
-                len: hi - lo,
-            })
-        });
+        let ranges: Vec<(u64, u64)> = spans(to)
+            .filter_map(|(_, at, len)| at.map(|at| (at, len)))
+            .collect();
+        let _guard = (!ranges.is_empty()).then(|| array.range_lock().lock_array_ranges(&ranges));
         if spans(to).any(|(_, at, len)| at.is_some_and(|at| !idle(at, len))) {
             return None; // a write came in meanwhile: rebuild the usual way
         }

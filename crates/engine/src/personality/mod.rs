@@ -110,8 +110,8 @@ pub(crate) trait Personality: Send + Sync {
     fn recovery_unit(&self) -> u64;
 
     /// Where a recovery window over member bytes `at..at + len` of `role` is not in sync
-    /// coordinates (RAID10): the hull `(at, len)` of the array bytes its chunks hold.
-    fn recovery_array_hull(&self, role: usize, at: u64, len: u64) -> Option<(u64, u64)> {
+    /// coordinates (RAID10): the array byte ranges `(at, len)` its chunks hold, in order.
+    fn recovery_array_ranges(&self, role: usize, at: u64, len: u64) -> Option<Vec<(u64, u64)>> {
         let _ = (role, at, len);
         None
     }
@@ -320,16 +320,25 @@ impl Personality for Copies {
         self.g.level() == Level::Raid10
     }
 
-    fn recovery_array_hull(&self, role: usize, at: u64, len: u64) -> Option<(u64, u64)> {
+    fn recovery_array_ranges(&self, role: usize, at: u64, len: u64) -> Option<Vec<(u64, u64)>> {
         if !self.recovery_maps_chunks() {
             return None;
         }
         let step = self.recovery_unit();
-        let (lo, hi) = (at / step * step..at + len)
+        let chunks = (at / step * step..at + len)
             .step_by(step as usize)
-            .filter_map(|p| self.g.reverse_copy(role, p / 512).map(|s| s * 512))
-            .fold((u64::MAX, 0), |(lo, hi), a| (lo.min(a), hi.max(a + step)));
-        Some(if lo < hi { (lo, hi - lo) } else { (0, 0) })
+            .filter_map(|p| {
+                self.g
+                    .reverse_copy(role, p / 512)
+                    .map(|s| (s * 512, s * 512 + step))
+            })
+            .collect();
+        Some(
+            crate::intervals::merge(chunks)
+                .into_iter()
+                .map(|(a, b)| (a, b - a))
+                .collect(),
+        )
     }
 
     fn recovery_unit(&self) -> u64 {
