@@ -134,6 +134,16 @@ impl Node {
     }
 }
 
+/// Nodes a (run with `a_args`, the first to start: the coordinator) and b of `env`'s array,
+/// both serving and each seeing the other; their daemons run as long as the guards live.
+fn both_serving(env: &Env, etcd: &EtcdServer, a_args: &[&str]) -> (Node, Node, Daemon, Daemon) {
+    let (a, b) = (Node::new(env, "a"), Node::new(env, "b"));
+    let da = a.run(etcd, a_args, &env.members);
+    let db = b.run(etcd, &[], &env.members);
+    a.wait_detail("both nodes", 10, |d| states(d).len() == 2);
+    (a, b, da, db)
+}
+
 fn qemu_io(uri: &str, cmd: &str) -> String {
     sh("qemu-io", &["-f", "raw", uri, "-c", cmd])
 }
@@ -516,16 +526,7 @@ fn a_dead_nodes_chunk_is_resynced_while_another_node_writes_and_the_mirrors_agre
 /// `verify_only`, only the verification of what such a run wrote.
 fn fio_one_chunk_per_stripe(uri: &str, offset: u64, size: u64, verify_only: bool) {
     let args = fio_stripe_args(uri, offset, size, verify_only);
-    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-    let out = sh("fio", &refs);
-    assert!(
-        out.contains("err= 0"),
-        "fio at {offset} through {uri}: {out}"
-    );
-    assert!(
-        !out.contains("verify: bad"),
-        "fio at {offset} through {uri}: {out}"
-    );
+    fio_verified(uri, offset, &args);
 }
 
 /// [`fio_one_chunk_per_stripe`] `loops` times over, verified after.
@@ -533,6 +534,11 @@ fn fio_stripe_loops(uri: &str, offset: u64, size: u64, loops: u32) {
     let mut args = fio_stripe_args(uri, offset, size, false);
     args.retain(|s| s != "--loops=3");
     args.push(format!("--loops={loops}"));
+    fio_verified(uri, offset, &args);
+}
+
+/// Run fio with `args` (its job at `offset` through `uri`): no error, nothing failed to verify.
+fn fio_verified(uri: &str, offset: u64, args: &[String]) {
     let refs: Vec<&str> = args.iter().map(String::as_str).collect();
     let out = sh("fio", &refs);
     assert!(
@@ -595,10 +601,7 @@ fn two_nodes_writing_different_chunks_of_the_same_raid5_stripes_leave_parity_con
     // of parity stays lost (a reconstruct-write would recompute it from the data).
     let env = Env::new("stripes", 5, MEMBER);
     clustered_raid5(&env, &etcd);
-    let (a, b) = (Node::new(&env, "a"), Node::new(&env, "b"));
-    let _da = a.run(&etcd, &[], &env.members);
-    let _db = b.run(&etcd, &[], &env.members);
-    a.wait_detail("both nodes", 10, |d| states(d).len() == 2);
+    let (a, b, _da, _db) = both_serving(&env, &etcd, &[]);
     // a writes chunk 0 and b chunk 1 of the same stripes at the same time, over 96 MiB of
     // the array (two ownership extents): both read-modify-write every stripe's parity.
     const SIZE: u64 = 96 * MIB;
@@ -630,16 +633,7 @@ fn fio_chunks(uri: &str, offset: u64, size: u64, verify_only: bool) {
     for a in args.iter_mut().filter(|a| *a == "--rw=write:128k") {
         *a = "--rw=write:192k".into();
     }
-    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-    let out = sh("fio", &refs);
-    assert!(
-        out.contains("err= 0"),
-        "fio at {offset} through {uri}: {out}"
-    );
-    assert!(
-        !out.contains("verify: bad"),
-        "fio at {offset} through {uri}: {out}"
-    );
+    fio_verified(uri, offset, &args);
 }
 
 #[test]
@@ -749,10 +743,7 @@ fn rebuilt_while_both_write(level: &str, failed: usize, then_fail: usize) {
             "2",
         ],
     );
-    let (a, b) = (Node::new(&env, "a"), Node::new(&env, "b"));
-    let _da = a.run(&etcd, &["--speed-max", "16M"], &env.members);
-    let _db = b.run(&etcd, &[], &env.members);
-    a.wait_detail("both nodes", 10, |d| states(d).len() == 2);
+    let (a, b, _da, _db) = both_serving(&env, &etcd, &["--speed-max", "16M"]);
     const SIZE: u64 = 96 * MIB;
     let writer = |uri: String, offset: u64, loops: u32| {
         std::thread::spawn(move || fio_stripe_loops(&uri, offset, SIZE, loops))
@@ -818,10 +809,7 @@ fn a_rebuild_while_both_nodes_serve_copies_only_the_regions_either_node_wrote() 
     };
     let env = Env::new("usedmaps", 4, MEMBER);
     clustered_raid5(&env, &etcd);
-    let (a, b) = (Node::new(&env, "a"), Node::new(&env, "b"));
-    let _da = a.run(&etcd, &[], &env.members);
-    let _db = b.run(&etcd, &[], &env.members);
-    a.wait_detail("both nodes", 10, |d| states(d).len() == 2);
+    let (a, b, _da, _db) = both_serving(&env, &etcd, &[]);
     // Each node writes 8 MiB of the array: 8/3 MiB of every member, three 1 MiB regions each.
     qemu_io(&a.uri(), "write -P 0xa1 0 8M");
     qemu_io(&b.uri(), "write -P 0xb2 96M 8M");

@@ -6,6 +6,7 @@ use device::{Device, SimDevice};
 use engine::{assemble, Array, ArrayConfig, AssembleOptions, BitmapSpec, CreateSpec, SyncAction};
 use layout::Level;
 use simkit::devs;
+use simkit::settle;
 use std::sync::Arc;
 
 const MEMBER: u64 = 16 << 20;
@@ -54,15 +55,6 @@ fn set_bits(dev: &SimDevice) -> Vec<u64> {
 }
 
 /// Run background work to the end on the test's thread.
-fn settle(a: &Array) {
-    for _ in 0..1_000_000 {
-        if a.sync_step() == SyncAction::Idle {
-            return;
-        }
-    }
-    panic!("background work did not finish");
-}
-
 /// A fresh, clean array with every bit of mdadm's initial all-ones bitmap cleared.
 fn quiet_array(level: Level, n: usize) -> (Vec<Arc<SimDevice>>, Array) {
     let s = sims(n, 11);

@@ -9,6 +9,7 @@ use engine::{
 };
 use layout::Level;
 use simkit::cluster::SlotNode as Node;
+use simkit::settle;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -80,15 +81,6 @@ fn slot_bits(dev: &SimDevice, slot: u32) -> Vec<u64> {
     (0..sb.chunks())
         .filter(|&c| format::bit_is_set(&bits, c))
         .collect()
-}
-
-fn settle(a: &Array) {
-    for _ in 0..1_000_000 {
-        if a.sync_step() == SyncAction::Idle {
-            return;
-        }
-    }
-    panic!("background work did not finish");
 }
 
 fn data_offset(dev: &SimDevice) -> u64 {

@@ -5,9 +5,10 @@
 //! over; maps the superblocks were not written with count as all used.
 
 use device::{Device, SimDevice};
-use engine::{Array, ArrayConfig, BitmapSpec, ClusterFormat, CreateSpec, ManualClock, SyncAction};
+use engine::{Array, ArrayConfig, BitmapSpec, ClusterFormat, CreateSpec, ManualClock};
 use layout::Level;
 use simkit::cluster::SlotNode as Node;
+use simkit::settle;
 use std::sync::Arc;
 
 const MEMBER: u64 = 16 << 20;
@@ -57,15 +58,6 @@ fn node(s: &[Arc<SimDevice>], slot: usize) -> Array {
         },
     )
     .expect("node")
-}
-
-fn settle(a: &Array) {
-    for _ in 0..1_000_000 {
-        if a.sync_step() == SyncAction::Idle {
-            return;
-        }
-    }
-    panic!("background work did not finish");
 }
 
 fn data_offset(dev: &SimDevice) -> u64 {

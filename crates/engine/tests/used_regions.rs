@@ -4,9 +4,10 @@
 //! moved past counts as all used.
 
 use device::{Device, SimDevice};
-use engine::{assemble, Array, ArrayConfig, AssembleOptions, CreateSpec, SyncAction};
+use engine::{assemble, Array, ArrayConfig, AssembleOptions, CreateSpec};
 use layout::Level;
 use simkit::devs;
+use simkit::settle;
 use std::sync::Arc;
 
 const MEMBER: u64 = 16 << 20;
@@ -56,15 +57,6 @@ fn fresh_array(level: Level, layout: Option<u32>, n: usize) -> (Vec<Arc<SimDevic
     .expect("create");
     let a = boot(&s);
     (s, a)
-}
-
-fn settle(a: &Array) {
-    for _ in 0..100_000 {
-        if a.sync_step() == SyncAction::Idle {
-            return;
-        }
-    }
-    panic!("background work did not finish");
 }
 
 fn used(a: &Array) -> u64 {

@@ -132,3 +132,14 @@ pub fn create_clean(
     ))
     .expect("create")
 }
+
+/// Run `a`'s background work (rebuild, resync, scrub) step by step until it is idle; panics if
+/// it has not finished after a million steps.
+pub fn settle(a: &Array) {
+    for _ in 0..1_000_000 {
+        if a.sync_step() == engine::SyncAction::Idle {
+            return;
+        }
+    }
+    panic!("background work did not finish");
+}

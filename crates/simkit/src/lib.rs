@@ -5,7 +5,7 @@
 //!
 //! - [`array`]: [`sim_array`] creates (clean) and assembles an array of simulated members;
 //!   [`create_clean`] / [`clean_spec`] for tests that build their own; [`devs`], [`config`],
-//!   [`reassemble`] / [`reassemble_with`];
+//!   [`reassemble`] / [`reassemble_with`]; [`settle`] runs background work to its end;
 //! - [`geometries`]: [`all_geometries`], every level and layout with a member count;
 //! - [`redundancy`]: [`check_redundancy`] / [`redundancy_error`] (/ [`redundancy_error_in`]
 //!   without an array), parity and copies as the engine's geometry places them;
@@ -37,8 +37,8 @@ pub mod redundancy;
 pub mod workload;
 
 pub use array::{
-    clean_spec, config, create_clean, devs, reassemble, reassemble_with, sim_array, sim_array_with,
-    SimArray,
+    clean_spec, config, create_clean, devs, reassemble, reassemble_with, settle, sim_array,
+    sim_array_with, SimArray,
 };
 pub use geometries::all_geometries;
 pub use redundancy::{check_redundancy, redundancy_error, redundancy_error_in};
