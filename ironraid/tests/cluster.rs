@@ -667,13 +667,14 @@ fn a_raid5_node_killed_mid_write_leaves_its_flushed_data_and_consistent_parity_t
     let uri_b = b.uri();
     let writer_b = std::thread::spawn(move || fio_stripe_loops(&uri_b, 65536, SIZE, 12));
     std::thread::sleep(Duration::from_secs(2));
+    // a, writing on alone for a second, takes back every extent b had: it dies owning them.
+    writer_b.join().unwrap();
+    std::thread::sleep(Duration::from_secs(1));
     da.kill9();
     let _ = fio_a.kill();
     let _ = fio_a.wait();
-    // b goes on writing through a's extents once a's lease and the grace are over, takes
-    // a's slot over and resyncs what a had dirty. Its writer may have finished before a died:
-    // one more pass over both extents needs whichever a held when it died.
-    writer_b.join().unwrap();
+    // b writes through a's extents once a's lease and the grace are over, takes a's slot over
+    // and resyncs what a had dirty.
     fio_stripe_loops(&b.uri(), 65536, SIZE, 1);
     let deadline = Instant::now() + Duration::from_secs(30);
     while !db
