@@ -49,3 +49,52 @@ pub struct VerifyReport {
     /// Integrity counters that moved during the request (None without integrity).
     pub integrity: Option<IntegrityCounts>,
 }
+
+/// Pieces of one background window in flight at once. A piece's member reads, its parity
+/// arithmetic and its write to a new member run on its own thread, so the reads of one piece
+/// overlap the arithmetic and the writes of the others (md keeps every member's queue busy the
+/// same way, with many stripes of one window in flight).
+pub(crate) const PIECES_IN_FLIGHT: usize = 4;
+
+/// Run `work` on every piece, up to `at_once` (at most [`PIECES_IN_FLIGHT`]) at a time, one
+/// after the other when `in_order` (the simulation replays one interleaving per seed). The first piece that stops
+/// stops those not yet started, and its `Stop` is returned; otherwise the results, in the
+/// pieces' order. Every piece started has ended when this returns.
+pub(crate) fn in_pieces<P: Sync, T: Send>(
+    pieces: &[P],
+    at_once: usize,
+    in_order: bool,
+    work: impl Fn(&P) -> Result<T, Stop> + Sync,
+) -> Result<Vec<T>, Stop> {
+    if in_order || pieces.len() < 2 || at_once < 2 {
+        return pieces.iter().map(work).collect();
+    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let done: parking_lot::Mutex<Vec<Option<Result<T, Stop>>>> =
+        parking_lot::Mutex::new(pieces.iter().map(|_| None).collect());
+    let stopped = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        for _ in 0..at_once.min(PIECES_IN_FLIGHT).min(pieces.len()) {
+            scope.spawn(|| {
+                use std::sync::atomic::Ordering::Relaxed;
+                while !stopped.load(Relaxed) {
+                    let i = next.fetch_add(1, Relaxed);
+                    let Some(piece) = pieces.get(i) else { break };
+                    let res = work(piece);
+                    stopped.fetch_or(res.is_err(), Relaxed);
+                    done.lock()[i] = Some(res);
+                }
+            });
+        }
+    });
+    // Pieces are claimed in order, so those never started follow the first stop.
+    let mut out = Vec::with_capacity(pieces.len());
+    for res in done.into_inner() {
+        match res {
+            Some(Ok(t)) => out.push(t),
+            Some(Err(stop)) => return Err(stop),
+            None => unreachable!("a piece was left unstarted though none stopped"),
+        }
+    }
+    Ok(out)
+}

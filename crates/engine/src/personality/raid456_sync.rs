@@ -12,26 +12,15 @@ use crate::personality::raid456::row_pieces;
 use crate::personality::raid456::Torn;
 use crate::personality::raid456_heal::Heal;
 use crate::personality::Parity;
-use crate::work::{Stop, SyncAction};
+use crate::work::{in_pieces, Stop, SyncAction, PIECES_IN_FLIGHT};
 
 /// Rebuilds record what they cannot recover in pages of this many bytes.
 const PAGE: u64 = crate::members::badblocks::BAD_PAGE;
 /// How often one window's sources are read again while members fail meanwhile.
 const MAX_SOURCE_TRIES: usize = 4;
-/// Pieces a rebuild window is read and written in. Why more than two: only the first piece's
-/// reads and the last piece's write run alone, so the more pieces, the less of the window
-/// waits for one kind of I/O (a remote member's writes take a round trip more than a file's).
-const REBUILD_PIECES: u64 = 4;
-/// Writes to the rebuilding member in flight at once: a second keeps it busy while the first's
-/// reply is on its way back (a remote member's round trip).
-const REBUILD_WRITES_IN_FLIGHT: usize = 2;
-
-/// The outcome of a rebuild write running on its own thread.
-fn join_rebuild_write(
-    w: Option<std::thread::ScopedJoinHandle<'_, Result<(), Stop>>>,
-) -> Result<(), Stop> {
-    w.map_or(Ok(()), |w| w.join().expect("rebuild writer panicked"))
-}
+/// Member buffers the pieces of one window in flight hold at most together (a wide array's
+/// window runs fewer pieces at once).
+const PIECE_BUFFER_BYTES: u64 = 32 << 20;
 
 impl Parity {
     /// Rebuild `role`'s chunks of the stripes from member byte `pos` on (not past `end`), one
@@ -145,11 +134,23 @@ impl Parity {
             .map_err(Stop::Failed)
     }
 
-    /// Rebuild `role`'s chunks of stripes `r0..r1` (claimed by the caller) in
-    /// [`REBUILD_PIECES`] pieces whose I/O overlaps: a piece's reads (other members) run while
-    /// the writes of the pieces before it to the new member are on their way, up to
-    /// [`REBUILD_WRITES_IN_FLIGHT`] of them, as a reader and a writer would run side by side.
-    /// Every write has ended when this returns; the caller moves the in-sync point.
+    /// Rows `r0..r1` cut into pieces of whole rows for [`in_pieces`], and how many of them
+    /// may be in flight at once within [`PIECE_BUFFER_BYTES`].
+    fn window_pieces(&self, r0: u64, r1: u64) -> (Vec<(u64, u64)>, usize) {
+        let chunk = self.g.chunk_sectors() * 512;
+        let step = (r1 - r0).div_ceil(2 * PIECES_IN_FLIGHT as u64).max(1);
+        let pieces = (r0..r1)
+            .step_by(step as usize)
+            .map(|a| (a, (a + step).min(r1)));
+        let held = step * chunk * self.g.raid_disks() as u64;
+        let at_once = (PIECE_BUFFER_BYTES / held).max(1) as usize;
+        (pieces.collect(), at_once)
+    }
+
+    /// Rebuild `role`'s chunks of stripes `r0..r1` (claimed by the caller), piece by piece with
+    /// several pieces in flight ([`in_pieces`]): one piece's reads of the other members run
+    /// while another's parity is computed and a third's rebuilt chunks are written to the new
+    /// member. Every write has ended when this returns; the caller moves the in-sync point.
     pub(crate) fn rebuild_window(
         &self,
         array: &Array,
@@ -158,44 +159,28 @@ impl Parity {
         r1: u64,
     ) -> Result<(), Stop> {
         let chunk = self.g.chunk_sectors() * 512;
-        let step = (r1 - r0).div_ceil(REBUILD_PIECES).max(1);
-        std::thread::scope(|scope| {
-            let mut writing = std::collections::VecDeque::new();
-            let mut lost: Vec<u64> = Vec::new();
-            for a in (r0..r1).step_by(step as usize) {
-                let (bufs, gone) = self.read_rebuild_sources(array, a, (a + step).min(r1))?;
-                lost.extend(gone);
-                let write = move || {
-                    array
-                        .sync
-                        .write_rebuilt(array, role, a * chunk, &bufs[role])
-                };
-                if array.is_deterministic() {
-                    write()?;
-                    continue;
-                }
-                if writing.len() == REBUILD_WRITES_IN_FLIGHT {
-                    join_rebuild_write(writing.pop_front())?;
-                }
-                writing.push_back(scope.spawn(write));
+        let (pieces, at_once) = self.window_pieces(r0, r1);
+        let lost = in_pieces(&pieces, at_once, array.is_deterministic(), |&(a, b)| {
+            let (bufs, gone) = self.read_rebuild_sources(array, a, b)?;
+            array
+                .sync
+                .write_rebuilt(array, role, a * chunk, &bufs[role])?;
+            Ok(gone)
+        })?;
+        // After the writes (a write clears what it covers), before the in-sync point passes
+        // them: what could not be rebuilt reads as EIO, never as what was written. Where the
+        // page was data a crash may have torn, the row's parity is recorded bad too: it was
+        // computed with the lost bytes as they were before or after the crash, nobody knows
+        // which, so a reconstruction from it is a guess as well (writes of the row's other
+        // data then leave it as it is; a write of the lost data makes it whole). Integrity
+        // records tell the two apart instead.
+        let lost: Vec<u64> = lost.into_iter().flatten().collect();
+        for (at, len) in array.sync.record_unrebuilt(array, role, &lost) {
+            if array.integrity.is_none() {
+                self.record_torn_parity(array, role, at, len);
             }
-            for w in writing {
-                join_rebuild_write(Some(w))?;
-            }
-            // After the writes (a write clears what it covers), before the in-sync point
-            // passes them: what could not be rebuilt reads as EIO, never as what was written.
-            // Where the page was data a crash may have torn, the row's parity is recorded bad
-            // too: it was computed with the lost bytes as they were before or after the crash,
-            // nobody knows which, so a reconstruction from it is a guess as well (writes of
-            // the row's other data then leave it as it is; a write of the lost data makes it
-            // whole). Integrity records tell the two apart instead.
-            for (at, len) in array.sync.record_unrebuilt(array, role, &lost) {
-                if array.integrity.is_none() {
-                    self.record_torn_parity(array, role, at, len);
-                }
-            }
-            Ok(())
-        })
+        }
+        Ok(())
     }
 
     /// The parity of the rows of member bytes `at..at + len` a crash may have torn where
@@ -332,18 +317,22 @@ impl Parity {
         fix: bool,
         heal: Heal,
     ) -> Result<u64, Stop> {
-        let chunk = (self.g.chunk_sectors() * 512) as usize;
-        // Pages nothing can rebuild (recorded bad blocks) are passed, as a rebuild passes them:
-        // neither counted nor rewritten (a parity write there would clear a record).
-        let (bufs, lost) = match self.read_window(array, r0, r1, heal) {
-            Ok(Some(bufs)) => (bufs, Vec::new()),
-            Ok(None) => return Err(Stop::Interrupted),
-            Err(Stop::Failed(_)) if self.sources_left(array, r0, r1) => {
-                self.read_sources_by_page(array, r0, r1)?
-            }
-            Err(stop) => return Err(stop),
-        };
-        self.compare_span(array, r0 * chunk as u64, &bufs, &lost, fix)
+        let chunk = self.g.chunk_sectors() * 512;
+        let (pieces, at_once) = self.window_pieces(r0, r1);
+        let bad = in_pieces(&pieces, at_once, array.is_deterministic(), |&(a, b)| {
+            // Pages nothing can rebuild (recorded bad blocks) are passed, as a rebuild passes
+            // them: neither counted nor rewritten (a parity write there would clear a record).
+            let (bufs, lost) = match self.read_window(array, a, b, heal) {
+                Ok(Some(bufs)) => (bufs, Vec::new()),
+                Ok(None) => return Err(Stop::Interrupted),
+                Err(Stop::Failed(_)) if self.sources_left(array, a, b) => {
+                    self.read_sources_by_page(array, a, b)?
+                }
+                Err(stop) => return Err(stop),
+            };
+            self.compare_span(array, a * chunk, &bufs, &lost, fix)
+        })?;
+        Ok(bad.iter().sum())
     }
 
     /// Compare parity with data over member bytes `at..at + len` (whole pages, parts of rows
