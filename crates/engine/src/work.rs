@@ -28,6 +28,7 @@ impl SyncAction {
 }
 
 /// Why a unit of work stopped early.
+#[derive(Debug)]
 pub(crate) enum Stop {
     Interrupted,
     /// The action cannot go on: what failed (its kind says whether it was I/O, damage, …).
@@ -97,4 +98,69 @@ pub(crate) fn in_pieces<P: Sync, T: Send>(
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[test]
+    fn pieces_in_flight_return_every_result_in_order() {
+        let pieces: Vec<u64> = (0..37).collect();
+        for (at_once, in_order) in [(1, false), (4, false), (4, true), (64, false)] {
+            let out = in_pieces(&pieces, at_once, in_order, |&p| Ok(p * 3)).unwrap();
+            assert_eq!(out, pieces.iter().map(|p| p * 3).collect::<Vec<_>>());
+        }
+    }
+
+    #[test]
+    fn pieces_run_side_by_side_up_to_the_limit() {
+        let (now, most) = (AtomicUsize::new(0), AtomicUsize::new(0));
+        let pieces: Vec<u64> = (0..16).collect();
+        let started = std::time::Instant::now();
+        in_pieces(&pieces, 3, false, |&p| {
+            let n = now.fetch_add(1, Ordering::SeqCst) + 1;
+            most.fetch_max(n, Ordering::SeqCst);
+            // The first pieces wait for each other (a few seconds at most, on a busy machine),
+            // so that three are surely in flight together once.
+            while p < 3
+                && now.load(Ordering::SeqCst) < 3
+                && started.elapsed() < std::time::Duration::from_secs(5)
+            {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(2));
+            now.fetch_sub(1, Ordering::SeqCst);
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(most.load(Ordering::SeqCst), 3, "three at once, never more");
+    }
+
+    #[test]
+    fn a_stopped_piece_stops_those_not_started_and_is_the_answer() {
+        let ran = AtomicUsize::new(0);
+        let pieces: Vec<u64> = (0..1000).collect();
+        let res = in_pieces(&pieces, 4, false, |&p| {
+            ran.fetch_add(1, Ordering::SeqCst);
+            match p {
+                10 => Err(Stop::Interrupted),
+                _ => Ok(p),
+            }
+        });
+        assert!(matches!(res, Err(Stop::Interrupted)));
+        // Piece 10 stopped the walk: at most the pieces already claimed ran after it.
+        assert!(ran.load(Ordering::SeqCst) < 10 + 1 + 2 * PIECES_IN_FLIGHT);
+        let in_order = AtomicUsize::new(0);
+        let res = in_pieces(&pieces, 4, true, |&p| {
+            in_order.fetch_add(1, Ordering::SeqCst);
+            if p == 10 {
+                return Err(Stop::Interrupted);
+            }
+            Ok(p)
+        });
+        assert!(res.is_err());
+        assert_eq!(in_order.load(Ordering::SeqCst), 11);
+    }
 }
