@@ -18,6 +18,12 @@ if [ -n "${IRONRAID_ALLOW_MISSING_TOOLS:-}" ]; then
   unset IRONRAID_ALLOW_MISSING_TOOLS
 fi
 
+# The NBD server asks for 1 MiB send buffers on Unix sockets (a whole 1 MiB READ reply in one
+# write); older kernels cap them at 208 KiB unless raised (crates/nbd/tests/raw_protocol.rs).
+if [ "$(cat /proc/sys/net/core/wmem_max)" -lt 1048576 ]; then
+  if [ "$(id -u)" = 0 ]; then sysctl -qw net.core.wmem_max=4194304
+  else sudo sysctl -qw net.core.wmem_max=4194304; fi
+fi
 need_pkgs=()
 have() { command -v "$1" >/dev/null 2>&1; }
 { have nbdinfo && have nbdcopy; } || need_pkgs+=(libnbd-bin)

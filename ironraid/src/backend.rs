@@ -40,6 +40,12 @@ impl Backend for ArrayBackend {
         self.0.read_any(offset, buf).map_err(io::Error::from)
     }
 
+    /// A read the array answers Ok has filled every byte: from a member, from redundancy, or
+    /// with zeroes for a region never written.
+    fn read_fills_buffer(&self) -> bool {
+        true
+    }
+
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> io::Result<()> {
         self.0.write_any(offset, data, fua).map_err(io::Error::from)
     }

@@ -87,6 +87,13 @@ pub trait Backend: Send + Sync + 'static {
     fn block_sizes(&self) -> BlockSizes;
     /// Fills `buf` with the bytes at `offset`.
     fn read(&self, offset: u64, buf: &mut [u8]) -> io::Result<()>;
+    /// Whether a successful [`Backend::read`] always writes every byte of its buffer. Then
+    /// the server hands it a reused buffer as it is, holding an earlier request's bytes, and
+    /// saves zeroing it (a memset of every byte read). False by default: the buffer is zeroed
+    /// first, so that what a backend leaves unwritten never reaches a client.
+    fn read_fills_buffer(&self) -> bool {
+        false
+    }
     /// Writes `data` at `offset`; durable before returning if `fua`.
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> io::Result<()>;
     /// A WRITE of `len` bytes at `offset` has been read up to its payload, which is still

@@ -79,6 +79,8 @@ struct Ctx {
     bufs: Arc<BufPool>,
     /// [`Backend::gathers_writes`], asked once.
     gathers: bool,
+    /// [`Backend::read_fills_buffer`], asked once.
+    reads_fill: bool,
     params: ExportParams,
     bs: BlockSizes,
 }
@@ -176,6 +178,7 @@ pub(crate) async fn serve(
         ctx: Ctx {
             bufs: cfg.bufs.clone(),
             gathers: backend.gathers_writes(),
+            reads_fill: backend.read_fills_buffer(),
             backend,
             params,
             bs,
@@ -581,7 +584,11 @@ fn read(ctx: &Ctx, h: u64, offset: u64, len: u32, df: bool) -> (Vec<u8>, Option<
             (codec::simple_reply(0, h).to_vec(), None)
         };
     }
-    let mut buf = ctx.bufs.zeroed(len as usize);
+    let mut buf = if ctx.reads_fill {
+        ctx.bufs.for_overwrite(len as usize)
+    } else {
+        ctx.bufs.zeroed(len as usize)
+    };
     match ctx.backend.read(offset, buf.as_mut_slice()) {
         Ok(()) if structured => {
             // `len` <= 32 MiB, so one chunk always fits: DF is always honoured.

@@ -480,6 +480,87 @@ fn pipelined_requests_all_answered() {
     }
 }
 
+/// A 1 MiB READ, simple or structured, whose reply sits in the client's socket.
+fn send_big_read(c: &mut RawClient) -> usize {
+    c.request(CMD_READ, 0, 7, 0, MIB as u32);
+    let head = if c.structured { 20 + 8 } else { 16 };
+    head + MIB
+}
+
+/// Bytes queued for reading on `c`'s socket once they stop growing (the peek does not
+/// consume them).
+fn queued_when_settled(c: &RawClient, want: usize) -> usize {
+    let sock = socket2::SockRef::from(&c.s);
+    let mut buf = vec![std::mem::MaybeUninit::<u8>::uninit(); 2 * want];
+    let (mut last, mut stable_since) = (0, Instant::now());
+    let start = Instant::now();
+    loop {
+        let n = sock.peek(&mut buf).unwrap();
+        if n != last {
+            (last, stable_since) = (n, Instant::now());
+        }
+        let settled = stable_since.elapsed() > Duration::from_millis(300);
+        if n >= want || settled || start.elapsed() > Duration::from_secs(5) {
+            return n;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn a_large_read_reply_is_written_whole_without_waiting_for_the_client() {
+    // The server's send buffer holds a whole 1 MiB reply: its thread writes it in one go
+    // instead of sleeping until the client drains each 208 KiB (the kernel's default).
+    // Needs `net.core.wmem_max` >= 1 MiB (`scripts/test.sh` raises it).
+    let wmem_max: usize = std::fs::read_to_string("/proc/sys/net/core/wmem_max")
+        .expect("/proc/sys/net/core/wmem_max")
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(
+        wmem_max >= MIB,
+        "net.core.wmem_max is {wmem_max}: the kernel caps every send buffer there, below a \
+         1 MiB reply (recent kernels default to 4 MiB; `sysctl -w net.core.wmem_max=4194304`)"
+    );
+    let (_b, t) = server();
+    for structured in [false, true] {
+        let mut c = RawClient::connect(&t.sock, "d", structured);
+        let want = send_big_read(&mut c);
+        let queued = queued_when_settled(&c, want);
+        assert_eq!(
+            queued, want,
+            "structured {structured}: the reply stopped at {queued} of {want} bytes until read"
+        );
+        let mut reply = vec![0u8; want];
+        c.s.read_exact(&mut reply).unwrap();
+    }
+}
+
+#[test]
+fn reads_get_unzeroed_buffers_only_from_backends_that_fill_them() {
+    for fills in [false, true] {
+        let mut b = MemBackend::new(2 * MIB);
+        b.fills_reads = fills;
+        let b = Arc::new(b);
+        let t = TestServer::one("d", b.clone());
+        let mut c = RawClient::connect(&t.sock, "d", false);
+        // A WRITE's payload buffer goes back to the pool, full of 0xab; the READ of the same
+        // size that follows gets it again.
+        c.request(CMD_WRITE, 0, 1, MIB as u64, MIB as u32);
+        c.s.write_all(&vec![0xab; MIB]).unwrap();
+        assert_eq!(c.simple_reply(), (0, 1));
+        c.request(CMD_READ, 0, 2, 0, MIB as u32);
+        assert_eq!(c.simple_reply(), (0, 2));
+        let mut d = vec![1u8; MIB];
+        c.s.read_exact(&mut d).unwrap();
+        assert!(d.iter().all(|&x| x == 0), "fills {fills}: wrong data read");
+        let dirty = b.reads_given_dirty.load(Ordering::SeqCst);
+        // Zeroing is skipped (the memset of every byte read) only where the backend says
+        // it overwrites all of the buffer anyway.
+        assert_eq!(dirty, usize::from(fills), "fills {fills}");
+    }
+}
+
 /// Sends `writes` (offset, length) as one pipelined burst (WRITE i carries the byte i + 1 and
 /// handle i), reads every reply and checks the data; returns the runs the backend was given
 /// as (WRITEs, payload bytes).

@@ -32,6 +32,10 @@ pub struct MemBackend {
     pub gathers: bool,
     /// Every run `write_gathered` was given: (WRITEs, payload bytes).
     pub runs: Mutex<Vec<(usize, usize)>>,
+    /// Claim that reads fill their whole buffer (`Backend::read_fills_buffer`).
+    pub fills_reads: bool,
+    /// Reads whose buffer held some non-zero byte when the backend got it.
+    pub reads_given_dirty: AtomicUsize,
 }
 
 /// A hint that counts itself out of `MemBackend::hints_live` when dropped.
@@ -62,6 +66,8 @@ impl MemBackend {
             hints_live: Arc::new(AtomicUsize::new(0)),
             gathers: false,
             runs: Mutex::new(Vec::new()),
+            fills_reads: false,
+            reads_given_dirty: AtomicUsize::new(0),
         }
     }
 
@@ -102,6 +108,9 @@ impl Backend for MemBackend {
                 return Err(io::Error::from_raw_os_error(libc::EIO));
             }
         }
+        if buf.iter().any(|&b| b != 0) {
+            self.reads_given_dirty.fetch_add(1, Ordering::SeqCst);
+        }
         buf.copy_from_slice(&self.data.lock().unwrap()[r]);
         Ok(())
     }
@@ -126,6 +135,9 @@ impl Backend for MemBackend {
     }
     fn gathers_writes(&self) -> bool {
         self.gathers
+    }
+    fn read_fills_buffer(&self) -> bool {
+        self.fills_reads
     }
     fn write_gathered(&self, writes: Vec<GatheredWrite<'_>>) -> Vec<io::Result<()>> {
         assert!(
