@@ -21,6 +21,9 @@ const MAX_SOURCE_TRIES: usize = 4;
 /// Member buffers the pieces of one window in flight hold at most together (a wide array's
 /// window runs fewer pieces at once).
 const PIECE_BUFFER_BYTES: u64 = 32 << 20;
+/// Member bytes a rebuild piece reads of each member (64 KiB to 512 KiB measured the same on
+/// tmpfs members; several in flight hide a remote member's round trip).
+const REBUILD_PIECE_BYTES: u64 = 256 << 10;
 
 impl Parity {
     /// Rebuild `role`'s chunks of the stripes from member byte `pos` on (not past `end`), one
@@ -142,9 +145,13 @@ impl Parity {
         let pieces = (r0..r1)
             .step_by(step as usize)
             .map(|a| (a, (a + step).min(r1)));
-        let held = step * chunk * self.g.raid_disks() as u64;
-        let at_once = (PIECE_BUFFER_BYTES / held).max(1) as usize;
-        (pieces.collect(), at_once)
+        (pieces.collect(), self.pieces_at_once(step * chunk))
+    }
+
+    /// Pieces of `bytes` per member in flight at once within [`PIECE_BUFFER_BYTES`].
+    fn pieces_at_once(&self, bytes: u64) -> usize {
+        let held = bytes * self.g.raid_disks() as u64;
+        (PIECE_BUFFER_BYTES / held).max(1) as usize
     }
 
     /// Rebuild `role`'s chunks of stripes `r0..r1` (claimed by the caller), piece by piece with
@@ -159,12 +166,14 @@ impl Parity {
         r1: u64,
     ) -> Result<(), Stop> {
         let chunk = self.g.chunk_sectors() * 512;
-        let (pieces, at_once) = self.window_pieces(r0, r1);
-        let lost = in_pieces(&pieces, at_once, array.is_deterministic(), |&(a, b)| {
-            let (bufs, gone) = self.read_rebuild_sources(array, a, b)?;
-            array
-                .sync
-                .write_rebuilt(array, role, a * chunk, &bufs[role])?;
+        // Pieces of bytes, not of rows: a window of one large chunk's row has several too.
+        let piece = REBUILD_PIECE_BYTES;
+        let pieces: Vec<u64> = (r0 * chunk..r1 * chunk).step_by(piece as usize).collect();
+        let at_once = self.pieces_at_once(piece);
+        let lost = in_pieces(&pieces, at_once, array.is_deterministic(), |&at| {
+            let end = (at + piece).min(r1 * chunk);
+            let (bufs, gone) = self.read_rebuild_sources(array, at, end)?;
+            array.sync.write_rebuilt(array, role, at, &bufs[role])?;
             Ok(gone)
         })?;
         // After the writes (a write clears what it covers), before the in-sync point passes
@@ -207,56 +216,53 @@ impl Parity {
         }
     }
 
-    /// [`Array::read_window`] over stripes `r0..r1`, again while members fail meanwhile. When
-    /// the window cannot be rebuilt whole (unreadable or corrupt blocks beyond redundancy), it
-    /// is read page by page: the pages that cannot be rebuilt are returned (member bytes) and
-    /// the rebuild goes on past them, as md's recovery does.
+    /// [`Parity::read_span`] over member bytes `at..end`, again while members fail meanwhile.
+    /// When the span cannot be rebuilt whole (unreadable or corrupt blocks beyond redundancy),
+    /// it is read page by page: the pages that cannot be rebuilt are returned (member bytes)
+    /// and the rebuild goes on past them, as md's recovery does.
     fn read_rebuild_sources(
         &self,
         array: &Array,
-        r0: u64,
-        r1: u64,
+        at: u64,
+        end: u64,
     ) -> Result<(Vec<PoolBuf>, Vec<u64>), Stop> {
         for _ in 0..MAX_SOURCE_TRIES {
-            match self.read_window(array, r0, r1, Heal::Repair) {
+            match self.read_span(array, at, end - at, Heal::Repair) {
                 Ok(Some(bufs)) => return Ok((bufs, Vec::new())),
                 Ok(None) => {}
-                Err(Stop::Failed(why)) if self.sources_left(array, r0, r1) => {
-                    tracing::warn!(array = %array.name, row = r0, "rebuild window not whole ({why}): page by page");
-                    return self.read_sources_by_page(array, r0, r1);
+                Err(Stop::Failed(why)) if self.sources_left(array, at, end) => {
+                    tracing::warn!(array = %array.name, offset = at, "rebuild span not whole ({why}): page by page");
+                    return self.read_sources_by_page(array, at, end);
                 }
                 Err(stop) => return Err(stop),
             }
         }
-        let chunk = self.g.chunk_sectors() * 512;
         Err(Stop::Failed(array.unrecoverable(
-            r0 * chunk,
-            (r1 - r0) * chunk,
+            at,
+            end - at,
             "members kept failing",
         )))
     }
 
-    /// Enough members remain over stripes `r0..r1` for the level to rebuild what is missing:
-    /// what failed there is blocks, not members.
-    pub(crate) fn sources_left(&self, array: &Array, r0: u64, r1: u64) -> bool {
-        let chunk = self.g.chunk_sectors() * 512;
-        let (at, len) = (r0 * chunk, (r1 - r0) * chunk);
+    /// Enough members remain over member bytes `at..end` for the level to rebuild what is
+    /// missing: what failed there is blocks, not members.
+    pub(crate) fn sources_left(&self, array: &Array, at: u64, end: u64) -> bool {
         let absent = (0..self.g.raid_disks())
-            .filter(|&dev| !array.members.slot(dev).in_sync(at, len))
+            .filter(|&dev| !array.members.slot(dev).in_sync(at, end - at))
             .count();
         !array.is_failed() && absent <= array.personality.redundancy()
     }
 
-    /// Stripes `r0..r1` read and rebuilt one 4 KiB page row at a time; returns the buffers (as
-    /// [`Array::read_window`]) and the pages that could not be rebuilt (left zero).
+    /// Member bytes `at..end` (whole pages) read and rebuilt one 4 KiB page row at a time;
+    /// returns the buffers (as [`Parity::read_span`]) and the pages that could not be rebuilt
+    /// (left zero).
     pub(crate) fn read_sources_by_page(
         &self,
         array: &Array,
-        r0: u64,
-        r1: u64,
+        at: u64,
+        end: u64,
     ) -> Result<(Vec<PoolBuf>, Vec<u64>), Stop> {
-        let chunk = self.g.chunk_sectors() * 512;
-        let len = ((r1 - r0) * chunk) as usize;
+        let len = (end - at) as usize;
         let mut bufs: Vec<PoolBuf> = (0..self.g.raid_disks())
             .map(|_| {
                 let mut b = array.bufs.get(len);
@@ -265,32 +271,33 @@ impl Parity {
             })
             .collect();
         let mut lost = Vec::new();
-        for at in (r0 * chunk..r1 * chunk).step_by(PAGE as usize) {
-            let i = (at - r0 * chunk) as usize;
-            match self.read_source_page(array, at)? {
+        for page_at in (at..end).step_by(PAGE as usize) {
+            let i = (page_at - at) as usize;
+            match self.read_source_page(array, page_at)? {
                 Some(page) => {
                     for (dev, b) in page.iter().enumerate() {
                         bufs[dev][i..i + PAGE as usize].copy_from_slice(b);
                     }
                 }
-                None => lost.push(at),
+                None => lost.push(page_at),
             }
         }
         assert!(
             lost.len() <= len / PAGE as usize,
-            "more lost pages than the window holds"
+            "more lost pages than the span holds"
         );
         Ok((bufs, lost))
     }
 
     /// One page row at member byte `at`, rebuilt; `None`: it cannot be (the error is logged).
     fn read_source_page(&self, array: &Array, at: u64) -> Result<Option<Vec<PoolBuf>>, Stop> {
-        let row = at / (self.g.chunk_sectors() * 512);
+        let chunk = self.g.chunk_sectors() * 512;
+        let row = at / chunk * chunk;
         for _ in 0..MAX_SOURCE_TRIES {
             match self.read_rebuilt(array, at, PAGE as usize, array.sync.heal_mode(), Torn::Pass) {
                 Ok(Some(bufs)) => return Ok(Some(bufs)),
                 Ok(None) => continue,
-                Err(e) if self.sources_left(array, row, row + 1) => {
+                Err(e) if self.sources_left(array, row, row + chunk) => {
                     tracing::error!(array = %array.name, offset = at, "rebuild passes an unrecoverable page: {e}");
                     return Ok(None);
                 }
@@ -325,8 +332,8 @@ impl Parity {
             let (bufs, lost) = match self.read_window(array, a, b, heal) {
                 Ok(Some(bufs)) => (bufs, Vec::new()),
                 Ok(None) => return Err(Stop::Interrupted),
-                Err(Stop::Failed(_)) if self.sources_left(array, a, b) => {
-                    self.read_sources_by_page(array, a, b)?
+                Err(Stop::Failed(_)) if self.sources_left(array, a * chunk, b * chunk) => {
+                    self.read_sources_by_page(array, a * chunk, b * chunk)?
                 }
                 Err(stop) => return Err(stop),
             };
