@@ -641,7 +641,9 @@ impl Integrity {
 
     /// The newest valid copy of a table block, with the largest epoch its copies carry. Bad
     /// and stale copies are counted and marked for rewriting. Copies that were all never
-    /// written are the table create would have written.
+    /// written are the table create would have written, at epoch 0: no copy on disk vouches
+    /// for them, so a mirror's resident page of them stands in for no twin (a lost write of
+    /// the table would look the same; `orphan_records`).
     fn choose(
         &self,
         subject: usize,
@@ -650,8 +652,8 @@ impl Integrity {
     ) -> Option<(TableBlock, u64)> {
         let mut read = copies.iter().flatten().peekable();
         if read.peek().is_some() && read.all(|c| matches!(c, Err(TableFault::Blank))) {
-            let t = self.table_of(subject, index, 0, 1, &[self.zero_record; RECORDS_PER_TABLE]);
-            return Some((t, 1));
+            let t = self.table_of(subject, index, 0, 0, &[self.zero_record; RECORDS_PER_TABLE]);
+            return Some((t, 0));
         }
         let best = copies
             .iter()

@@ -7,10 +7,12 @@ use crate::error::Result;
 use crate::lock::LockRange;
 use crate::personality::raid456_heal::Heal;
 use crate::personality::Copies;
-use crate::work::Stop;
+use crate::work::{in_pieces, Stop, PIECES_IN_FLIGHT};
 
 /// Rebuilds record what they cannot recover in pages of this many bytes.
 const PAGE: u64 = crate::members::badblocks::BAD_PAGE;
+/// The smallest piece of a recovery step read and written on its own.
+const MIN_PIECE: u64 = 64 << 10;
 
 impl Copies {
     /// Copy `step` bytes of `role` at `pos` (per-member bytes) from another copy under the
@@ -28,22 +30,45 @@ impl Copies {
         if let Some(array_sector) = self.g.reverse_copy(role, off / 512) {
             let at = array_sector * 512;
             let _guard = array.range_lock().lock(LockRange::Array { at, len });
-            let mut buf = array.bufs.get(len as usize);
-            let lost = match self.read_other_copy(array, role, at, &mut buf) {
-                Ok(()) => Vec::new(),
-                Err(Stop::Failed(why)) if !array.is_failed() => {
-                    tracing::warn!(array = %array.name, offset = at, "rebuild span not whole ({why}): page by page");
-                    self.read_copies_by_page(array, role, at, off, &mut buf)
-                }
-                Err(stop) => return Err(stop),
-            };
-            array.sync.write_rebuilt(array, role, off, &buf)?;
+            // Pieces in flight: one piece's copy is read while another's is written.
+            let piece = (len / (2 * PIECES_IN_FLIGHT as u64))
+                .next_multiple_of(PAGE)
+                .max(MIN_PIECE);
+            let pieces: Vec<u64> = (0..len).step_by(piece as usize).collect();
+            let lost = in_pieces(&pieces, PIECES_IN_FLIGHT, array.is_deterministic(), |&d| {
+                self.recover_piece(array, role, at + d, off + d, piece.min(len - d))
+            })?;
+            let lost: Vec<u64> = lost.into_iter().flatten().collect();
             array.sync.record_unrebuilt(array, role, &lost);
             array.members.slots[role].advance(off + len);
         } else {
             array.members.slots[role].advance(off + len);
         }
         Ok(off + len)
+    }
+
+    /// Copy `len` bytes of `role` at member byte `off` (array byte `at`) from another copy
+    /// (the caller holds the region's lock); returns the member bytes of the pages no copy
+    /// could give.
+    fn recover_piece(
+        &self,
+        array: &Array,
+        role: usize,
+        at: u64,
+        off: u64,
+        len: u64,
+    ) -> Result<Vec<u64>, Stop> {
+        let mut buf = array.bufs.get(len as usize);
+        let lost = match self.read_other_copy(array, role, at, &mut buf) {
+            Ok(()) => Vec::new(),
+            Err(Stop::Failed(why)) if !array.is_failed() => {
+                tracing::warn!(array = %array.name, offset = at, "rebuild span not whole ({why}): page by page");
+                self.read_copies_by_page(array, role, at, off, &mut buf)
+            }
+            Err(stop) => return Err(stop),
+        };
+        array.sync.write_rebuilt(array, role, off, &buf)?;
+        Ok(lost)
     }
 
     /// Verify reads of every copy of the 4 KiB pages under array byte `ranges`, `step` bytes at
