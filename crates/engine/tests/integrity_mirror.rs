@@ -577,3 +577,72 @@ fn degraded_two_way_mirror_keeps_flushed_records_through_a_cut() {
         },
     );
 }
+
+/// A 2-way RAID1 whose lost member held the survivor's only table copy, and whose own table
+/// (on the survivor) was never written, as when a cut lost its write-out: the survivor's
+/// records are rebuilt from its data, and a rebuild onto a spare under a one-page record cache
+/// (pages evicted and reloaded between its reads and writes) keeps them so: every page reads
+/// back, nothing is recorded unrecoverable.
+///
+/// Canary: when a never-written table loaded at epoch 1, the new member's resident page of it
+/// stood in for the survivor's lost table with initial records, and the rebuild read the
+/// survivor's written pages as failing them (crash sim seed 12648970).
+#[test]
+fn a_never_written_twin_table_stands_in_for_nothing_during_a_rebuild() {
+    for_each_case(
+        "a_never_written_twin_table_stands_in_for_nothing_during_a_rebuild",
+        |seed| {
+            let mut rng = ChaCha8Rng::seed_from_u64(seed);
+            let mut rig = new_rig(seed, Level::Raid1, true);
+            while rig.sims.len() != 2 {
+                rig = new_rig(rng.gen(), Level::Raid1, true);
+            }
+            rig.array.close().expect("stop");
+            let zone = rig.zone();
+            // Member 1 keeps member 0's tables: blank them, as if never written.
+            for copy in 0..zone.copies {
+                let holder = zone.holder(0, copy);
+                assert_eq!(holder, 1, "a 2-way mirror keeps each table on the twin");
+                for index in 0..zone.tables {
+                    rig.put(
+                        holder,
+                        zone.table_sector(copy, index) * 512,
+                        &[0; PAGE as usize],
+                    );
+                }
+            }
+            let mut config = config(seed);
+            config.integrity_cache_bytes = PAGE as usize;
+            let array = assemble(
+                vec![rig.sims[1].clone() as Arc<dyn Device>],
+                AssembleOptions {
+                    config,
+                    ..Default::default()
+                },
+            )
+            .expect("degraded assembly");
+            let spare = Arc::new(SimDevice::new("spare", MEMBER, seed ^ 77));
+            array
+                .add_member(spare as Arc<dyn Device>, false)
+                .expect("add the spare");
+            for _ in 0..100_000 {
+                if array.sync_step() == engine::SyncAction::Idle
+                    && array.status().missing_roles.is_empty()
+                {
+                    break;
+                }
+            }
+            let st = array.status();
+            assert!(
+                st.missing_roles.is_empty(),
+                "seed {seed}: rebuild did not end"
+            );
+            let mut all = vec![0u8; rig.model.len()];
+            array
+                .read(0, &mut all)
+                .unwrap_or_else(|e| panic!("seed {seed}: {e}\n{:?}", st.members));
+            assert!(all == rig.model, "seed {seed}: wrong data");
+            assert_eq!(records::counts(&array).unrecoverable, 0, "seed {seed}");
+        },
+    );
+}
