@@ -40,6 +40,16 @@ fn new_rig(seed: u64, level: Level, integrity: bool) -> Rig {
     Rig::with_writes(seed, level, parts, &mut rng)
 }
 
+/// A 2-way RAID1 rig with records: the first of `seed`'s rigs, or of seeds drawn from `rng`,
+/// with two members.
+fn two_way_rig(seed: u64, rng: &mut ChaCha8Rng) -> Rig {
+    let mut rig = new_rig(seed, Level::Raid1, true);
+    while rig.sims.len() != 2 {
+        rig = new_rig(rng.gen(), Level::Raid1, true);
+    }
+    rig
+}
+
 /// A mirror rig's blocks by array page and copy.
 trait CopyAccess {
     fn pages(&self) -> u64;
@@ -304,10 +314,7 @@ fn degraded_two_way_mirror_verifies_with_its_twins_records() {
         "degraded_two_way_mirror_verifies_with_its_twins_records",
         |seed| {
             let mut rng = ChaCha8Rng::seed_from_u64(seed);
-            let mut rig = new_rig(seed, Level::Raid1, true);
-            while rig.sims.len() != 2 {
-                rig = new_rig(rng.gen(), Level::Raid1, true);
-            }
+            let mut rig = two_way_rig(seed, &mut rng);
             let gone = rng.gen_range(0..2);
             let survivor = 1 - gone;
             // Writes while degraded must keep the lost member's records current too.
@@ -593,10 +600,7 @@ fn a_never_written_twin_table_stands_in_for_nothing_during_a_rebuild() {
         "a_never_written_twin_table_stands_in_for_nothing_during_a_rebuild",
         |seed| {
             let mut rng = ChaCha8Rng::seed_from_u64(seed);
-            let mut rig = new_rig(seed, Level::Raid1, true);
-            while rig.sims.len() != 2 {
-                rig = new_rig(rng.gen(), Level::Raid1, true);
-            }
+            let rig = two_way_rig(seed, &mut rng);
             rig.array.close().expect("stop");
             let zone = rig.zone();
             // Member 1 keeps member 0's tables: blank them, as if never written.
