@@ -232,7 +232,7 @@ fn cluster_series(s: &mut Sheet, dev: &str, node: &crate::cluster::node::Node) {
     );
     s.gauge(
         "cluster_fenced",
-        "1 if this node refuses member writes (its lease is not confirmed).",
+        "1 if this node refuses client reads and member writes (its lease is not confirmed).",
         labels(&[("device", dev), ("node", &c.node)]),
         f64::from(u8::from(node.fence.refusal().is_some())),
     );

@@ -230,6 +230,12 @@ impl Coordinator for EtcdCoordinator {
         self.node.fence.refusal()
     }
 
+    /// Reads stop with writes: past the deadline the others may have taken this node's
+    /// slot over and changed the member set without it.
+    fn read_refusal(&self) -> Option<String> {
+        self.node.fence.refusal()
+    }
+
     fn metadata_update_start(&self) {
         self.node.lock_metadata();
     }

@@ -75,7 +75,7 @@ impl Fence {
         let deadline = *self.deadline.lock();
         if Instant::now() + MAX_IO >= deadline {
             return Some(
-                "this node's cluster lease is not confirmed (etcd unreachable): writes wait for it"
+                "this node's cluster lease is not confirmed (etcd unreachable): no member I/O until it is"
                     .into(),
             );
         }

@@ -451,6 +451,14 @@ impl Array {
     /// A read without the verify a `guided` array awaiting guidance does first.
     pub(crate) fn read_unverified(&self, offset_bytes: u64, buf: &mut [u8]) -> Result<()> {
         self.check_range(offset_bytes, buf.len() as u64)?;
+        if let Some(reason) = self.members.coordinator().read_refusal() {
+            return Err(EngineError::Unrecoverable {
+                array: self.name.clone(),
+                offset_bytes,
+                len_bytes: buf.len() as u64,
+                reason,
+            });
+        }
         self.sync.note_client_io();
         if self.used.is_none() {
             return self.read_members(offset_bytes, buf);

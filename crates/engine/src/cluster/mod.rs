@@ -13,7 +13,9 @@
 //!   [`Coordinator::remove_disk`]);
 //! * [`Coordinator::slot_number`] names this node's write-intent bitmap slot;
 //! * every group of member writes first asks [`Coordinator::write_refusal`] (a node that lost
-//!   its membership must not write: the others may be taking its regions over).
+//!   its membership must not write: the others may be taking its regions over), and every
+//!   client read [`Coordinator::read_refusal`] (nor read: the others may have failed, replaced
+//!   or rewritten members since, which it no longer hears of).
 //!
 //! [`Local`] is a single host: it always holds the token, nobody else resyncs, every vote
 //! passes, and its bitmap slot is 0. That is exactly the engine's behaviour without a cluster.
@@ -52,6 +54,12 @@ pub trait Coordinator: Send + Sync + Debug {
     /// Why this node may not start member writes now (None: it may): a node whose membership
     /// is not confirmed could be declared dead by the others, who then take its regions over.
     fn write_refusal(&self) -> Option<String>;
+    /// Why this node may not serve a client read now (None: it may). A node the others may
+    /// count gone no longer hears of their member failures, re-adds and rebuilds: a member
+    /// it still counts in sync may hold older bytes than they acknowledged since.
+    fn read_refusal(&self) -> Option<String> {
+        None
+    }
     /// Before a superblock update: take the cluster-wide right to change metadata.
     fn metadata_update_start(&self);
     /// Do other nodes write this array's superblocks too? Then each update first re-reads

@@ -3,6 +3,8 @@
 //! applied and acknowledged by every live node) and extent ownership as `ownership.rs` gives
 //! it (one owner per extent; all of a range or none; handed over only once its owner has no
 //! user there, after that owner flushed). Every wait gives the turn back to the scheduler.
+//! A fenced node reaches none of it: its waits end at once, with nothing taken (the engine
+//! then refuses what it waited for).
 
 use crate::world::{Block, Instr, Owner, State, World};
 use std::ops::Range;
@@ -14,13 +16,14 @@ impl World {
 
     pub fn take_token(&self, me: usize) {
         let mut st = self.st.lock();
-        while st.token.is_some() && !st.nodes[me].dead {
+        let cut_off = |st: &crate::world::State| st.nodes[me].dead || st.nodes[me].fenced;
+        while st.token.is_some() && !cut_off(&st) {
             match self.wait_turn(&mut st, me, Block::Token) {
                 Instr::Go | Instr::Die => {}
                 other => unreachable!("{other:?} while waiting for the token"),
             }
         }
-        if !st.nodes[me].dead {
+        if !cut_off(&st) {
             st.token = Some(me);
         }
     }
@@ -52,6 +55,9 @@ impl World {
         loop {
             if st.nodes[me].dead {
                 return Err("this node is dead".into());
+            }
+            if st.nodes[me].fenced {
+                return Err("this node is cut off from the cluster (fenced)".into());
             }
             if st.ownable(me, &ext) {
                 for e in ext.clone() {
@@ -132,12 +138,12 @@ impl World {
     /// serving what the scheduler hands this node meanwhile.
     pub fn agree_failure(&self, me: usize, dev: u32, mut serve: impl FnMut(Instr)) {
         let mut st = self.st.lock();
-        if st.nodes[me].dead {
+        if st.nodes[me].dead || st.nodes[me].fenced {
             return;
         }
         st.failures.entry(dev).or_default().insert(me);
         loop {
-            if st.nodes[me].dead || st.all_acked(dev) {
+            if st.nodes[me].dead || st.nodes[me].fenced || st.all_acked(dev) {
                 return;
             }
             let instr = self.wait_turn(&mut st, me, Block::Acks(dev));

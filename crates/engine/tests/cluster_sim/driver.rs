@@ -3,7 +3,7 @@
 
 use crate::model::Model;
 use crate::node::{self, NodeSetup, Op, Outcome};
-use crate::world::{Event, World};
+use crate::world::{Event, FenceRules, World};
 use crate::{Report, Shape};
 use device::{Device, SimDevice};
 use engine::{BitmapSpec, ClusterFormat, CreateSpec, ManualClock};
@@ -39,6 +39,7 @@ struct Books {
     /// Reads whose bytes the driver compares after the model did.
     keep: HashSet<usize>,
     deaths: Vec<usize>,
+    expired: Vec<usize>,
     problems: Vec<String>,
     next_id: usize,
 }
@@ -69,12 +70,17 @@ impl Books {
                     (Known::Other, out) => {
                         self.outcomes.insert(id, out);
                     }
+                    // A fenced node's write that failed may have landed in part, or not.
+                    (Known::Write(..), Outcome::Refused) => self.model.write_died(id),
+                    (Known::Read(..), Outcome::Refused) => self.model.read_dropped(id),
                     (_, Outcome::Error(e)) => {
                         self.problems.push(format!("node {n}, op {id} failed: {e}"))
                     }
                     (_, out) => self.problems.push(format!("node {n}, op {id}: {out:?}")),
                 }
             }
+            Event::Expired(n) => self.expired.push(n),
+            Event::Violation(why) => self.problems.push(why),
             Event::Died(n) => {
                 self.deaths.push(n);
                 if let Some(id) = self.running.remove(&n) {
@@ -150,6 +156,15 @@ pub struct Knobs {
     pub kill_at: Option<usize>,
     /// A survivor takes a dead node's slot over (off: a canary; the dead node stays away).
     pub takeover: bool,
+    /// A node may be cut off from the cluster (not from the members) at a random step ...
+    pub partitions: bool,
+    /// ... or is cut off at this one.
+    pub partition_at: Option<usize>,
+    /// What a fenced node refuses (less: the canaries).
+    pub fence: FenceRules,
+    /// A member is failed on a live node while another is cut off, and the partition lasts
+    /// long enough for the others to write around it (the read fence's canary).
+    pub fail_while_cut_off: bool,
 }
 
 pub struct Sim {
@@ -172,6 +187,9 @@ pub struct Sim {
     died_once: bool,
     /// A dead node nobody took over (the canary without takeovers).
     stays_dead: Option<usize>,
+    /// A node cut off from the cluster whose lease expired, and the steps until the partition
+    /// heals (it then exits, and joins again later).
+    partitioned: Option<(usize, usize)>,
     knobs: Knobs,
     report: Report,
 }
@@ -188,6 +206,7 @@ impl Sim {
             shape.nodes,
             knobs.ownership,
             EXTENT_STRIPES * CHUNK,
+            knobs.fence,
         ));
         let mut sim = Sim {
             shape,
@@ -209,6 +228,7 @@ impl Sim {
             untaken: None,
             died_once: false,
             stays_dead: None,
+            partitioned: None,
             knobs,
             report: Report::default(),
         };
@@ -283,6 +303,15 @@ impl Sim {
             self.untaken = Some(n);
             self.report.deaths += 1;
         }
+        for n in std::mem::take(&mut self.books.expired) {
+            self.untaken = Some(n);
+            let steps = match self.knobs.fail_while_cut_off {
+                true => 5,
+                false => self.rng.gen_range(1..=3),
+            };
+            self.partitioned = Some((n, steps));
+            self.report.partitions += 1;
+        }
     }
 
     fn devs(&self, node: usize) -> Vec<Arc<dyn Device>> {
@@ -311,7 +340,12 @@ impl Sim {
     fn away(&self) -> Vec<usize> {
         let st = self.world.lock();
         (0..self.shape.nodes)
-            .filter(|&n| !st.nodes[n].live && Some(n) != self.untaken && Some(n) != self.stays_dead)
+            .filter(|&n| {
+                !st.nodes[n].live
+                    && Some(n) != self.untaken
+                    && Some(n) != self.stays_dead
+                    && Some(n) != self.partitioned.map(|p| p.0)
+            })
             .collect()
     }
 
@@ -373,11 +407,18 @@ impl Sim {
         if self.failed_member.is_some() {
             self.failed_for += 1;
         }
+        self.partition_heals(false);
         if self.maintenance() {
             return;
         }
         let live = self.live();
         let failing_node = self.trouble(step, &live);
+        // A node cut off from the cluster still takes client operations (it refuses them).
+        let clients: Vec<usize> = live
+            .iter()
+            .copied()
+            .chain(self.partitioned.map(|p| p.0))
+            .collect();
         let targets = self.targets();
         let mut writes: Vec<(u64, u64)> = Vec::new();
         // Parity levels: now and then a node verifies (and repairs) a range while the others
@@ -385,12 +426,14 @@ impl Sim {
         // may die in this step: what that one tears is the takeover's to resync. (The
         // background check and repair walks rely on windows every node holds instead, which
         // this simulation does not have: they run while the other nodes are idle.)
-        let quiet =
-            self.failed_member.is_none() && failing_node.is_none() && !self.world.kill_armed();
+        let quiet = self.failed_member.is_none()
+            && failing_node.is_none()
+            && !self.world.trouble_armed()
+            && self.partitioned.is_none();
         let verifying = (quiet && self.shape.level != Level::Raid1 && self.rng.gen_bool(0.1))
             .then(|| live[self.rng.gen_range(0..live.len())]);
         let mut verify = None;
-        for n in live {
+        for n in clients {
             let op = match failing_node {
                 Some(f) if f == n => Op::Fail(format!("sim{}", self.failed_member.unwrap())),
                 _ if verifying == Some(n) => {
@@ -418,6 +461,24 @@ impl Sim {
                 )),
             }
         }
+    }
+
+    /// Count down a partition; when it heals (or `now`), the cut-off node finds its lease gone
+    /// and exits (it joins again later, once its slot was taken over).
+    fn partition_heals(&mut self, now: bool) {
+        let Some((n, left)) = self.partitioned else {
+            return;
+        };
+        if left > 0 && !now {
+            self.partitioned = Some((n, left - 1));
+            return;
+        }
+        if self.untaken == Some(n) {
+            self.take_over(n);
+            self.untaken = None;
+        }
+        self.partitioned = None;
+        self.expect_done(n, Op::Exit);
     }
 
     /// Maintenance, while the other nodes are idle: a takeover after a death, a re-add after
@@ -450,8 +511,16 @@ impl Sim {
     /// What goes wrong in this step, on a healthy array: a member fails (its device dies, or
     /// `fail` on the node returned), or a node is set to die in the middle of its writes.
     fn trouble(&mut self, step: usize, live: &[usize]) -> Option<usize> {
-        if self.failed_member.is_some() || self.world.kill_armed() {
+        if self.failed_member.is_some() || self.world.trouble_armed() {
             return None;
+        }
+        if self.knobs.fail_while_cut_off && self.partitioned.is_some() {
+            // `fail` on a live node: the member stays readable, and the others write around it.
+            let m = self.rng.gen_range(0..self.sims.len());
+            self.failed_member = Some(m);
+            self.failed_for = 0;
+            self.report.failures += 1;
+            return Some(live[self.rng.gen_range(0..live.len())]);
         }
         if self.knobs.member_failures && self.rng.gen_bool(0.06) {
             let m = self.rng.gen_range(0..self.sims.len());
@@ -469,6 +538,12 @@ impl Sim {
             if forced || (self.knobs.deaths && self.rng.gen_bool(0.04)) {
                 let victim = live[self.rng.gen_range(0..live.len())];
                 self.world.arm_kill(victim, self.rng.gen_range(0..24));
+                self.died_once = true;
+            } else if self.knobs.partition_at == Some(step)
+                || (self.knobs.partitions && self.rng.gen_bool(0.04))
+            {
+                let victim = live[self.rng.gen_range(0..live.len())];
+                self.world.arm_partition(victim, self.rng.gen_range(0..24));
                 self.died_once = true;
             }
         }
@@ -581,10 +656,11 @@ impl Sim {
     /// Bring every node back with every member, read everything everywhere, then check
     /// redundancy on one node alone and straight from the member images.
     fn finish(&mut self) {
+        self.world.disarm();
+        self.partition_heals(true);
         if let Some(dead) = self.untaken.take() {
             self.take_over(dead);
         }
-        self.world.disarm_kill();
         if self.failed_member.is_some() {
             self.readd();
         }
@@ -665,7 +741,10 @@ impl Sim {
 
     /// Stop what still runs (after a problem, without checks): every thread ends.
     fn shutdown(&mut self) {
-        self.world.disarm_kill();
+        self.world.disarm();
+        if let Some((n, _)) = self.partitioned.take() {
+            let _ = self.alone(n, Op::Exit);
+        }
         for n in self.live() {
             let _ = self.alone(n, Op::Close);
         }

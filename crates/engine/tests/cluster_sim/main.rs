@@ -10,7 +10,11 @@
 //! stripes as another node, sometimes the same blocks; plain, FUA and gathered), reads,
 //! flushes and verifies of a range; members fail (an injected device death, or `fail` on one
 //! node) and come back (re-added on one node while the others left); a node may die in the
-//! middle of its member writes, and a survivor takes its slot over. Every read, on any node,
+//! middle of its member writes, and a survivor takes its slot over; or a node is cut off from
+//! the cluster but not from the members (a partition, `world.rs`): it fences itself, its lease
+//! expires once its writes in flight have landed, a survivor takes its slot over while it
+//! still runs (refusing its clients' writes and reads), and it exits and joins again when the
+//! partition heals. Every read, on any node,
 //! must return what the acknowledged writes allow (`model.rs`); after every takeover and
 //! rebuild, parity read straight from the member images agrees; at the end every node reads
 //! the same whole array, a check on one node alone counts no mismatch, and the images agree.
@@ -18,6 +22,9 @@
 //! Not simulated: background check, repair and resync while other nodes write (they rely on
 //! windows every node holds, whose range lock is an engine lock another node's thread would
 //! wait on where the scheduler cannot see it): they run while the other nodes are idle.
+//! Lease timing itself (the margin between a node's own deadline and the lease's end at
+//! etcd, and clock drift) is assumed, not simulated: the lease expires only once the cut-off
+//! node is idle (`ironraid/src/cluster/node.rs` keeps that margin, `MAX_IO`).
 //!
 //! `IRONRAID_CLUSTER_CASES` sets the number of seeds per test, `IRONRAID_SEED_BASE` where they
 //! start, `IRONRAID_SEED` replays one (see `testkit::seeds`).
@@ -64,6 +71,7 @@ const RAID1: Shape = Shape {
 pub struct Report {
     pub stats: (u64, u64, u64, u64),
     pub deaths: u32,
+    pub partitions: u32,
     pub failures: u32,
     pub readds: u32,
     pub verifies: u32,
@@ -85,6 +93,13 @@ const ALL: driver::Knobs = driver::Knobs {
     deaths: true,
     kill_at: None,
     takeover: true,
+    partitions: true,
+    partition_at: None,
+    fence: world::FenceRules {
+        writes: true,
+        reads: true,
+    },
+    fail_while_cut_off: false,
 };
 
 fn run(shape: Shape, seed: u64, knobs: driver::Knobs) -> Result<Report, String> {
@@ -103,6 +118,7 @@ fn every_seed(test: &str, shape: Shape, seeds: testkit::Seeds, knobs: driver::Kn
         t.stats.2 += r.stats.2;
         t.stats.3 += r.stats.3;
         t.deaths += r.deaths;
+        t.partitions += r.partitions;
         t.failures += r.failures;
         t.readds += r.readds;
         t.verifies += r.verifies;
@@ -110,8 +126,8 @@ fn every_seed(test: &str, shape: Shape, seeds: testkit::Seeds, knobs: driver::Kn
     let t = totals.into_inner().unwrap();
     eprintln!(
         "{test}: {} seeds in {:.1?}: {} device calls granted, {} hand-offs, {} claims, \
-         {} remote failures applied, {} member failures, {} re-adds, {} node deaths, {} verifies \
-         beside writers",
+         {} remote failures applied, {} member failures, {} re-adds, {} node deaths, {} partitions, \
+         {} verifies beside writers",
         seeds.list().len(),
         t0.elapsed(),
         t.stats.0,
@@ -121,6 +137,7 @@ fn every_seed(test: &str, shape: Shape, seeds: testkit::Seeds, knobs: driver::Kn
         t.failures,
         t.readds,
         t.deaths,
+        t.partitions,
         t.verifies
     );
 }
@@ -165,11 +182,35 @@ fn a_node_dying_mid_write_leaves_acknowledged_data_and_parity_whole() {
         seeds(60, 0xc1de_0000),
         driver::Knobs {
             deaths: false,
+            partitions: false,
             kill_at: Some(2),
             ..ALL
         },
     );
 }
+
+/// Every seed cuts a node off from the cluster (not from the members) in the middle of its
+/// I/O: it fences itself (its later writes and reads refused), its lease expires only once
+/// its writes in flight have landed, a survivor takes its slot over while it is still
+/// running, and it exits and joins again when the partition heals. No write of it reaches a
+/// member after its lease ended, no read on any node returns what the writes do not allow,
+/// and redundancy agrees after the takeover and at the end.
+#[test]
+fn a_node_cut_off_from_the_cluster_fences_itself_and_is_taken_over() {
+    every_seed(
+        "a_node_cut_off_from_the_cluster_fences_itself_and_is_taken_over",
+        RAID5,
+        seeds(60, 0xc1fe_0000),
+        PARTITIONED,
+    );
+}
+
+const PARTITIONED: driver::Knobs = driver::Knobs {
+    deaths: false,
+    partitions: false,
+    partition_at: Some(2),
+    ..ALL
+};
 
 /// The same seed twice: the same scheduling decisions and the same member images; another
 /// seed: others.
@@ -248,6 +289,80 @@ fn without_ownership_degraded_reads_return_what_no_write_put_there() {
         wrong_reads >= 5,
         "without ownership only {wrong_reads} of 30 seeds read wrong data: {failed:?}"
     );
+}
+
+/// Canary: a node that goes on writing once it is fenced (its fence stops nothing) is
+/// caught writing members after its lease ended. On a mirror: on parity levels the extent
+/// ownership it can no longer reach refuses its writes as well.
+#[test]
+fn without_the_write_fence_a_cut_off_node_is_caught_writing_after_its_lease() {
+    let knobs = driver::Knobs {
+        fence: world::FenceRules {
+            writes: false,
+            reads: true,
+        },
+        ..PARTITIONED
+    };
+    let seeds = 0xfe0c_0000..0xfe0c_0000 + 20u64;
+    let caught: Vec<u64> = seeds
+        .clone()
+        .filter(|&seed| {
+            run(RAID1, seed, knobs)
+                .err()
+                .is_some_and(|e| e.contains("after its lease ended"))
+        })
+        .collect();
+    eprintln!(
+        "without the write fence, {} of {} seeds catch the cut-off node writing: {caught:?}",
+        caught.len(),
+        seeds.count()
+    );
+    assert!(
+        caught.len() >= 5,
+        "too few seeds caught the unfenced writer"
+    );
+}
+
+/// Canary: a node that goes on serving reads once it is fenced reads members the others
+/// changed without it (a member they failed and wrote around, then rebuilt): the model sees
+/// bytes no write allows.
+#[test]
+fn without_the_read_fence_a_cut_off_node_reads_what_the_others_changed() {
+    let knobs = driver::Knobs {
+        fence: world::FenceRules {
+            writes: true,
+            reads: false,
+        },
+        fail_while_cut_off: true,
+        ..PARTITIONED
+    };
+    let seeds = 0xfe0d_0000..0xfe0d_0000 + 40u64;
+    let stale: Vec<u64> = seeds
+        .clone()
+        .filter(|&seed| {
+            run(RAID5, seed, knobs)
+                .err()
+                .is_some_and(|e| e.contains("which no write"))
+        })
+        .collect();
+    eprintln!(
+        "without the read fence, {} of {} seeds read stale data on the cut-off node: {stale:?}",
+        stale.len(),
+        seeds.count()
+    );
+    assert!(
+        !stale.is_empty(),
+        "no seed read stale data without the read fence"
+    );
+    let fenced = driver::Knobs {
+        fence: ALL.fence,
+        ..knobs
+    };
+    for seed in stale {
+        if let Err(e) = run(RAID5, seed, fenced) {
+            panic!("seed {seed} fails with the read fence too: {e}");
+        }
+    }
 }
 
 /// Canary: when nobody takes a dead node's slot over (and it never comes back), the stripes

@@ -168,6 +168,11 @@ impl Model {
         None
     }
 
+    /// Read `id` returned no data (refused).
+    pub fn read_dropped(&mut self, id: usize) {
+        self.reads.remove(&id).expect("read started");
+    }
+
     /// A read with no write running: `got` (the whole array from 0) must be possible.
     pub fn check_quiet(&self, got: &[u8]) -> Option<String> {
         assert!(self.running.is_empty());

@@ -31,6 +31,9 @@ pub enum Op {
     Fail(String),
     /// Stop cleanly (the node leaves).
     Close,
+    /// The partition healed: the node finds its lease gone and exits at once, without a stop
+    /// (the daemon's exit 75), to join again as a new epoch.
+    Exit,
     /// Remove the failed member of this index and add it back, then rebuild it (alone).
     Readd(usize),
     /// Take a dead node's bitmap slot over and resync what it had dirty.
@@ -51,6 +54,8 @@ pub enum Outcome {
     Data(Vec<u8>),
     Mismatches(u64),
     Error(String),
+    /// An error a fenced node returned (what it refused, or what it could not finish).
+    Refused,
 }
 
 /// The node's side of the cluster: every wait goes through the world, which the scheduler
@@ -112,9 +117,17 @@ impl Coordinator for SimNode {
         self.me
     }
     fn write_refusal(&self) -> Option<String> {
-        self.world.lock().nodes[self.me]
-            .dead
-            .then(|| "this node is dead".into())
+        let st = self.world.lock();
+        let node = &st.nodes[self.me];
+        if node.dead {
+            return Some("this node is dead".into());
+        }
+        (node.fenced && st.fence.writes).then(|| "this node's lease is not confirmed".into())
+    }
+    fn read_refusal(&self) -> Option<String> {
+        let st = self.world.lock();
+        (st.nodes[self.me].fenced && st.fence.reads)
+            .then(|| "this node's lease is not confirmed".into())
     }
     fn metadata_update_start(&self) {
         self.world.take_token(self.me);
@@ -209,10 +222,13 @@ fn node_main(s: NodeSetup) {
         match instr {
             Instr::Op(id, op) => {
                 world.event(Event::Started(me, id));
-                let leaves = matches!(op, Op::Close);
-                let out = run_op(&s, &coord, &mut array, op);
+                let leaves = matches!(op, Op::Close | Op::Exit);
+                let mut out = run_op(&s, &coord, &mut array, op);
                 if world.lock().nodes[me].dead {
                     return;
+                }
+                if matches!(out, Outcome::Error(_)) && world.fenced(me) {
+                    out = Outcome::Refused;
                 }
                 let joined = array.is_some();
                 world.event(Event::Finished(me, id, out));
@@ -297,6 +313,10 @@ fn run_op(s: &NodeSetup, coord: &Arc<SimNode>, array: &mut Option<Arc<Array>>, o
             let r = a.close();
             *array = None;
             done(r)
+        }
+        Op::Exit => {
+            *array = None;
+            Outcome::Done
         }
         Op::Readd(i) => {
             let dev = s.devs[i].clone();

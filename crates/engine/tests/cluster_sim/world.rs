@@ -12,6 +12,15 @@
 //! a function of its seed. (A dead node's thread finishes on its own, outside the turns: its
 //! device calls fail without reaching a member and the cluster ignores it.)
 //!
+//! A partitioned node is cut off from the cluster, not from the members: at some grant of one
+//! of its member writes its own clock passes its lease's deadline (it is *fenced*): from then
+//! on it may not start member writes or serve reads, and its waits in the cluster end at once
+//! (it cannot reach etcd). Once it is idle (its writes in flight have landed: the margin the
+//! real node keeps before its lease ends) the lease *expires*: the others stop waiting for
+//! it, its extents and its token are gone, and a survivor takes its slot over; its thread
+//! goes on taking client operations until the partition heals and it exits. A member write
+//! of an expired node reaching a member is a fencing failure, reported as a violation.
+//!
 //! The cluster's own rules (token, failures, extents) are in `cluster.rs`.
 
 use crate::node::{Op, Outcome};
@@ -53,11 +62,22 @@ pub enum Instr {
     Die,
 }
 
+/// How far a node's fence reaches (off: the canaries).
+#[derive(Clone, Copy, Debug)]
+pub struct FenceRules {
+    pub writes: bool,
+    pub reads: bool,
+}
+
 #[derive(Debug)]
 pub enum Event {
     Started(usize, usize),
     Finished(usize, usize, Outcome),
     Died(usize),
+    /// The lease of this fenced node expired: the others may take its slot over.
+    Expired(usize),
+    /// Something a correct node never does (a fenced node's write after its lease ended).
+    Violation(String),
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -72,6 +92,10 @@ pub struct NodeState {
     /// Assembled (or assembling) and not stopped or dead: its acknowledgements count.
     pub live: bool,
     pub dead: bool,
+    /// Its lease's deadline passed on its own clock (a partition): no writes, no reads.
+    pub fenced: bool,
+    /// ... and the lease is gone for the others too; its thread still runs.
+    pub expired: bool,
     block: Block,
     queued: Option<(usize, Op)>,
     thread: Option<std::thread::ThreadId>,
@@ -99,6 +123,9 @@ pub struct State {
     pub stats: Stats,
     /// The node to kill, and how many of its gated member writes to grant first.
     kill: Option<(usize, u32)>,
+    /// The node to cut off from the cluster, and how many of its member writes to grant first.
+    partition: Option<(usize, u32)>,
+    pub fence: FenceRules,
     /// Every action taken, folded (a determinism witness).
     pub trace: u64,
     /// A node thread panicked (the scheduler panics with it instead of waiting forever).
@@ -111,6 +138,7 @@ enum Action {
     Start(usize),
     Handoff(usize, u64, usize),
     Failure(usize, u32),
+    Expire(usize),
 }
 
 pub struct World {
@@ -122,13 +150,15 @@ pub struct World {
 }
 
 impl World {
-    pub fn new(nodes: usize, ownership: bool, extent_bytes: u64) -> World {
+    pub fn new(nodes: usize, ownership: bool, extent_bytes: u64, fence: FenceRules) -> World {
         World {
             st: Mutex::new(State {
                 nodes: (0..nodes)
                     .map(|_| NodeState {
                         live: false,
                         dead: false,
+                        fenced: false,
+                        expired: false,
                         block: Block::Idle,
                         queued: None,
                         thread: None,
@@ -144,6 +174,8 @@ impl World {
                 events: Vec::new(),
                 stats: Stats::default(),
                 kill: None,
+                partition: None,
+                fence,
                 trace: 0xcbf2_9ce4_8422_2325,
                 panicked: None,
             }),
@@ -205,6 +237,8 @@ impl World {
         }
         let n = &mut st.nodes[me];
         n.live = false;
+        n.fenced = false;
+        n.expired = false;
         n.block = Block::Idle;
         n.thread = None;
         self.sched.notify_one();
@@ -236,12 +270,26 @@ impl World {
         self.st.lock().kill = Some((node, after));
     }
 
-    pub fn kill_armed(&self) -> bool {
-        self.st.lock().kill.is_some()
+    /// Fence `node` (cut off from the cluster) when it next writes after `after` more
+    /// granted member writes.
+    pub fn arm_partition(&self, node: usize, after: u32) {
+        self.st.lock().partition = Some((node, after));
     }
 
-    pub fn disarm_kill(&self) {
-        self.st.lock().kill = None;
+    /// A node is set to die or to be cut off.
+    pub fn trouble_armed(&self) -> bool {
+        let st = self.st.lock();
+        st.kill.is_some() || st.partition.is_some()
+    }
+
+    pub fn disarm(&self) {
+        let mut st = self.st.lock();
+        st.kill = None;
+        st.partition = None;
+    }
+
+    pub fn fenced(&self, node: usize) -> bool {
+        self.st.lock().nodes[node].fenced
     }
 
     /// A member came back (re-added on a node alone): failures recorded before are history.
@@ -285,8 +333,12 @@ impl World {
             Action::Go(n) => (n, Instr::Go, 1),
             Action::Start(n) => {
                 let (id, op) = st.nodes[n].queued.take().expect("queued");
-                st.nodes[n].live = true;
+                st.nodes[n].live = !st.nodes[n].expired;
                 (n, Instr::Op(id, op), 2)
+            }
+            Action::Expire(n) => {
+                st.trace = (st.trace ^ (5 << 8 | n as u64)).wrapping_mul(0x100_0000_01b3);
+                return self.expire(st, n);
             }
             Action::Handoff(n, e, to) => (n, Instr::Handoff(e, to), 3 + e * 16 + to as u64),
             Action::Failure(n, dev) => (n, Instr::Failure(dev), 4 + dev as u64 * 16),
@@ -296,6 +348,24 @@ impl World {
             st.stats.grants += 1;
             // Counted in member writes: it dies in the middle of writing.
             let write = *what == "write";
+            if write && st.nodes[n].expired {
+                let why = format!("node {n} wrote to member {} after its lease ended", {
+                    let Block::Gate { dev, .. } = st.nodes[n].block else {
+                        unreachable!()
+                    };
+                    dev
+                });
+                st.events.push(Event::Violation(why));
+            }
+            if let Some((_, left)) = st.partition.as_mut().filter(|(k, _)| *k == n && write) {
+                // This write passed its fence check before the deadline: it lands.
+                if *left == 0 {
+                    st.partition = None;
+                    st.nodes[n].fenced = true;
+                } else {
+                    *left -= 1;
+                }
+            }
             if let Some((_, left)) = st.kill.as_mut().filter(|(k, _)| *k == n && write) {
                 if *left == 0 {
                     st.kill = None;
@@ -327,6 +397,19 @@ impl World {
         self.turns[n].notify_one();
     }
 
+    /// The fenced node's lease is gone for the others: they stop waiting for it (it can
+    /// acknowledge nothing), its extents and token are free, its slot is to be taken over.
+    fn expire(&self, st: &mut State, n: usize) {
+        let node = &mut st.nodes[n];
+        node.expired = true;
+        node.live = false;
+        if st.token == Some(n) {
+            st.token = None;
+        }
+        st.owners.retain(|_, o| o.node != n);
+        st.events.push(Event::Expired(n));
+    }
+
     /// A dead node may join again (after its slot was taken over).
     pub fn revive(&self, n: usize) {
         let mut st = self.st.lock();
@@ -343,6 +426,9 @@ impl State {
             if n.dead {
                 continue;
             }
+            if n.fenced && !n.expired && n.block == Block::Idle {
+                out.push(Action::Expire(i));
+            }
             match &n.block {
                 Block::Idle if n.queued.is_some() => out.push(Action::Start(i)),
                 Block::Gate { .. } => out.push(Action::Go(i)),
@@ -351,7 +437,7 @@ impl State {
                 Block::Acks(dev) if self.all_acked(*dev) => out.push(Action::Go(i)),
                 _ => {}
             }
-            if !n.live {
+            if !n.live || n.fenced {
                 continue;
             }
             // Where its thread holds no engine lock, a node applies other nodes' failures
@@ -385,9 +471,11 @@ impl State {
         for (i, n) in self.nodes.iter().enumerate() {
             let _ = writeln!(
                 s,
-                "node {i}: live {} dead {} {:?} queued {:?}",
+                "node {i}: live {} dead {} fenced {} expired {} {:?} queued {:?}",
                 n.live,
                 n.dead,
+                n.fenced,
+                n.expired,
                 n.block,
                 n.queued.as_ref().map(|q| q.0)
             );
