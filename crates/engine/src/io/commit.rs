@@ -130,8 +130,12 @@ impl Array {
             self.wait_for_other_nodes(set);
         }
         if let Some(reason) = self.members.coordinator().write_refusal() {
-            return Err(EngineError::ReadOnly {
+            // Not the array's read-only state (EPERM): a node whose lease is unconfirmed may
+            // write again once it is, so the client sees an I/O error.
+            return Err(EngineError::Unrecoverable {
                 array: self.name.clone(),
+                offset_bytes: set.offset_bytes,
+                len_bytes: set.len_bytes,
                 reason,
             });
         }
