@@ -76,6 +76,10 @@ pub enum EngineError {
     /// The array refuses writes.
     #[error("array {array} is read-only: {reason}")]
     ReadOnly { array: String, reason: String },
+    /// This node may not do I/O now (a cluster node whose lease is unconfirmed): the array is
+    /// not read-only, the request may succeed later or on another node.
+    #[error("array {array} is unavailable on this node: {reason}")]
+    Unavailable { array: String, reason: String },
     /// A request outside the array or otherwise malformed.
     #[error("invalid request: {0}")]
     InvalidArgument(String),
@@ -98,7 +102,9 @@ pub type Result<T, E = EngineError> = std::result::Result<T, E>;
 impl EngineError {
     pub fn kind(&self) -> ErrorKind {
         match self {
-            EngineError::MemberIo { .. } | EngineError::Unrecoverable { .. } => ErrorKind::Io,
+            EngineError::MemberIo { .. }
+            | EngineError::Unrecoverable { .. }
+            | EngineError::Unavailable { .. } => ErrorKind::Io,
             EngineError::Corruption { .. } => ErrorKind::Corruption,
             EngineError::Metadata { .. }
             | EngineError::Assemble { .. }
@@ -192,6 +198,14 @@ mod tests {
                     reason: r(),
                 },
                 io::ErrorKind::PermissionDenied,
+            ),
+            // A fenced cluster node: EIO, not the read-only array's EPERM.
+            (
+                EngineError::Unavailable {
+                    array: a(),
+                    reason: r(),
+                },
+                io::ErrorKind::Other,
             ),
             (EngineError::Unsupported(r()), io::ErrorKind::Unsupported),
             (EngineError::Busy(r()), io::ErrorKind::ResourceBusy),

@@ -452,10 +452,8 @@ impl Array {
     pub(crate) fn read_unverified(&self, offset_bytes: u64, buf: &mut [u8]) -> Result<()> {
         self.check_range(offset_bytes, buf.len() as u64)?;
         if let Some(reason) = self.members.coordinator().read_refusal() {
-            return Err(EngineError::Unrecoverable {
+            return Err(EngineError::Unavailable {
                 array: self.name.clone(),
-                offset_bytes,
-                len_bytes: buf.len() as u64,
                 reason,
             });
         }

@@ -205,7 +205,7 @@ impl<'a> OwnedStripes<'a> {
         end: u64,
         chunk_bytes: u64,
     ) -> Result<OwnedStripes<'a>> {
-        Self::take(array, first, end, chunk_bytes).map_err(|reason| EngineError::ReadOnly {
+        Self::take(array, first, end, chunk_bytes).map_err(|reason| EngineError::Unavailable {
             array: array.name.clone(),
             reason,
         })

@@ -132,10 +132,8 @@ impl Array {
         if let Some(reason) = self.members.coordinator().write_refusal() {
             // Not the array's read-only state (EPERM): a node whose lease is unconfirmed may
             // write again once it is, so the client sees an I/O error.
-            return Err(EngineError::Unrecoverable {
+            return Err(EngineError::Unavailable {
                 array: self.name.clone(),
-                offset_bytes: set.offset_bytes,
-                len_bytes: set.len_bytes,
                 reason,
             });
         }

@@ -80,7 +80,7 @@ impl Array {
             Some(Err(reason)) => {
                 for (i, w, watched) in taken {
                     self.policy.write_ended(self, watched, false, w.fua);
-                    results[i] = Some(Err(EngineError::ReadOnly {
+                    results[i] = Some(Err(EngineError::Unavailable {
                         array: self.name.clone(),
                         reason: reason.clone(),
                     }));

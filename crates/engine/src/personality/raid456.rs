@@ -339,7 +339,7 @@ impl Parity {
     ) -> Result<()> {
         let _owned = self
             .own_rows(array, offset_bytes, data.len() as u64)
-            .map_err(|reason| EngineError::ReadOnly {
+            .map_err(|reason| EngineError::Unavailable {
                 array: array.name.clone(),
                 reason,
             })?;
