@@ -8,6 +8,7 @@
 //! * the stripe cache (parity levels) and region locks (mirrors) serialise writers per stripe.
 
 mod bytes;
+mod elsewhere;
 mod manage;
 
 use crate::background::SyncControl;

@@ -153,7 +153,12 @@ impl Parity {
     ) -> std::result::Result<OwnedStripes<'a>, String> {
         let first = self.g.locate(offset_bytes / 512).stripe;
         let last = self.g.locate((offset_bytes + len.max(1) - 1) / 512).stripe;
-        OwnedStripes::take(array, first, last + 1, self.chunk_bytes())
+        OwnedStripes::take(
+            array.members.coordinator(),
+            first,
+            last + 1,
+            self.chunk_bytes(),
+        )
     }
 
     /// Pieces of a byte range: (row, data_index, offset in chunk, length, offset in request).
@@ -264,7 +269,13 @@ impl Parity {
         out: &mut [u8],
     ) -> Result<()> {
         // Reconstruction needs parity that no other node is rewriting.
-        let _owned = OwnedStripes::take_or_refuse(array, row, row + 1, self.chunk_bytes())?;
+        let _owned = OwnedStripes::take_or_refuse(
+            array.members.coordinator(),
+            &array.name,
+            row,
+            row + 1,
+            self.chunk_bytes(),
+        )?;
         let r = array.stripes.get(row);
         let st = r.claim(r.st.lock());
         drop(st);

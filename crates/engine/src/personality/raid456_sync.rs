@@ -451,7 +451,8 @@ impl Parity {
             let found = loop {
                 // A repair rewrites parity: no other node may write these stripes meanwhile.
                 let owned = crate::cluster::OwnedStripes::take_or_refuse(
-                    array,
+                    array.members.coordinator(),
+                    &array.name,
                     at / chunk,
                     end.div_ceil(chunk),
                     chunk,

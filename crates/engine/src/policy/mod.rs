@@ -17,6 +17,7 @@ pub(crate) mod bitmap;
 pub(crate) mod guided;
 pub(crate) mod journal;
 pub(crate) mod journal_fail;
+pub(crate) mod takeover;
 pub(crate) mod used;
 pub(crate) mod used_nodes;
 pub(crate) mod writeback;
