@@ -37,10 +37,7 @@ pub(crate) struct Exposure {
 
 impl crate::members::FailureWatch for Exposure {
     fn exposed_rows(&self) -> u64 {
-        let owed = self
-            .sync
-            .unsynced
-            .load(std::sync::atomic::Ordering::Acquire);
+        let owed = self.sync.resync_owed();
         let torn = self.bitmap.as_ref().map(|b| b.needed_bytes());
         crate::personality::raid456::exposed_rows(&self.geometry, &self.slots, torn, owed)
     }
@@ -127,6 +124,11 @@ pub(crate) struct SyncControl {
 }
 
 impl SyncControl {
+    /// Is a resync owed (redundancy may disagree with the data somewhere)?
+    pub fn resync_owed(&self) -> bool {
+        self.unsynced.load(std::sync::atomic::Ordering::Acquire)
+    }
+
     pub fn new(resync_from: Option<u64>, clock: Arc<dyn Clock>) -> SyncControl {
         SyncControl {
             unsynced: std::sync::atomic::AtomicBool::new(resync_from.is_some()),
@@ -756,7 +758,7 @@ impl SyncControl {
                     u.set_flag(&array.members, format::USED_MAP_FLAG_RESYNC_OWED, true);
                 }
             }
-            let _counted = crate::io::commit::InCommit::enter(array);
+            let _counted = array.commit.enter(array.sync.clock.as_ref());
             if let Err(e) = bm
                 .need_everything(&array.members)
                 .and_then(|()| array.mark_active())

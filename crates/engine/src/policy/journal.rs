@@ -34,7 +34,7 @@
 use crate::array::Array;
 use crate::clock::Clock;
 use crate::error::{EngineError, Result};
-use crate::io::commit::WriteSet;
+use crate::io::commit::{StripeImage, WriteSet};
 use crate::io::{IoKind, MemberIo};
 use crate::members::metadata::Metadata;
 use crate::members::superblock_block;
@@ -80,20 +80,6 @@ pub(crate) fn new_log_seq(clock: &dyn Clock) -> u64 {
 pub(crate) fn write_empty_log(dev: &dyn Device, sb: &Superblock, seq: u64) -> std::io::Result<()> {
     let block = MetaBlock::empty(seq, 0).encode(journal_seed(&sb.set_uuid));
     dev.write_at(&AlignedBuf::copy_from(&block), sb.data_offset * 512, true)
-}
-
-/// A column interval of a stripe as it will be written: what the journal logs.
-pub(crate) struct StripeImage<'a> {
-    pub row: u64,
-    /// Per-member byte offset of the interval (inside the row's chunk).
-    pub at: u64,
-    /// Dirty data chunks by data index, whether or not their member is present.
-    pub data: &'a [(usize, &'a [u8])],
-    pub p: &'a [u8],
-    pub q: Option<&'a [u8]>,
-    /// A write-out of write-back data: the data pages are in the log already, only parity is
-    /// logged (and it may use the space kept for write-outs).
-    pub parity_only: bool,
 }
 
 /// One io unit in the ring.
@@ -537,10 +523,10 @@ impl Journal {
                 }
             }
             let freed = self.reclaim_now(array)
-                || (matches!(space, Space::Normal) && array.write_out_oldest());
+                || (matches!(space, Space::Normal) && array.parity().write_out_oldest(array));
             if !freed && array.is_failed() {
                 // Nothing can go home any more: what waits for room never gets it.
-                return Err(array.unrecoverable(0, 0, "too many members failed"));
+                return Err(array.members.unrecoverable(0, 0, "too many members failed"));
             }
             if !freed {
                 // Nothing could be reclaimed: wait for a writer in flight to get its stripe
@@ -1110,13 +1096,17 @@ fn write_runs_home(array: &Array, runs: &[(usize, u64, AlignedBuf)]) -> Result<(
             MemberIo::planned(*role, member, *at, IoKind::Write(bytes, false))
         })
         .collect();
-    array.commit_writes(&WriteSet::replay(first, end - first), &mut ios)?;
+    array
+        .commit
+        .writes(array, &WriteSet::replay(first, end - first), &mut ios)?;
     drop(ios);
     // The tail leaves the log only once what it wrote home, and the records of it, are
     // durable on every member written (a member that cannot flush is failed instead).
     array.flush_members();
     if array.is_failed() {
-        return Err(array.unrecoverable(first, end - first, "too many members failed"));
+        return Err(array
+            .members
+            .unrecoverable(first, end - first, "too many members failed"));
     }
     Ok(())
 }
@@ -1614,7 +1604,7 @@ impl Array {
             if let Err(e) = self.settle_journal() {
                 tracing::warn!(array = %self.name, "the failed journal's cache is not written out yet: {e}");
             }
-            self.write_out_oldest();
+            self.parity().write_out_oldest(self);
             j.reclaim_now(self);
         }
     }
@@ -1650,7 +1640,7 @@ impl Array {
                         || degraded
                         || age >= WRITE_OUT_AGE
                         || j.failed().is_some())
-                    || !self.write_out_oldest()
+                    || !self.parity().write_out_oldest(self)
                 {
                     break;
                 }

@@ -20,15 +20,14 @@ pub(crate) mod journal_fail;
 pub(crate) mod takeover;
 pub(crate) mod used;
 pub(crate) mod used_nodes;
-pub(crate) mod writeback;
 
 use crate::array::Array;
 use crate::error::Result;
-use crate::io::commit::{WriteKind, WriteSet};
+use crate::io::commit::{StripeImage, Ticket, WriteKind, WriteSet};
 use crate::members::Meta;
 use crate::policy::bitmap::WriteIntentBitmap;
 use crate::policy::guided::{Guidance, Watched, WatchedFlush};
-use crate::policy::journal::{Journal, StripeImage};
+use crate::policy::journal::Journal;
 use format::MAX_SECTOR;
 use std::sync::Arc;
 
@@ -138,9 +137,6 @@ pub(crate) trait ConsistencyPolicy: Send + Sync {
         None
     }
 }
-
-/// What `before_writes` hands to `after_writes`: the journal's io units of the writes.
-pub(crate) type Ticket = Option<std::ops::Range<u64>>;
 
 /// md's `active` resync checkpoint as the plain policy records it, shared by policies that
 /// keep md's superblock semantics.

@@ -57,7 +57,7 @@ impl Array {
             .filter(|&c| bit_is_set(&bits, c))
             .collect();
         {
-            let _counted = crate::io::commit::InCommit::enter(self);
+            let _counted = self.commit.enter(self.sync.clock.as_ref());
             bm.adopt(&self.members, &dirty, true)?;
             self.mark_active()?;
         }
