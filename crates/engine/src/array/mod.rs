@@ -758,7 +758,7 @@ impl Array {
     /// in flight, flush, then record "clean" (or the resync checkpoint) in every superblock. If
     /// writes are still running after [`CLOSE_DRAIN_TIMEOUT`], the array stays "active".
     pub fn close(&self) -> Result<()> {
-        self.stop_background();
+        self.sync.stop(self);
         self.closing.store(true, Ordering::SeqCst);
         self.stripes.hurry_all();
         let clock = &self.sync.clock;

@@ -344,6 +344,49 @@ enum Space {
 type DataOnly = Vec<(u64, AlignedBuf)>;
 
 impl Journal {
+    /// The reclaim thread: settles a failed log, writes out cached rows that are due and
+    /// reclaims the log, until the array stops its background work.
+    pub(crate) fn daemon(&self, array: &Array) {
+        let clock = array.sync.clock.clone();
+        let mut last = clock.now();
+        let mut warned = false;
+        array.sync.until_stopped(Duration::from_millis(50), || {
+            if self.failed().is_some() && !self.settled() {
+                // Nobody flushed since the log failed: write its cache out now (and again at
+                // every tick while that fails, saying so once).
+                match array.settle_journal() {
+                    Err(e) if !warned => {
+                        warned = true;
+                        tracing::warn!(array = %array.name, "the failed journal's cache is not written out yet: {e}");
+                    }
+                    _ => {}
+                }
+            }
+            // Write-back: rows go home when the cache fills, when their data has waited a
+            // while, and all of them once the array writes through (mode switched, degraded).
+            let degraded = array.members.slots.iter().any(|s| !s.is_complete());
+            let oldest = self.cached_rows_by_age(clock.now(), 64);
+            for (written, (_, age)) in oldest.into_iter().enumerate() {
+                let pressed = self.cache_bytes() > array.config.stripe_cache_bytes / 8;
+                if written >= 64
+                    || !(pressed
+                        || !self.write_back()
+                        || degraded
+                        || age >= WRITE_OUT_AGE
+                        || self.failed().is_some())
+                    || !array.parity().write_out_oldest(array)
+                {
+                    break;
+                }
+            }
+            let free = self.reclaimable();
+            let due = clock.now().saturating_sub(last) >= RECLAIM_AGE;
+            if free * 4 > self.log || (free > 0 && due) {
+                self.reclaim_now(array);
+                last = clock.now();
+            }
+        });
+    }
     pub fn member(&self) -> &Arc<Member> {
         &self.member
     }
@@ -1607,50 +1650,5 @@ impl Array {
             self.parity().write_out_oldest(self);
             j.reclaim_now(self);
         }
-    }
-
-    pub(crate) fn journal_daemon(&self) {
-        let Some(j) = self.policy.journal() else {
-            return;
-        };
-        let clock = self.sync.clock.clone();
-        let mut last = clock.now();
-        let mut warned = false;
-        self.until_stopped(Duration::from_millis(50), || {
-            if j.failed().is_some() && !j.settled() {
-                // Nobody flushed since the log failed: write its cache out now (and again at
-                // every tick while that fails, saying so once).
-                match self.settle_journal() {
-                    Err(e) if !warned => {
-                        warned = true;
-                        tracing::warn!(array = %self.name, "the failed journal's cache is not written out yet: {e}");
-                    }
-                    _ => {}
-                }
-            }
-            // Write-back: rows go home when the cache fills, when their data has waited a
-            // while, and all of them once the array writes through (mode switched, degraded).
-            let degraded = self.members.slots.iter().any(|s| !s.is_complete());
-            let oldest = j.cached_rows_by_age(clock.now(), 64);
-            for (written, (_, age)) in oldest.into_iter().enumerate() {
-                let pressed = j.cache_bytes() > self.config.stripe_cache_bytes / 8;
-                if written >= 64
-                    || !(pressed
-                        || !j.write_back()
-                        || degraded
-                        || age >= WRITE_OUT_AGE
-                        || j.failed().is_some())
-                    || !self.parity().write_out_oldest(self)
-                {
-                    break;
-                }
-            }
-            let free = j.reclaimable();
-            let due = clock.now().saturating_sub(last) >= RECLAIM_AGE;
-            if free * 4 > j.log || (free > 0 && due) {
-                j.reclaim_now(self);
-                last = clock.now();
-            }
-        });
     }
 }

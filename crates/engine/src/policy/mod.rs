@@ -182,7 +182,9 @@ impl ConsistencyPolicy for ResyncPolicy {
     fn after_writes(&self, _array: &Array, _set: &WriteSet, _ticket: Ticket) {}
 
     fn note_inconsistent(&self, array: &Array, set: &WriteSet) {
-        array.request_resync_from(set.offset_bytes);
+        array
+            .sync
+            .request_resync_from(array.policy.as_ref(), set.offset_bytes);
     }
 
     fn resync_from(&self, sb_resync_offset_sectors: u64) -> Option<u64> {
@@ -237,7 +239,9 @@ impl ConsistencyPolicy for BitmapPolicy {
 
     fn note_inconsistent(&self, array: &Array, set: &WriteSet) {
         self.bitmap.mark_needed(set.offset_bytes, set.len_bytes);
-        array.request_resync_from(set.offset_bytes);
+        array
+            .sync
+            .request_resync_from(array.policy.as_ref(), set.offset_bytes);
     }
 
     fn resync_from(&self, sb_resync_offset_sectors: u64) -> Option<u64> {
@@ -313,7 +317,9 @@ impl ConsistencyPolicy for JournalPolicy {
     }
 
     fn note_inconsistent(&self, array: &Array, set: &WriteSet) {
-        array.request_resync_from(set.offset_bytes);
+        array
+            .sync
+            .request_resync_from(array.policy.as_ref(), set.offset_bytes);
     }
 
     fn resync_from(&self, sb_resync_offset_sectors: u64) -> Option<u64> {

@@ -65,7 +65,7 @@ impl Array {
         self.clear_slot(&header, slot)?;
         let resync_from_bytes = dirty.first().map(|&c| c * bm.chunk_bytes());
         if let Some(from) = resync_from_bytes {
-            self.request_resync_from(from);
+            self.sync.request_resync_from(self.policy.as_ref(), from);
         }
         tracing::info!(array = %self.name, slot, adopted = dirty.len(), "took over a node's bitmap slot");
         Ok(TakeoverReport {
