@@ -9,6 +9,7 @@ use crate::error::{EngineError, Result};
 use crate::members::metadata::Metadata;
 use crate::members::Member;
 use crate::members::{read_superblock, superblock_block, MemberSb};
+use crate::policy::takeover::gather_other_slots;
 use device::{AlignedBuf, Device};
 use format::{ROLE_FAULTY, ROLE_MAX, ROLE_SPARE, SB_OFFSET_SECTORS};
 use std::sync::Arc;
@@ -23,7 +24,7 @@ impl Array {
             .filter(|_| self.members.coordinator().alone())
             .and_then(|sb| self.readd_role(&meta, sb));
         if readd.is_some() {
-            self.gather_other_slots()?;
+            gather_other_slots(self.policy.bitmap(), &self.members, &self.name)?;
         }
         let free = |n: u32| {
             !meta.members.iter().any(|m| m.member.dev_number == n)
