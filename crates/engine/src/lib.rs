@@ -39,10 +39,12 @@ pub use lifecycle::assemble::{assemble, AssembleOptions};
 pub use lifecycle::create::{
     create, create_with_clock, BitmapSpec, ClusterFormat, CreateSpec, Created,
 };
+pub use lifecycle::leave::{leave_cluster, LeaveReport};
 pub use members::read_superblock;
 pub use personality::gathered::GatheredWrite;
 pub use personality::intent::WriteIntent;
 pub use policy::bitmap::{read_bitmap, read_bitmap_slot};
 pub use policy::guided::{GuidanceStatus, WriteWatch, DEFAULT_GUIDE_TIMEOUT};
 pub use policy::journal::{JournalStatus, Replayed};
+pub use policy::takeover::TakeoverReport;
 pub use work::{SyncAction, VerifyReport};

@@ -337,7 +337,7 @@ fn leaving_the_cluster_refuses_a_member_that_fell_behind_and_converts_the_curren
     n0.fail_member(s[1].name()).expect("fail mirror 1");
     drop(n0);
     let devs = simkit::devs(&s);
-    let err = engine::cluster::leave_cluster(&devs).expect_err("a failed member converted");
+    let err = engine::leave_cluster(&devs).expect_err("a failed member converted");
     assert!(
         err.to_string().contains("behind the other members"),
         "{err}"
@@ -347,7 +347,7 @@ fn leaving_the_cluster_refuses_a_member_that_fell_behind_and_converts_the_curren
             != 0,
         "a refused conversion changed a superblock"
     );
-    let report = engine::cluster::leave_cluster(&devs[..1]).expect("the current member");
+    let report = engine::leave_cluster(&devs[..1]).expect("the current member");
     assert_eq!(report.slots, 2);
     let sb = engine::read_superblock(s[0].as_ref()).unwrap();
     assert_eq!(sb.feature_map & format::feature::CLUSTERED, 0);

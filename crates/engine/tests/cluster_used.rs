@@ -205,7 +205,7 @@ fn leaving_the_cluster_keeps_every_nodes_regions_in_the_plain_arrays_one_map() {
     let (n0, rb) = two_nodes_wrote(&s);
     n0.close().unwrap();
     drop(n0);
-    engine::cluster::leave_cluster(&simkit::devs(&s[..2])).expect("leave the cluster");
+    engine::leave_cluster(&simkit::devs(&s[..2])).expect("leave the cluster");
     let plain = simkit::reassemble(&s[..2]).expect("the plain array");
     let st = plain.status().used_regions.expect("a used-region map");
     assert_eq!(st.used, 2, "both nodes' regions, and only those");

@@ -144,7 +144,7 @@ pub fn leave(
             );
         }
     }
-    let report = engine::cluster::leave_cluster(&devs).map_err(|e| anyhow!("{e}"))?;
+    let report = engine::leave_cluster(&devs).map_err(|e| anyhow!("{e}"))?;
     if let Some(etcd) = &etcd {
         etcd.delete_prefix(&format!("/ironraid/{uuid}/"))
             .context("the array is converted; removing its etcd record failed")?;

@@ -9,6 +9,7 @@ use crate::error::{EngineError, Result};
 use crate::members::metadata::Metadata;
 use crate::members::Member;
 use crate::members::{read_superblock, superblock_block, MemberSb};
+use crate::policy::takeover::gather_other_slots;
 use device::{AlignedBuf, Device};
 use format::{ROLE_FAULTY, ROLE_MAX, ROLE_SPARE, SB_OFFSET_SECTORS};
 use std::sync::Arc;
@@ -23,7 +24,7 @@ impl Array {
             .filter(|_| self.members.coordinator().alone())
             .and_then(|sb| self.readd_role(&meta, sb));
         if readd.is_some() {
-            self.gather_other_slots()?;
+            gather_other_slots(self.policy.bitmap(), &self.members, &self.name)?;
         }
         let free = |n: u32| {
             !meta.members.iter().any(|m| m.member.dev_number == n)
@@ -253,6 +254,50 @@ impl Array {
         drop(spares);
         meta.retire(dev_number, ROLE_FAULTY);
         meta.members.remove(idx);
+        Ok(())
+    }
+
+    /// Switch the journal between write-through and write-back (md's `journal_mode`).
+    /// Leaving write-back writes out everything cached first.
+    pub fn set_journal_mode(&self, write_back: bool) -> Result<()> {
+        let Some(j) = self.policy.journal() else {
+            return Err(crate::EngineError::InvalidArgument(format!(
+                "{} has no journal",
+                self.name
+            )));
+        };
+        if write_back && self.members.slots.iter().any(|s| !s.is_complete()) {
+            return Err(crate::EngineError::InvalidArgument(format!(
+                "{} is degraded: write-back needs every member (md refuses it too)",
+                self.name
+            )));
+        }
+        j.set_write_back(write_back);
+        if !write_back {
+            self.parity().write_out_all(self)?;
+        }
+        if !self.config.read_only {
+            // Recorded on the journal device, so the next start is in the same mode.
+            let mut meta = self.members.meta.lock();
+            if let Some(m) = meta
+                .members
+                .iter_mut()
+                .find(|m| Arc::ptr_eq(&m.member, j.member()))
+            {
+                let flag = format::DEVFLAG_JOURNAL_WRITE_BACK;
+                let old = m.sb.devflags;
+                m.sb.devflags = if write_back { old | flag } else { old & !flag };
+                if m.sb.devflags != old {
+                    let block = crate::members::superblock_block(&m.sb);
+                    let sb = crate::members::metadata::Metadata::Superblock;
+                    let wrote = self.members.write_metadata(&m.member, sb, &block, true);
+                    if let Err(e) = wrote {
+                        drop(meta);
+                        j.fail(self, &format!("cannot record the journal mode: {e}"));
+                    }
+                }
+            }
+        }
         Ok(())
     }
 }

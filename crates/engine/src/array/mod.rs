@@ -8,12 +8,15 @@
 //! * the stripe cache (parity levels) and region locks (mirrors) serialise writers per stripe.
 
 mod bytes;
+mod elsewhere;
 mod manage;
+mod parts;
 
 use crate::background::SyncControl;
 use crate::clock::Clock;
 use crate::error::{EngineError, Result};
 use crate::events::{Event, EventBus};
+use crate::io::commit::CommitPoint;
 use crate::io::{Executor, IoPath};
 use crate::lock::{LocalLocks, LockRange, RangeLock};
 use crate::members::Meta;
@@ -107,12 +110,8 @@ pub struct Array {
     pub(crate) config: ArrayConfig,
     /// Why the array was assembled read-only, when assembly decided it.
     read_only_reason: Option<String>,
-    /// Groups of member writes between their commit point's start and end.
-    pub(crate) writes_in_commit: AtomicUsize,
-    /// When the last group of member writes ended (the sync clock's ms, +1; 0: none yet).
-    pub(crate) last_write_ms: std::sync::atomic::AtomicU64,
-    /// A member's backing store is full: writes fail with ENOSPC (for status).
-    pub(crate) no_space: crate::io::no_space::NoSpaceTracker,
+    /// Where every member write goes out (`io/commit.rs`).
+    pub(crate) commit: CommitPoint,
     closing: AtomicBool,
     was_dirty: bool,
     never_run: bool,
@@ -200,12 +199,7 @@ pub struct ArrayStatus {
     pub memory: MemoryStatus,
 }
 
-/// A bounded pool or cache: what it holds now and the most it may hold.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PoolUsage {
-    pub limit_bytes: u64,
-    pub held_bytes: u64,
-}
+pub use crate::io::bufpool::PoolUsage;
 
 /// What the array's own memory holds, by named limit (the NBD server's are the daemon's).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -368,9 +362,7 @@ impl Array {
             members,
             config: p.config,
             read_only_reason: p.read_only_reason,
-            writes_in_commit: AtomicUsize::new(0),
-            last_write_ms: std::sync::atomic::AtomicU64::new(0),
-            no_space: Default::default(),
+            commit: CommitPoint::default(),
             closing: AtomicBool::new(false),
             was_dirty,
             never_run,
@@ -558,7 +550,11 @@ impl Array {
         // A member that failed meanwhile was skipped: its failure must be on disk first.
         self.members.wait_failures_durable();
         if self.is_failed() {
-            return Err(self.unrecoverable(0, self.size_bytes(), "too many members failed"));
+            return Err(self.members.unrecoverable(
+                0,
+                self.size_bytes(),
+                "too many members failed",
+            ));
         }
         if logged && !self.journal_healthy() {
             // The log failed while this flush relied on it: no acknowledgement before what it
@@ -595,7 +591,7 @@ impl Array {
         if let Some(integ) = self.integrity.as_ref().filter(|i| i.has_dirty_tables()) {
             // Table writes are member writes: the superblocks say "active" first, so that a
             // cut tearing them is followed by a resync.
-            let _counted = crate::io::commit::InCommit::enter(self);
+            let _counted = self.commit.enter(self.sync.clock.as_ref());
             if self.mark_active().is_ok() {
                 for (role, m, e) in integ.write_tables(&self.members) {
                     self.members.fail_role(
@@ -679,22 +675,17 @@ impl Array {
         }
         // An I/O error, as md gives on a failed array: the data is gone, not protected.
         if self.is_failed() {
-            return Err(self.unrecoverable(0, 0, "too many members failed; redundancy exhausted"));
+            return Err(self.members.unrecoverable(
+                0,
+                0,
+                "too many members failed; redundancy exhausted",
+            ));
         }
         Ok(())
     }
 
     pub fn is_failed(&self) -> bool {
         self.members.is_failed()
-    }
-
-    pub(crate) fn unrecoverable(
-        &self,
-        offset_bytes: u64,
-        len_bytes: u64,
-        reason: &str,
-    ) -> EngineError {
-        self.members.unrecoverable(offset_bytes, len_bytes, reason)
     }
 
     /// Record that the array is active on every member (durably) before the first member
@@ -709,16 +700,16 @@ impl Array {
     /// resync. Every write completed is durable first (the superblock commit flushes). The next
     /// write records "active" again before it goes out.
     ///
-    /// Why no write can slip through: a write counts itself in `writes_in_commit` and then reads
-    /// `active`; this clears `active` and then reads the count (all SeqCst). Either it sees the
-    /// write and backs off, or the write sees `active` false and waits on the metadata lock,
+    /// Why no write can slip through: a write counts itself inside the commit point and then
+    /// reads `active`; this clears `active` and then reads the count (all SeqCst). Either it sees
+    /// the write and backs off, or the write sees `active` false and waits on the metadata lock,
     /// held here, to record "active" again after this commit.
     pub(crate) fn mark_clean_if_idle(&self) {
         if !self.members.is_active() || self.config.read_only || self.is_failed() {
             return;
         }
         let now = self.sync.clock.now().as_millis() as u64 + 1;
-        let last = self.last_write_ms.load(Ordering::Acquire);
+        let last = self.commit.last_write_ms();
         if now.saturating_sub(last) < SAFE_MODE_DELAY.as_millis() as u64 {
             return;
         }
@@ -734,7 +725,8 @@ impl Array {
             return;
         }
         self.members.set_active(&meta, false);
-        if self.writes_in_commit.load(Ordering::SeqCst) > 0 || self.members.failures_in_commit() > 0
+        if self.commit.writes_inside().load(Ordering::SeqCst) > 0
+            || self.members.failures_in_commit() > 0
         {
             self.members.set_active(&meta, true);
             return;
@@ -772,7 +764,7 @@ impl Array {
     /// in flight, flush, then record "clean" (or the resync checkpoint) in every superblock. If
     /// writes are still running after [`CLOSE_DRAIN_TIMEOUT`], the array stays "active".
     pub fn close(&self) -> Result<()> {
-        self.stop_background();
+        self.sync.stop(self);
         self.closing.store(true, Ordering::SeqCst);
         self.stripes.hurry_all();
         let clock = &self.sync.clock;
@@ -787,8 +779,11 @@ impl Array {
             clock.sleep(Duration::from_millis(1));
         }
         if !self.config.read_only {
-            // Write-back data goes home before the array is recorded clean.
-            self.write_out_all()?;
+            // Write-back data goes home before the array is recorded clean (only a parity
+            // level keeps a journal).
+            if let Some(parity) = self.personality.as_parity() {
+                parity.write_out_all(self)?;
+            }
         }
         self.flush()?;
         if self.config.read_only {
@@ -934,7 +929,10 @@ impl Array {
             }),
             journal: self.policy.journal().map(|j| j.status()),
             integrity: self.integrity.as_ref().map(|i| i.status()),
-            guidance: self.guidance_status(),
+            guidance: self
+                .policy
+                .guidance()
+                .map(|g| g.status(self.sync.clock.now())),
             sync,
             bitmap: self.policy.bitmap().map(|b| BitmapStatus {
                 chunk_bytes: b.chunk_bytes(),
@@ -943,9 +941,20 @@ impl Array {
                 needed_chunks: b.needed_chunks(),
                 events_cleared: b.events_cleared(),
             }),
-            torn_rows_exposed: self.exposed_rows(),
+            // Rows a crash may have left mid-write and that are not consistent yet, while the
+            // parity array is degraded: a block rebuilt from one of them may mix old and new
+            // writes (md's write hole). Only a policy that knows which rows those are (the
+            // bitmap's dirty chunks, under `bitmap` and `guided`) can count them; the plain
+            // policy cannot tell a torn row from a sound one and serves reconstructions as md
+            // does.
+            torn_rows_exposed: crate::personality::raid456::exposed_rows(
+                &self.geometry,
+                &self.members.slots,
+                self.policy.torn_bytes(),
+                self.sync.resync_owed(),
+            ),
             torn_reads_refused: self.sync.torn_reads_refused.load(Ordering::Relaxed),
-            no_space: self.no_space.status(),
+            no_space: self.commit.no_space.status(),
             memory: MemoryStatus {
                 stripe_cache: self.stripes.usage(),
                 buffer_pool: self.bufs.usage(),

@@ -37,10 +37,7 @@ pub(crate) struct Exposure {
 
 impl crate::members::FailureWatch for Exposure {
     fn exposed_rows(&self) -> u64 {
-        let owed = self
-            .sync
-            .unsynced
-            .load(std::sync::atomic::Ordering::Acquire);
+        let owed = self.sync.resync_owed();
         let torn = self.bitmap.as_ref().map(|b| b.needed_bytes());
         crate::personality::raid456::exposed_rows(&self.geometry, &self.slots, torn, owed)
     }
@@ -127,6 +124,61 @@ pub(crate) struct SyncControl {
 }
 
 impl SyncControl {
+    /// Stop background work (the walker and the policy's thread), checkpointing the walk.
+    pub(crate) fn stop(&self, array: &Array) {
+        {
+            let mut st = self.st.lock();
+            st.stop = true;
+            st.interrupt = true;
+        }
+        self.wake();
+        if let Some(h) = self.thread.lock().take() {
+            let _ = h.join();
+        }
+        if let Some(h) = self.policy_thread.lock().take() {
+            let _ = h.join();
+        }
+        if let Some(walk) = self.stepped.lock().take() {
+            self.finish_job(array, &walk, Err(Stop::Interrupted));
+        }
+    }
+
+    /// Redundancy from `offset_bytes` (per member; array bytes for mirrors) on may disagree
+    /// with the data: resync from there (or from wherever an earlier request said).
+    pub(crate) fn request_resync_from(
+        &self,
+        policy: &dyn crate::policy::ConsistencyPolicy,
+        offset_bytes: u64,
+    ) {
+        policy.taint();
+        let mut st = self.st.lock();
+        self.unsynced.store(true, Ordering::Release);
+        if st.running == SyncAction::Resync {
+            // The running resync may be past this point already: it stops and starts again
+            // from here (its own progress is in its walk, not in `resync_from`).
+            st.rewind_to = Some(st.rewind_to.map_or(offset_bytes, |r| r.min(offset_bytes)));
+            st.interrupt = true;
+        } else {
+            st.resync_from = Some(st.resync_from.map_or(offset_bytes, |f| f.min(offset_bytes)));
+        }
+        drop(st);
+        self.wake();
+    }
+
+    /// Run `tick` every `period` until background work stops (the policy threads: bitmap
+    /// clean-up, journal write-out and reclaim).
+    pub(crate) fn until_stopped(&self, period: Duration, mut tick: impl FnMut()) {
+        while !self.st.lock().stop {
+            self.clock.park(period);
+            tick();
+        }
+    }
+
+    /// Is a resync owed (redundancy may disagree with the data somewhere)?
+    pub fn resync_owed(&self) -> bool {
+        self.unsynced.load(std::sync::atomic::Ordering::Acquire)
+    }
+
     pub fn new(resync_from: Option<u64>, clock: Arc<dyn Clock>) -> SyncControl {
         SyncControl {
             unsynced: std::sync::atomic::AtomicBool::new(resync_from.is_some()),
@@ -412,14 +464,18 @@ impl Array {
         let me = self.clone();
         let handle = std::thread::Builder::new()
             .name(format!("sync-{}", self.name))
-            .spawn(move || me.background_loop())
+            .spawn(move || background_loop(me))
             .expect("spawn the background sync thread");
         *self.sync.thread.lock() = Some(handle);
         if self.policy.bitmap().is_some() {
             let me = self.clone();
             let handle = std::thread::Builder::new()
                 .name(format!("bitmap-{}", self.name))
-                .spawn(move || me.bitmap_daemon())
+                .spawn(move || {
+                    if let Some(bm) = me.policy.bitmap() {
+                        bm.daemon(&me);
+                    }
+                })
                 .expect("spawn the bitmap daemon");
             *self.sync.policy_thread.lock() = Some(handle);
         }
@@ -427,27 +483,13 @@ impl Array {
             let me = self.clone();
             let handle = std::thread::Builder::new()
                 .name(format!("journal-{}", self.name))
-                .spawn(move || me.journal_daemon())
+                .spawn(move || {
+                    if let Some(j) = me.policy.journal() {
+                        j.daemon(&me);
+                    }
+                })
                 .expect("spawn the journal reclaim thread");
             *self.sync.policy_thread.lock() = Some(handle);
-        }
-    }
-
-    pub(crate) fn stop_background(&self) {
-        {
-            let mut st = self.sync.st.lock();
-            st.stop = true;
-            st.interrupt = true;
-        }
-        self.sync.wake();
-        if let Some(h) = self.sync.thread.lock().take() {
-            let _ = h.join();
-        }
-        if let Some(h) = self.sync.policy_thread.lock().take() {
-            let _ = h.join();
-        }
-        if let Some(walk) = self.sync.stepped.lock().take() {
-            self.sync.finish_job(self, &walk, Err(Stop::Interrupted));
         }
     }
 
@@ -498,24 +540,6 @@ impl Array {
         drop(st);
         self.sync.wake();
         Ok(())
-    }
-
-    /// Redundancy from `offset_bytes` (per member; array bytes for mirrors) on may disagree
-    /// with the data: resync from there (or from wherever an earlier request said).
-    pub(crate) fn request_resync_from(&self, offset_bytes: u64) {
-        self.policy.taint();
-        let mut st = self.sync.st.lock();
-        self.sync.unsynced.store(true, Ordering::Release);
-        if st.running == SyncAction::Resync {
-            // The running resync may be past this point already: it stops and starts again
-            // from here (its own progress is in its walk, not in `resync_from`).
-            st.rewind_to = Some(st.rewind_to.map_or(offset_bytes, |r| r.min(offset_bytes)));
-            st.interrupt = true;
-        } else {
-            st.resync_from = Some(st.resync_from.map_or(offset_bytes, |f| f.min(offset_bytes)));
-        }
-        drop(st);
-        self.sync.wake();
     }
 
     /// Set md's `sync_speed_min`/`sync_speed_max` (bytes per second).
@@ -571,28 +595,6 @@ impl Array {
             if self.sync.cv.wait_until(&mut st, deadline).timed_out() {
                 return false;
             }
-        }
-    }
-
-    fn background_loop(self: Arc<Self>) {
-        loop {
-            let walk = loop {
-                {
-                    let mut st = self.sync.st.lock();
-                    if st.stop {
-                        return;
-                    }
-                    if let Some(walk) = self.sync.next_walk(&self, &mut st) {
-                        break walk;
-                    }
-                    self.sync.cv.notify_all();
-                    self.sync
-                        .cv
-                        .wait_for(&mut st, crate::array::SAFE_MODE_DELAY);
-                }
-                self.mark_clean_if_idle();
-            };
-            self.sync.run_walk(&self, walk);
         }
     }
 
@@ -756,7 +758,7 @@ impl SyncControl {
                     u.set_flag(&array.members, format::USED_MAP_FLAG_RESYNC_OWED, true);
                 }
             }
-            let _counted = crate::io::commit::InCommit::enter(array);
+            let _counted = array.commit.enter(array.sync.clock.as_ref());
             if let Err(e) = bm
                 .need_everything(&array.members)
                 .and_then(|()| array.mark_active())
@@ -1086,5 +1088,29 @@ impl SyncControl {
         } else {
             Heal::Repair
         }
+    }
+}
+
+/// The background thread: walks while there is work, records the array clean when idle.
+fn background_loop(array: Arc<Array>) {
+    loop {
+        let walk = loop {
+            {
+                let mut st = array.sync.st.lock();
+                if st.stop {
+                    return;
+                }
+                if let Some(walk) = array.sync.next_walk(&array, &mut st) {
+                    break walk;
+                }
+                array.sync.cv.notify_all();
+                array
+                    .sync
+                    .cv
+                    .wait_for(&mut st, crate::array::SAFE_MODE_DELAY);
+            }
+            array.mark_clean_if_idle();
+        };
+        array.sync.run_walk(&array, walk);
     }
 }

@@ -84,10 +84,15 @@ impl SyncControl {
             IoKind::Write(buf, false),
         )];
         array
-            .commit_writes(&WriteSet::rebuild(offset_bytes, buf.len() as u64), &mut io)
+            .commit
+            .writes(
+                array,
+                &WriteSet::rebuild(offset_bytes, buf.len() as u64),
+                &mut io,
+            )
             .map_err(Stop::Failed)?;
         if !io[0].ok() {
-            return Err(Stop::Failed(array.unrecoverable(
+            return Err(Stop::Failed(array.members.unrecoverable(
                 offset_bytes,
                 buf.len() as u64,
                 "write to the rebuilding member failed",

@@ -71,7 +71,7 @@ impl SyncControl {
     /// interrupted by failing members is I/O.
     pub(crate) fn verify_failed(&self, array: &Array, at: u64, len: u64, e: Stop) -> EngineError {
         match e {
-            Stop::Interrupted => array.unrecoverable(
+            Stop::Interrupted => array.members.unrecoverable(
                 at,
                 len,
                 "verify: members kept failing while the stripes were read",

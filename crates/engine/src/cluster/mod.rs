@@ -24,14 +24,8 @@
 use crate::error::Result;
 use std::fmt::Debug;
 
-mod elsewhere;
-mod leave;
-mod takeover;
-use crate::array::Array;
 use crate::error::EngineError;
-pub use leave::{leave_cluster, LeaveReport};
 use std::ops::Range;
-pub use takeover::TakeoverReport;
 
 /// What a background window does to its range, as other nodes must know it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -184,30 +178,32 @@ pub(crate) struct OwnedStripes<'a> {
 }
 
 impl<'a> OwnedStripes<'a> {
-    /// Stripes (parity rows) `first..end` of `array`, each `chunk_bytes` of every member.
+    /// Stripes (parity rows) `first..end`, each `chunk_bytes` of every member.
     pub(crate) fn take(
-        array: &'a Array,
+        coordinator: &'a dyn Coordinator,
         first: u64,
         end: u64,
         chunk_bytes: u64,
     ) -> std::result::Result<OwnedStripes<'a>, String> {
         assert!(first < end, "owning no stripes ({first}..{end})");
-        let coordinator = array.members.coordinator();
         let range = first * chunk_bytes..end * chunk_bytes;
         coordinator.own_stripes(range.clone())?;
         Ok(OwnedStripes { coordinator, range })
     }
 
-    /// [`OwnedStripes::take`], its refusal as the engine's error.
+    /// [`OwnedStripes::take`], its refusal as the engine's error for array `array`.
     pub(crate) fn take_or_refuse(
-        array: &'a Array,
+        coordinator: &'a dyn Coordinator,
+        array: &str,
         first: u64,
         end: u64,
         chunk_bytes: u64,
     ) -> Result<OwnedStripes<'a>> {
-        Self::take(array, first, end, chunk_bytes).map_err(|reason| EngineError::Unavailable {
-            array: array.name.clone(),
-            reason,
+        Self::take(coordinator, first, end, chunk_bytes).map_err(|reason| {
+            EngineError::Unavailable {
+                array: array.to_string(),
+                reason,
+            }
         })
     }
 }

@@ -841,11 +841,20 @@ impl Integrity {
         self.counts.resolved.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// A rewritten block of `role` read back wrong; true when that has happened often enough
-    /// to fail the member.
-    pub fn strike(&self, role: usize) -> bool {
+    /// A block rewritten on `role` read back wrong: after a few of those the member is failed
+    /// (it answers but does not keep what it is given). Returns whether it was.
+    pub fn strike_rewrite(&self, members: &MemberSet, role: usize) -> bool {
         self.counts.rewrite_failures.fetch_add(1, Ordering::Relaxed);
-        self.strikes[role].fetch_add(1, Ordering::AcqRel) + 1 >= STRIKES_TO_FAIL
+        if self.strikes[role].fetch_add(1, Ordering::AcqRel) + 1 < STRIKES_TO_FAIL {
+            return false;
+        }
+        let member = members.slot(role).usable();
+        members.fail_role(
+            role,
+            member.as_ref(),
+            "rewritten blocks keep reading back wrong (integrity)",
+        );
+        true
     }
 
     pub fn counts(&self) -> IntegrityCounts {

@@ -26,8 +26,8 @@ impl BufPool {
     }
 
     /// Free buffers kept for reuse now, and the most it keeps.
-    pub fn usage(&self) -> crate::array::PoolUsage {
-        crate::array::PoolUsage {
+    pub fn usage(&self) -> PoolUsage {
+        PoolUsage {
             limit_bytes: self.limit as u64,
             held_bytes: self.free.lock().1 as u64,
         }
@@ -92,4 +92,11 @@ impl Drop for PoolBuf {
             self.pool.put(b);
         }
     }
+}
+
+/// A bounded pool or cache: what it holds now and the most it may hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PoolUsage {
+    pub limit_bytes: u64,
+    pub held_bytes: u64,
 }

@@ -26,7 +26,6 @@ pub(crate) mod bufpool;
 pub(crate) mod commit;
 pub(crate) mod no_space;
 
-use crate::array::Array;
 use crate::members::{Member, MemberSet};
 use std::io;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -82,6 +81,34 @@ pub(crate) struct MemberIo<'a> {
 }
 
 impl<'a> MemberIo<'a> {
+    /// A read of `role` over `buf.len()` bytes at `offset_bytes`, planned against the member
+    /// of `members` that is current there now (none: the operation ends `Stale`).
+    pub fn read(
+        members: &MemberSet,
+        role: usize,
+        offset_bytes: u64,
+        buf: &'a mut [u8],
+    ) -> MemberIo<'a> {
+        let member = members
+            .slot(role)
+            .in_sync_member(offset_bytes, buf.len() as u64);
+        MemberIo::planned(role, member, offset_bytes, IoKind::Read(buf))
+    }
+
+    /// A write of `role`, planned against the member current there now.
+    pub fn write(
+        members: &MemberSet,
+        role: usize,
+        offset_bytes: u64,
+        buf: &'a [u8],
+        fua: bool,
+    ) -> MemberIo<'a> {
+        let member = members
+            .slot(role)
+            .in_sync_member(offset_bytes, buf.len() as u64);
+        MemberIo::planned(role, member, offset_bytes, IoKind::Write(buf, fua))
+    }
+
     /// An operation against `member` (None: the role had no usable member when planned; the
     /// operation ends `Stale` without touching any device).
     pub fn planned(
@@ -242,6 +269,12 @@ impl IoPath {
         }
     }
 
+    /// Whether member I/O runs one operation at a time in a seeded order (the simulation):
+    /// background work then keeps to one thread as well, so that a seed replays one run.
+    pub fn is_deterministic(&self) -> bool {
+        matches!(self.executor, Executor::Deterministic(_))
+    }
+
     /// Small batch and members fast enough (recent small operations, averaged) that issuing
     /// them one after the other beats waking other threads.
     fn is_cheap(&self, ios: &[MemberIo<'_>]) -> bool {
@@ -379,111 +412,4 @@ pub(crate) enum Executor {
     /// One after the other on the caller's thread, in an order drawn from a seeded RNG, so that
     /// one seed replays one interleaving of completions.
     Deterministic(Box<parking_lot::Mutex<rand_chacha::ChaCha8Rng>>),
-}
-
-impl Array {
-    /// Whether member I/O runs one operation at a time in a seeded order (the simulation):
-    /// background work then keeps to one thread as well, so that a seed replays one run.
-    pub(crate) fn is_deterministic(&self) -> bool {
-        matches!(self.io.executor, Executor::Deterministic(_))
-    }
-
-    /// Run `ios` (see [`IoPath::run`]).
-    pub(crate) fn run_io(&self, ios: &mut [MemberIo<'_>]) -> bool {
-        let cx = IoContext {
-            members: &self.members,
-            integrity: self.integrity.as_deref(),
-            verifier: self.config.read_verifier.as_deref(),
-            clock: self.sync.clock.as_ref(),
-            writes_in_commit: &self.writes_in_commit,
-        };
-        self.io.run(&cx, ios)
-    }
-
-    /// A read of `role` over `len` bytes at `offset_bytes`, planned against the member that is
-    /// current there now (none: the operation ends `Stale`).
-    pub(crate) fn read_io<'a>(
-        &self,
-        role: usize,
-        offset_bytes: u64,
-        buf: &'a mut [u8],
-    ) -> MemberIo<'a> {
-        let member = self
-            .members
-            .slot(role)
-            .in_sync_member(offset_bytes, buf.len() as u64);
-        MemberIo::planned(role, member, offset_bytes, IoKind::Read(buf))
-    }
-
-    /// A write of `role`, planned against the member current there now.
-    pub(crate) fn write_io<'a>(
-        &self,
-        role: usize,
-        offset_bytes: u64,
-        buf: &'a [u8],
-        fua: bool,
-    ) -> MemberIo<'a> {
-        let member = self
-            .members
-            .slot(role)
-            .in_sync_member(offset_bytes, buf.len() as u64);
-        MemberIo::planned(role, member, offset_bytes, IoKind::Write(buf, fua))
-    }
-}
-
-impl Array {
-    /// Write `bytes` (rebuilt from redundancy) back to `role` at `off` after its read failed
-    /// there, and read them again: md's "read error corrected". A member whose rewrite fails
-    /// is failed by the write path; one that reads back wrong or not at all is failed here.
-    /// `set`: what the write covers, as the commit point counts it (member bytes for parity
-    /// levels, array bytes for mirrors).
-    pub(crate) fn correct_read_error(
-        &self,
-        role: usize,
-        off: u64,
-        bytes: &[u8],
-        set: crate::io::commit::WriteSet,
-    ) {
-        let Some(member) = self
-            .members
-            .slot(role)
-            .in_sync_member(off, bytes.len() as u64)
-        else {
-            return;
-        };
-        if self.members.note_read_error(role, &member) || self.config.read_only {
-            return;
-        }
-        let mut io = [self.write_io(role, off, bytes, false)];
-        let wrote = self.commit_writes(&set, &mut io);
-        if wrote.is_err() || !io[0].ok() {
-            return;
-        }
-        drop(io);
-        let mut back = self.bufs.get(bytes.len());
-        let mut io = [self.read_io(role, off, &mut back)];
-        self.run_io(&mut io);
-        let ok = io[0].ok();
-        drop(io);
-        if ok && back[..] == *bytes {
-            member.health.note_corrected();
-            tracing::warn!(array = %self.name, member = %member.name(), role, offset = off,
-                "read error corrected");
-            self.members.events.emit(
-                "read_error_corrected",
-                &self.name,
-                Some(member.name()),
-                format!(
-                    "role {role}: data bytes {off}+{} rebuilt from redundancy and rewritten",
-                    bytes.len()
-                ),
-            );
-            return;
-        }
-        self.members.fail_role(
-            role,
-            Some(&member),
-            &format!("data byte {off}: a rewritten block after a read error reads back wrong"),
-        );
-    }
 }

@@ -3,3 +3,4 @@
 
 pub(crate) mod assemble;
 pub(crate) mod create;
+pub(crate) mod leave;

@@ -13,7 +13,7 @@
 use crate::array::Array;
 use crate::error::Result;
 use crate::io::commit::WriteSet;
-use crate::io::IoOutcome;
+use crate::io::{IoOutcome, MemberIo};
 use crate::lock::REGION_BYTES;
 use crate::personality::Copies;
 use layout::Level;
@@ -109,7 +109,7 @@ impl Copies {
                         continue;
                     }
                     self.record_unreadable_copies(array, p, i, &unread);
-                    return Err(array.unrecoverable(
+                    return Err(array.members.unrecoverable(
                         p.array_offset,
                         p.len as u64,
                         "no usable copy left",
@@ -119,7 +119,12 @@ impl Copies {
                 let (mine, tail) = tail.split_at_mut(p.len);
                 rest = tail;
                 consumed = p.buf_offset + p.len;
-                ios.push(array.read_io(copy.dev, copy.dev_sector * 512, mine));
+                ios.push(MemberIo::read(
+                    &array.members,
+                    copy.dev,
+                    copy.dev_sector * 512,
+                    mine,
+                ));
                 which.push(i);
             }
             array.run_io(&mut ios);
@@ -137,7 +142,7 @@ impl Copies {
             }
             if !failed.is_empty() && self.g.max_degraded() == 0 {
                 let p = &pieces[failed[0]];
-                return Err(array.unrecoverable(
+                return Err(array.members.unrecoverable(
                     p.array_offset,
                     p.len as u64,
                     "member read failed on a level without redundancy",
@@ -205,7 +210,7 @@ impl Copies {
                     continue;
                 };
                 let mut buf = array.bufs.get(page as usize);
-                let mut io = [array.read_io(role, off, &mut buf)];
+                let mut io = [MemberIo::read(&array.members, role, off, &mut buf)];
                 array.run_io(&mut io);
                 if io[0].outcome == IoOutcome::ReadError
                     && !array.members.note_read_error(role, &member)
@@ -326,7 +331,13 @@ impl Copies {
                     .slot(copy.dev)
                     .in_sync(copy.dev_sector * 512, p.len as u64)
                 {
-                    let mut io = array.write_io(copy.dev, copy.dev_sector * 512, bytes, fua);
+                    let mut io = MemberIo::write(
+                        &array.members,
+                        copy.dev,
+                        copy.dev_sector * 512,
+                        bytes,
+                        fua,
+                    );
                     io.records = records.clone();
                     ios.push(io);
                     owner.push(i);
@@ -337,14 +348,22 @@ impl Copies {
                 }
             }
         }
-        array.commit_writes(&WriteSet::mirror(offset_bytes, data.len() as u64), &mut ios)?;
+        array.commit.writes(
+            array,
+            &WriteSet::mirror(offset_bytes, data.len() as u64),
+            &mut ios,
+        )?;
         let mut written = vec![false; pieces.len()];
         for (op, &i) in ios.iter().zip(&owner) {
             written[i] |= op.ok();
         }
         if let Some(i) = written.iter().position(|w| !w) {
             let p = &pieces[i];
-            return Err(array.unrecoverable(p.array_offset, p.len as u64, "write reached no copy"));
+            return Err(array.members.unrecoverable(
+                p.array_offset,
+                p.len as u64,
+                "write reached no copy",
+            ));
         }
         Ok(())
     }

@@ -25,7 +25,7 @@ use crate::error::Result;
 use crate::integrity::BlockKind;
 use crate::io::bufpool::PoolBuf;
 use crate::io::commit::WriteSet;
-use crate::io::IoOutcome;
+use crate::io::{IoOutcome, MemberIo};
 use crate::personality::raid456_heal::Heal;
 use crate::personality::Copies;
 use layout::Loc;
@@ -184,7 +184,7 @@ impl Copies {
         let mut ios: Vec<_> = current
             .iter()
             .zip(bufs.iter_mut())
-            .map(|(c, b)| array.read_io(c.dev, c.dev_sector * 512, b))
+            .map(|(c, b)| MemberIo::read(&array.members, c.dev, c.dev_sector * 512, b))
             .collect();
         array.run_io(&mut ios);
         // Corrupt reads returned bytes (judged page by page below); failed ones failed the member.
@@ -205,7 +205,11 @@ impl Copies {
             })
             .collect();
         if plans.is_empty() {
-            return Err(array.unrecoverable(at, n as u64, "no copy of the range could be read"));
+            return Err(array.members.unrecoverable(
+                at,
+                n as u64,
+                "no copy of the range could be read",
+            ));
         }
         Ok(plans)
     }
@@ -387,8 +391,15 @@ impl Copies {
             }
             let r = first * PAGE..(pg * PAGE).min(n);
             let dev_off = p.loc.dev_sector * 512 + r.start as u64;
-            let mut io = [array.write_io(p.loc.dev, dev_off, &truth[r.clone()], false)];
-            array.commit_writes(
+            let mut io = [MemberIo::write(
+                &array.members,
+                p.loc.dev,
+                dev_off,
+                &truth[r.clone()],
+                false,
+            )];
+            array.commit.writes(
+                array,
                 &WriteSet::repair(at + r.start as u64, r.len() as u64),
                 &mut io,
             )?;
@@ -414,7 +425,7 @@ impl Copies {
     fn read_back(&self, array: &Array, dev: usize, dev_off: u64, len: usize, counted: &[bool]) {
         let integ = array.integrity.as_ref().expect("records");
         let mut back = array.bufs.get(len);
-        let mut io = [array.read_io(dev, dev_off, &mut back)];
+        let mut io = [MemberIo::read(&array.members, dev, dev_off, &mut back)];
         array.run_io(&mut io);
         let outcome = io[0].outcome;
         drop(io);
@@ -433,7 +444,12 @@ impl Copies {
             } else {
                 tracing::warn!(array = %array.name, role = dev, offset = off,
                     "rewritten copy reads back wrong");
-                if array.strike_rewrite(dev) {
+                if array
+                    .integrity
+                    .as_ref()
+                    .expect("integrity")
+                    .strike_rewrite(&array.members, dev)
+                {
                     return;
                 }
             }

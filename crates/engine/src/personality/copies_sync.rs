@@ -4,6 +4,7 @@
 
 use crate::array::Array;
 use crate::error::Result;
+use crate::io::MemberIo;
 use crate::lock::LockRange;
 use crate::personality::raid456_heal::Heal;
 use crate::personality::Copies;
@@ -35,9 +36,12 @@ impl Copies {
                 .next_multiple_of(PAGE)
                 .max(MIN_PIECE);
             let pieces: Vec<u64> = (0..len).step_by(piece as usize).collect();
-            let lost = in_pieces(&pieces, PIECES_IN_FLIGHT, array.is_deterministic(), |&d| {
-                self.recover_piece(array, role, at + d, off + d, piece.min(len - d))
-            })?;
+            let lost = in_pieces(
+                &pieces,
+                PIECES_IN_FLIGHT,
+                array.io.is_deterministic(),
+                |&d| self.recover_piece(array, role, at + d, off + d, piece.min(len - d)),
+            )?;
             let lost: Vec<u64> = lost.into_iter().flatten().collect();
             array.sync.record_unrebuilt(array, role, &lost);
             array.members.slots[role].advance(off + len);
@@ -152,7 +156,12 @@ impl Copies {
             {
                 continue;
             }
-            let mut io = [array.read_io(c.dev, c.dev_sector * 512, buf)];
+            let mut io = [MemberIo::read(
+                &array.members,
+                c.dev,
+                c.dev_sector * 512,
+                buf,
+            )];
             if array.run_io(&mut io) && !corrupt {
                 return Ok(());
             }
@@ -165,7 +174,7 @@ impl Copies {
                 .map(|_| ())
                 .map_err(Stop::Failed);
         }
-        Err(Stop::Failed(array.unrecoverable(
+        Err(Stop::Failed(array.members.unrecoverable(
             at,
             buf.len() as u64,
             &format!("no in-sync copy of array byte {at} left"),

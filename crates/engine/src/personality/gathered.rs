@@ -15,6 +15,7 @@
 use crate::array::Array;
 use crate::error::{EngineError, Result};
 use crate::personality::intent::WriteIntent;
+use crate::personality::Parity;
 
 /// One write of a gathered run.
 pub struct GatheredWrite<'a> {
@@ -37,7 +38,7 @@ impl Array {
         }
         let n = writes.len();
         self.sync.note_client_io();
-        match self.as_client_write(|| Ok(self.gathered_parity(writes))) {
+        match self.as_client_write(|| Ok(self.parity().write_gathered(self, writes))) {
             Ok(results) => results,
             Err(EngineError::ReadOnly { array, reason }) => (0..n)
                 .map(|_| {
@@ -50,19 +51,23 @@ impl Array {
             Err(e) => unreachable!("a client write is refused only as read-only: {e}"),
         }
     }
+}
 
-    fn gathered_parity(&self, writes: Vec<GatheredWrite<'_>>) -> Vec<Result<()>> {
+impl Parity {
+    /// [`Array::write_gathered`] on the stripe path: the run's pieces are placed into their
+    /// stripes together, so that a stripe they fill is written once.
+    fn write_gathered(&self, array: &Array, writes: Vec<GatheredWrite<'_>>) -> Vec<Result<()>> {
         let mut results: Vec<Option<Result<()>>> = Vec::with_capacity(writes.len());
         let mut taken = Vec::new();
         for w in writes {
             let len = w.data.len() as u64;
             let at = w.offset_bytes;
-            let checked = self
+            let checked = array
                 .check_range(at, len)
-                .and_then(|()| self.policy.before_client_io(self, at, len, true));
+                .and_then(|()| array.policy.before_client_io(array, at, len, true));
             match checked {
                 Ok(()) => {
-                    let watched = self.policy.write_begins(self, at, len, Some(w.data));
+                    let watched = array.policy.write_begins(array, at, len, Some(w.data));
                     taken.push((results.len(), w, watched));
                     results.push(None);
                 }
@@ -76,12 +81,12 @@ impl Array {
             .iter()
             .map(|(_, w, _)| (w.offset_bytes, w.offset_bytes + w.data.len() as u64))
             .reduce(|(a, b), (c, d)| (a.min(c), b.max(d)));
-        let _owned = match hull.map(|(a, b)| self.parity().own_rows(self, a, b - a)) {
+        let _owned = match hull.map(|(a, b)| self.own_rows(array, a, b - a)) {
             Some(Err(reason)) => {
                 for (i, w, watched) in taken {
-                    self.policy.write_ended(self, watched, false, w.fua);
+                    array.policy.write_ended(array, watched, false, w.fua);
                     results[i] = Some(Err(EngineError::Unavailable {
-                        array: self.name.clone(),
+                        array: array.name.clone(),
                         reason: reason.clone(),
                     }));
                 }
@@ -90,33 +95,26 @@ impl Array {
             owned => owned,
         };
         let bytes = taken.iter().map(|(_, w, _)| w.data.len()).sum();
-        let reserved = self.stripes.reserve(bytes);
+        let reserved = array.stripes.reserve(bytes);
         let mut led = Vec::new();
         let placed: Vec<_> = taken
             .into_iter()
             .map(|(i, w, watched)| {
-                let p = self.parity().parity_place(
-                    self,
-                    w.offset_bytes,
-                    w.data,
-                    w.fua,
-                    w.intent,
-                    &mut led,
-                );
+                let p = self.parity_place(array, w.offset_bytes, w.data, w.fua, w.intent, &mut led);
                 (i, w.fua, p, watched)
             })
             .collect();
         for (row, r) in &led {
-            self.parity().lead_batch(self, *row, r);
+            self.lead_batch(array, *row, r);
         }
         let done: Vec<_> = placed
             .into_iter()
-            .map(|(i, fua, p, watched)| (i, fua, self.parity().parity_wait(self, p), watched))
+            .map(|(i, fua, p, watched)| (i, fua, self.parity_wait(array, p), watched))
             .collect();
-        self.stripes.unreserve(reserved);
-        self.records_after_write(done.iter().any(|(_, fua, r, _)| *fua && r.is_ok()));
+        array.stripes.unreserve(reserved);
+        array.records_after_write(done.iter().any(|(_, fua, r, _)| *fua && r.is_ok()));
         for (i, fua, res, watched) in done {
-            self.policy.write_ended(self, watched, res.is_ok(), fua);
+            array.policy.write_ended(array, watched, res.is_ok(), fua);
             results[i] = Some(res);
         }
         results

@@ -26,6 +26,7 @@ pub(crate) mod intent;
 pub(crate) mod raid456;
 pub(crate) mod raid456_heal;
 pub(crate) mod raid456_sync;
+pub(crate) mod raid456_writeback;
 pub(crate) mod stripe_cache;
 
 use crate::array::Array;

@@ -27,13 +27,13 @@ use crate::cluster::OwnedStripes;
 use crate::error::{EngineError, Result};
 use crate::intervals::merge;
 use crate::io::bufpool::PoolBuf;
+use crate::io::commit::StripeImage;
 use crate::io::commit::WriteSet;
 use crate::io::{IoOutcome, MemberIo};
 use crate::personality::intent::WriteIntent;
 use crate::personality::raid456_heal::Heal;
 use crate::personality::stripe_cache::{covers_all, BatchError, Completion, Piece, Row};
 use crate::personality::Parity;
-use crate::policy::journal::StripeImage;
 use layout::{Level, StripeRoles};
 use std::sync::Arc;
 use std::time::Instant;
@@ -110,28 +110,6 @@ pub(crate) struct RowBufs {
     pub q: Option<PoolBuf>,
 }
 
-impl Array {
-    /// Rows a crash may have left mid-write and that are not consistent yet, while the parity
-    /// array is degraded: a block rebuilt from one of them may mix old and new writes (md's
-    /// write hole). Only a policy that knows which rows those are (the bitmap's dirty chunks,
-    /// under `bitmap` and `guided`) can count them; the plain policy cannot tell a torn row
-    /// from a sound one and serves reconstructions as md does.
-    pub(crate) fn exposed_rows(&self) -> u64 {
-        exposed_rows(
-            &self.geometry,
-            &self.members.slots,
-            self.policy.torn_bytes(),
-            self.resync_owed(),
-        )
-    }
-
-    fn resync_owed(&self) -> bool {
-        self.sync
-            .unsynced
-            .load(std::sync::atomic::Ordering::Acquire)
-    }
-}
-
 impl Parity {
     fn chunk_bytes(&self) -> u64 {
         self.g.chunk_sectors() * 512
@@ -153,7 +131,12 @@ impl Parity {
     ) -> std::result::Result<OwnedStripes<'a>, String> {
         let first = self.g.locate(offset_bytes / 512).stripe;
         let last = self.g.locate((offset_bytes + len.max(1) - 1) / 512).stripe;
-        OwnedStripes::take(array, first, last + 1, self.chunk_bytes())
+        OwnedStripes::take(
+            array.members.coordinator(),
+            first,
+            last + 1,
+            self.chunk_bytes(),
+        )
     }
 
     /// Pieces of a byte range: (row, data_index, offset in chunk, length, offset in request).
@@ -200,7 +183,7 @@ impl Parity {
                 slow.push((row, d, off, mine));
             } else {
                 direct.push((
-                    array.read_io(dev, row * self.chunk_bytes() + off, mine),
+                    MemberIo::read(&array.members, dev, row * self.chunk_bytes() + off, mine),
                     row,
                     d,
                     off,
@@ -246,7 +229,7 @@ impl Parity {
             return false;
         }
         let mut buf = array.bufs.get(len as usize);
-        let mut io = [array.read_io(dev, at, &mut buf)];
+        let mut io = [MemberIo::read(&array.members, dev, at, &mut buf)];
         if !array.run_io(&mut io) {
             return false;
         }
@@ -264,7 +247,13 @@ impl Parity {
         out: &mut [u8],
     ) -> Result<()> {
         // Reconstruction needs parity that no other node is rewriting.
-        let _owned = OwnedStripes::take_or_refuse(array, row, row + 1, self.chunk_bytes())?;
+        let _owned = OwnedStripes::take_or_refuse(
+            array.members.coordinator(),
+            &array.name,
+            row,
+            row + 1,
+            self.chunk_bytes(),
+        )?;
         let r = array.stripes.get(row);
         let st = r.claim(r.st.lock());
         drop(st);
@@ -297,7 +286,7 @@ impl Parity {
                     return Ok(());
                 }
             }
-            Err(array.unrecoverable(
+            Err(array.members.unrecoverable(
                 self.array_offset(row, d, off),
                 out.len() as u64,
                 "members kept failing during reconstruction",
@@ -402,7 +391,11 @@ impl Parity {
                 array: array.name.clone(),
                 reason,
             },
-            BatchError::Failed(reason) => array.unrecoverable(offset_bytes, len_bytes, &reason),
+            BatchError::Failed(reason) => {
+                array
+                    .members
+                    .unrecoverable(offset_bytes, len_bytes, &reason)
+            }
         })
     }
 
@@ -477,11 +470,11 @@ impl Parity {
 
     fn write_batch(&self, array: &Array, row: u64, batch: &[Piece]) -> Result<()> {
         if array.policy.logs_pages() {
-            if array.policy.write_back() && array.cache_batch(row, batch)? {
+            if array.policy.write_back() && self.cache_batch(array, row, batch)? {
                 return Ok(());
             }
             // Write-through from here: what the cache holds of this row goes first.
-            array.write_out_row(row)?;
+            self.write_out_row(array, row)?;
         }
         let roles = self.g.stripe_roles(row);
         let mut intervals = merge(batch.iter().map(|p| (p.offset, p.end())).collect());
@@ -499,7 +492,7 @@ impl Parity {
             self.write_interval(array, row, &roles, a, b, batch)?;
         }
         if array.is_failed() {
-            return Err(array.unrecoverable(
+            return Err(array.members.unrecoverable(
                 row * self.chunk_bytes(),
                 0,
                 "too many members failed",
@@ -562,7 +555,7 @@ impl Parity {
                 Outcome::Replan => {}
             }
         }
-        Err(array.unrecoverable(
+        Err(array.members.unrecoverable(
             self.array_offset(row, 0, a),
             b - a,
             "members kept failing during a stripe write",
@@ -674,7 +667,7 @@ impl Parity {
             .filter(|(d, _)| needs_read(*d))
             .filter_map(|(d, buf)| {
                 buf.as_mut()
-                    .map(|b| array.read_io(c.roles.data_dev(d), at, b))
+                    .map(|b| MemberIo::read(&array.members, c.roles.data_dev(d), at, b))
             })
             .collect();
         if !ios.is_empty() && !array.run_io(&mut ios) {
@@ -707,7 +700,7 @@ impl Parity {
             .iter_mut()
             .zip(&dirty)
             .filter(|(_, &d)| !c.full[d])
-            .map(|(b, &d)| array.read_io(c.roles.data_dev(d), at, b))
+            .map(|(b, &d)| MemberIo::read(&array.members, c.roles.data_dev(d), at, b))
             .collect();
         if !ios.is_empty() && !array.run_io(&mut ios) {
             return Ok(replan_after(&ios));
@@ -719,9 +712,11 @@ impl Parity {
         let mut ios: Vec<MemberIo<'_>> = bufs
             .iter()
             .zip(&dirty)
-            .map(|(b, &d)| array.write_io(c.roles.data_dev(d), at, b, c.fua))
+            .map(|(b, &d)| MemberIo::write(&array.members, c.roles.data_dev(d), at, b, c.fua))
             .collect();
-        array.commit_stripe_writes(&WriteSet::stripe(at, len as u64), &mut ios, None)?;
+        array
+            .commit
+            .stripe_writes(array, &WriteSet::stripe(at, len as u64), &mut ios, None)?;
         Ok(Outcome::Done)
     }
 
@@ -763,16 +758,16 @@ impl Parity {
             let mut ios: Vec<MemberIo<'_>> = old
                 .iter_mut()
                 .zip(dirty)
-                .map(|(buf, &d)| array.read_io(roles.data_dev(d), at, buf))
+                .map(|(buf, &d)| MemberIo::read(&array.members, roles.data_dev(d), at, buf))
                 .collect();
             // A missing parity chunk is neither read nor written; its buffer only takes the
             // arithmetic.
             if array.members.slot(roles.p_dev()).in_sync(at, len as u64) {
-                ios.push(array.read_io(roles.p_dev(), at, &mut p));
+                ios.push(MemberIo::read(&array.members, roles.p_dev(), at, &mut p));
             }
             if let (Some(qd), Some(qb)) = (roles.q_dev(), q.as_mut()) {
                 if array.members.slot(qd).in_sync(at, len as u64) {
-                    ios.push(array.read_io(qd, at, qb));
+                    ios.push(MemberIo::read(&array.members, qd, at, qb));
                 }
             }
             if !array.run_io(&mut ios) {
@@ -848,13 +843,13 @@ impl Parity {
             .enumerate()
             .filter(|(_, (d, _))| array.members.slot(c.roles.data_dev(*d)).in_sync(at, len))
             .map(|(i, &(d, buf))| {
-                let mut io = array.write_io(c.roles.data_dev(d), at, buf, c.fua);
+                let mut io = MemberIo::write(&array.members, c.roles.data_dev(d), at, buf, c.fua);
                 io.records = records.as_ref().map(|r| r[i].clone());
                 io
             })
             .collect();
         if array.members.slot(c.roles.p_dev()).in_sync(at, len) {
-            let mut io = array.write_io(c.roles.p_dev(), at, p, c.fua);
+            let mut io = MemberIo::write(&array.members, c.roles.p_dev(), at, p, c.fua);
             io.records = records
                 .as_ref()
                 .zip(array.integrity.as_ref())
@@ -863,7 +858,7 @@ impl Parity {
         }
         if let (Some(qd), Some(qb)) = (c.roles.q_dev(), q) {
             if array.members.slot(qd).in_sync(at, len) {
-                ios.push(array.write_io(qd, at, qb, c.fua));
+                ios.push(MemberIo::write(&array.members, qd, at, qb, c.fua));
             }
         }
         let image = StripeImage {
@@ -874,7 +869,10 @@ impl Parity {
             q,
             parity_only: false,
         };
-        let res = array.commit_stripe_writes(&WriteSet::stripe(at, len), &mut ios, Some(&image));
+        let res =
+            array
+                .commit
+                .stripe_writes(array, &WriteSet::stripe(at, len), &mut ios, Some(&image));
         // A row that failed may have reached some members: the missing role's block then
         // verifies as either contents, as a write in flight does.
         if let (Ok(()), Some(integ)) = (&res, &array.integrity) {
@@ -889,7 +887,7 @@ impl Parity {
     pub(crate) fn row_exposed(&self, array: &Array, row: u64) -> bool {
         let chunk = self.chunk_bytes();
         array.policy.torn_bytes().is_some()
-            && array.resync_owed()
+            && array.sync.resync_owed()
             && !array
                 .policy
                 .next_to_resync(row * chunk, (row + 1) * chunk)
@@ -959,7 +957,7 @@ impl Parity {
                 ),
             );
         }
-        array.unrecoverable(at, len as u64, TORN_REASON)
+        array.members.unrecoverable(at, len as u64, TORN_REASON)
     }
 
     /// P (and Q) of a stripe's data chunks, given in data-index order.
@@ -1033,9 +1031,11 @@ impl Parity {
                 let off = at.max(row * self.chunk_bytes()) % self.chunk_bytes();
                 return Err(match torn {
                     Torn::Refuse => self.refuse_torn(array, row, d, off, len),
-                    _ => {
-                        array.unrecoverable(self.array_offset(row, d, off), len as u64, TORN_REASON)
-                    }
+                    _ => array.members.unrecoverable(
+                        self.array_offset(row, d, off),
+                        len as u64,
+                        TORN_REASON,
+                    ),
                 });
             }
         }
@@ -1069,7 +1069,7 @@ impl Parity {
             .filter(|&dev| !array.members.slot(dev).in_sync(at, len as u64))
             .collect();
         if missing.len() > self.g.max_degraded() {
-            return Err(array.unrecoverable(
+            return Err(array.members.unrecoverable(
                 at,
                 len as u64,
                 "more members missing than the level tolerates",
@@ -1080,7 +1080,7 @@ impl Parity {
             .iter_mut()
             .enumerate()
             .filter(|(dev, _)| !missing.contains(dev))
-            .map(|(dev, buf)| array.read_io(dev, at, buf))
+            .map(|(dev, buf)| MemberIo::read(&array.members, dev, at, buf))
             .collect();
         array.run_io(&mut ios);
         let mut replan = false;
@@ -1101,7 +1101,7 @@ impl Parity {
         missing.extend(&unread);
         if !unread.is_empty() && missing.len() > self.g.max_degraded() {
             self.record_unreadable(array, at, len, &missing, &unread);
-            return Err(array.unrecoverable(
+            return Err(array.members.unrecoverable(
                 at,
                 len as u64,
                 "unreadable sectors beyond the level's redundancy",
@@ -1114,7 +1114,7 @@ impl Parity {
             missing.extend(corrupt);
         }
         if missing.len() > self.g.max_degraded() {
-            return Err(array.unrecoverable(
+            return Err(array.members.unrecoverable(
                 at,
                 len as u64,
                 "corrupt and missing chunks exceed the level's redundancy",
@@ -1143,7 +1143,7 @@ impl Parity {
                 let off = at + pg as u64 * PAGE;
                 let n = PAGE.min(at + len as u64 - off) as usize;
                 let mut buf = array.bufs.get(n);
-                let mut io = [array.read_io(dev, off, &mut buf)];
+                let mut io = [MemberIo::read(&array.members, dev, off, &mut buf)];
                 array.run_io(&mut io);
                 if io[0].outcome == IoOutcome::ReadError {
                     failed.push(dev);

@@ -25,6 +25,7 @@ use crate::error::Result;
 use crate::integrity::{BlockKind, Integrity};
 use crate::io::bufpool::PoolBuf;
 use crate::io::commit::WriteSet;
+use crate::io::MemberIo;
 use crate::personality::Parity;
 use layout::{ChunkRole, StripeRoles};
 
@@ -100,24 +101,6 @@ struct HealTally {
     failing: usize,
     fixed: usize,
     settled_blocks: usize,
-}
-
-impl Array {
-    /// A block rewritten on `dev` read back wrong: after a few of those the member is failed
-    /// (it answers but does not keep what it is given). Returns whether it was.
-    pub(crate) fn strike_rewrite(&self, dev: usize) -> bool {
-        let integ = self.integrity.as_ref().expect("integrity");
-        if !integ.strike(dev) {
-            return false;
-        }
-        let member = self.members.slot(dev).usable();
-        self.members.fail_role(
-            dev,
-            member.as_ref(),
-            "rewritten blocks keep reading back wrong (integrity)",
-        );
-        true
-    }
 }
 
 impl Parity {
@@ -367,13 +350,15 @@ impl Parity {
     /// wrong data after rewrites is failed.
     fn rewrite_block(&self, array: &Array, dev: usize, off: u64, page: &[u8]) -> Result<()> {
         let integ = array.integrity.as_ref().expect("integrity");
-        let mut io = [array.write_io(dev, off, page, false)];
-        array.commit_writes(&WriteSet::repair(off, PAGE as u64), &mut io)?;
+        let mut io = [MemberIo::write(&array.members, dev, off, page, false)];
+        array
+            .commit
+            .writes(array, &WriteSet::repair(off, PAGE as u64), &mut io)?;
         if !io[0].ok() {
             return Ok(());
         }
         let mut back = array.bufs.get(PAGE);
-        let mut io = [array.read_io(dev, off, &mut back)];
+        let mut io = [MemberIo::read(&array.members, dev, off, &mut back)];
         array.run_io(&mut io);
         if io[0].ok() {
             integ.count_repaired();
@@ -382,7 +367,11 @@ impl Parity {
         }
         drop(io);
         tracing::warn!(array = %array.name, role = dev, offset = off, "rewritten block reads back wrong");
-        array.strike_rewrite(dev);
+        array
+            .integrity
+            .as_ref()
+            .expect("integrity")
+            .strike_rewrite(&array.members, dev);
         Ok(())
     }
 

@@ -7,6 +7,7 @@ use crate::array::Array;
 use crate::error::Result;
 use crate::io::bufpool::PoolBuf;
 use crate::io::commit::WriteSet;
+use crate::io::MemberIo;
 use crate::lock::LockRange;
 use crate::personality::raid456::row_pieces;
 use crate::personality::raid456::Torn;
@@ -170,7 +171,7 @@ impl Parity {
         let piece = REBUILD_PIECE_BYTES;
         let pieces: Vec<u64> = (r0 * chunk..r1 * chunk).step_by(piece as usize).collect();
         let at_once = self.pieces_at_once(piece);
-        let lost = in_pieces(&pieces, at_once, array.is_deterministic(), |&at| {
+        let lost = in_pieces(&pieces, at_once, array.io.is_deterministic(), |&at| {
             let end = (at + piece).min(r1 * chunk);
             let (bufs, gone) = self.read_rebuild_sources(array, at, end)?;
             array.sync.write_rebuilt(array, role, at, &bufs[role])?;
@@ -237,7 +238,7 @@ impl Parity {
                 Err(stop) => return Err(stop),
             }
         }
-        Err(Stop::Failed(array.unrecoverable(
+        Err(Stop::Failed(array.members.unrecoverable(
             at,
             end - at,
             "members kept failing",
@@ -304,7 +305,7 @@ impl Parity {
                 Err(e) => return Err(Stop::Failed(e)),
             }
         }
-        Err(Stop::Failed(array.unrecoverable(
+        Err(Stop::Failed(array.members.unrecoverable(
             at,
             PAGE,
             "members kept failing",
@@ -326,7 +327,7 @@ impl Parity {
     ) -> Result<u64, Stop> {
         let chunk = self.g.chunk_sectors() * 512;
         let (pieces, at_once) = self.window_pieces(r0, r1);
-        let bad = in_pieces(&pieces, at_once, array.is_deterministic(), |&(a, b)| {
+        let bad = in_pieces(&pieces, at_once, array.io.is_deterministic(), |&(a, b)| {
             // Pages nothing can rebuild (recorded bad blocks) are passed, as a rebuild passes
             // them: neither counted nor rewritten (a parity write there would clear a record).
             let (bufs, lost) = match self.read_window(array, a, b, heal) {
@@ -396,12 +397,19 @@ impl Parity {
                 }
             }
             if row_bad > 0 && fix && !row_lost {
-                let mut ios = vec![array.write_io(roles.p_dev(), piece_at, &p, false)];
+                let mut ios = vec![MemberIo::write(
+                    &array.members,
+                    roles.p_dev(),
+                    piece_at,
+                    &p,
+                    false,
+                )];
                 if let (Some(qd), Some(qb)) = (roles.q_dev(), q.as_ref()) {
-                    ios.push(array.write_io(qd, piece_at, qb, false));
+                    ios.push(MemberIo::write(&array.members, qd, piece_at, qb, false));
                 }
                 array
-                    .commit_writes(&WriteSet::repair(piece_at, r.len() as u64), &mut ios)
+                    .commit
+                    .writes(array, &WriteSet::repair(piece_at, r.len() as u64), &mut ios)
                     .map_err(Stop::Failed)?;
             }
             bad += row_bad;
@@ -451,7 +459,8 @@ impl Parity {
             let found = loop {
                 // A repair rewrites parity: no other node may write these stripes meanwhile.
                 let owned = crate::cluster::OwnedStripes::take_or_refuse(
-                    array,
+                    array.members.coordinator(),
+                    &array.name,
                     at / chunk,
                     end.div_ceil(chunk),
                     chunk,

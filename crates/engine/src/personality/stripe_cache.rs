@@ -143,9 +143,9 @@ impl StripeCache {
     }
 
     /// Client data held now, and the most it may hold.
-    pub fn usage(&self) -> crate::array::PoolUsage {
+    pub fn usage(&self) -> crate::io::bufpool::PoolUsage {
         let avail = *self.budget.avail.lock();
-        crate::array::PoolUsage {
+        crate::io::bufpool::PoolUsage {
             limit_bytes: self.budget.total as u64,
             held_bytes: (self.budget.total - avail) as u64,
         }

@@ -150,6 +150,19 @@ pub(crate) struct WriteIntentBitmap {
 }
 
 impl WriteIntentBitmap {
+    /// The bitmap daemon: a pass every `daemon_sleep` of the array's clock until the array
+    /// stops its background work.
+    pub(crate) fn daemon(&self, array: &Array) {
+        let clock = array.sync.clock.clone();
+        let mut last = clock.now();
+        array.sync.until_stopped(Duration::from_millis(100), || {
+            if clock.now().saturating_sub(last) >= self.daemon_sleep {
+                array.bitmap_pass();
+                last = clock.now();
+            }
+        });
+    }
+
     /// The bitmap as assembly found it: `bits` is the union of the members' copies (all ones if
     /// none was fresh). Set bits are durable already; those covering bytes at or past
     /// `resync_from` need resync (an unclean stop). `slot`: the node slot this array writes
@@ -511,31 +524,6 @@ impl Array {
             .filter(|_| !self.is_read_only() && !fenced)
         {
             bm.daemon_pass(&self.members, false, || self.flush_members());
-        }
-    }
-
-    /// The bitmap daemon: a pass every `daemon_sleep` of the array's clock until the array
-    /// stops its background work.
-    pub(crate) fn bitmap_daemon(&self) {
-        let Some(bm) = self.policy.bitmap() else {
-            return;
-        };
-        let clock = self.sync.clock.clone();
-        let mut last = clock.now();
-        self.until_stopped(Duration::from_millis(100), || {
-            if clock.now().saturating_sub(last) >= bm.daemon_sleep {
-                self.bitmap_pass();
-                last = clock.now();
-            }
-        });
-    }
-
-    /// Run `tick` every `period` until the array stops its background work (the policy
-    /// threads: bitmap clean-up, journal write-out and reclaim).
-    pub(crate) fn until_stopped(&self, period: Duration, mut tick: impl FnMut()) {
-        while !self.sync.st.lock().stop {
-            self.sync.clock.park(period);
-            tick();
         }
     }
 }

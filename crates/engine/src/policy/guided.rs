@@ -32,10 +32,10 @@
 use crate::array::Array;
 use crate::error::{EngineError, Result};
 use crate::io::commit::WriteSet;
+use crate::io::commit::{StripeImage, Ticket};
 use crate::members::Meta;
 use crate::policy::bitmap::WriteIntentBitmap;
-use crate::policy::journal::StripeImage;
-use crate::policy::{BitmapPolicy, ConsistencyPolicy, Ticket};
+use crate::policy::{BitmapPolicy, ConsistencyPolicy};
 use crate::work::VerifyReport;
 use parking_lot::{Mutex, RwLock};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -251,7 +251,7 @@ impl Array {
     /// A guide names the array byte ranges that may have had writes in flight at the crash:
     /// verify them, then count redundancy as good everywhere else too. Only while awaiting.
     pub fn end_guidance(&self, guide: &str, ranges: &[(u64, u64)]) -> Result<VerifyReport> {
-        let g = self.guidance_awaited()?;
+        let g = guidance_awaited(self.policy.as_ref(), &self.name)?;
         if g.tainted.load(Ordering::Acquire) {
             let why = "writes failed while awaiting guidance: no guide knows where";
             g.fall_back_with(self, why.into());
@@ -302,7 +302,7 @@ impl Array {
     /// No guidance after all (a guide refused, or an administrator said so): run the bitmap
     /// resync now.
     pub fn fall_back(&self, reason: &str) -> Result<()> {
-        let g = self.guidance_awaited()?;
+        let g = guidance_awaited(self.policy.as_ref(), &self.name)?;
         g.fall_back_with(self, reason.to_string());
         g.persist_fallback(self);
         self.sync.wake();
@@ -313,7 +313,7 @@ impl Array {
     /// first. Data members answer reads of an array that is not degraded, so parity that
     /// disagrees does not change what they return; the guide verifies what it finds after.
     pub fn read_as_guide(&self, offset_bytes: u64, buf: &mut [u8]) -> Result<()> {
-        self.guidance_awaited()?;
+        guidance_awaited(self.policy.as_ref(), &self.name)?;
         if self.members.slots.iter().any(|s| !s.is_complete()) {
             return Err(EngineError::InvalidArgument(format!(
                 "{} is degraded: a guide would read reconstructed blocks whose parity may be \
@@ -326,38 +326,33 @@ impl Array {
 
     /// Ok while the array waits for a guide; otherwise why not.
     pub fn awaiting_guidance(&self) -> Result<()> {
-        self.guidance_awaited().map(|_| ())
+        guidance_awaited(self.policy.as_ref(), &self.name).map(|_| ())
     }
+}
 
-    fn guidance_awaited(&self) -> Result<&Guidance> {
-        let g = self.policy.guidance().ok_or_else(|| {
-            EngineError::InvalidArgument(format!(
-                "{} does not use the guided consistency policy",
-                self.name
-            ))
-        })?;
-        match &*g.state.lock() {
-            State::Awaiting => Ok(g),
-            State::InSync => Err(EngineError::InvalidArgument(format!(
-                "{} was stopped cleanly: there is nothing to guide",
-                self.name
-            ))),
-            State::Guided { guide } => Err(EngineError::InvalidArgument(format!(
-                "{}: guidance already ended (guide {guide})",
-                self.name
-            ))),
-            State::FellBack { reason } => Err(EngineError::InvalidArgument(format!(
-                "{}: guidance already ended: fell back to the bitmap resync ({reason})",
-                self.name
-            ))),
-        }
-    }
-
-    /// Guidance, for status (None: not a guided array).
-    pub(crate) fn guidance_status(&self) -> Option<GuidanceStatus> {
-        self.policy
-            .guidance()
-            .map(|g| g.status(self.sync.clock.now()))
+/// The guided policy's guidance while it waits for a guide; otherwise why not (`name`: the
+/// array's).
+fn guidance_awaited<'a>(policy: &'a dyn ConsistencyPolicy, name: &str) -> Result<&'a Guidance> {
+    let g = policy.guidance().ok_or_else(|| {
+        EngineError::InvalidArgument(format!(
+            "{} does not use the guided consistency policy",
+            name
+        ))
+    })?;
+    match &*g.state.lock() {
+        State::Awaiting => Ok(g),
+        State::InSync => Err(EngineError::InvalidArgument(format!(
+            "{} was stopped cleanly: there is nothing to guide",
+            name
+        ))),
+        State::Guided { guide } => Err(EngineError::InvalidArgument(format!(
+            "{}: guidance already ended (guide {guide})",
+            name
+        ))),
+        State::FellBack { reason } => Err(EngineError::InvalidArgument(format!(
+            "{}: guidance already ended: fell back to the bitmap resync ({reason})",
+            name
+        ))),
     }
 }
 

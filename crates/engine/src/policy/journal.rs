@@ -34,7 +34,7 @@
 use crate::array::Array;
 use crate::clock::Clock;
 use crate::error::{EngineError, Result};
-use crate::io::commit::WriteSet;
+use crate::io::commit::{StripeImage, WriteSet};
 use crate::io::{IoKind, MemberIo};
 use crate::members::metadata::Metadata;
 use crate::members::superblock_block;
@@ -80,20 +80,6 @@ pub(crate) fn new_log_seq(clock: &dyn Clock) -> u64 {
 pub(crate) fn write_empty_log(dev: &dyn Device, sb: &Superblock, seq: u64) -> std::io::Result<()> {
     let block = MetaBlock::empty(seq, 0).encode(journal_seed(&sb.set_uuid));
     dev.write_at(&AlignedBuf::copy_from(&block), sb.data_offset * 512, true)
-}
-
-/// A column interval of a stripe as it will be written: what the journal logs.
-pub(crate) struct StripeImage<'a> {
-    pub row: u64,
-    /// Per-member byte offset of the interval (inside the row's chunk).
-    pub at: u64,
-    /// Dirty data chunks by data index, whether or not their member is present.
-    pub data: &'a [(usize, &'a [u8])],
-    pub p: &'a [u8],
-    pub q: Option<&'a [u8]>,
-    /// A write-out of write-back data: the data pages are in the log already, only parity is
-    /// logged (and it may use the space kept for write-outs).
-    pub parity_only: bool,
 }
 
 /// One io unit in the ring.
@@ -358,6 +344,49 @@ enum Space {
 type DataOnly = Vec<(u64, AlignedBuf)>;
 
 impl Journal {
+    /// The reclaim thread: settles a failed log, writes out cached rows that are due and
+    /// reclaims the log, until the array stops its background work.
+    pub(crate) fn daemon(&self, array: &Array) {
+        let clock = array.sync.clock.clone();
+        let mut last = clock.now();
+        let mut warned = false;
+        array.sync.until_stopped(Duration::from_millis(50), || {
+            if self.failed().is_some() && !self.settled() {
+                // Nobody flushed since the log failed: write its cache out now (and again at
+                // every tick while that fails, saying so once).
+                match array.settle_journal() {
+                    Err(e) if !warned => {
+                        warned = true;
+                        tracing::warn!(array = %array.name, "the failed journal's cache is not written out yet: {e}");
+                    }
+                    _ => {}
+                }
+            }
+            // Write-back: rows go home when the cache fills, when their data has waited a
+            // while, and all of them once the array writes through (mode switched, degraded).
+            let degraded = array.members.slots.iter().any(|s| !s.is_complete());
+            let oldest = self.cached_rows_by_age(clock.now(), 64);
+            for (written, (_, age)) in oldest.into_iter().enumerate() {
+                let pressed = self.cache_bytes() > array.config.stripe_cache_bytes / 8;
+                if written >= 64
+                    || !(pressed
+                        || !self.write_back()
+                        || degraded
+                        || age >= WRITE_OUT_AGE
+                        || self.failed().is_some())
+                    || !array.parity().write_out_oldest(array)
+                {
+                    break;
+                }
+            }
+            let free = self.reclaimable();
+            let due = clock.now().saturating_sub(last) >= RECLAIM_AGE;
+            if free * 4 > self.log || (free > 0 && due) {
+                self.reclaim_now(array);
+                last = clock.now();
+            }
+        });
+    }
     pub fn member(&self) -> &Arc<Member> {
         &self.member
     }
@@ -537,10 +566,10 @@ impl Journal {
                 }
             }
             let freed = self.reclaim_now(array)
-                || (matches!(space, Space::Normal) && array.write_out_oldest());
+                || (matches!(space, Space::Normal) && array.parity().write_out_oldest(array));
             if !freed && array.is_failed() {
                 // Nothing can go home any more: what waits for room never gets it.
-                return Err(array.unrecoverable(0, 0, "too many members failed"));
+                return Err(array.members.unrecoverable(0, 0, "too many members failed"));
             }
             if !freed {
                 // Nothing could be reclaimed: wait for a writer in flight to get its stripe
@@ -1110,13 +1139,17 @@ fn write_runs_home(array: &Array, runs: &[(usize, u64, AlignedBuf)]) -> Result<(
             MemberIo::planned(*role, member, *at, IoKind::Write(bytes, false))
         })
         .collect();
-    array.commit_writes(&WriteSet::replay(first, end - first), &mut ios)?;
+    array
+        .commit
+        .writes(array, &WriteSet::replay(first, end - first), &mut ios)?;
     drop(ios);
     // The tail leaves the log only once what it wrote home, and the records of it, are
     // durable on every member written (a member that cannot flush is failed instead).
     array.flush_members();
     if array.is_failed() {
-        return Err(array.unrecoverable(first, end - first, "too many members failed"));
+        return Err(array
+            .members
+            .unrecoverable(first, end - first, "too many members failed"));
     }
     Ok(())
 }
@@ -1614,53 +1647,8 @@ impl Array {
             if let Err(e) = self.settle_journal() {
                 tracing::warn!(array = %self.name, "the failed journal's cache is not written out yet: {e}");
             }
-            self.write_out_oldest();
+            self.parity().write_out_oldest(self);
             j.reclaim_now(self);
         }
-    }
-
-    pub(crate) fn journal_daemon(&self) {
-        let Some(j) = self.policy.journal() else {
-            return;
-        };
-        let clock = self.sync.clock.clone();
-        let mut last = clock.now();
-        let mut warned = false;
-        self.until_stopped(Duration::from_millis(50), || {
-            if j.failed().is_some() && !j.settled() {
-                // Nobody flushed since the log failed: write its cache out now (and again at
-                // every tick while that fails, saying so once).
-                match self.settle_journal() {
-                    Err(e) if !warned => {
-                        warned = true;
-                        tracing::warn!(array = %self.name, "the failed journal's cache is not written out yet: {e}");
-                    }
-                    _ => {}
-                }
-            }
-            // Write-back: rows go home when the cache fills, when their data has waited a
-            // while, and all of them once the array writes through (mode switched, degraded).
-            let degraded = self.members.slots.iter().any(|s| !s.is_complete());
-            let oldest = j.cached_rows_by_age(clock.now(), 64);
-            for (written, (_, age)) in oldest.into_iter().enumerate() {
-                let pressed = j.cache_bytes() > self.config.stripe_cache_bytes / 8;
-                if written >= 64
-                    || !(pressed
-                        || !j.write_back()
-                        || degraded
-                        || age >= WRITE_OUT_AGE
-                        || j.failed().is_some())
-                    || !self.write_out_oldest()
-                {
-                    break;
-                }
-            }
-            let free = j.reclaimable();
-            let due = clock.now().saturating_sub(last) >= RECLAIM_AGE;
-            if free * 4 > j.log || (free > 0 && due) {
-                j.reclaim_now(self);
-                last = clock.now();
-            }
-        });
     }
 }

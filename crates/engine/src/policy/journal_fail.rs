@@ -91,10 +91,10 @@ impl Array {
         if !j.pending_rows().is_empty() {
             self.owe_resync_for_unlogged_write_out();
         }
-        self.write_out_pending()?;
+        self.parity().write_out_pending(self)?;
         self.flush_members();
         if self.is_failed() {
-            return Err(self.unrecoverable(
+            return Err(self.members.unrecoverable(
                 0,
                 self.size_bytes(),
                 "too many members failed while the failed journal's cache was written out",

@@ -17,17 +17,17 @@ pub(crate) mod bitmap;
 pub(crate) mod guided;
 pub(crate) mod journal;
 pub(crate) mod journal_fail;
+pub(crate) mod takeover;
 pub(crate) mod used;
 pub(crate) mod used_nodes;
-pub(crate) mod writeback;
 
 use crate::array::Array;
 use crate::error::Result;
-use crate::io::commit::{WriteKind, WriteSet};
+use crate::io::commit::{StripeImage, Ticket, WriteKind, WriteSet};
 use crate::members::Meta;
 use crate::policy::bitmap::WriteIntentBitmap;
 use crate::policy::guided::{Guidance, Watched, WatchedFlush};
-use crate::policy::journal::{Journal, StripeImage};
+use crate::policy::journal::Journal;
 use format::MAX_SECTOR;
 use std::sync::Arc;
 
@@ -138,9 +138,6 @@ pub(crate) trait ConsistencyPolicy: Send + Sync {
     }
 }
 
-/// What `before_writes` hands to `after_writes`: the journal's io units of the writes.
-pub(crate) type Ticket = Option<std::ops::Range<u64>>;
-
 /// md's `active` resync checkpoint as the plain policy records it, shared by policies that
 /// keep md's superblock semantics.
 fn mark_active(meta: &mut Meta) {
@@ -185,7 +182,9 @@ impl ConsistencyPolicy for ResyncPolicy {
     fn after_writes(&self, _array: &Array, _set: &WriteSet, _ticket: Ticket) {}
 
     fn note_inconsistent(&self, array: &Array, set: &WriteSet) {
-        array.request_resync_from(set.offset_bytes);
+        array
+            .sync
+            .request_resync_from(array.policy.as_ref(), set.offset_bytes);
     }
 
     fn resync_from(&self, sb_resync_offset_sectors: u64) -> Option<u64> {
@@ -240,7 +239,9 @@ impl ConsistencyPolicy for BitmapPolicy {
 
     fn note_inconsistent(&self, array: &Array, set: &WriteSet) {
         self.bitmap.mark_needed(set.offset_bytes, set.len_bytes);
-        array.request_resync_from(set.offset_bytes);
+        array
+            .sync
+            .request_resync_from(array.policy.as_ref(), set.offset_bytes);
     }
 
     fn resync_from(&self, sb_resync_offset_sectors: u64) -> Option<u64> {
@@ -316,7 +317,9 @@ impl ConsistencyPolicy for JournalPolicy {
     }
 
     fn note_inconsistent(&self, array: &Array, set: &WriteSet) {
-        array.request_resync_from(set.offset_bytes);
+        array
+            .sync
+            .request_resync_from(array.policy.as_ref(), set.offset_bytes);
     }
 
     fn resync_from(&self, sb_resync_offset_sectors: u64) -> Option<u64> {

@@ -471,11 +471,14 @@ impl Array {
                 MemberIo::planned(role, m, off, IoKind::Discard(len))
             })
             .collect();
-        self.commit_writes(&WriteSet::release(at, rb), &mut ios)?;
+        self.commit
+            .writes(self, &WriteSet::release(at, rb), &mut ios)?;
         // The zeroes are durable before the map says so.
         self.flush_members();
         if self.is_failed() {
-            return Err(self.unrecoverable(at, rb, "too many members failed"));
+            return Err(self
+                .members
+                .unrecoverable(at, rb, "too many members failed"));
         }
         used.released(&self.members, r..r + 1);
         Ok(())
@@ -538,7 +541,10 @@ impl Array {
             from,
             IoKind::Discard(to - from),
         )];
-        if let Err(e) = self.commit_writes(&WriteSet::rebuild(from, to - from), &mut ios) {
+        if let Err(e) = self
+            .commit
+            .writes(self, &WriteSet::rebuild(from, to - from), &mut ios)
+        {
             return Err(crate::work::Stop::Failed(e));
         }
         if !ios[0].ok() {

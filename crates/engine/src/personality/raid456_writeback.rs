@@ -19,40 +19,44 @@
 //! members hold; so do reads of a row whose write-out is under way (taken out of the cache, not
 //! yet on its members), which wait for it. Write-back needs every role present: a degraded
 //! array writes through.
+//!
+//! The cache is the journal's (`policy/journal.rs`); writing it home is the stripe path's, so
+//! these are the parity personality's methods, called by the journal through the array.
 
 use crate::array::Array;
 use crate::error::Result;
 use crate::intervals::merge;
 use crate::io::bufpool::PoolBuf;
+use crate::io::commit::StripeImage;
 use crate::io::commit::WriteSet;
 use crate::io::MemberIo;
 use crate::personality::raid456::{Torn, WritePlan};
 use crate::personality::stripe_cache::Piece;
-use crate::policy::journal::{CachedRow, StripeImage};
+use crate::personality::Parity;
+use crate::policy::journal::CachedRow;
 use device::AlignedBuf;
 use layout::StripeRoles;
 use std::collections::BTreeSet;
-use std::sync::Arc;
 
 const PAGE: u64 = 4096;
 /// Tries before a write-out gives up on members that keep failing under it.
 const MAX_REPLANS: usize = 4;
 
-impl Array {
+impl Parity {
     /// Write-back: log and cache the batch's pages. False: write it through instead (degraded,
     /// cache full, no room in the ring, a member read failed).
-    pub(crate) fn cache_batch(&self, row: u64, batch: &[Piece]) -> Result<bool> {
-        let Some(j) = self.policy.journal() else {
+    pub(crate) fn cache_batch(&self, array: &Array, row: u64, batch: &[Piece]) -> Result<bool> {
+        let Some(j) = array.policy.journal() else {
             return Ok(false);
         };
-        if self.members.slots.iter().any(|s| !s.is_complete())
+        if array.members.slots.iter().any(|s| !s.is_complete())
             || j.cache_bytes() + batch.iter().map(|p| p.data.len()).sum::<usize>()
-                > self.config.stripe_cache_bytes / 2
+                > array.config.stripe_cache_bytes / 2
         {
             return Ok(false);
         }
-        let chunk = self.geometry.chunk_sectors() * 512;
-        let roles = self.geometry.stripe_roles(row);
+        let chunk = array.geometry.chunk_sectors() * 512;
+        let roles = array.geometry.stripe_roles(row);
         let mut keys = BTreeSet::new();
         for p in batch {
             let mut off = p.offset / PAGE * PAGE;
@@ -75,8 +79,13 @@ impl Array {
                 None if covered => AlignedBuf::zeroed(PAGE as usize),
                 None => {
                     let mut p = AlignedBuf::zeroed(PAGE as usize);
-                    let mut io = [self.read_io(roles.data_dev(d), row * chunk + off, &mut p)];
-                    if !self.run_io(&mut io) {
+                    let mut io = [MemberIo::read(
+                        &array.members,
+                        roles.data_dev(d),
+                        row * chunk + off,
+                        &mut p,
+                    )];
+                    if !array.run_io(&mut io) {
                         return Ok(false);
                     }
                     p
@@ -93,25 +102,25 @@ impl Array {
             }
             pages.push((d, off, page));
         }
-        if !j.cache_pages(self, row, pages)? {
+        if !j.cache_pages(array, row, pages)? {
             return Ok(false);
         }
-        if j.row_full(row, self.geometry.data_disks(), chunk) {
+        if j.row_full(row, array.geometry.data_disks(), chunk) {
             // A full stripe: its write-out reads nothing.
-            self.write_out_row(row)?;
+            self.write_out_row(array, row)?;
         }
         Ok(true)
     }
 
     /// Write out what the cache holds of `row` (its claim is held by the caller).
-    pub(crate) fn write_out_row(&self, row: u64) -> Result<()> {
-        let Some(j) = self.policy.journal() else {
+    pub(crate) fn write_out_row(&self, array: &Array, row: u64) -> Result<()> {
+        let Some(j) = array.policy.journal() else {
             return Ok(());
         };
         let Some(cached) = j.take_row(row) else {
             return Ok(());
         };
-        match self.write_out(row, &cached) {
+        match self.write_out(array, row, &cached) {
             Ok(()) => {
                 j.written_out(row, &cached);
                 Ok(())
@@ -123,10 +132,10 @@ impl Array {
         }
     }
 
-    fn write_out(&self, row: u64, cached: &CachedRow) -> Result<()> {
-        let m = self.geometry.data_disks();
-        let chunk = self.geometry.chunk_sectors() * 512;
-        let roles = self.geometry.stripe_roles(row);
+    fn write_out(&self, array: &Array, row: u64, cached: &CachedRow) -> Result<()> {
+        let m = array.geometry.data_disks();
+        let chunk = array.geometry.chunk_sectors() * 512;
+        let roles = array.geometry.stripe_roles(row);
         for (a, b) in cached.intervals() {
             let len = (b - a) as usize;
             let n = len as u64;
@@ -136,14 +145,11 @@ impl Array {
             // bytes of the cached chunks and the parity) or the rest of the row.
             let is_dirty: Vec<bool> = (0..m).map(|d| dirty_idx.contains(&d)).collect();
             let full: Vec<bool> = (0..m).map(|d| cached.covers_chunk(d, a, b)).collect();
-            let plan = self
-                .parity()
-                .plan_write(self, &roles, at, n, &is_dirty, &full);
+            let plan = self.plan_write(array, &roles, at, n, &is_dirty, &full);
             let rmw = match plan {
                 // A row recovery found may be torn on the members (see `CachedRow::recovered`).
                 WritePlan::Rmw if !cached.recovered => self
-                    .parity()
-                    .rmw_compute(self, &roles, at, len, &dirty_idx, |d, buf| {
+                    .rmw_compute(array, &roles, at, len, &dirty_idx, |d, buf| {
                         cached.overlay(d, a, buf)
                     })
                     .ok(),
@@ -152,12 +158,12 @@ impl Array {
             let (chunks, p, q) = match rmw {
                 Some((new, p, q)) => (dirty_idx.iter().copied().zip(new).collect(), p, q),
                 None => {
-                    let mut data = self.read_rest_of_row(&roles, at, len, &full)?;
+                    let mut data = self.read_rest_of_row(array, &roles, at, len, &full)?;
                     for (d, buf) in data.iter_mut().enumerate() {
                         cached.overlay(d, a, buf);
                     }
                     let refs: Vec<&[u8]> = data.iter().map(|b| &b[..]).collect();
-                    let (p, q) = self.parity().compute_parity(self, &roles, &refs);
+                    let (p, q) = self.compute_parity(array, &roles, &refs);
                     let chunks: Vec<(usize, PoolBuf)> = data
                         .into_iter()
                         .enumerate()
@@ -169,15 +175,21 @@ impl Array {
             let dirty: Vec<(usize, &[u8])> = chunks.iter().map(|(d, b)| (*d, &b[..])).collect();
             let mut ios: Vec<MemberIo<'_>> = dirty
                 .iter()
-                .filter(|(d, _)| self.members.slot(roles.data_dev(*d)).in_sync(at, n))
-                .map(|&(d, buf)| self.write_io(roles.data_dev(d), at, buf, false))
+                .filter(|(d, _)| array.members.slot(roles.data_dev(*d)).in_sync(at, n))
+                .map(|&(d, buf)| MemberIo::write(&array.members, roles.data_dev(d), at, buf, false))
                 .collect();
-            if self.members.slot(roles.p_dev()).in_sync(at, n) {
-                ios.push(self.write_io(roles.p_dev(), at, &p, false));
+            if array.members.slot(roles.p_dev()).in_sync(at, n) {
+                ios.push(MemberIo::write(
+                    &array.members,
+                    roles.p_dev(),
+                    at,
+                    &p,
+                    false,
+                ));
             }
             if let (Some(qd), Some(qb)) = (roles.q_dev(), q.as_deref()) {
-                if self.members.slot(qd).in_sync(at, n) {
-                    ios.push(self.write_io(qd, at, qb, false));
+                if array.members.slot(qd).in_sync(at, n) {
+                    ios.push(MemberIo::write(&array.members, qd, at, qb, false));
                 }
             }
             let image = StripeImage {
@@ -188,7 +200,9 @@ impl Array {
                 q: q.as_deref(),
                 parity_only: true,
             };
-            self.commit_stripe_writes(&WriteSet::stripe(at, n), &mut ios, Some(&image))?;
+            array
+                .commit
+                .stripe_writes(array, &WriteSet::stripe(at, n), &mut ios, Some(&image))?;
         }
         Ok(())
     }
@@ -197,39 +211,43 @@ impl Array {
     /// where one is missing) unless `full` says the cache overwrites it whole.
     fn read_rest_of_row(
         &self,
+        array: &Array,
         roles: &StripeRoles,
         at: u64,
         len: usize,
         full: &[bool],
     ) -> Result<Vec<PoolBuf>> {
         if full.iter().all(|&f| f) {
-            return Ok(full.iter().map(|_| self.bufs.get(len)).collect());
+            return Ok(full.iter().map(|_| array.bufs.get(len)).collect());
         }
         for _ in 0..MAX_REPLANS {
-            if let Some(bufs) = self.parity().read_row(self, roles, at, len, Torn::Carry)? {
+            if let Some(bufs) = self.read_row(array, roles, at, len, Torn::Carry)? {
                 return Ok(bufs.data);
             }
         }
-        Err(self.unrecoverable(at, len as u64, "members kept failing during a write-out"))
+        Err(array
+            .members
+            .unrecoverable(at, len as u64, "members kept failing during a write-out"))
     }
 
     /// Write out the cached row whose units block the log's tail longest, if nobody holds it.
     /// Returns whether one was written out.
-    pub(crate) fn write_out_oldest(&self) -> bool {
+    pub(crate) fn write_out_oldest(&self, array: &Array) -> bool {
         const FIRST: usize = 16;
-        let Some(j) = self.policy.journal() else {
+        let Some(j) = array.policy.journal() else {
             return false;
         };
         // The oldest few; all of them only if those are all held.
-        let now = self.sync.clock.now();
+        let now = array.sync.clock.now();
         let first = j.cached_rows_by_age(now, FIRST);
         let tried = first.len();
-        if let Some(done) = self.write_out_first_free(first) {
+        if let Some(done) = self.write_out_first_free(array, first) {
             return done;
         }
         tried == FIRST
             && self
                 .write_out_first_free(
+                    array,
                     j.cached_rows_by_age(now, usize::MAX)
                         .into_iter()
                         .skip(FIRST),
@@ -240,16 +258,17 @@ impl Array {
     /// Write out the first of `rows` nobody holds: whether that worked (None: all were held).
     fn write_out_first_free(
         &self,
+        array: &Array,
         rows: impl IntoIterator<Item = (u64, std::time::Duration)>,
     ) -> Option<bool> {
         for (row, _) in rows {
-            let r = self.stripes.get(row);
+            let r = array.stripes.get(row);
             let claimed = r.try_claim();
-            let res = claimed.then(|| self.write_out_row(row));
+            let res = claimed.then(|| self.write_out_row(array, row));
             if claimed {
                 r.release();
             }
-            self.stripes.put(row);
+            array.stripes.put(row);
             if let Some(res) = res {
                 return Some(res.is_ok());
             }
@@ -258,16 +277,16 @@ impl Array {
     }
 
     /// Write out every cached row (a stop, or leaving write-back mode).
-    pub(crate) fn write_out_all(&self) -> Result<()> {
-        let Some(j) = self.policy.journal() else {
+    pub(crate) fn write_out_all(&self, array: &Array) -> Result<()> {
+        let Some(j) = array.policy.journal() else {
             return Ok(());
         };
-        for (row, _) in j.cached_rows_by_age(self.sync.clock.now(), usize::MAX) {
-            let r = self.stripes.get(row);
+        for (row, _) in j.cached_rows_by_age(array.sync.clock.now(), usize::MAX) {
+            let r = array.stripes.get(row);
             drop(r.claim(r.st.lock()));
-            let res = self.write_out_row(row);
+            let res = self.write_out_row(array, row);
             r.release();
-            self.stripes.put(row);
+            array.stripes.put(row);
             res?;
         }
         Ok(())
@@ -276,61 +295,17 @@ impl Array {
     /// Write out every cached row and wait for write-outs under way elsewhere (their row's
     /// claim is taken after them): when this returns, nothing is cached or being written out
     /// (unless a write-out failed: then its row is cached again and this fails).
-    pub(crate) fn write_out_pending(&self) -> Result<()> {
-        let Some(j) = self.policy.journal() else {
+    pub(crate) fn write_out_pending(&self, array: &Array) -> Result<()> {
+        let Some(j) = array.policy.journal() else {
             return Ok(());
         };
         for row in j.pending_rows() {
-            let r = self.stripes.get(row);
+            let r = array.stripes.get(row);
             drop(r.claim(r.st.lock()));
-            let res = self.write_out_row(row);
+            let res = self.write_out_row(array, row);
             r.release();
-            self.stripes.put(row);
+            array.stripes.put(row);
             res?;
-        }
-        Ok(())
-    }
-
-    /// Switch the journal between write-through and write-back (md's `journal_mode`).
-    /// Leaving write-back writes out everything cached first.
-    pub fn set_journal_mode(&self, write_back: bool) -> Result<()> {
-        let Some(j) = self.policy.journal() else {
-            return Err(crate::EngineError::InvalidArgument(format!(
-                "{} has no journal",
-                self.name
-            )));
-        };
-        if write_back && self.members.slots.iter().any(|s| !s.is_complete()) {
-            return Err(crate::EngineError::InvalidArgument(format!(
-                "{} is degraded: write-back needs every member (md refuses it too)",
-                self.name
-            )));
-        }
-        j.set_write_back(write_back);
-        if !write_back {
-            self.write_out_all()?;
-        }
-        if !self.config.read_only {
-            // Recorded on the journal device, so the next start is in the same mode.
-            let mut meta = self.members.meta.lock();
-            if let Some(m) = meta
-                .members
-                .iter_mut()
-                .find(|m| Arc::ptr_eq(&m.member, j.member()))
-            {
-                let flag = format::DEVFLAG_JOURNAL_WRITE_BACK;
-                let old = m.sb.devflags;
-                m.sb.devflags = if write_back { old | flag } else { old & !flag };
-                if m.sb.devflags != old {
-                    let block = crate::members::superblock_block(&m.sb);
-                    let sb = crate::members::metadata::Metadata::Superblock;
-                    let wrote = self.members.write_metadata(&m.member, sb, &block, true);
-                    if let Err(e) = wrote {
-                        drop(meta);
-                        j.fail(self, &format!("cannot record the journal mode: {e}"));
-                    }
-                }
-            }
         }
         Ok(())
     }

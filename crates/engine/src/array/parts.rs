@@ -1,0 +1,124 @@
+//! The array as the commit point's parts ([`CommitParts`]): the commit point sits below the
+//! used-region map and the consistency policy it calls, so the array, which holds them all,
+//! answers for them. Also member I/O with the array's executor, integrity records and clock.
+
+use super::Array;
+use crate::clock::Clock;
+use crate::error::Result;
+use crate::io::commit::{CommitParts, StripeImage, Ticket, WriteSet};
+use crate::io::{IoContext, MemberIo};
+use crate::members::MemberSet;
+
+impl CommitParts for Array {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn members(&self) -> &MemberSet {
+        &self.members
+    }
+
+    fn clock(&self) -> &dyn Clock {
+        self.sync.clock.as_ref()
+    }
+
+    fn mark_active(&self) -> Result<()> {
+        Array::mark_active(self)
+    }
+
+    fn mark_used(&self, set: &WriteSet) -> Result<()> {
+        match &self.used {
+            Some(used) => used.ensure_used(&self.members, set.offset_bytes, set.len_bytes),
+            None => Ok(()),
+        }
+    }
+
+    fn before_writes(&self, set: &WriteSet, image: Option<&StripeImage<'_>>) -> Result<Ticket> {
+        self.policy.before_writes(self, set, image)
+    }
+
+    fn run_io(&self, ios: &mut [MemberIo<'_>]) -> bool {
+        Array::run_io(self, ios)
+    }
+
+    fn journal_healthy(&self) -> bool {
+        Array::journal_healthy(self)
+    }
+
+    fn flush_members(&self) {
+        Array::flush_members(self)
+    }
+
+    fn note_inconsistent(&self, set: &WriteSet) {
+        self.policy.note_inconsistent(self, set);
+    }
+
+    fn after_writes(&self, set: &WriteSet, ticket: Ticket) {
+        self.policy.after_writes(self, set, ticket);
+    }
+}
+
+impl Array {
+    /// Run `ios` (see [`crate::io::IoPath::run`]).
+    pub(crate) fn run_io(&self, ios: &mut [MemberIo<'_>]) -> bool {
+        let cx = IoContext {
+            members: &self.members,
+            integrity: self.integrity.as_deref(),
+            verifier: self.config.read_verifier.as_deref(),
+            clock: self.sync.clock.as_ref(),
+            writes_in_commit: self.commit.writes_inside(),
+        };
+        self.io.run(&cx, ios)
+    }
+}
+
+impl Array {
+    /// Write `bytes` (rebuilt from redundancy) back to `role` at `off` after its read failed
+    /// there, and read them again: md's "read error corrected". A member whose rewrite fails
+    /// is failed by the write path; one that reads back wrong or not at all is failed here.
+    /// `set`: what the write covers, as the commit point counts it (member bytes for parity
+    /// levels, array bytes for mirrors).
+    pub(crate) fn correct_read_error(&self, role: usize, off: u64, bytes: &[u8], set: WriteSet) {
+        let Some(member) = self
+            .members
+            .slot(role)
+            .in_sync_member(off, bytes.len() as u64)
+        else {
+            return;
+        };
+        if self.members.note_read_error(role, &member) || self.config.read_only {
+            return;
+        }
+        let mut io = [MemberIo::write(&self.members, role, off, bytes, false)];
+        let wrote = self.commit.writes(self, &set, &mut io);
+        if wrote.is_err() || !io[0].ok() {
+            return;
+        }
+        drop(io);
+        let mut back = self.bufs.get(bytes.len());
+        let mut io = [MemberIo::read(&self.members, role, off, &mut back)];
+        self.run_io(&mut io);
+        let ok = io[0].ok();
+        drop(io);
+        if ok && back[..] == *bytes {
+            member.health.note_corrected();
+            tracing::warn!(array = %self.name, member = %member.name(), role, offset = off,
+                "read error corrected");
+            self.members.events.emit(
+                "read_error_corrected",
+                &self.name,
+                Some(member.name()),
+                format!(
+                    "role {role}: data bytes {off}+{} rebuilt from redundancy and rewritten",
+                    bytes.len()
+                ),
+            );
+            return;
+        }
+        self.members.fail_role(
+            role,
+            Some(&member),
+            &format!("data byte {off}: a rewritten block after a read error reads back wrong"),
+        );
+    }
+}
