@@ -281,15 +281,8 @@ impl Parity {
         let Some(j) = array.policy.journal() else {
             return Ok(());
         };
-        for (row, _) in j.cached_rows_by_age(array.sync.clock.now(), usize::MAX) {
-            let r = array.stripes.get(row);
-            drop(r.claim(r.st.lock()));
-            let res = self.write_out_row(array, row);
-            r.release();
-            array.stripes.put(row);
-            res?;
-        }
-        Ok(())
+        let rows = j.cached_rows_by_age(array.sync.clock.now(), usize::MAX);
+        self.write_out_claimed(array, rows.into_iter().map(|(row, _)| row))
     }
 
     /// Write out every cached row and wait for write-outs under way elsewhere (their row's
@@ -299,7 +292,12 @@ impl Parity {
         let Some(j) = array.policy.journal() else {
             return Ok(());
         };
-        for row in j.pending_rows() {
+        self.write_out_claimed(array, j.pending_rows())
+    }
+
+    /// Write out `rows` one by one, each under its row's claim; stops at the first failure.
+    fn write_out_claimed(&self, array: &Array, rows: impl IntoIterator<Item = u64>) -> Result<()> {
+        for row in rows {
             let r = array.stripes.get(row);
             drop(r.claim(r.st.lock()));
             let res = self.write_out_row(array, row);
