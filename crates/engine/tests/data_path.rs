@@ -507,6 +507,58 @@ fn an_announced_write_joins_the_batch_it_was_announced_to() {
     waits_for(array.intend_write(base + 4096, 4096), false);
 }
 
+/// A write announced while a leader already waits joins its batch too (a stream announces each
+/// write while the one before is placed): the leader goes once no announced writer is left,
+/// with all three writes in one batch, P written once.
+#[test]
+fn a_write_announced_while_the_leader_waits_joins_the_batch() {
+    const CHUNK: u64 = 64 << 10;
+    const HOLD: std::time::Duration = std::time::Duration::from_secs(10);
+    let config = engine::ArrayConfig {
+        write_hold: HOLD,
+        ..simkit::config()
+    };
+    let (_sims, probes, array, data_offset) = probed_raid5(4, CHUNK, 16 << 20, false, config);
+    let array = Arc::new(array);
+    let stripe_bytes = 3 * CHUNK;
+    array.write(40 * stripe_bytes, &[0u8; 4096], false).unwrap();
+    let row = 3u64;
+    let base = row * stripe_bytes;
+    let p_dev = array.geometry().stripe_roles(row).p_dev();
+    let (start, end) = (data_offset + row * CHUNK, data_offset + (row + 1) * CHUNK);
+    let p_before = probes[p_dev].writes_into(start, end);
+    let pause = || std::thread::sleep(std::time::Duration::from_millis(100));
+    let started = std::time::Instant::now();
+    std::thread::scope(|s| {
+        let first = array.intend_write(base + 4096, 4096);
+        let a = array.clone();
+        let leader = s.spawn(move || a.write(base, &[1; 4096], false).unwrap());
+        pause();
+        let second = array.intend_write(base + 8192, 4096);
+        let a = array.clone();
+        let placed = s.spawn(move || a.write_intended(first, &[2; 4096], false).unwrap());
+        pause();
+        assert!(
+            !leader.is_finished(),
+            "the leader went without the write announced while it waited"
+        );
+        array.write_intended(second, &[3; 4096], false).unwrap();
+        leader.join().unwrap();
+        placed.join().unwrap();
+    });
+    assert!(
+        started.elapsed() < HOLD / 2,
+        "the leader waited for the hold"
+    );
+    let p_writes = probes[p_dev].writes_into(start, end) - p_before;
+    assert_eq!(p_writes, 1, "P written {p_writes} times for one batch");
+    let mut back = vec![0u8; 3 * 4096];
+    array.read(base, &mut back).unwrap();
+    for (i, piece) in back.chunks(4096).enumerate() {
+        assert!(piece.iter().all(|&b| b == i as u8 + 1), "piece {i}");
+    }
+}
+
 #[test]
 fn healthy_reads_go_straight_to_one_member() {
     let sa = sim_array(Level::Raid6, None, 6, 64 << 10, 8 << 20, 5);

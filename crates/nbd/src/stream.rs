@@ -18,6 +18,18 @@ impl Stream {
         })
     }
 
+    /// Whether `n` bytes can be read at once (they have arrived), without reading them.
+    pub(crate) fn has_arrived(&self, n: usize) -> bool {
+        let sock = match self {
+            Stream::Unix(s) => socket2::SockRef::from(s),
+            Stream::Tcp(s) => socket2::SockRef::from(s),
+        };
+        let mut buf = vec![std::mem::MaybeUninit::<u8>::uninit(); n];
+        // MSG_PEEK leaves the bytes in the socket, MSG_DONTWAIT never blocks.
+        let got = sock.recv_with_flags(&mut buf, libc::MSG_PEEK | libc::MSG_DONTWAIT);
+        matches!(got, Ok(k) if k == n)
+    }
+
     pub(crate) fn shutdown(&self, how: Shutdown) -> io::Result<()> {
         match self {
             Stream::Unix(s) => s.shutdown(how),

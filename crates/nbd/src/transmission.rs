@@ -14,7 +14,10 @@
 //! sequential WRITEs right behind it that are buffered whole, and the run goes
 //! to the backend in one call, its replies in one socket write (`gather`); a
 //! run keeps the read side, whatever else is pending, so a stream's next
-//! WRITEs make the next run.
+//! WRITEs make the next run. A thread handing the read side over after a WRITE first
+//! announces the WRITE right behind it to the backend if its header is buffered already
+//! (`announce_next`): the next reader, woken for it, may take a while, and a stripe cache
+//! deciding meanwhile whether the stream fills its row should count that WRITE as coming.
 //!
 //! Invariants:
 //! - at most `min(max_inflight_per_conn, max_threads_per_conn)` requests (and
@@ -38,7 +41,7 @@
 //!   is spawned until it exits, so the server's shutdown can wait for backend
 //!   calls that outlive their connection (see `threads`).
 
-use std::io::{self, BufReader, IoSlice, Read, Write};
+use std::io::{self, BufRead, BufReader, IoSlice, Read, Write};
 use std::net::Shutdown;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -110,6 +113,9 @@ struct ReadSide {
     write_end: u64,
     /// The requests just read continue a sequential stream of WRITEs.
     in_stream: bool,
+    /// A WRITE whose header was taken off the buffer and announced to the backend
+    /// (`announce_next`), with the backend's hint: the next request, its payload still to read.
+    announced: Option<(Request, Option<WriteHint>)>,
 }
 
 struct Conn {
@@ -188,6 +194,7 @@ pub(crate) async fn serve(
             closed: false,
             write_end: u64::MAX,
             in_stream: false,
+            announced: None,
         }),
         wr: Mutex::new(wr),
         ctl,
@@ -285,6 +292,7 @@ fn conn_thread(conn: &Arc<Conn>, alive: &mpsc::Sender<()>) {
                     warn!("cannot start an NBD connection thread: {e}");
                 }
             }
+            conn.announce_next(&mut rd);
             drop(rd);
             conn.run_all(jobs);
             break;
@@ -297,6 +305,9 @@ impl Conn {
     fn next_request(&self, rd: &mut ReadSide) -> Next {
         if rd.closed || self.stop.load(Ordering::SeqCst) {
             return Next::Stop;
+        }
+        if let Some((req, hint)) = rd.announced.take() {
+            return self.request_body(rd, req, None, Some(hint));
         }
         let mut hdr = [0u8; REQUEST_LEN];
         if let Err(e) = rd.r.read_exact(&mut hdr) {
@@ -318,12 +329,55 @@ impl Conn {
                 return Next::Stop;
             }
         };
-        self.request_body(rd, req, None)
+        self.request_body(rd, req, None, None)
+    }
+
+    /// Announce the WRITE right behind the requests just read to the backend, if its header
+    /// is buffered whole and it is a WRITE the backend will see (see the module doc); the next
+    /// `next_request` reads its payload. Never reads the socket, never takes a request past
+    /// the in-flight limit.
+    fn announce_next(&self, rd: &mut ReadSide) {
+        if !self.ctx.gathers
+            || rd.closed
+            || rd.announced.is_some()
+            || self.stop.load(Ordering::SeqCst)
+            || self.inflight.load(Ordering::SeqCst) + 1 >= self.max_threads
+        {
+            return;
+        }
+        // A large payload is read past the buffer: the next header is then still in the
+        // socket, where a peek that never waits finds it.
+        if rd.r.buffer().is_empty() && rd.r.get_ref().has_arrived(REQUEST_LEN) {
+            let _ = rd.r.fill_buf();
+        }
+        let Some(req) =
+            rd.r.buffer()
+                .get(..REQUEST_LEN)
+                .and_then(|h| codec::parse_request(h).ok())
+        else {
+            return;
+        };
+        if req.command != CMD_WRITE || req.length == 0 || req.length > self.ctx.params.max_payload {
+            return;
+        }
+        rd.r.consume(REQUEST_LEN);
+        let hint = self
+            .ctx
+            .backend
+            .write_coming(req.offset, u64::from(req.length));
+        rd.announced = Some((req, hint));
     }
 
     /// Reads the rest of the request `req` whose header was just taken off the socket (the
     /// payload of a WRITE, under `grant` if one is given, else one waited for) and validates it.
-    fn request_body(&self, rd: &mut ReadSide, req: Request, grant: Option<PayloadGrant>) -> Next {
+    /// `announced`: the WRITE was announced to the backend already, with this hint.
+    fn request_body(
+        &self,
+        rd: &mut ReadSide,
+        req: Request,
+        grant: Option<PayloadGrant>,
+        announced: Option<Option<WriteHint>>,
+    ) -> Next {
         let mut payload = None;
         let mut grant = grant;
         let mut hint = None;
@@ -339,10 +393,13 @@ impl Conn {
                 grant = Some(self.grant(req.length));
             }
             // The payload may take a while to arrive: let the backend get ready for it.
-            hint = self
-                .ctx
-                .backend
-                .write_coming(req.offset, u64::from(req.length));
+            hint = match announced {
+                Some(hint) => hint,
+                None => self
+                    .ctx
+                    .backend
+                    .write_coming(req.offset, u64::from(req.length)),
+            };
             let mut buf = self.ctx.bufs.for_overwrite(req.length as usize);
             if let Err(e) = rd.r.read_exact(buf.as_mut_slice()) {
                 debug!("closing: write payload not received: {e}");

@@ -154,6 +154,57 @@ fn write_hints_come_back_with_their_payload_or_are_dropped() {
     assert!(b.snapshot()[..512].iter().all(|&x| x == 0x11));
 }
 
+/// A WRITE too large to run inline is handed to the backend only after the WRITE right
+/// behind it, whose header has arrived, was announced (`write_coming`): a stripe cache deciding
+/// whether a stream fills its row must count that one as coming. Without the announcement
+/// ahead, the next reader (another thread) announces it while the first WRITE already runs.
+#[test]
+fn the_write_behind_a_large_write_is_announced_before_the_large_one_runs() {
+    let b = Arc::new(MemBackend {
+        gathers: true,
+        hint_delay: Duration::from_millis(200),
+        ..MemBackend::new(MIB)
+    });
+    let t = TestServer::one("d", b.clone());
+    let mut c = RawClient::connect(&t.sock, "d", false);
+    // Header, payload (above the 128 KiB run inline, below the socket's buffer) and the next
+    // header go out at once; the first hint's delay lets all of it arrive before the payload
+    // is read.
+    let len = 192 * 1024;
+    let first = codec::Request {
+        flags: 0,
+        command: CMD_WRITE,
+        handle: 1,
+        offset: 0,
+        length: len,
+    };
+    let second = codec::Request {
+        handle: 2,
+        offset: u64::from(len),
+        ..first
+    };
+    let mut burst = codec::encode_request(&first).to_vec();
+    burst.extend(vec![0x11; len as usize]);
+    burst.extend(codec::encode_request(&second));
+    c.s.write_all(&burst).unwrap();
+    c.s.write_all(&vec![0x22; len as usize]).unwrap();
+    let mut replies = [c.simple_reply(), c.simple_reply()];
+    replies.sort_by_key(|r| r.1);
+    assert_eq!(replies, [(0, 1), (0, 2)]);
+    let seen = b.hints_at_write.lock().unwrap().clone();
+    assert_eq!(
+        seen.first(),
+        Some(&2),
+        "the first WRITE ran before the second was announced (hints given at each write: {seen:?})"
+    );
+    assert_eq!(b.hints_used.load(Ordering::SeqCst), 2);
+    let data = b.snapshot();
+    assert!(data[..len as usize].iter().all(|&x| x == 0x11));
+    assert!(data[len as usize..2 * len as usize]
+        .iter()
+        .all(|&x| x == 0x22));
+}
+
 #[test]
 fn write_payload_cut_short_writes_nothing() {
     let (b, t) = server();

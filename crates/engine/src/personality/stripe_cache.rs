@@ -108,9 +108,6 @@ pub(crate) struct RowState {
     pub hurry: bool,
     /// Writers that announced pieces for this row and have not placed them yet.
     pub arriving: usize,
-    /// Announcements settled so far (pieces placed, or the announcement withdrawn): a leader
-    /// counts on it how many of the writers arriving when it began have come since.
-    pub settled: u64,
 }
 
 pub(crate) struct Row {
@@ -227,7 +224,6 @@ impl RowState {
     pub fn settle(&mut self) {
         assert!(self.arriving > 0, "a row settled more often than announced");
         self.arriving -= 1;
-        self.settled += 1;
     }
 }
 
@@ -272,12 +268,14 @@ impl Row {
     }
 
     /// Leader's wait, with the row claimed: for the writers that are placing pieces into it
-    /// now (the submitter is still adding, as under md's plug), until `deadline` at most; ends
-    /// early when the row is full, hurried or has a FUA piece. It waits for as many settlements
-    /// as there are writers arriving now (one announced later may settle first and count in
-    /// place of a slower one: a cheaper approximation than tracking each by name). Writers that
-    /// announce themselves later join the next batch: a stream that keeps coming cannot hold
-    /// this one back.
+    /// (the submitter is still adding, as under md's plug), until `deadline` at most; ends
+    /// early when no writer is on its way here, or the row is full, hurried or has a FUA
+    /// piece. Writers announced while it waits count too: a sequential stream of writes
+    /// shorter than the row (1 MiB writes into a 3.5 MiB row) announces each write while the
+    /// one before is placed (the NBD server reads its header ahead), and waiting only for the
+    /// writers announced at the start wrote most rows in two batches, reading what the first
+    /// left out. A stream that keeps coming holds a batch until the row is full or the
+    /// deadline, no longer.
     pub fn gather<'a>(
         &'a self,
         mut st: MutexGuard<'a, RowState>,
@@ -285,8 +283,7 @@ impl Row {
         full: impl Fn(&[Piece]) -> bool,
     ) -> MutexGuard<'a, RowState> {
         assert!(st.busy, "gathering into a row that is not claimed");
-        let awaited = st.settled + st.arriving as u64;
-        while st.settled < awaited
+        while st.arriving > 0
             && !st.hurry
             && !st.pending.iter().any(|p| p.fua)
             && !full(&st.pending)

@@ -67,6 +67,7 @@ impl Conn {
     /// whole and can be taken without waiting.
     fn next_gathered(&self, rd: &mut ReadSide, at: u64, room: u32) -> Option<Job> {
         if rd.closed
+            || rd.announced.is_some()
             || self.stop.load(Ordering::SeqCst)
             || self.inflight.load(Ordering::SeqCst) >= self.max_threads
         {
@@ -86,7 +87,7 @@ impl Conn {
         let grant =
             PayloadGrant::try_acquire(&self.budget, &self.server_budget, req.length as usize)?;
         rd.r.consume(REQUEST_LEN);
-        match self.request_body(rd, req, Some(grant)) {
+        match self.request_body(rd, req, Some(grant), None) {
             Next::Run(job) if matches!(job.cmd, Command::Write { .. }) => Some(job),
             Next::Run(_) => unreachable!("a WRITE header gives a WRITE"),
             // Refused (and answered): the run ends here.

@@ -36,6 +36,10 @@ pub struct MemBackend {
     pub fills_reads: bool,
     /// Reads whose buffer held some non-zero byte when the backend got it.
     pub reads_given_dirty: AtomicUsize,
+    /// `write_coming` sleeps this long before it counts and gives its hint.
+    pub hint_delay: Duration,
+    /// `hints_given` as each `write` began.
+    pub hints_at_write: Mutex<Vec<usize>>,
 }
 
 /// A hint that counts itself out of `MemBackend::hints_live` when dropped.
@@ -68,6 +72,8 @@ impl MemBackend {
             runs: Mutex::new(Vec::new()),
             fills_reads: false,
             reads_given_dirty: AtomicUsize::new(0),
+            hint_delay: Duration::ZERO,
+            hints_at_write: Mutex::new(Vec::new()),
         }
     }
 
@@ -115,6 +121,8 @@ impl Backend for MemBackend {
         Ok(())
     }
     fn write(&self, offset: u64, data: &[u8], _fua: bool) -> io::Result<()> {
+        let hints = self.hints_given.load(Ordering::SeqCst);
+        self.hints_at_write.lock().unwrap().push(hints);
         self.pause();
         let r = self.range(offset, data.len() as u64)?;
         self.data.lock().unwrap()[r].copy_from_slice(data);
@@ -122,6 +130,9 @@ impl Backend for MemBackend {
         Ok(())
     }
     fn write_coming(&self, _offset: u64, _len: u64) -> Option<WriteHint> {
+        if !self.hint_delay.is_zero() {
+            std::thread::sleep(self.hint_delay);
+        }
         self.hints_given.fetch_add(1, Ordering::SeqCst);
         self.hints_live.fetch_add(1, Ordering::SeqCst);
         Some(WriteHint(Box::new(Hint(self.hints_live.clone()))))
