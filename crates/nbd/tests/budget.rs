@@ -123,7 +123,8 @@ fn many_connections_share_one_budget() {
         peak >= TOTAL / 2,
         "peak {peak}: the budget was never under pressure, the test shows nothing"
     );
-    assert_eq!(t.server.inflight_bytes(), 0);
+    // A grant is given back just after its reply is written, maybe after the client read it.
+    common::wait_until(|| t.server.inflight_bytes() == 0);
     assert_eq!(b.writes.load(Ordering::SeqCst), CONNS * PER_CONN);
 }
 
@@ -162,5 +163,6 @@ fn request_larger_than_the_whole_budget_runs_alone() {
         s.join().unwrap();
     }
     assert!(t.server.inflight_bytes_peak() <= MIB);
-    assert_eq!(t.server.inflight_bytes(), 0);
+    // A grant is given back just after its reply is written, maybe after the client read it.
+    common::wait_until(|| t.server.inflight_bytes() == 0);
 }

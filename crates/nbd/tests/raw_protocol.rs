@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{MemBackend, RawClient, TestServer};
+use common::{wait_until, MemBackend, RawClient, TestServer};
 use nbd::codec;
 use nbd::proto::*;
 use nbd::Limits;
@@ -27,17 +27,6 @@ fn read_ok(c: &mut RawClient, handle: u64) {
     assert_eq!(c.simple_reply(), (0, handle));
     let mut d = vec![0u8; 512];
     c.s.read_exact(&mut d).unwrap();
-}
-
-fn wait_until(mut f: impl FnMut() -> bool) {
-    let t = Instant::now();
-    while !f() {
-        assert!(
-            t.elapsed() < Duration::from_secs(10),
-            "condition never became true"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
 }
 
 #[test]

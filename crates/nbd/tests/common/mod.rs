@@ -410,3 +410,15 @@ impl RawClient {
         }
     }
 }
+
+/// Waits (up to 10 s) until `f` holds.
+pub fn wait_until(mut f: impl FnMut() -> bool) {
+    let t = std::time::Instant::now();
+    while !f() {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "condition never became true"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
