@@ -453,26 +453,58 @@ fn small_writes_do_not_wait_for_the_hold() {
     simkit::check_redundancy(&sa);
 }
 
+/// The write hold of the announce tests: long enough that a leader waiting for it fails them.
+const LONG_HOLD: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// A RAID5 ×4 of 64 KiB chunks with a `LONG_HOLD` write hold, and one of its rows: where it
+/// begins in the array, and how often P has been written there since the rig was made.
+struct HeldRow {
+    _sims: Vec<Arc<SimDevice>>,
+    probes: Vec<Arc<Probe>>,
+    array: Arc<engine::Array>,
+    base: u64,
+    p_dev: usize,
+    p_range: (u64, u64),
+    p_before: usize,
+}
+
+impl HeldRow {
+    fn new(row: u64) -> HeldRow {
+        const CHUNK: u64 = 64 << 10;
+        let config = engine::ArrayConfig {
+            write_hold: LONG_HOLD,
+            ..simkit::config()
+        };
+        let (sims, probes, array, data_offset) = probed_raid5(4, CHUNK, 16 << 20, false, config);
+        let array = Arc::new(array);
+        let stripe_bytes = 3 * CHUNK;
+        array.write(40 * stripe_bytes, &[0u8; 4096], false).unwrap();
+        let p_dev = array.geometry().stripe_roles(row).p_dev();
+        let p_range = (data_offset + row * CHUNK, data_offset + (row + 1) * CHUNK);
+        let p_before = probes[p_dev].writes_into(p_range.0, p_range.1);
+        HeldRow {
+            _sims: sims,
+            probes,
+            array,
+            base: row * stripe_bytes,
+            p_dev,
+            p_range,
+            p_before,
+        }
+    }
+
+    fn p_writes(&self) -> usize {
+        self.probes[self.p_dev].writes_into(self.p_range.0, self.p_range.1) - self.p_before
+    }
+}
+
 /// A write announced before its data has arrived (a frontend still receiving the payload, see
 /// `WriteIntent`) holds a leader that claims its stripe meanwhile: the two writes go out as
 /// one batch, P written once. An intent dropped unused lets the leader go at once.
 #[test]
 fn an_announced_write_joins_the_batch_it_was_announced_to() {
-    const CHUNK: u64 = 64 << 10;
-    const HOLD: std::time::Duration = std::time::Duration::from_secs(10);
-    let config = engine::ArrayConfig {
-        write_hold: HOLD,
-        ..simkit::config()
-    };
-    let (_sims, probes, array, data_offset) = probed_raid5(4, CHUNK, 16 << 20, false, config);
-    let array = Arc::new(array);
-    let stripe_bytes = 3 * CHUNK;
-    array.write(40 * stripe_bytes, &[0u8; 4096], false).unwrap();
-    let row = 2u64;
-    let base = row * stripe_bytes;
-    let p_dev = array.geometry().stripe_roles(row).p_dev();
-    let (start, end) = (data_offset + row * CHUNK, data_offset + (row + 1) * CHUNK);
-    let p_before = probes[p_dev].writes_into(start, end);
+    let r = HeldRow::new(2);
+    let (array, base) = (&r.array, r.base);
     let waits_for = |intent: engine::WriteIntent, use_it: bool| {
         let started = std::time::Instant::now();
         std::thread::scope(|s| {
@@ -491,12 +523,12 @@ fn an_announced_write_joins_the_batch_it_was_announced_to() {
             leader.join().unwrap();
         });
         assert!(
-            started.elapsed() < HOLD / 2,
+            started.elapsed() < LONG_HOLD / 2,
             "the leader waited for the hold"
         );
     };
     waits_for(array.intend_write(base + 4096, 4096), true);
-    let p_writes = probes[p_dev].writes_into(start, end) - p_before;
+    let p_writes = r.p_writes();
     assert_eq!(
         p_writes, 1,
         "P written {p_writes} times for a write and an announced one"
@@ -512,21 +544,8 @@ fn an_announced_write_joins_the_batch_it_was_announced_to() {
 /// with all three writes in one batch, P written once.
 #[test]
 fn a_write_announced_while_the_leader_waits_joins_the_batch() {
-    const CHUNK: u64 = 64 << 10;
-    const HOLD: std::time::Duration = std::time::Duration::from_secs(10);
-    let config = engine::ArrayConfig {
-        write_hold: HOLD,
-        ..simkit::config()
-    };
-    let (_sims, probes, array, data_offset) = probed_raid5(4, CHUNK, 16 << 20, false, config);
-    let array = Arc::new(array);
-    let stripe_bytes = 3 * CHUNK;
-    array.write(40 * stripe_bytes, &[0u8; 4096], false).unwrap();
-    let row = 3u64;
-    let base = row * stripe_bytes;
-    let p_dev = array.geometry().stripe_roles(row).p_dev();
-    let (start, end) = (data_offset + row * CHUNK, data_offset + (row + 1) * CHUNK);
-    let p_before = probes[p_dev].writes_into(start, end);
+    let r = HeldRow::new(3);
+    let (array, base) = (&r.array, r.base);
     let pause = || std::thread::sleep(std::time::Duration::from_millis(100));
     let started = std::time::Instant::now();
     std::thread::scope(|s| {
@@ -547,10 +566,10 @@ fn a_write_announced_while_the_leader_waits_joins_the_batch() {
         placed.join().unwrap();
     });
     assert!(
-        started.elapsed() < HOLD / 2,
+        started.elapsed() < LONG_HOLD / 2,
         "the leader waited for the hold"
     );
-    let p_writes = probes[p_dev].writes_into(start, end) - p_before;
+    let p_writes = r.p_writes();
     assert_eq!(p_writes, 1, "P written {p_writes} times for one batch");
     let mut back = vec![0u8; 3 * 4096];
     array.read(base, &mut back).unwrap();
