@@ -18,15 +18,17 @@ impl Stream {
         })
     }
 
-    /// Whether `n` bytes can be read at once (they have arrived), without reading them.
+    /// Whether `n` bytes (at most 64: a header) can be read at once (they have arrived),
+    /// without reading them.
     pub(crate) fn has_arrived(&self, n: usize) -> bool {
+        assert!(n <= 64, "peeking {n} bytes: only headers are peeked");
         let sock = match self {
             Stream::Unix(s) => socket2::SockRef::from(s),
             Stream::Tcp(s) => socket2::SockRef::from(s),
         };
-        let mut buf = vec![std::mem::MaybeUninit::<u8>::uninit(); n];
+        let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 64];
         // MSG_PEEK leaves the bytes in the socket, MSG_DONTWAIT never blocks.
-        let got = sock.recv_with_flags(&mut buf, libc::MSG_PEEK | libc::MSG_DONTWAIT);
+        let got = sock.recv_with_flags(&mut buf[..n], libc::MSG_PEEK | libc::MSG_DONTWAIT);
         matches!(got, Ok(k) if k == n)
     }
 

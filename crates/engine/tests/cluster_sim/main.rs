@@ -291,6 +291,26 @@ fn without_ownership_degraded_reads_return_what_no_write_put_there() {
     );
 }
 
+/// The seeds of `seeds` whose run of `shape` with `knobs` fails with an error containing
+/// `text` (printed under `what`, with the count).
+fn failing_with(
+    what: &str,
+    (shape, knobs): (Shape, driver::Knobs),
+    seeds: std::ops::Range<u64>,
+    text: &str,
+) -> Vec<u64> {
+    let total = seeds.end - seeds.start;
+    let found: Vec<u64> = seeds
+        .filter(|&seed| {
+            run(shape, seed, knobs)
+                .err()
+                .is_some_and(|e| e.contains(text))
+        })
+        .collect();
+    eprintln!("{what}: {} of {total}: {found:?}", found.len());
+    found
+}
+
 /// Canary: a node that goes on writing once it is fenced (its fence stops nothing) is
 /// caught writing members after its lease ended. On a mirror: on parity levels the extent
 /// ownership it can no longer reach refuses its writes as well.
@@ -303,19 +323,11 @@ fn without_the_write_fence_a_cut_off_node_is_caught_writing_after_its_lease() {
         },
         ..PARTITIONED
     };
-    let seeds = 0xfe0c_0000..0xfe0c_0000 + 20u64;
-    let caught: Vec<u64> = seeds
-        .clone()
-        .filter(|&seed| {
-            run(RAID1, seed, knobs)
-                .err()
-                .is_some_and(|e| e.contains("after its lease ended"))
-        })
-        .collect();
-    eprintln!(
-        "without the write fence, {} of {} seeds catch the cut-off node writing: {caught:?}",
-        caught.len(),
-        seeds.count()
+    let caught = failing_with(
+        "without the write fence, seeds catching the cut-off node writing",
+        (RAID1, knobs),
+        0xfe0c_0000..0xfe0c_0000 + 20,
+        "after its lease ended",
     );
     assert!(
         caught.len() >= 5,
@@ -336,19 +348,11 @@ fn without_the_read_fence_a_cut_off_node_reads_what_the_others_changed() {
         fail_while_cut_off: true,
         ..PARTITIONED
     };
-    let seeds = 0xfe0d_0000..0xfe0d_0000 + 40u64;
-    let stale: Vec<u64> = seeds
-        .clone()
-        .filter(|&seed| {
-            run(RAID5, seed, knobs)
-                .err()
-                .is_some_and(|e| e.contains("which no write"))
-        })
-        .collect();
-    eprintln!(
-        "without the read fence, {} of {} seeds read stale data on the cut-off node: {stale:?}",
-        stale.len(),
-        seeds.count()
+    let stale = failing_with(
+        "without the read fence, seeds reading stale data on the cut-off node",
+        (RAID5, knobs),
+        0xfe0d_0000..0xfe0d_0000 + 40,
+        "which no write",
     );
     assert!(
         !stale.is_empty(),
@@ -376,19 +380,11 @@ fn without_a_takeover_the_stripes_a_dead_node_tore_are_found() {
         takeover: false,
         ..ALL
     };
-    let seeds = 0xdead_0000..0xdead_0000 + 40u64;
-    let torn: Vec<u64> = seeds
-        .clone()
-        .filter(|&seed| {
-            run(RAID5, seed, knobs)
-                .err()
-                .is_some_and(|e| e.contains("where a takeover would have resynced"))
-        })
-        .collect();
-    eprintln!(
-        "without a takeover, {} of {} seeds leave stripes torn: {torn:?}",
-        torn.len(),
-        seeds.count()
+    let torn = failing_with(
+        "without a takeover, seeds leaving stripes torn",
+        (RAID5, knobs),
+        0xdead_0000..0xdead_0000 + 40,
+        "where a takeover would have resynced",
     );
     assert!(torn.len() >= 4, "dead nodes left too few stripes torn");
 }

@@ -344,17 +344,12 @@ impl World {
             Action::Failure(n, dev) => (n, Instr::Failure(dev), 4 + dev as u64 * 16),
         };
         st.trace = (st.trace ^ (tag << 8 | node as u64)).wrapping_mul(0x100_0000_01b3);
-        if let (Action::Go(n), Block::Gate { what, .. }) = (a, &st.nodes[node].block) {
+        if let (Action::Go(n), &Block::Gate { what, dev }) = (a, &st.nodes[node].block) {
             st.stats.grants += 1;
             // Counted in member writes: it dies in the middle of writing.
-            let write = *what == "write";
+            let write = what == "write";
             if write && st.nodes[n].expired {
-                let why = format!("node {n} wrote to member {} after its lease ended", {
-                    let Block::Gate { dev, .. } = st.nodes[n].block else {
-                        unreachable!()
-                    };
-                    dev
-                });
+                let why = format!("node {n} wrote to member {dev} after its lease ended");
                 st.events.push(Event::Violation(why));
             }
             if let Some((_, left)) = st.partition.as_mut().filter(|(k, _)| *k == n && write) {
