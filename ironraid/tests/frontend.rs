@@ -5,104 +5,19 @@
 //! sector — must not lose each other's bytes.
 //!
 //! qemu and the kernel align to the advertised minimum, so these tests speak
-//! the protocol themselves: fixed newstyle handshake, `NBD_OPT_GO` without
-//! asking for `NBD_INFO_BLOCK_SIZE`, then pipelined simple requests.
+//! the protocol themselves (`common::raw_client`).
 
 mod common;
 
-use std::io::{Read, Write};
-use std::os::unix::net::UnixStream;
 use std::path::Path;
-use std::time::Duration;
 
+use common::raw_client::Client;
 use common::Env;
-use nbd::codec::{self, Request};
-use nbd::proto::*;
 
 const MEMBER: u64 = 16 << 20;
 
 /// Connections writing at once.
 const CONNS: usize = 4;
-
-/// A raw NBD client over a Unix socket.
-struct Client {
-    s: UnixStream,
-}
-
-impl Client {
-    /// Handshake that leaves block sizes unnegotiated: the server must then
-    /// accept requests at any byte offset and length.
-    fn connect(sock: &Path, name: &str) -> Client {
-        let mut s = UnixStream::connect(sock).expect("connect to the NBD socket");
-        s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-        let mut greeting = [0u8; 18];
-        s.read_exact(&mut greeting).unwrap();
-        assert_eq!(greeting, codec::server_greeting());
-        s.write_all(&(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES).to_be_bytes())
-            .unwrap();
-        let go = codec::encode_info_request(name, &[]);
-        s.write_all(&codec::encode_option(OPT_GO, &go)).unwrap();
-        loop {
-            let mut h = [0u8; 20];
-            s.read_exact(&mut h).unwrap();
-            let h = codec::parse_option_reply_header(&h).unwrap();
-            let mut data = vec![0u8; h.length as usize];
-            s.read_exact(&mut data).unwrap();
-            match h.reply_type {
-                REP_INFO => {}
-                REP_ACK => return Client { s },
-                other => panic!("unexpected reply {other:#x} to NBD_OPT_GO"),
-            }
-        }
-    }
-
-    fn send(&mut self, command: u16, handle: u64, offset: u64, length: usize) {
-        let r = Request {
-            flags: 0,
-            command,
-            handle,
-            offset,
-            length: u32::try_from(length).unwrap(),
-        };
-        self.s.write_all(&codec::encode_request(&r)).unwrap();
-    }
-
-    /// One simple reply: (error, handle).
-    fn reply(&mut self) -> (u32, u64) {
-        let mut h = [0u8; 16];
-        self.s.read_exact(&mut h).unwrap();
-        let r = codec::parse_simple_reply(&h).unwrap();
-        (r.error, r.handle)
-    }
-
-    fn read(&mut self, offset: u64, len: usize) -> Vec<u8> {
-        self.send(CMD_READ, 0, offset, len);
-        assert_eq!(self.reply(), (0, 0), "read {offset}+{len}");
-        let mut data = vec![0u8; len];
-        self.s.read_exact(&mut data).unwrap();
-        data
-    }
-
-    /// Sends every write (from a second thread, so requests stay in flight
-    /// together) and waits for all replies.
-    fn write_all(mut self, writes: Vec<Piece>) {
-        let mut w = Client {
-            s: self.s.try_clone().unwrap(),
-        };
-        let n = writes.len();
-        let sender = std::thread::spawn(move || {
-            for (h, p) in writes.iter().enumerate() {
-                w.send(CMD_WRITE, h as u64, p.offset, p.len);
-                w.s.write_all(&vec![p.value; p.len]).unwrap();
-            }
-        });
-        for _ in 0..n {
-            let (err, h) = self.reply();
-            assert_eq!(err, 0, "write {h} failed");
-        }
-        sender.join().unwrap();
-    }
-}
 
 /// One write of a test's plan: `len` bytes of `value` at `offset`.
 #[derive(Clone, Copy)]
@@ -117,8 +32,12 @@ fn run_concurrently(sock: &Path, name: &str, plans: Vec<Vec<Piece>>) {
     let threads: Vec<_> = plans
         .into_iter()
         .map(|plan| {
-            let c = Client::connect(sock, name);
-            std::thread::spawn(move || c.write_all(plan))
+            let mut c = Client::connect(sock, name);
+            let writes: Vec<(u64, Vec<u8>)> = plan
+                .iter()
+                .map(|p| (p.offset, vec![p.value; p.len]))
+                .collect();
+            std::thread::spawn(move || c.write_all(&writes))
         })
         .collect();
     for t in threads {
@@ -246,14 +165,11 @@ fn unaligned_write_zeroes_and_reads() {
     let mut c = Client::connect(&env.socket(), &env.name);
     let base = 1u64 << 20;
     let len = 8192;
-    c.send(CMD_WRITE, 1, base, len);
-    c.s.write_all(&vec![0xff; len]).unwrap();
-    assert_eq!(c.reply(), (0, 1));
+    c.write_all(&[(base, vec![0xff; len])]);
     // Across several sectors (both edges partial), and inside one sector.
     let zeroes = [(100usize, 1000usize), (3000, 5), (4095, 2)];
-    for (h, (at, n)) in zeroes.iter().enumerate() {
-        c.send(CMD_WRITE_ZEROES, 10 + h as u64, base + *at as u64, *n);
-        assert_eq!(c.reply(), (0, 10 + h as u64), "zeroes at +{at} len {n}");
+    for (at, n) in zeroes {
+        c.write_zeroes(base + at as u64, n);
     }
     let mut want = vec![0xffu8; len];
     for (at, n) in zeroes {

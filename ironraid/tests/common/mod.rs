@@ -2,6 +2,8 @@
 
 #![allow(dead_code)]
 
+pub mod raw_client;
+
 use std::io::{BufRead, BufReader};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
