@@ -8,11 +8,19 @@
 //!
 //! Connections own disjoint ranges within a round and every round waits for all replies
 //! (a barrier), so the model is exact: no byte is written twice with its order left open.
+//!
+//! The same writers also run while bits rot behind the array's back (integrity on), on as many
+//! members as the level repairs, and on a degraded RAID5 where repair is impossible: reads
+//! then fail or return what was written, never anything else.
 
 mod common;
 
-use std::path::Path;
+use std::fs::OpenOptions;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Barrier;
+use std::time::Duration;
 
 use common::raw_client::Client;
 use common::Env;
@@ -34,7 +42,11 @@ const MEMBER: u64 = 16 << 20;
 /// of a unit is its index modulo `CONNS`) and from each other.
 fn round_writes(conn: usize, round: usize, hot: usize) -> Vec<(u64, Vec<u8>)> {
     let mut rng = StdRng::seed_from_u64((round * CONNS + conn) as u64);
-    let unit = if round.is_multiple_of(2) { BLOCK } else { CHUNK };
+    let unit = if round.is_multiple_of(2) {
+        BLOCK
+    } else {
+        CHUNK
+    };
     (conn..hot / unit)
         .step_by(CONNS)
         .map(|u| {
@@ -52,31 +64,58 @@ fn round_writes(conn: usize, round: usize, hot: usize) -> Vec<(u64, Vec<u8>)> {
         .collect()
 }
 
+/// What the hot area must hold after the rounds: `model`, except bytes `unknown` (a write to
+/// them failed: the member under it may hold any mix of old and new bytes).
+struct Written {
+    model: Vec<u8>,
+    unknown: Vec<bool>,
+    failed_writes: usize,
+}
+
 /// Every connection runs its rounds; all finish a round before any starts the next.
-/// Returns what the hot area must hold afterwards.
-fn write_concurrently(sock: &Path, name: &str, hot: usize) -> Vec<u8> {
+fn write_concurrently(sock: &Path, name: &str, hot: usize) -> Written {
     let barrier = Barrier::new(CONNS);
-    std::thread::scope(|s| {
-        for conn in 0..CONNS {
-            let barrier = &barrier;
-            s.spawn(move || {
-                let mut c = Client::connect(sock, name);
-                for round in 0..ROUNDS {
-                    c.write_all(&round_writes(conn, round, hot));
-                    barrier.wait();
-                }
-            });
-        }
+    let answers: Vec<Vec<Vec<u32>>> = std::thread::scope(|s| {
+        let conns: Vec<_> = (0..CONNS)
+            .map(|conn| {
+                let barrier = &barrier;
+                s.spawn(move || {
+                    let mut c = Client::connect(sock, name);
+                    (0..ROUNDS)
+                        .map(|round| {
+                            let answers = c.write_all_answers(&round_writes(conn, round, hot));
+                            barrier.wait();
+                            answers
+                        })
+                        .collect()
+                })
+            })
+            .collect();
+        conns.into_iter().map(|c| c.join().unwrap()).collect()
     });
-    let mut model = vec![0u8; hot];
+    let mut w = Written {
+        model: vec![0u8; hot],
+        unknown: vec![false; hot],
+        failed_writes: 0,
+    };
     for round in 0..ROUNDS {
-        for conn in 0..CONNS {
-            for (at, data) in round_writes(conn, round, hot) {
-                model[at as usize..][..data.len()].copy_from_slice(&data);
+        for (conn, answers) in answers.iter().enumerate() {
+            for ((at, data), &err) in round_writes(conn, round, hot).iter().zip(&answers[round]) {
+                let r = *at as usize..*at as usize + data.len();
+                w.model[r.clone()].copy_from_slice(data);
+                w.unknown[r].fill(err != 0);
+                w.failed_writes += usize::from(err != 0);
             }
         }
     }
-    model
+    w
+}
+
+/// The rounds on an array where every write must succeed: the hot area's bytes.
+fn write_all_concurrently(sock: &Path, name: &str, hot: usize) -> Vec<u8> {
+    let w = write_concurrently(sock, name, hot);
+    assert_eq!(w.failed_writes, 0, "writes failed");
+    w.model
 }
 
 /// The hot area read back equals `model`, and the rest of the array's start is still zero.
@@ -129,7 +168,7 @@ fn case(level: &str, members: usize, extra: &[&str], journal: Option<&str>) {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     env.create(level, &args);
     let d = env.run(&run);
-    let model = write_concurrently(&env.socket(), &env.name, hot);
+    let model = write_all_concurrently(&env.socket(), &env.name, hot);
     let what = format!("RAID{level} ×{members} {extra:?} journal {journal:?}");
     compare(&env.socket(), &env.name, &model).unwrap_or_else(|e| panic!("{what}: {e}"));
     assert_eq!(env.action_wait("check"), 0, "{what}: parity mismatches");
@@ -184,7 +223,7 @@ fn the_many_writers_checks_see_a_byte_changed_behind_the_arrays_back() {
     let env = Env::new("manycanary", 4, MEMBER);
     env.create("5", &["--chunk", "64K"]);
     let d = env.run_all();
-    let model = write_concurrently(&env.socket(), &env.name, ROWS * 3 * CHUNK);
+    let model = write_all_concurrently(&env.socket(), &env.name, ROWS * 3 * CHUNK);
     compare(&env.socket(), &env.name, &model).expect("the workload itself loses nothing");
     env.stop(d);
     // Row 0 of left-symmetric RAID5 keeps data chunk 0 on the first member.
@@ -200,5 +239,122 @@ fn the_many_writers_checks_see_a_byte_changed_behind_the_arrays_back() {
     let err = compare(&env.socket(), &env.name, &model).expect_err("a changed byte is seen");
     assert!(err.contains("1 bytes differ"), "{err}");
     assert!(env.action_wait("check") > 0, "check sees the changed byte");
+    env.stop(d);
+}
+
+/// Runs `work` while one thread per member of `rotting` flips single bits in that member's
+/// chunk of each hot row (from `base`, its data offset), behind the array's back. Returns what
+/// `work` returned and how many bits were flipped (at least 100, or it panics).
+fn with_rot<R>(rotting: &[PathBuf], base: u64, work: impl FnOnce() -> R) -> (R, u64) {
+    let stop = AtomicBool::new(false);
+    let flips = AtomicU64::new(0);
+    let r = std::thread::scope(|s| {
+        for (i, member) in rotting.iter().enumerate() {
+            let (stop, flips) = (&stop, &flips);
+            s.spawn(move || {
+                let f = OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .open(member)
+                    .unwrap();
+                let mut rng = StdRng::seed_from_u64(7 + i as u64);
+                while !stop.load(Ordering::Relaxed) {
+                    let at = base + rng.gen_range(0..(ROWS * CHUNK) as u64);
+                    let mut b = [0u8; 1];
+                    f.read_exact_at(&mut b, at).unwrap();
+                    b[0] ^= 1 << rng.gen_range(0..8);
+                    f.write_all_at(&b, at).unwrap();
+                    flips.fetch_add(1, Ordering::Relaxed);
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+            });
+        }
+        let r = work();
+        stop.store(true, Ordering::Relaxed);
+        r
+    });
+    let flips = flips.into_inner();
+    assert!(flips > 100, "only {flips} flips landed during the work");
+    (r, flips)
+}
+
+/// Bit rot on `rotting` members while the sixteen writers run (integrity on): the writers' own
+/// reads of old data and parity (read-modify-write), client reads and `repair` all meet
+/// damaged blocks; no read may return anything but what was written, and after `repair` the
+/// array survives losing another member.
+fn rot_during_writes(level: &str, members: usize, rotting: usize) {
+    let data_members = members - if level == "6" { 2 } else { 1 };
+    let env = Env::new(&format!("manyrot{level}"), members, MEMBER);
+    env.create(level, &["--chunk", "64K", "--integrity", "crc32c"]);
+    let d = env.run_all();
+    let base = env.examine(&env.members[0])["data_offset_sectors"]
+        .as_u64()
+        .unwrap()
+        * 512;
+    let (written, flips) = with_rot(&env.members[..rotting], base, || {
+        write_concurrently(&env.socket(), &env.name, ROWS * data_members * CHUNK)
+    });
+    assert_eq!(written.failed_writes, 0, "writes failed");
+    let model = written.model;
+    compare(&env.socket(), &env.name, &model)
+        .unwrap_or_else(|e| panic!("after {flips} flips: {e}"));
+    env.action_wait("repair");
+    let detail = env.detail();
+    let caught: u64 = (0..rotting)
+        .map(|i| detail["members"][i]["checksum_errors"].as_u64().unwrap())
+        .sum();
+    eprintln!("RAID{level}: {flips} flips, {caught} blocks caught");
+    assert!(caught > 0, "none of {flips} flips was caught");
+    env.ok(&["fail", &env.name, env.members[rotting].to_str().unwrap()]);
+    compare(&env.socket(), &env.name, &model)
+        .unwrap_or_else(|e| panic!("after {flips} flips, repair and a failed member: {e}"));
+    env.stop(d);
+}
+
+#[test]
+fn rot_on_one_member_during_sixteen_writers_never_reaches_a_raid5_client() {
+    rot_during_writes("5", 4, 1);
+}
+
+#[test]
+fn rot_on_two_members_during_sixteen_writers_never_reaches_a_raid6_client() {
+    rot_during_writes("6", 6, 2);
+}
+
+/// Bit rot on the first member of a RAID5 that already lost its last one, while the sixteen
+/// writers run: blocks whose only redundancy rotted cannot be repaired, so writes into their
+/// rows and reads of them may fail, but a read that succeeds returns what was written.
+#[test]
+fn rot_on_a_degraded_raid5_gives_errors_never_wrong_data() {
+    let env = Env::new("manyrotdeg", 4, MEMBER);
+    env.create("5", &["--chunk", "64K", "--integrity", "crc32c"]);
+    let d = env.run_all();
+    env.ok(&["fail", &env.name, env.members[3].to_str().unwrap()]);
+    let base = env.examine(&env.members[0])["data_offset_sectors"]
+        .as_u64()
+        .unwrap()
+        * 512;
+    let (w, flips) = with_rot(&env.members[..1], base, || {
+        write_concurrently(&env.socket(), &env.name, ROWS * 3 * CHUNK)
+    });
+    let mut c = Client::connect(&env.socket(), &env.name);
+    let (mut good, mut refused) = (0, 0);
+    for (b, want) in w.model.chunks(BLOCK).enumerate() {
+        let unknown = &w.unknown[b * BLOCK..][..BLOCK];
+        match c.try_read((b * BLOCK) as u64, BLOCK) {
+            Err(_) => refused += 1,
+            Ok(got) => {
+                good += 1;
+                let wrong = (0..BLOCK).find(|&i| !unknown[i] && got[i] != want[i]);
+                assert_eq!(wrong, None, "block {b}: wrong data after {flips} flips");
+            }
+        }
+    }
+    eprintln!(
+        "{flips} flips: {} writes failed, {good} blocks read, {refused} refused",
+        w.failed_writes
+    );
+    assert!(good > 0, "every block was refused");
+    drop(c);
     env.stop(d);
 }

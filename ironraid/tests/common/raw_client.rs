@@ -86,12 +86,21 @@ impl Client {
     }
 
     /// Sends every write (from a second thread, so that they are all in flight together and
-    /// the server is never stuck sending replies nobody reads) and waits for every reply.
-    /// The server may run them in any order: callers keep them from overlapping.
+    /// the server is never stuck sending replies nobody reads) and waits for every reply;
+    /// panics if one fails. The server may run them in any order: callers keep them from
+    /// overlapping.
     pub fn write_all(&mut self, writes: &[(u64, Vec<u8>)]) {
+        for (h, err) in self.write_all_answers(writes).into_iter().enumerate() {
+            assert_eq!(err, 0, "write {h} failed");
+        }
+    }
+
+    /// As [`Client::write_all`], but returns the NBD error of each write (0: done).
+    pub fn write_all_answers(&mut self, writes: &[(u64, Vec<u8>)]) -> Vec<u32> {
         let mut sender = Client {
             s: self.s.try_clone().unwrap(),
         };
+        let mut answers = vec![u32::MAX; writes.len()];
         std::thread::scope(|scope| {
             scope.spawn(|| {
                 for (h, (offset, data)) in writes.iter().enumerate() {
@@ -101,8 +110,9 @@ impl Client {
             });
             for _ in 0..writes.len() {
                 let (err, h) = self.reply();
-                assert_eq!(err, 0, "write {h} failed");
+                answers[h as usize] = err;
             }
         });
+        answers
     }
 }
