@@ -3,13 +3,16 @@
 //! any byte range), then simple requests, many in flight at once. Tests use it where they need
 //! byte-granular requests or control over what is in flight, which qemu and fio do not give.
 
-use std::io::{Read, Write};
+use std::io::{self, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::Duration;
 
 use nbd::codec::{self, Request};
 use nbd::proto::*;
+
+/// What [`Client::write_all_answers`] gives a write the server never answered.
+pub const UNANSWERED: u32 = u32::MAX;
 
 pub struct Client {
     s: UnixStream,
@@ -41,22 +44,30 @@ impl Client {
     }
 
     fn send(&mut self, command: u16, handle: u64, offset: u64, length: usize) {
+        self.try_send(command, handle, offset, length).unwrap();
+    }
+
+    fn try_send(&mut self, command: u16, handle: u64, offset: u64, len: usize) -> io::Result<()> {
         let r = Request {
             flags: 0,
             command,
             handle,
             offset,
-            length: u32::try_from(length).unwrap(),
+            length: u32::try_from(len).unwrap(),
         };
-        self.s.write_all(&codec::encode_request(&r)).unwrap();
+        self.s.write_all(&codec::encode_request(&r))
     }
 
     /// One simple reply: (error, handle).
     fn reply(&mut self) -> (u32, u64) {
+        self.try_reply().unwrap()
+    }
+
+    fn try_reply(&mut self) -> io::Result<(u32, u64)> {
         let mut h = [0u8; 16];
-        self.s.read_exact(&mut h).unwrap();
+        self.s.read_exact(&mut h)?;
         let r = codec::parse_simple_reply(&h).unwrap();
-        (r.error, r.handle)
+        Ok((r.error, r.handle))
     }
 
     /// `len` bytes at `offset`; panics if the server answers an error.
@@ -95,21 +106,29 @@ impl Client {
         }
     }
 
-    /// As [`Client::write_all`], but returns the NBD error of each write (0: done).
+    /// As [`Client::write_all`], but returns the NBD error of each write (0: done), and
+    /// [`UNANSWERED`] for each write without a reply when the connection broke (the server
+    /// died): such a write may or may not have landed.
     pub fn write_all_answers(&mut self, writes: &[(u64, Vec<u8>)]) -> Vec<u32> {
         let mut sender = Client {
             s: self.s.try_clone().unwrap(),
         };
-        let mut answers = vec![u32::MAX; writes.len()];
+        let mut answers = vec![UNANSWERED; writes.len()];
         std::thread::scope(|scope| {
             scope.spawn(|| {
                 for (h, (offset, data)) in writes.iter().enumerate() {
-                    sender.send(CMD_WRITE, h as u64, *offset, data.len());
-                    sender.s.write_all(data).unwrap();
+                    let sent = sender
+                        .try_send(CMD_WRITE, h as u64, *offset, data.len())
+                        .and_then(|()| sender.s.write_all(data));
+                    if sent.is_err() {
+                        break;
+                    }
                 }
             });
             for _ in 0..writes.len() {
-                let (err, h) = self.reply();
+                let Ok((err, h)) = self.try_reply() else {
+                    break;
+                };
                 answers[h as usize] = err;
             }
         });
