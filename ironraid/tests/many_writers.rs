@@ -14,7 +14,8 @@
 //! then fail or return what was written, never anything else. And with the daemon killed
 //! (`kill -9`) mid-round and started again, three times per array (bitmap, write-back and
 //! write-through journals, integrity): every acknowledged write is kept, every write in
-//! flight left each byte old or new, and `check` finds the parity in agreement.
+//! flight left each byte old or new, and `check` finds the parity in agreement. And with a
+//! member replaced and rebuilt (held slow) while they write across the rebuild's front.
 
 mod common;
 
@@ -80,32 +81,42 @@ struct Written {
     rounds: usize,
 }
 
-/// Every connection runs `rounds` rounds; all finish a round before any starts the next. A
-/// round in which the server stopped answering is the last.
-fn write_concurrently(sock: &Path, name: &str, before: &[u8], rounds: usize) -> Written {
+/// Every connection runs rounds while `more(round)` says so (asked once per round); all
+/// finish a round before any starts the next. A round in which the server stopped answering
+/// is the last.
+fn write_concurrently(
+    sock: &Path,
+    name: &str,
+    before: &[u8],
+    more: impl Fn(usize) -> bool + Sync,
+) -> Written {
     let hot = before.len();
     let barrier = Barrier::new(CONNS);
     let died = AtomicBool::new(false);
+    let last = AtomicBool::new(!more(0));
     let answers: Vec<Vec<Vec<u32>>> = std::thread::scope(|s| {
         let conns: Vec<_> = (0..CONNS)
             .map(|conn| {
-                let (barrier, died) = (&barrier, &died);
+                let (barrier, died, last, more) = (&barrier, &died, &last, &more);
                 s.spawn(move || {
                     let mut c = Client::connect(sock, name);
                     let mut all = Vec::new();
-                    for round in 0..rounds {
+                    for round in 0.. {
+                        if last.load(Ordering::SeqCst) {
+                            break;
+                        }
                         let answers = c.write_all_answers(&round_writes(conn, round, hot));
                         if answers.contains(&UNANSWERED) {
                             died.store(true, Ordering::SeqCst);
                         }
                         all.push(answers);
-                        barrier.wait();
-                        // Everyone reads the flag before anyone's next round may set it.
-                        let stop = died.load(Ordering::SeqCst);
-                        barrier.wait();
-                        if stop {
-                            break;
+                        // One thread decides whether a next round runs, and everyone reads
+                        // the decision before anyone's next round may change its inputs.
+                        if barrier.wait().is_leader() {
+                            let stop = died.load(Ordering::SeqCst) || !more(round + 1);
+                            last.store(stop, Ordering::SeqCst);
                         }
+                        barrier.wait();
                     }
                     all
                 })
@@ -143,7 +154,7 @@ fn write_concurrently(sock: &Path, name: &str, before: &[u8], rounds: usize) -> 
 
 /// The rounds on an array where every write must succeed: the hot area's bytes.
 fn write_all_concurrently(sock: &Path, name: &str, hot: usize) -> Vec<u8> {
-    let w = write_concurrently(sock, name, &vec![0; hot], ROUNDS);
+    let w = write_concurrently(sock, name, &vec![0; hot], |r| r < ROUNDS);
     assert_eq!(w.failed_writes + w.unanswered_writes, 0, "writes failed");
     w.model
 }
@@ -261,7 +272,7 @@ fn the_many_writers_checks_see_a_byte_changed_behind_the_arrays_back() {
     env.create("5", &["--chunk", "64K"]);
     let d = env.run_all();
     let hot = ROWS * 3 * CHUNK;
-    let w = write_concurrently(&env.socket(), &env.name, &vec![0; hot], ROUNDS);
+    let w = write_concurrently(&env.socket(), &env.name, &vec![0; hot], |r| r < ROUNDS);
     let model = w.model.clone();
     compare(&env.socket(), &env.name, &model).expect("the workload itself loses nothing");
     env.stop(d);
@@ -337,7 +348,7 @@ fn rot_during_writes(level: &str, members: usize, rotting: usize) {
             &env.socket(),
             &env.name,
             &vec![0; ROWS * data_members * CHUNK],
-            ROUNDS,
+            |r| r < ROUNDS,
         )
     });
     assert_eq!(written.failed_writes, 0, "writes failed");
@@ -381,7 +392,9 @@ fn rot_on_a_degraded_raid5_gives_errors_never_wrong_data() {
         .unwrap()
         * 512;
     let (w, flips) = with_rot(&env.members[..1], base, || {
-        write_concurrently(&env.socket(), &env.name, &vec![0; ROWS * 3 * CHUNK], ROUNDS)
+        write_concurrently(&env.socket(), &env.name, &vec![0; ROWS * 3 * CHUNK], |r| {
+            r < ROUNDS
+        })
     });
     let mut c = Client::connect(&env.socket(), &env.name);
     let (mut good, mut refused) = (0, 0);
@@ -440,7 +453,8 @@ fn killed_under_writes(level: &str, members: usize, policy: &[&str], journal: Op
     for cut in 0..3 {
         let d = env.run(&run);
         let w = std::thread::scope(|s| {
-            let writers = s.spawn(|| write_concurrently(&env.socket(), &env.name, &before, 1000));
+            let writers =
+                s.spawn(|| write_concurrently(&env.socket(), &env.name, &before, |r| r < 1000));
             std::thread::sleep(Duration::from_millis(rng.gen_range(100..400)));
             d.kill9();
             writers.join().unwrap()
@@ -492,4 +506,68 @@ fn raid6_with_a_write_through_journal_killed_under_sixteen_writers_keeps_every_a
 #[test]
 fn raid5_with_integrity_killed_under_sixteen_writers_keeps_every_acknowledged_write() {
     killed_under_writes("5", 4, &["--integrity", "crc32c"], None);
+}
+
+/// A member replaced and rebuilt while the sixteen writers run across the rebuild's front
+/// (the rebuild held to 2 MiB/s so that it crosses the hot rows during the writes): after it,
+/// every byte reads back, `check` agrees, and with other members failed (as many as the level
+/// survives) the rebuilt member's contents serve the reads.
+fn rebuilt_under_writes(level: &str, members: usize, extra: &[&str]) {
+    let data_members = members - if level == "6" { 2 } else { 1 };
+    let env = Env::new(&format!("manyrebuild{level}"), members, MEMBER);
+    let mut args = vec!["--chunk", "64K"];
+    args.extend_from_slice(extra);
+    env.create(level, &args);
+    let d = env.run_all();
+    let hot = ROWS * data_members * CHUNK;
+    let before = write_all_concurrently(&env.socket(), &env.name, hot);
+    let replaced = &env.members[1];
+    let spare = env.file("spare.img", MEMBER);
+    env.ok(&["speed", &env.name, "--min", "1M", "--max", "2M"]);
+    env.ok(&["fail", &env.name, replaced.to_str().unwrap()]);
+    env.ok(&["remove", &env.name, replaced.to_str().unwrap()]);
+    env.ok(&["add", &env.name, spare.to_str().unwrap()]);
+    // Rounds go on until the rebuild is over, and at least two after the first that saw it so.
+    let rebuilt_at = std::sync::OnceLock::new();
+    let w = write_concurrently(&env.socket(), &env.name, &before, |round| {
+        if rebuilt_at.get().is_none() && common::member_state(&env.detail(), &spare) == "in_sync" {
+            rebuilt_at.set(round).unwrap();
+        }
+        rebuilt_at.get().is_none_or(|&r| round < r + 2)
+    });
+    assert_eq!(w.failed_writes + w.unanswered_writes, 0, "writes failed");
+    assert!(
+        *rebuilt_at.get().unwrap() > 2,
+        "the rebuild ended in {} rounds",
+        rebuilt_at.get().unwrap()
+    );
+    eprintln!(
+        "RAID{level}: rebuilt during round {}",
+        rebuilt_at.get().unwrap()
+    );
+    env.ok(&["speed", &env.name, "--max", "1G"]);
+    let what = format!("RAID{level} ×{members} {extra:?}");
+    compare(&env.socket(), &env.name, &w.model).unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert_eq!(env.action_wait("check"), 0, "{what}: parity mismatches");
+    for failed in env
+        .members
+        .iter()
+        .filter(|m| *m != replaced)
+        .take(members - data_members)
+    {
+        env.ok(&["fail", &env.name, failed.to_str().unwrap()]);
+    }
+    compare(&env.socket(), &env.name, &w.model)
+        .unwrap_or_else(|e| panic!("{what}, reading through the rebuilt member: {e}"));
+    env.stop(d);
+}
+
+#[test]
+fn raid5_rebuilt_under_sixteen_writers_holds_every_write() {
+    rebuilt_under_writes("5", 4, &[]);
+}
+
+#[test]
+fn raid6_with_integrity_rebuilt_under_sixteen_writers_holds_every_write() {
+    rebuilt_under_writes("6", 6, &["--integrity", "crc32c"]);
 }
