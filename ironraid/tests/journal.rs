@@ -8,7 +8,7 @@ mod journal_log;
 
 use common::{
     assert_same_image, canon, mdadm_field, member_state, random_file, require_tools, sh, wait_for,
-    Env, FuseExport,
+    Env, FailingLog,
 };
 use journal_log::{decode_log, log_super, model_parity, newest_pages, Model, PAGE};
 use std::collections::BTreeMap;
@@ -653,46 +653,6 @@ fn journal_failed_by_administrator_then_dropped() {
     for m in &env.members {
         let out = sh(mdadm.to_str().unwrap(), &["--examine", m.to_str().unwrap()]);
         assert_eq!(mdadm_field(&out, "Feature Map"), "0x0", "{out}");
-    }
-}
-
-/// A log device that fails on demand with real I/O errors: a file served by nbdkit through its
-/// error filter (every request fails with EIO while `trigger` exists), mounted as a file by
-/// nbdfuse. (device-mapper's `error` target would do too, where the kernel has it.)
-struct FailingLog {
-    export: FuseExport,
-    trigger: PathBuf,
-}
-
-impl FailingLog {
-    fn new(env: &Env, bytes: u64) -> FailingLog {
-        let img = env.file("log-backing.img", bytes);
-        let trigger = env.dir.path().join("log-fails");
-        let args = [
-            "--filter=error".to_string(),
-            "file".into(),
-            format!("file={}", img.display()),
-            "error=EIO".into(),
-            "error-rate=100%".into(),
-            format!("error-file={}", trigger.display()),
-        ];
-        FailingLog {
-            export: FuseExport::start(env.dir.path(), "logfuse", &args),
-            trigger,
-        }
-    }
-
-    /// The log device, as the array sees it.
-    fn path(&self) -> PathBuf {
-        self.export.path()
-    }
-
-    fn fail(&self, on: bool) {
-        if on {
-            std::fs::write(&self.trigger, b"").unwrap();
-        } else {
-            std::fs::remove_file(&self.trigger).unwrap();
-        }
     }
 }
 

@@ -575,3 +575,43 @@ pub fn make_certificates(dir: &Path) -> PathBuf {
     }
     client
 }
+
+/// A log device that fails on demand with real I/O errors: a file served by nbdkit through its
+/// error filter (every request fails with EIO while `trigger` exists), mounted as a file by
+/// nbdfuse. (device-mapper's `error` target would do too, where the kernel has it.)
+pub struct FailingLog {
+    export: FuseExport,
+    trigger: PathBuf,
+}
+
+impl FailingLog {
+    pub fn new(env: &Env, bytes: u64) -> FailingLog {
+        let img = env.file("log-backing.img", bytes);
+        let trigger = env.dir.path().join("log-fails");
+        let args = [
+            "--filter=error".to_string(),
+            "file".into(),
+            format!("file={}", img.display()),
+            "error=EIO".into(),
+            "error-rate=100%".into(),
+            format!("error-file={}", trigger.display()),
+        ];
+        FailingLog {
+            export: FuseExport::start(env.dir.path(), "logfuse", &args),
+            trigger,
+        }
+    }
+
+    /// The log device, as the array sees it.
+    pub fn path(&self) -> PathBuf {
+        self.export.path()
+    }
+
+    pub fn fail(&self, on: bool) {
+        if on {
+            std::fs::write(&self.trigger, b"").unwrap();
+        } else {
+            std::fs::remove_file(&self.trigger).unwrap();
+        }
+    }
+}
