@@ -23,169 +23,19 @@ mod common;
 
 use std::fs::OpenOptions;
 use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Barrier;
 use std::time::Duration;
 
-use common::raw_client::{Client, UNANSWERED};
+use common::raw_client::Client;
+use common::writers::{
+    compare, unexplained, write_all_concurrently, write_concurrently, BLOCK, CHUNK, ROUNDS, ROWS,
+};
 use common::Env;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-/// Connections writing at once.
-const CONNS: usize = 16;
-const BLOCK: usize = 4096;
-const CHUNK: usize = 64 << 10;
-const SECTOR: usize = 512;
-/// Rows of stripes all connections write into.
-const ROWS: usize = 16;
-/// Rounds per connection: even ones write pieces of 4 KiB blocks, odd ones whole chunks.
-const ROUNDS: usize = 6;
 const MEMBER: u64 = 16 << 20;
-
-/// One round's writes of connection `conn`: disjoint from every other connection's (the owner
-/// of a unit is its index modulo `CONNS`) and from each other.
-fn round_writes(conn: usize, round: usize, hot: usize) -> Vec<(u64, Vec<u8>)> {
-    let mut rng = StdRng::seed_from_u64((round * CONNS + conn) as u64);
-    let unit = if round.is_multiple_of(2) {
-        BLOCK
-    } else {
-        CHUNK
-    };
-    (conn..hot / unit)
-        .step_by(CONNS)
-        .map(|u| {
-            // Block rounds: a sector run inside the block (whole blocks included); chunk
-            // rounds: the whole chunk, so that a row's chunks may merge into a full stripe.
-            let (start, len) = if unit == BLOCK {
-                let start = rng.gen_range(0..BLOCK / SECTOR) * SECTOR;
-                (start, rng.gen_range(1..=(BLOCK - start) / SECTOR) * SECTOR)
-            } else {
-                (0, CHUNK)
-            };
-            let data: Vec<u8> = (0..len).map(|_| rng.gen()).collect();
-            ((u * unit + start) as u64, data)
-        })
-        .collect()
-}
-
-/// What the hot area must hold after the rounds: `model`, except bytes `unknown` (a write to
-/// them failed: the member under it may hold any mix of old and new bytes) and bytes
-/// `in_flight` (a write the server never answered, as it died: the byte holds the model's value
-/// or the one given).
-struct Written {
-    model: Vec<u8>,
-    unknown: Vec<bool>,
-    in_flight: Vec<Option<u8>>,
-    failed_writes: usize,
-    unanswered_writes: usize,
-    rounds: usize,
-}
-
-/// Every connection runs rounds while `more(round)` says so (asked once per round); all
-/// finish a round before any starts the next. A round in which the server stopped answering
-/// is the last.
-fn write_concurrently(
-    sock: &Path,
-    name: &str,
-    before: &[u8],
-    more: impl Fn(usize) -> bool + Sync,
-) -> Written {
-    let hot = before.len();
-    let barrier = Barrier::new(CONNS);
-    let died = AtomicBool::new(false);
-    let last = AtomicBool::new(!more(0));
-    let answers: Vec<Vec<Vec<u32>>> = std::thread::scope(|s| {
-        let conns: Vec<_> = (0..CONNS)
-            .map(|conn| {
-                let (barrier, died, last, more) = (&barrier, &died, &last, &more);
-                s.spawn(move || {
-                    let mut c = Client::connect(sock, name);
-                    let mut all = Vec::new();
-                    for round in 0.. {
-                        if last.load(Ordering::SeqCst) {
-                            break;
-                        }
-                        let answers = c.write_all_answers(&round_writes(conn, round, hot));
-                        if answers.contains(&UNANSWERED) {
-                            died.store(true, Ordering::SeqCst);
-                        }
-                        all.push(answers);
-                        // One thread decides whether a next round runs, and everyone reads
-                        // the decision before anyone's next round may change its inputs.
-                        if barrier.wait().is_leader() {
-                            let stop = died.load(Ordering::SeqCst) || !more(round + 1);
-                            last.store(stop, Ordering::SeqCst);
-                        }
-                        barrier.wait();
-                    }
-                    all
-                })
-            })
-            .collect();
-        conns.into_iter().map(|c| c.join().unwrap()).collect()
-    });
-    let mut w = Written {
-        model: before.to_vec(),
-        unknown: vec![false; hot],
-        in_flight: vec![None; hot],
-        failed_writes: 0,
-        unanswered_writes: 0,
-        rounds: answers[0].len(),
-    };
-    for round in 0..w.rounds {
-        for (conn, answers) in answers.iter().enumerate() {
-            for ((at, data), &err) in round_writes(conn, round, hot).iter().zip(&answers[round]) {
-                let r = *at as usize..*at as usize + data.len();
-                if err == UNANSWERED {
-                    w.unanswered_writes += 1;
-                    for (slot, &v) in w.in_flight[r].iter_mut().zip(data) {
-                        *slot = Some(v);
-                    }
-                    continue;
-                }
-                w.model[r.clone()].copy_from_slice(data);
-                w.unknown[r].fill(err != 0);
-                w.failed_writes += usize::from(err != 0);
-            }
-        }
-    }
-    w
-}
-
-/// The rounds on an array where every write must succeed: the hot area's bytes.
-fn write_all_concurrently(sock: &Path, name: &str, hot: usize) -> Vec<u8> {
-    let w = write_concurrently(sock, name, &vec![0; hot], |r| r < ROUNDS);
-    assert_eq!(w.failed_writes + w.unanswered_writes, 0, "writes failed");
-    w.model
-}
-
-/// The first byte of `got` (the hot area read back) that no write explains: neither the
-/// model's value, nor an unanswered write's, nor under a failed write.
-fn unexplained(got: &[u8], w: &Written) -> Option<usize> {
-    (0..got.len())
-        .find(|&i| got[i] != w.model[i] && w.in_flight[i] != Some(got[i]) && !w.unknown[i])
-}
-
-/// The hot area read back equals `model`, and the rest of the array's start is still zero.
-fn compare(sock: &Path, name: &str, model: &[u8]) -> Result<(), String> {
-    let mut c = Client::connect(sock, name);
-    let got = c
-        .try_read(0, model.len() + CHUNK)
-        .map_err(|e| format!("read failed with NBD error {e}"))?;
-    let bad: Vec<usize> = (0..got.len())
-        .filter(|&i| got[i] != model.get(i).copied().unwrap_or(0))
-        .collect();
-    match bad.first() {
-        None => Ok(()),
-        Some(first) => Err(format!(
-            "{} bytes differ from what was written, the first at {first} (block {})",
-            bad.len(),
-            first / BLOCK
-        )),
-    }
-}
 
 /// The workload on a fresh array of `members` at `level`, then the three looks. With
 /// `journal` (a mode), the array has a raid5-cache log on its own device.
@@ -274,7 +124,7 @@ fn the_many_writers_checks_see_a_byte_changed_behind_the_arrays_back() {
     env.create("5", &["--chunk", "64K"]);
     let d = env.run_all();
     let hot = ROWS * 3 * CHUNK;
-    let w = write_concurrently(&env.socket(), &env.name, &vec![0; hot], |r| r < ROUNDS);
+    let w = write_concurrently(&[(&env.socket(), &env.name)], &vec![0; hot], |r| r < ROUNDS);
     let model = w.model.clone();
     compare(&env.socket(), &env.name, &model).expect("the workload itself loses nothing");
     env.stop(d);
@@ -347,8 +197,7 @@ fn rot_during_writes(level: &str, members: usize, rotting: usize) {
         * 512;
     let (written, flips) = with_rot(&env.members[..rotting], base, || {
         write_concurrently(
-            &env.socket(),
-            &env.name,
+            &[(&env.socket(), &env.name)],
             &vec![0; ROWS * data_members * CHUNK],
             |r| r < ROUNDS,
         )
@@ -394,9 +243,11 @@ fn rot_on_a_degraded_raid5_gives_errors_never_wrong_data() {
         .unwrap()
         * 512;
     let (w, flips) = with_rot(&env.members[..1], base, || {
-        write_concurrently(&env.socket(), &env.name, &vec![0; ROWS * 3 * CHUNK], |r| {
-            r < ROUNDS
-        })
+        write_concurrently(
+            &[(&env.socket(), &env.name)],
+            &vec![0; ROWS * 3 * CHUNK],
+            |r| r < ROUNDS,
+        )
     });
     let mut c = Client::connect(&env.socket(), &env.name);
     let (mut good, mut refused) = (0, 0);
@@ -455,8 +306,8 @@ fn killed_under_writes(level: &str, members: usize, policy: &[&str], journal: Op
     for cut in 0..3 {
         let d = env.run(&run);
         let w = std::thread::scope(|s| {
-            let writers =
-                s.spawn(|| write_concurrently(&env.socket(), &env.name, &before, |r| r < 1000));
+            let writers = s
+                .spawn(|| write_concurrently(&[(&env.socket(), &env.name)], &before, |r| r < 1000));
             std::thread::sleep(Duration::from_millis(rng.gen_range(100..400)));
             d.kill9();
             writers.join().unwrap()
@@ -531,7 +382,7 @@ fn rebuilt_under_writes(level: &str, members: usize, extra: &[&str]) {
     env.ok(&["add", &env.name, spare.to_str().unwrap()]);
     // Rounds go on until the rebuild is over, and at least two after the first that saw it so.
     let rebuilt_at = std::sync::OnceLock::new();
-    let w = write_concurrently(&env.socket(), &env.name, &before, |round| {
+    let w = write_concurrently(&[(&env.socket(), &env.name)], &before, |round| {
         if rebuilt_at.get().is_none() && common::member_state(&env.detail(), &spare) == "in_sync" {
             rebuilt_at.set(round).unwrap();
         }
@@ -612,8 +463,9 @@ fn log_fails_then_kill(kill_after_ms: u64) {
     let d = env.run(&run);
     let hot = ROWS * 3 * CHUNK;
     let w = std::thread::scope(|s| {
-        let writers =
-            s.spawn(|| write_concurrently(&env.socket(), &env.name, &vec![0; hot], |r| r < 1000));
+        let writers = s.spawn(|| {
+            write_concurrently(&[(&env.socket(), &env.name)], &vec![0; hot], |r| r < 1000)
+        });
         std::thread::sleep(Duration::from_millis(150));
         failing.fail(true);
         std::thread::sleep(Duration::from_millis(kill_after_ms));

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod raw_client;
+pub mod writers;
 
 use std::io::{BufRead, BufReader};
 use std::os::unix::net::UnixStream;
