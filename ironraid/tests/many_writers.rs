@@ -37,10 +37,22 @@ use rand::{Rng, SeedableRng};
 
 const MEMBER: u64 = 16 << 20;
 
+/// Data members of an array of `members` at `level` (64 KiB chunks, default layouts), and how
+/// many of its first members it survives losing.
+fn shape(level: &str, members: usize) -> (usize, usize) {
+    match level {
+        "6" => (members - 2, 2),
+        "1" => (1, members - 1),
+        // Near-2 copies: the first two members are one pair.
+        "10" => (members / 2, 1),
+        _ => (members - 1, 1),
+    }
+}
+
 /// The workload on a fresh array of `members` at `level`, then the three looks. With
 /// `journal` (a mode), the array has a raid5-cache log on its own device.
 fn case(level: &str, members: usize, extra: &[&str], journal: Option<&str>) {
-    let data_members = members - if level == "6" { 2 } else { 1 };
+    let (data_members, survives) = shape(level, members);
     let hot = ROWS * data_members * CHUNK;
     let env = Env::new(&format!("many{level}"), members, MEMBER);
     let mut args: Vec<String> = ["--chunk", "64K"]
@@ -76,8 +88,9 @@ fn case(level: &str, members: usize, extra: &[&str], journal: Option<&str>) {
     for m in detail["members"].as_array().unwrap() {
         assert_eq!(m["checksum_errors"], 0, "{what}: {m:#}");
     }
-    // Reads rebuilt from parity: with the first member failed, then (RAID6) the second too.
-    for failed in &env.members[..members - data_members] {
+    // Reads rebuilt from redundancy: with the first member failed, then the next ones the
+    // level survives losing too.
+    for failed in &env.members[..survives] {
         env.ok(&["fail", &env.name, failed.to_str().unwrap()]);
         compare(&env.socket(), &env.name, &model)
             .unwrap_or_else(|e| panic!("{what}, {} failed: {e}", failed.display()));
@@ -103,6 +116,16 @@ fn sixteen_writers_in_shared_raid6_stripes_lose_nothing() {
 #[test]
 fn sixteen_writers_in_shared_raid6_stripes_with_integrity_lose_nothing() {
     case("6", 6, &["--integrity", "crc32c"], None);
+}
+
+#[test]
+fn sixteen_writers_on_a_raid1_lose_nothing() {
+    case("1", 3, &[], None);
+}
+
+#[test]
+fn sixteen_writers_on_a_raid10_with_integrity_lose_nothing() {
+    case("10", 4, &["--integrity", "crc32c"], None);
 }
 
 /// Writes acknowledged from the log and written out to the members later, in shared stripes.
@@ -507,4 +530,62 @@ fn log_fails_then_kill(kill_after_ms: u64) {
         det["state"]
     );
     env.stop(d);
+}
+
+/// `repair` running (held slow) while the sixteen writers write across its front: a scrub that
+/// rewrote parity (or a mirror copy) from what it read before a write landed would leave stale
+/// redundancy, which `check` and the reads with members failed would find.
+fn repaired_under_writes(level: &str, members: usize, extra: &[&str]) {
+    let (data_members, survives) = shape(level, members);
+    let env = Env::new(&format!("manyrepair{level}"), members, MEMBER);
+    let mut args = vec!["--chunk", "64K"];
+    args.extend_from_slice(extra);
+    env.create(level, &args);
+    let d = env.run_all();
+    let hot = ROWS * data_members * CHUNK;
+    let before = write_all_concurrently(&env.socket(), &env.name, hot);
+    env.ok(&["speed", &env.name, "--min", "256K", "--max", "512K"]);
+    env.ok(&["action", &env.name, "repair"]);
+    let idle_at = std::sync::OnceLock::new();
+    let w = write_concurrently(&[(&env.socket(), &env.name)], &before, |round| {
+        if idle_at.get().is_none() && env.detail()["sync"]["action"] == "idle" {
+            idle_at.set(round).unwrap();
+        }
+        idle_at.get().is_none_or(|&r| round < r + 2)
+    });
+    assert_eq!(w.failed_writes + w.unanswered_writes, 0, "writes failed");
+    let idle_at = *idle_at.get().unwrap();
+    eprintln!("RAID{level}: repair done during round {idle_at}");
+    assert!(idle_at > 2, "the repair ended in {idle_at} rounds");
+    let what = format!("RAID{level} ×{members} {extra:?}");
+    assert_eq!(env.detail()["sync"]["last_action"], "repair", "{what}");
+    env.ok(&["speed", &env.name, "--max", "1G"]);
+    compare(&env.socket(), &env.name, &w.model).unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert_eq!(env.action_wait("check"), 0, "{what}: redundancy disagrees");
+    for failed in &env.members[..survives] {
+        env.ok(&["fail", &env.name, failed.to_str().unwrap()]);
+        compare(&env.socket(), &env.name, &w.model)
+            .unwrap_or_else(|e| panic!("{what}, {} failed: {e}", failed.display()));
+    }
+    env.stop(d);
+}
+
+#[test]
+fn raid5_repaired_under_sixteen_writers_keeps_parity_current() {
+    repaired_under_writes("5", 4, &[]);
+}
+
+#[test]
+fn raid6_with_integrity_repaired_under_sixteen_writers_keeps_parity_current() {
+    repaired_under_writes("6", 6, &["--integrity", "crc32c"]);
+}
+
+#[test]
+fn raid1_repaired_under_sixteen_writers_keeps_the_copies_current() {
+    repaired_under_writes("1", 3, &[]);
+}
+
+#[test]
+fn raid10_repaired_under_sixteen_writers_keeps_the_copies_current() {
+    repaired_under_writes("10", 4, &[]);
 }
