@@ -589,3 +589,54 @@ fn raid1_repaired_under_sixteen_writers_keeps_the_copies_current() {
 fn raid10_repaired_under_sixteen_writers_keeps_the_copies_current() {
     repaired_under_writes("10", 4, &[]);
 }
+
+/// Verify reads (`ironraid verify`, what a guide asks for after a crash) over the hot area, again
+/// and again, while the sixteen writers write there: a verify that rewrote redundancy from
+/// data it read before a write landed would leave it stale.
+fn verified_under_writes(level: &str, members: usize) {
+    let (data_members, survives) = shape(level, members);
+    let env = Env::new(&format!("manyverify{level}"), members, MEMBER);
+    env.create(level, &["--chunk", "64K"]);
+    let d = env.run_all();
+    let hot = ROWS * data_members * CHUNK;
+    let done = AtomicBool::new(false);
+    let verifies = AtomicU64::new(0);
+    let w = std::thread::scope(|s| {
+        s.spawn(|| {
+            while !done.load(Ordering::Relaxed) {
+                env.ok(&["verify", &env.name, "0", &hot.to_string()]);
+                verifies.fetch_add(1, Ordering::Relaxed);
+            }
+        });
+        let w = write_concurrently(&[(&env.socket(), &env.name)], &vec![0; hot], |round| {
+            round < 10 || verifies.load(Ordering::Relaxed) < 3
+        });
+        done.store(true, Ordering::Relaxed);
+        w
+    });
+    assert_eq!(w.failed_writes + w.unanswered_writes, 0, "writes failed");
+    let what = format!(
+        "RAID{level} ×{members}, {} verifies over {} rounds",
+        verifies.into_inner(),
+        w.rounds
+    );
+    eprintln!("{what}");
+    compare(&env.socket(), &env.name, &w.model).unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert_eq!(env.action_wait("check"), 0, "{what}: redundancy disagrees");
+    for failed in &env.members[..survives] {
+        env.ok(&["fail", &env.name, failed.to_str().unwrap()]);
+        compare(&env.socket(), &env.name, &w.model)
+            .unwrap_or_else(|e| panic!("{what}, {} failed: {e}", failed.display()));
+    }
+    env.stop(d);
+}
+
+#[test]
+fn raid5_verified_under_sixteen_writers_keeps_parity_current() {
+    verified_under_writes("5", 4);
+}
+
+#[test]
+fn raid1_verified_under_sixteen_writers_keeps_the_copies_current() {
+    verified_under_writes("1", 2);
+}
