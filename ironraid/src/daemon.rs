@@ -23,6 +23,10 @@ use std::time::Duration;
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::watch;
 
+/// The smallest `--stripe-cache`: the engine raises a smaller budget to this anyway, and a
+/// silent change of what was asked for is worse than a refusal.
+const MIN_STRIPE_CACHE: usize = 1 << 20;
+
 pub struct RunArgs {
     pub name: Option<String>,
     /// Endpoints served besides RUNDIR/NAME.nbd.
@@ -57,6 +61,8 @@ pub struct RunArgs {
     pub guide_timeout: Duration,
     /// Integrity records kept in memory at most.
     pub integrity_cache_bytes: usize,
+    /// Client data held in the stripe cache at most.
+    pub stripe_cache_bytes: usize,
     /// Timeouts and retries of NBD members (`read_only` is taken from `read_only` above).
     pub remote: RemoteOptions,
     /// Where to serve Prometheus metrics (`tcp:HOST:PORT` or `unix:PATH`).
@@ -98,6 +104,12 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     if let Some(w) = args.sync_window.filter(|w| *w == 0 || w % 4096 != 0) {
         bail!("--sync-window {w}: must be a non-zero multiple of 4 KiB");
     }
+    if args.stripe_cache_bytes < MIN_STRIPE_CACHE {
+        bail!(
+            "--stripe-cache {}: must be at least 1M",
+            args.stripe_cache_bytes
+        );
+    }
     let opener = args.opener();
     let devs = opener.open_all(&args.members)?;
     let add_journal = opener.open_all(args.add_journal.as_slice())?.pop();
@@ -107,6 +119,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         write_hold: args.write_hold,
         guide_timeout: args.guide_timeout,
         integrity_cache_bytes: args.integrity_cache_bytes,
+        stripe_cache_bytes: args.stripe_cache_bytes,
         coordinator: node.as_ref().map(|n| crate::cluster::coordinator(n)),
         read_primary: args.read_primary,
         sync_window_bytes: args

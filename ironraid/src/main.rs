@@ -130,6 +130,11 @@ enum Cmd {
         /// never waits).
         #[arg(long, default_value_t = 2000)]
         write_hold_us: u64,
+        /// Client data held in stripes at most, waiting to be written with its parity (md's
+        /// stripe_cache_size; a write-back journal keeps up to half of it cached, and free
+        /// stripe buffers are kept up to as much again). At least 1M.
+        #[arg(long, value_parser = size_arg, default_value = "64M")]
+        stripe_cache: u64,
         /// Rebuild/resync/check rate kept even while clients do I/O, per second (default 1000K).
         #[arg(long, value_parser = size_arg)]
         speed_min: Option<u64>,
@@ -527,6 +532,7 @@ fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
             read_only,
             no_direct,
             write_hold_us,
+            stripe_cache,
             speed_min,
             speed_max,
             sync_window,
@@ -569,6 +575,7 @@ fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
                     ..RemoteOptions::default()
                 },
                 integrity_cache_bytes: integrity_cache as usize,
+                stripe_cache_bytes: stripe_cache as usize,
                 guide,
                 assume_data_journal,
                 guide_timeout: Duration::from_secs(guide_timeout),
@@ -967,6 +974,7 @@ fn demo(dir: Option<PathBuf>) -> anyhow::Result<()> {
         assume_data_journal: false,
         guide_timeout: engine::DEFAULT_GUIDE_TIMEOUT,
         integrity_cache_bytes: engine::ArrayConfig::default().integrity_cache_bytes,
+        stripe_cache_bytes: engine::ArrayConfig::default().stripe_cache_bytes,
         remote: RemoteOptions::default(),
         metrics: None,
         read_primary: false,

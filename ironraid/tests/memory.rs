@@ -67,3 +67,44 @@ fn detail_reports_each_pool_against_its_limit() {
     assert!(rss > 0 && rss <= peak_rss, "{m:#}");
     env.stop(d);
 }
+
+/// `run --stripe-cache SIZE` (md's stripe_cache_size) sets the stripe cache's limit, which
+/// holds under 1 MiB writes larger than it (each waits for room, none is refused); a size
+/// below the floor is refused with a clear error and serves nothing.
+#[test]
+fn the_stripe_cache_limit_is_set_at_run_and_holds() {
+    if !require_tools(&["qemu-io"]) {
+        return;
+    }
+    let env = Env::new("stripecache", 4, 64 * MIB);
+    env.create("5", &[]);
+    let err = env
+        .try_run_with(&["--stripe-cache", "512K"], &env.members)
+        .err()
+        .expect("a 512K stripe cache is refused");
+    assert!(
+        err.contains("--stripe-cache") && err.contains("at least 1M"),
+        "{err}"
+    );
+    let d = env.run_with(&["--stripe-cache", "2M"], &env.members);
+    let uri = env.uri();
+    let out = sh(
+        "qemu-io",
+        &[
+            "-f",
+            "raw",
+            &uri,
+            "-c",
+            "aio_write -P 0x5e 0 16M",
+            "-c",
+            "aio_flush",
+            "-c",
+            "read -P 0x5e 0 16M",
+        ],
+    );
+    assert!(!out.contains("fail"), "{out}");
+    let m = &env.detail()["memory"];
+    assert_eq!(m["stripe_cache"]["limit_bytes"], 2 * MIB, "{m:#}");
+    assert_eq!(m["buffer_pool"]["limit_bytes"], 2 * MIB, "{m:#}");
+    env.stop(d);
+}
