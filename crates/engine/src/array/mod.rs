@@ -9,8 +9,11 @@
 
 mod bytes;
 mod elsewhere;
+mod guide;
 mod manage;
 mod parts;
+mod policies;
+mod used;
 
 use crate::background::SyncControl;
 use crate::clock::Clock;

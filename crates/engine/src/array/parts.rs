@@ -1,13 +1,22 @@
 //! The array as the commit point's parts ([`CommitParts`]): the commit point sits below the
 //! used-region map and the consistency policy it calls, so the array, which holds them all,
-//! answers for them. Also member I/O with the array's executor, integrity records and clock.
+//! answers for them. Likewise the array as the policies' host ([`PolicyHost`]): they sit below
+//! the walker and the level that call them. Also member I/O with the array's executor,
+//! integrity records and clock.
 
 use super::Array;
 use crate::clock::Clock;
 use crate::error::Result;
+use crate::io::bufpool::BufPool;
 use crate::io::commit::{CommitParts, StripeImage, Ticket, WriteSet};
 use crate::io::{IoContext, MemberIo};
 use crate::members::MemberSet;
+use crate::policy::host::PolicyHost;
+use crate::policy::used::UsedRegions;
+use crate::work::VerifyReport;
+use layout::Geometry;
+use std::sync::Arc;
+use std::time::Duration;
 
 impl CommitParts for Array {
     fn name(&self) -> &str {
@@ -55,6 +64,81 @@ impl CommitParts for Array {
 
     fn after_writes(&self, set: &WriteSet, ticket: Ticket) {
         self.policy.after_writes(self, set, ticket);
+    }
+}
+
+impl PolicyHost for Array {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn members(&self) -> &MemberSet {
+        &self.members
+    }
+
+    fn geometry(&self) -> &Geometry {
+        &self.geometry
+    }
+
+    fn clock(&self) -> &dyn Clock {
+        self.sync.clock.as_ref()
+    }
+
+    fn bufs(&self) -> &Arc<BufPool> {
+        &self.bufs
+    }
+
+    fn used(&self) -> Option<&UsedRegions> {
+        self.used.as_deref()
+    }
+
+    fn is_read_only(&self) -> bool {
+        Array::is_read_only(self)
+    }
+
+    fn stripe_cache_bytes(&self) -> usize {
+        self.config.stripe_cache_bytes
+    }
+
+    fn flush_members(&self) {
+        Array::flush_members(self)
+    }
+
+    fn commit_writes(&self, set: &WriteSet, ios: &mut [MemberIo<'_>]) -> Result<()> {
+        self.commit.writes(self, set, ios)
+    }
+
+    fn request_resync_from(&self, offset_bytes: u64) {
+        self.sync
+            .request_resync_from(self.policy.as_ref(), offset_bytes);
+    }
+
+    fn wake_sync(&self) {
+        self.sync.wake();
+    }
+
+    fn resync_owed(&self) -> bool {
+        self.sync.resync_owed()
+    }
+
+    fn until_stopped(&self, period: Duration, tick: &mut dyn FnMut()) {
+        self.sync.until_stopped(period, tick);
+    }
+
+    fn sync_range_covering(&self, offset: u64, len: u64) -> (u64, u64) {
+        self.personality.sync_range_covering(offset, len)
+    }
+
+    fn verify(&self, ranges: &[(u64, u64)]) -> Result<VerifyReport> {
+        Array::verify(self, ranges)
+    }
+
+    fn write_out_oldest(&self) -> bool {
+        self.parity().write_out_oldest(self)
+    }
+
+    fn write_out_pending(&self) -> Result<()> {
+        self.parity().write_out_pending(self)
     }
 }
 

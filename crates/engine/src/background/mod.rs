@@ -19,6 +19,7 @@ pub(crate) mod verify;
 use crate::array::Array;
 use crate::clock::Clock;
 use crate::personality::raid456_heal::Heal;
+use crate::policy::used;
 pub(crate) use crate::work::Stop;
 pub use crate::work::SyncAction;
 use parking_lot::{Condvar, Mutex};
@@ -324,24 +325,25 @@ impl Walk {
             // RAID10 rebuilds in member bytes; the maps are in array bytes.
             return normal;
         }
-        let unused_to = array.unused_run_elsewhere(self.pos, self.end);
+        let unused_to =
+            used::unused_run_elsewhere(array.used.as_deref(), &array.members, self.pos, self.end);
         normal.max(unused_to)
     }
 
     /// One recovery window of `role`, skipping (unused regions up to `limit`, clean chunks)
     /// where it can: where the next starts, and whether it copied.
     fn recover_step(&self, array: &Array, role: usize, limit: u64) -> Result<(u64, bool), Stop> {
-        if let Some(res) = array.skip_unused_for_recovery(role, self.pos, limit) {
+        if let Some(res) = rebuild::skip_unused_for_recovery(array, role, self.pos, limit) {
             return Ok((res?, false));
         }
-        if let Some(next) = array.skip_clean_for_recovery(role, self.pos, self.end) {
+        if let Some(next) = rebuild::skip_clean_for_recovery(array, role, self.pos, self.end) {
             return Ok((next, false));
         }
         // Up to the end of the used run: what follows is skipped, not copied. (RAID10
         // rebuilds in member bytes; its map is in array bytes.)
         let stop = match array.personality.recovery_maps_chunks() {
             true => self.end,
-            false => array.used_within(self.pos..self.end).end,
+            false => used::used_within(array.used.as_deref(), self.pos..self.end).end,
         };
         let next = array
             .personality
@@ -371,10 +373,13 @@ impl Walk {
         }
         match self.job {
             // RAID10 rebuilds in member bytes; its maps are in array bytes: read them whole.
-            Job::Recover(_) if array.personality.recovery_maps_chunks() => {
-                array.read_other_maps(0, array.personality.sync_total(SyncAction::Resync))
-            }
-            _ => array.read_other_maps(self.pos, hi),
+            Job::Recover(_) if array.personality.recovery_maps_chunks() => used::read_other_maps(
+                array.used.as_deref(),
+                &array.members,
+                0,
+                array.personality.sync_total(SyncAction::Resync),
+            ),
+            _ => used::read_other_maps(array.used.as_deref(), &array.members, self.pos, hi),
         }
         Ok(Some(hi))
     }
@@ -418,7 +423,7 @@ impl Walk {
                 } else {
                     array.policy.next_to_resync(self.pos, limit)
                 };
-                let work = array.used_within(todo.clone());
+                let work = used::used_within(array.used.as_deref(), todo.clone());
                 if work.start >= todo.end {
                     array.policy.resynced(todo.start, todo.end);
                     self.pos = todo.end;
@@ -433,7 +438,7 @@ impl Walk {
                 next
             }
             Job::Scrub(a) => {
-                let work = array.used_within(self.pos..limit);
+                let work = used::used_within(array.used.as_deref(), self.pos..limit);
                 if work.start >= limit {
                     self.pos = limit;
                     return Ok(self.pos >= self.end);
@@ -473,7 +478,7 @@ impl Array {
                 .name(format!("bitmap-{}", self.name))
                 .spawn(move || {
                     if let Some(bm) = me.policy.bitmap() {
-                        bm.daemon(&me);
+                        bm.daemon(me.as_ref());
                     }
                 })
                 .expect("spawn the bitmap daemon");
@@ -485,7 +490,7 @@ impl Array {
                 .name(format!("journal-{}", self.name))
                 .spawn(move || {
                     if let Some(j) = me.policy.journal() {
-                        j.daemon(&me);
+                        j.daemon(me.as_ref());
                     }
                 })
                 .expect("spawn the journal reclaim thread");
@@ -574,7 +579,7 @@ impl Array {
         s.left_bytes = if s.action == SyncAction::Idle {
             0
         } else {
-            self.work_within(done..total)
+            used::work_within(self.used.as_deref(), done..total)
         };
         s
     }
@@ -847,7 +852,8 @@ impl SyncControl {
             array.flush_members();
             // Tables cover member bytes; the used-region map's are RAID10's array bytes.
             let unused = |from: u64, to: u64| {
-                !array.personality.recovery_maps_chunks() && array.used_within(from..to).start >= to
+                !array.personality.recovery_maps_chunks()
+                    && used::used_within(array.used.as_deref(), from..to).start >= to
             };
             if integ.verify_tables(action == SyncAction::Repair, unused) > 0
                 && action == SyncAction::Repair

@@ -13,7 +13,9 @@ use crate::array::Array;
 use crate::background::SyncControl;
 use crate::io::commit::WriteSet;
 use crate::io::{IoKind, MemberIo};
+use crate::lock::LockRange;
 use crate::members::FULLY_IN_SYNC;
+use crate::policy::bitmap::SKIP_MAX_BYTES;
 use crate::work::Stop;
 
 /// Rebuilds record what they cannot recover in pages of this many bytes.
@@ -171,4 +173,118 @@ fn page_runs(pages: &[u64]) -> Vec<(u64, u64)> {
         }
     }
     runs
+}
+
+/// Recovery of a member re-added with the bitmap, over chunks whose bit is clear: those
+/// bytes are current on it already (every write it missed left its bit set, and no bit
+/// clears while a role is rebuilding). Moves the in-sync point past them; `None` if there
+/// is nothing to skip at `pos`.
+pub(super) fn skip_clean_for_recovery(
+    array: &Array,
+    role: usize,
+    pos: u64,
+    end: u64,
+) -> Option<u64> {
+    let slot = &array.members.slots[role];
+    if !slot.is_bitmap_guided() {
+        return None;
+    }
+    let bm = array.policy.bitmap()?;
+    if array.personality.recovery_maps_chunks() {
+        let clean = |at: u64, len: u64| bm.next_set(at, at + len) >= at + len;
+        let skipped = array
+            .copies()
+            .skip_raid10_chunks(array, role, pos, end, clean, |_, _| Ok(()))?;
+        return skipped.ok(); // the closure does no I/O: it cannot fail
+    }
+    let unit = array.personality.recovery_unit();
+    let limit = end.min(pos + SKIP_MAX_BYTES);
+    let found = bm.next_set(pos, limit);
+    let target = if found == end {
+        end
+    } else {
+        found / unit * unit
+    };
+    if target <= pos {
+        return None;
+    }
+    // A write into the range either finished (its bit is set) or waits for this lock.
+    let _guard = array.range_lock().lock(LockRange::Sync {
+        at: pos,
+        len: target - pos,
+    });
+    if bm.next_set(pos, target) < target {
+        return None;
+    }
+    slot.advance(target);
+    Some(target)
+}
+
+/// Rebuild over unused regions: they are zero on every member in sync, so the new member
+/// gets them discarded (no reads). Moves its in-sync point past them; `None` if `pos` is
+/// in a used region.
+pub(super) fn skip_unused_for_recovery(
+    array: &Array,
+    role: usize,
+    pos: u64,
+    end: u64,
+) -> Option<std::result::Result<u64, crate::work::Stop>> {
+    let used = array.used.as_ref()?;
+    if array.personality.recovery_maps_chunks() {
+        let unused = |at: u64, len: u64| used.next_used(at, at + len).start >= at + len;
+        return array
+            .copies()
+            .skip_raid10_chunks(array, role, pos, end, unused, |from, to| {
+                discard_on_rebuilding(array, role, from, to)
+            });
+    }
+    let limit = end.min(pos + SKIP_MAX_BYTES);
+    let next = used.next_used(pos, limit);
+    let target = if next.start >= limit {
+        limit
+    } else {
+        next.start
+    };
+    if target <= pos {
+        return None;
+    }
+    let _guard = array.range_lock().lock(LockRange::Sync {
+        at: pos,
+        len: target - pos,
+    });
+    if used.next_used(pos, target).start < target {
+        return None; // a write claimed part of it meanwhile: rebuild it the usual way
+    }
+    if let Err(stop) = discard_on_rebuilding(array, role, pos, target) {
+        return Some(Err(stop));
+    }
+    array.members.slots[role].advance(target);
+    Some(Ok(target))
+}
+
+/// Member bytes `from..to` of the member rebuilding `role` are unused: discard them (they
+/// read as zeroes, as on the members in sync).
+fn discard_on_rebuilding(
+    array: &Array,
+    role: usize,
+    from: u64,
+    to: u64,
+) -> std::result::Result<(), crate::work::Stop> {
+    let member = array.members.slots[role].member();
+    let mut ios = [MemberIo::planned(
+        role,
+        member,
+        from,
+        IoKind::Discard(to - from),
+    )];
+    if let Err(e) = array
+        .commit
+        .writes(array, &WriteSet::rebuild(from, to - from), &mut ios)
+    {
+        return Err(crate::work::Stop::Failed(e));
+    }
+    if !ios[0].ok() {
+        return Err(crate::work::Stop::Interrupted);
+    }
+    Ok(())
 }
