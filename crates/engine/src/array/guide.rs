@@ -31,7 +31,7 @@ impl Array {
         let g = guidance_awaited(self.policy.as_ref(), &self.name)?;
         if g.tainted() {
             let why = "writes failed while awaiting guidance: no guide knows where";
-            g.fall_back_with(self, why.into());
+            g.fall_back_with(&self.parts, why.into());
             self.sync.wake();
             return Err(EngineError::InvalidArgument(format!(
                 "{}: {why}",
@@ -70,8 +70,8 @@ impl Array {
     /// resync now.
     pub fn fall_back(&self, reason: &str) -> Result<()> {
         let g = guidance_awaited(self.policy.as_ref(), &self.name)?;
-        g.fall_back_with(self, reason.to_string());
-        g.persist_fallback(self);
+        g.fall_back_with(&self.parts, reason.to_string());
+        g.persist_fallback(&self.parts);
         self.sync.wake();
         Ok(())
     }

@@ -12,7 +12,7 @@ impl Array {
     /// `daemon_sleep`; the deterministic simulation calls this instead).
     pub fn bitmap_pass(&self) {
         if let Some(bm) = self.policy.bitmap() {
-            bm.pass(self);
+            bm.pass(&self.parts);
         }
     }
 
@@ -20,11 +20,11 @@ impl Array {
     /// this on its own; the deterministic simulation calls it instead).
     pub fn journal_pass(&self) {
         if let Some(j) = self.policy.journal() {
-            if let Err(e) = j.settle(self) {
+            if let Err(e) = j.settle(&self.parts) {
                 tracing::warn!(array = %self.name, "the failed journal's cache is not written out yet: {e}");
             }
             self.parity().write_out_oldest(self);
-            j.reclaim_now(self);
+            j.reclaim_now(&self.parts);
         }
     }
 
@@ -32,7 +32,7 @@ impl Array {
     /// Ok when there is no journal or it has not failed. Must not be called under a row claim.
     pub(crate) fn settle_journal(&self) -> Result<()> {
         match self.policy.journal() {
-            Some(j) => j.settle(self),
+            Some(j) => j.settle(&self.parts),
             None => Ok(()),
         }
     }

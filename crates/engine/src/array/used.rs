@@ -74,9 +74,10 @@ impl Array {
         self.as_client_write(|| {
             let watched = self
                 .policy
-                .write_begins(self, offset_bytes, len_bytes, None);
+                .write_begins(&self.parts, offset_bytes, len_bytes, None);
             let res = rs.clone().try_for_each(|r| self.release_region(used, r));
-            self.policy.write_ended(self, watched, res.is_ok(), false);
+            self.policy
+                .write_ended(&self.parts, watched, res.is_ok(), false);
             res
         })?;
         let rb = used.region_bytes();
@@ -103,7 +104,7 @@ impl Array {
             })
             .collect();
         self.commit
-            .writes(self, &WriteSet::release(at, rb), &mut ios)?;
+            .writes(&self.parts, &WriteSet::release(at, rb), &mut ios)?;
         // The zeroes are durable before the map says so.
         self.flush_members();
         if self.is_failed() {

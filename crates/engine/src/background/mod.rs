@@ -14,12 +14,12 @@
 //! min, pause while clients did I/O in the last few milliseconds.
 
 pub(crate) mod rebuild;
-pub(crate) mod verify;
 
 use crate::array::Array;
 use crate::clock::Clock;
-use crate::personality::raid456_heal::Heal;
+use crate::personality::parts::Walker;
 use crate::policy::used;
+use crate::policy::ConsistencyPolicy;
 pub(crate) use crate::work::Stop;
 pub use crate::work::SyncAction;
 use parking_lot::{Condvar, Mutex};
@@ -113,8 +113,6 @@ pub(crate) struct SyncControl {
     pub cv: Condvar,
     pub clock: Arc<dyn Clock>,
     pub last_client_io_ms: std::sync::atomic::AtomicU64,
-    /// Reads refused because the block had to be rebuilt from a row a crash may have torn.
-    pub torn_reads_refused: std::sync::atomic::AtomicU64,
     /// The walk driven by [`Array::sync_step`] (simulation); the background thread keeps its
     /// own. Never both: `sync_step` refuses while the thread runs.
     stepped: Mutex<Option<Walk>>,
@@ -205,7 +203,6 @@ impl SyncControl {
             cv: Condvar::new(),
             clock,
             last_client_io_ms: std::sync::atomic::AtomicU64::new(0),
-            torn_reads_refused: std::sync::atomic::AtomicU64::new(0),
             stepped: Mutex::new(None),
             thread: Mutex::new(None),
             policy_thread: Mutex::new(None),
@@ -226,6 +223,25 @@ impl SyncControl {
 
     pub fn wake(&self) {
         self.cv.notify_all();
+    }
+}
+
+/// The walker as the parts see it: they ask and tell, its state stays here.
+impl Walker for SyncControl {
+    fn resync_owed(&self) -> bool {
+        SyncControl::resync_owed(self)
+    }
+
+    fn request_resync_from(&self, policy: &dyn ConsistencyPolicy, offset_bytes: u64) {
+        SyncControl::request_resync_from(self, policy, offset_bytes);
+    }
+
+    fn wake(&self) {
+        SyncControl::wake(self);
+    }
+
+    fn until_stopped(&self, period: Duration, tick: &mut dyn FnMut()) {
+        SyncControl::until_stopped(self, period, tick);
     }
 }
 
@@ -478,7 +494,7 @@ impl Array {
                 .name(format!("bitmap-{}", self.name))
                 .spawn(move || {
                     if let Some(bm) = me.policy.bitmap() {
-                        bm.daemon(me.as_ref());
+                        bm.daemon(&me.parts);
                     }
                 })
                 .expect("spawn the bitmap daemon");
@@ -490,7 +506,7 @@ impl Array {
                 .name(format!("journal-{}", self.name))
                 .spawn(move || {
                     if let Some(j) = me.policy.journal() {
-                        j.daemon(me.as_ref());
+                        j.daemon(&me.parts);
                     }
                 })
                 .expect("spawn the journal reclaim thread");
@@ -750,7 +766,7 @@ impl SyncControl {
         if walk.action == SyncAction::Resync {
             // A guided array that fell back (the guide timeout) records it before the resync
             // writes anything.
-            array.policy.resync_starts(array);
+            array.policy.resync_starts(&array.parts);
         }
         if let (Job::Resync { full: true, .. }, Some(bm)) = (&walk.job, array.policy.bitmap()) {
             // An administrator's full resync on a bitmap array: every bit set, and the
@@ -801,7 +817,10 @@ impl SyncControl {
             return None;
         }
         // A guided array waits for its guide (until the guide timeout) before resyncing.
-        if let Some(from) = st.resync_from.filter(|_| !array.policy.holds_resync(array)) {
+        if let Some(from) = st
+            .resync_from
+            .filter(|_| !array.policy.holds_resync(&array.parts))
+        {
             match st.retry_resync_at {
                 Some(at) if self.clock.now() < at => {}
                 _ => {
@@ -896,7 +915,7 @@ impl SyncControl {
             }
         }
         if resynced {
-            array.policy.resync_finished(array);
+            array.policy.resync_finished(&array.parts);
         }
         self.cv.notify_all();
         self.announce_finish(array, action, member, res, mismatches);
@@ -1053,47 +1072,6 @@ fn finished_event(a: SyncAction) -> &'static str {
         SyncAction::Check => "check_finished",
         SyncAction::Repair => "repair_finished",
         SyncAction::Idle => "idle",
-    }
-}
-
-/// How redundancy work treats what fails its integrity records, by where the sync stands.
-impl SyncControl {
-    /// How client I/O treats blocks that fail their records: until the resync an unclean stop
-    /// owes has run, unflushed writes may have left rows that no single fault explains, which
-    /// may then be settled as found (as the resync itself would) where [`SyncControl::settle_scope`]
-    /// allows it.
-    pub(crate) fn heal_mode(&self) -> Heal {
-        if self.unsynced.load(std::sync::atomic::Ordering::Acquire) {
-            Heal::Settle
-        } else {
-            Heal::Repair
-        }
-    }
-
-    /// `mode` as it applies to `at..at + len` (resync coordinates: member bytes, array bytes
-    /// for mirrors): settling as found is a crash's answer, so it holds only where a crash
-    /// could have left a row mid-write (a resync is owed and the policy has not ruled the
-    /// range consistent: the bitmap's dirty chunks, everything under the plain policy) and
-    /// only while every member of the row is there (`complete`). Anywhere else a block that
-    /// fails its record beyond redundancy is damage, and damage is an unrecoverable read: a
-    /// clean and an unclean stop then give the same answer.
-    pub(crate) fn settle_scope(
-        &self,
-        policy: &dyn crate::policy::ConsistencyPolicy,
-        mode: Heal,
-        at: u64,
-        len: u64,
-        complete: bool,
-    ) -> Heal {
-        if mode != Heal::Settle {
-            return mode;
-        }
-        let owed = self.unsynced.load(std::sync::atomic::Ordering::Acquire);
-        if complete && owed && !policy.next_to_resync(at, at + len).is_empty() {
-            Heal::Settle
-        } else {
-            Heal::Repair
-        }
     }
 }
 

@@ -16,10 +16,6 @@ use crate::io::{IoKind, MemberIo};
 use crate::lock::LockRange;
 use crate::members::FULLY_IN_SYNC;
 use crate::policy::bitmap::SKIP_MAX_BYTES;
-use crate::work::Stop;
-
-/// Rebuilds record what they cannot recover in pages of this many bytes.
-const PAGE: u64 = crate::members::badblocks::BAD_PAGE;
 
 impl SyncControl {
     /// Assign a spare to the first role without a complete member; returns the role to rebuild.
@@ -69,40 +65,6 @@ impl SyncControl {
         Some(role)
     }
 
-    /// Write rebuilt bytes to the rebuilding member of `role` (above its in-sync point, so
-    /// planned against the role's member as long as it is not faulty).
-    pub(crate) fn write_rebuilt(
-        &self,
-        array: &Array,
-        role: usize,
-        offset_bytes: u64,
-        buf: &[u8],
-    ) -> Result<(), Stop> {
-        let member = array.members.slots[role].usable();
-        let mut io = [MemberIo::planned(
-            role,
-            member,
-            offset_bytes,
-            IoKind::Write(buf, false),
-        )];
-        array
-            .commit
-            .writes(
-                array,
-                &WriteSet::rebuild(offset_bytes, buf.len() as u64),
-                &mut io,
-            )
-            .map_err(Stop::Failed)?;
-        if !io[0].ok() {
-            return Err(Stop::Failed(array.members.unrecoverable(
-                offset_bytes,
-                buf.len() as u64,
-                "write to the rebuilding member failed",
-            )));
-        }
-        Ok(())
-    }
-
     /// The rebuild of `role` reached the end: record it in sync. The superblock commit flushes
     /// every member first, so "in sync" is durable only after the rebuilt data is.
     pub(crate) fn finish_recovery(&self, array: &Array, role: usize) {
@@ -138,41 +100,6 @@ impl SyncControl {
         meta.set_recovery(m.dev_number, Some(slot.in_sync_bytes() / 512));
         array.members.commit(meta);
     }
-
-    /// Record pages (member bytes) the rebuild of `role` could not rebuild as bad blocks on
-    /// its new member; returns them as runs `(at, len)`.
-    pub(crate) fn record_unrebuilt(
-        &self,
-        array: &Array,
-        role: usize,
-        lost: &[u64],
-    ) -> Vec<(u64, u64)> {
-        let runs = page_runs(lost);
-        for &(at, len) in &runs {
-            if let Some(member) = array.members.slots[role].usable() {
-                array.members.record_bad_blocks(
-                    role,
-                    &member,
-                    at,
-                    len,
-                    "the rebuild could not recover it from the other members",
-                );
-            }
-        }
-        runs
-    }
-}
-
-/// Sorted page offsets as runs of contiguous pages: (start, length).
-fn page_runs(pages: &[u64]) -> Vec<(u64, u64)> {
-    let mut runs: Vec<(u64, u64)> = Vec::new();
-    for &at in pages {
-        match runs.last_mut() {
-            Some((start, len)) if *start + *len == at => *len += PAGE,
-            _ => runs.push((at, PAGE)),
-        }
-    }
-    runs
 }
 
 /// Recovery of a member re-added with the bitmap, over chunks whose bit is clear: those
@@ -279,7 +206,7 @@ fn discard_on_rebuilding(
     )];
     if let Err(e) = array
         .commit
-        .writes(array, &WriteSet::rebuild(from, to - from), &mut ios)
+        .writes(&array.parts, &WriteSet::rebuild(from, to - from), &mut ios)
     {
         return Err(crate::work::Stop::Failed(e));
     }
