@@ -13,6 +13,7 @@ mod guide;
 mod manage;
 mod plug;
 mod policies;
+mod sync;
 mod used;
 
 use crate::background::SyncControl;
@@ -31,9 +32,6 @@ use layout::{Geometry, Level};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-
-/// md's `safe_mode_delay`: how long without member writes before the array is recorded clean.
-pub(crate) const SAFE_MODE_DELAY: Duration = Duration::from_millis(200);
 
 /// How long a clean stop waits for writes in flight before giving up (the array stays dirty).
 const CLOSE_DRAIN_TIMEOUT: Duration = Duration::from_secs(60);
@@ -523,30 +521,7 @@ impl Array {
     /// A failed journal covers nothing: its cache is written out and the members flushed
     /// first (see `journal_fail.rs`).
     pub fn flush(&self) -> Result<()> {
-        let watched = self.policy.flush_begins();
-        self.stripes.hurry_all();
-        let logged = self.journal_healthy();
-        if !logged {
-            self.settle_journal()?;
-            self.flush_members();
-        }
-        // A member that failed meanwhile was skipped: its failure must be on disk first.
-        self.members.wait_failures_durable();
-        if self.is_failed() {
-            return Err(self.members.unrecoverable(
-                0,
-                self.size_bytes(),
-                "too many members failed",
-            ));
-        }
-        if logged && !self.journal_healthy() {
-            // The log failed while this flush relied on it: no acknowledgement before what it
-            // covered is on the members.
-            self.settle_journal()?;
-            self.flush_members();
-        }
-        self.policy.flush_ended(&self.parts, watched);
-        Ok(())
+        self.parts.flush()
     }
 
     /// Write zeroes over a range. With `release`, whole used-map regions inside it are
@@ -595,71 +570,6 @@ impl Array {
 
     pub fn is_failed(&self) -> bool {
         self.parts.is_failed()
-    }
-
-    /// md's safe mode: an array with no member write for [`SAFE_MODE_DELAY`] is recorded clean
-    /// (with the resync checkpoint, if one is pending), so that a crash while idle costs no
-    /// resync. Every write completed is durable first (the superblock commit flushes). The next
-    /// write records "active" again before it goes out.
-    ///
-    /// Why no write can slip through: a write counts itself inside the commit point and then
-    /// reads `active`; this clears `active` and then reads the count (all SeqCst). Either it sees
-    /// the write and backs off, or the write sees `active` false and waits on the metadata lock,
-    /// held here, to record "active" again after this commit.
-    pub(crate) fn mark_clean_if_idle(&self) {
-        if !self.members.is_active() || self.config.read_only || self.is_failed() {
-            return;
-        }
-        let now = self.sync.clock.now().as_millis() as u64 + 1;
-        let last = self.commit.last_write_ms();
-        if now.saturating_sub(last) < SAFE_MODE_DELAY.as_millis() as u64 {
-            return;
-        }
-        let resync_from = {
-            let st = self.sync.st.lock();
-            if st.running != crate::work::SyncAction::Idle {
-                return;
-            }
-            st.resync_from
-        };
-        let mut meta = self.members.meta.lock();
-        if !self.members.is_active() {
-            return;
-        }
-        self.members.set_active(&meta, false);
-        if self.commit.writes_inside().load(Ordering::SeqCst) > 0
-            || self.members.failures_in_commit() > 0
-        {
-            self.members.set_active(&meta, true);
-            return;
-        }
-        if self
-            .integrity
-            .as_ref()
-            .is_some_and(|i| i.has_dirty_tables())
-        {
-            // Records of the last writes are not on disk yet: write them (the array stays
-            // active; a later pass records clean).
-            self.members.set_active(&meta, true);
-            drop(meta);
-            self.flush_members();
-            return;
-        }
-        // Every member flushed before any superblock says clean: the commit's own flush is per
-        // member, and a cut between two of them must not leave one saying clean while another
-        // still holds the last writes in a volatile cache. A flush that fails leaves the array
-        // active; the next write or flush meets the error and fails the member.
-        let flushed = meta
-            .members
-            .iter()
-            .filter(|m| m.writable)
-            .all(|m| m.member.dev.flush().is_ok());
-        if !flushed {
-            self.members.set_active(&meta, true);
-            return;
-        }
-        self.policy.on_clean(&mut meta, resync_from);
-        self.members.commit(meta);
     }
 
     /// Clean stop: stop background work (checkpointing it), refuse new writes, wait for those

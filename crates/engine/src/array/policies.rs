@@ -28,15 +28,6 @@ impl Array {
         }
     }
 
-    /// Write out what a failed journal covered and record it faulty (`policy/journal_fail.rs`).
-    /// Ok when there is no journal or it has not failed. Must not be called under a row claim.
-    pub(crate) fn settle_journal(&self) -> Result<()> {
-        match self.policy.journal() {
-            Some(j) => j.settle(&self.parts),
-            None => Ok(()),
-        }
-    }
-
     /// Take over the bitmap slot of a node that died (see the module docs for the order).
     /// Refuses this node's own slot, a slot the bitmap does not have, and arrays without
     /// md-cluster's per-node bitmaps. Only a node that knows the other is gone (its lease

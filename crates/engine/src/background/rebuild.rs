@@ -9,17 +9,17 @@
 //! `CHECKPOINT_EVERY` and when the work stops, so a restart resumes where it stopped. Every superblock commit flushes the members first
 //! (md's PREFLUSH), so a checkpoint or "in sync" never covers rebuilt data that is not durable.
 
-use crate::array::Array;
 use crate::background::SyncControl;
 use crate::io::commit::WriteSet;
 use crate::io::{IoKind, MemberIo};
 use crate::lock::LockRange;
 use crate::members::FULLY_IN_SYNC;
+use crate::personality::parts::Parts;
 use crate::policy::bitmap::SKIP_MAX_BYTES;
 
 impl SyncControl {
     /// Assign a spare to the first role without a complete member; returns the role to rebuild.
-    pub(crate) fn pick_recovery(&self, array: &Array) -> Option<usize> {
+    pub(crate) fn pick_recovery(&self, array: &Parts) -> Option<usize> {
         if array.personality.redundancy() == 0 {
             // Nothing to rebuild from (md never records a partial member on such a level).
             return None;
@@ -67,7 +67,7 @@ impl SyncControl {
 
     /// The rebuild of `role` reached the end: record it in sync. The superblock commit flushes
     /// every member first, so "in sync" is durable only after the rebuilt data is.
-    pub(crate) fn finish_recovery(&self, array: &Array, role: usize) {
+    pub(crate) fn finish_recovery(&self, array: &Parts, role: usize) {
         // The records of what the rebuild wrote are durable before the member counts as whole.
         array.write_integrity_tables();
         let mut meta = array.members.meta.lock();
@@ -89,7 +89,7 @@ impl SyncControl {
 
     /// Record how far a rebuild got in the rebuilding member's superblock. The commit flushes
     /// the members first: the checkpoint never covers rebuilt data still in a volatile cache.
-    pub(crate) fn checkpoint_recovery(&self, array: &Array, role: usize) {
+    pub(crate) fn checkpoint_recovery(&self, array: &Parts, role: usize) {
         let slot = &array.members.slots[role];
         let Some(m) = slot.member() else { return };
         if slot.is_faulty() || slot.is_complete() {
@@ -107,7 +107,7 @@ impl SyncControl {
 /// clears while a role is rebuilding). Moves the in-sync point past them; `None` if there
 /// is nothing to skip at `pos`.
 pub(super) fn skip_clean_for_recovery(
-    array: &Array,
+    array: &Parts,
     role: usize,
     pos: u64,
     end: u64,
@@ -151,7 +151,7 @@ pub(super) fn skip_clean_for_recovery(
 /// gets them discarded (no reads). Moves its in-sync point past them; `None` if `pos` is
 /// in a used region.
 pub(super) fn skip_unused_for_recovery(
-    array: &Array,
+    array: &Parts,
     role: usize,
     pos: u64,
     end: u64,
@@ -192,7 +192,7 @@ pub(super) fn skip_unused_for_recovery(
 /// Member bytes `from..to` of the member rebuilding `role` are unused: discard them (they
 /// read as zeroes, as on the members in sync).
 fn discard_on_rebuilding(
-    array: &Array,
+    array: &Parts,
     role: usize,
     from: u64,
     to: u64,
@@ -206,7 +206,7 @@ fn discard_on_rebuilding(
     )];
     if let Err(e) = array
         .commit
-        .writes(&array.parts, &WriteSet::rebuild(from, to - from), &mut ios)
+        .writes(array, &WriteSet::rebuild(from, to - from), &mut ios)
     {
         return Err(crate::work::Stop::Failed(e));
     }

@@ -226,6 +226,44 @@ impl Parts {
         }
     }
 
+    /// A client flush: what every write acknowledged before it is durable on the members (or,
+    /// with a healthy journal, in the log).
+    pub(crate) fn flush(&self) -> Result<()> {
+        let watched = self.policy.flush_begins();
+        self.stripes.hurry_all();
+        let logged = self.journal_healthy();
+        if !logged {
+            self.settle_journal()?;
+            self.flush_members();
+        }
+        // A member that failed meanwhile was skipped: its failure must be on disk first.
+        self.members.wait_failures_durable();
+        if self.is_failed() {
+            return Err(self.members.unrecoverable(
+                0,
+                self.size_bytes(),
+                "too many members failed",
+            ));
+        }
+        if logged && !self.journal_healthy() {
+            // The log failed while this flush relied on it: no acknowledgement before what it
+            // covered is on the members.
+            self.settle_journal()?;
+            self.flush_members();
+        }
+        self.policy.flush_ended(self, watched);
+        Ok(())
+    }
+
+    /// Write out what a failed journal covered and record it faulty (`policy/journal_fail.rs`).
+    /// Ok when there is no journal or it has not failed. Must not be called under a row claim.
+    pub(crate) fn settle_journal(&self) -> Result<()> {
+        match self.policy.journal() {
+            Some(j) => j.settle(self),
+            None => Ok(()),
+        }
+    }
+
     /// Run `ios` (see [`crate::io::IoPath::run`]).
     pub(crate) fn run_io(&self, ios: &mut [MemberIo<'_>]) -> bool {
         let cx = IoContext {
