@@ -1,33 +1,33 @@
 //! Guided resync (Denehy, Arpaci-Dusseau & Arpaci-Dusseau, FAST '05): after an unclean stop a
-//! `guided` array does not start its resync. The layer above knows which blocks were being
-//! written (a journaling file system's log says so) and names them; the array verifies those
-//! stripes ([`Array::verify`](crate::Array::verify)) and then counts redundancy as good everywhere.
+//! `guided` array does not start its resync. The layer above knows which blocks were being written
+//! (a journaling file system's log says so) and names them; the array verifies those stripes
+//! ([`Array::verify`](crate::Array::verify)) and then counts redundancy as good everywhere.
 //!
-//! Until guidance ends, redundancy is not known to be good where the write-intent bitmap has
-//! bits left from the crash, so every client read there is preceded by a verify of the
-//! stripes it touches (each stripe once): nothing inconsistent is ever served.
+//! Until guidance ends, redundancy is not known to be good where the write-intent bitmap has bits
+//! left from the crash, so every client read there is preceded by a verify of the stripes it
+//! touches (each stripe once): nothing inconsistent is ever served.
 //!
 //! Guidance ends in one of two ways:
-//! * a guide reports done ([`Array::end_guidance`](crate::Array::end_guidance)): its ranges are verified, the bitmap's
-//!   crash bits are dropped, the array is in sync;
+//! * a guide reports done ([`Array::end_guidance`](crate::Array::end_guidance)): its ranges are
+//!   verified, the bitmap's crash bits are dropped, the array is in sync;
 //! * no guide in time (`ArrayConfig::guide_timeout`), a guide that refuses
-//!   ([`Array::fall_back`](crate::Array::fall_back)), or a client write before any guide ran: the bitmap-guided resync
-//!   runs, as for the `bitmap` policy. A write ends guidance because the layer above may be
-//!   replaying its journal: once its log is cleared it no longer says what was in flight, so
-//!   guides run before the array is served (`run --guide`). The fallback is recorded on the
-//!   members (the used-region map's resync-owed flag) until its resync finishes, so a restart
+//!   ([`Array::fall_back`](crate::Array::fall_back)), or a client write before any guide ran: the
+//!   bitmap-guided resync runs, as for the `bitmap` policy. A write ends guidance because the layer
+//!   above may be replaying its journal: once its log is cleared it no longer says what was in
+//!   flight, so guides run before the array is served (`run --guide`). The fallback is recorded on
+//!   the members (the used-region map's resync-owed flag) until its resync finishes, so a restart
 //!   in between does not wait for a guide again.
 //!
 //! A guide can only name what the layer above follows: an ext4 journal knows nothing of an
-//! ordered-mode data write, a zero-out or a discard. A *write watch* installed by the layer
-//! above's guide ([`Array::set_write_watch`](crate::Array::set_write_watch), study §3.6) judges every client write as it
-//! begins; before a write no guide would find goes out, the members record that such writes
-//! may be unsettled (the used-region map's `UNGUIDED` flag), and a crash with the flag set
-//! falls back to the bitmap resync, which covers every write. The flag clears once those
-//! writes are durable (a flush after their end) and quiet for a while.
+//! ordered-mode data write, a zero-out or a discard. A *write watch* installed by the layer above's
+//! guide ([`Array::set_write_watch`](crate::Array::set_write_watch), study §3.6) judges every
+//! client write as it begins; before a write no guide would find goes out, the members record that
+//! such writes may be unsettled (the used-region map's `UNGUIDED` flag), and a crash with the flag
+//! set falls back to the bitmap resync, which covers every write. The flag clears once those writes
+//! are durable (a flush after their end) and quiet for a while.
 //!
-//! The array keeps the write-intent bitmap all along (md's kernel driver sees a bitmap array
-//! and resyncs what it says; the guided flag lives in ironraid's used-region map header).
+//! The array keeps the write-intent bitmap all along (md's kernel driver sees a bitmap array and
+//! resyncs what it says; the guided flag lives in ironraid's used-region map header).
 
 use crate::clock::Clock;
 use crate::error::{EngineError, Result};

@@ -1,11 +1,12 @@
-//! [`PolicyHost`]: what the consistency policies need from the array that composes them.
+//! [`PolicyHost`]: what the consistency policies need from above them.
 //!
 //! The policies sit below the personalities and the background walker (both call them), so
 //! they cannot name either, nor the array: what they need from above comes through this
 //! trait, implemented by the parts the array composes (`personality/parts.rs`), as the commit
-//! point asks them through `CommitParts`. Three groups, each small: the parts below the policies (members,
-//! clock, buffers, the used-region map), the walker (resync requests and its thread's pace),
-//! and the level (write-back cache write-out, verifying stripes for the guided policy).
+//! point asks them through `CommitParts`. Three groups, each small: the parts below the
+//! policies (members, clock, buffers, the used-region map), the walker (resync requests and its
+//! thread's pace), and the level (write-back cache write-out, verifying stripes for the guided
+//! policy).
 
 use crate::clock::Clock;
 use crate::error::Result;
