@@ -293,7 +293,7 @@ impl Array {
                     let wrote = self.members.write_metadata(&m.member, sb, &block, true);
                     if let Err(e) = wrote {
                         drop(meta);
-                        j.fail(self, &format!("cannot record the journal mode: {e}"));
+                        j.fail(&self.parts, &format!("cannot record the journal mode: {e}"));
                     }
                 }
             }

@@ -9,8 +9,12 @@
 
 mod bytes;
 mod elsewhere;
+mod guide;
 mod manage;
-mod parts;
+mod plug;
+mod policies;
+mod sync;
+mod used;
 
 use crate::background::SyncControl;
 use crate::clock::Clock;
@@ -18,19 +22,16 @@ use crate::error::{EngineError, Result};
 use crate::events::{Event, EventBus};
 use crate::io::commit::CommitPoint;
 use crate::io::{Executor, IoPath};
-use crate::lock::{LocalLocks, LockRange, RangeLock};
+use crate::lock::{LocalLocks, LockRange};
 use crate::members::Meta;
 use crate::members::{Member, MemberSet, Slot};
+use crate::personality::parts::Parts;
 use crate::personality::stripe_cache::StripeCache;
-use crate::personality::Personality;
 use crate::policy::{BitmapPolicy, ConsistencyPolicy, JournalPolicy, ResyncPolicy};
 use layout::{Geometry, Level};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-
-/// md's `safe_mode_delay`: how long without member writes before the array is recorded clean.
-pub(crate) const SAFE_MODE_DELAY: Duration = Duration::from_millis(200);
 
 /// How long a clean stop waits for writes in flight before giving up (the array stays dirty).
 const CLOSE_DRAIN_TIMEOUT: Duration = Duration::from_secs(60);
@@ -100,37 +101,24 @@ impl Default for ArrayConfig {
 /// until this drops ([`Array::hold_sync_window`]).
 pub struct SyncWindow<'a>(#[allow(dead_code)] crate::lock::RangeGuard<'a>);
 
-/// An assembled array.
+/// An assembled array: the facade over its parts ([`Parts`]), to which it derefs for its own
+/// operations. What only the facade holds: the stop protocol, the walker and identity.
 pub struct Array {
-    pub(crate) name: String,
+    pub(crate) parts: Parts,
     pub(crate) uuid: [u8; 16],
-    pub(crate) geometry: Geometry,
-    /// Roles, spares, superblocks and member failure.
-    pub(crate) members: MemberSet,
-    pub(crate) config: ArrayConfig,
-    /// Why the array was assembled read-only, when assembly decided it.
-    read_only_reason: Option<String>,
-    /// Where every member write goes out (`io/commit.rs`).
-    pub(crate) commit: CommitPoint,
     closing: AtomicBool,
     was_dirty: bool,
     never_run: bool,
-    pub(crate) io: IoPath,
-    /// What the level does (md's personality): the data path and the background windows.
-    pub(crate) personality: Box<dyn Personality>,
-    pub(crate) policy: Box<dyn ConsistencyPolicy>,
-    /// Which regions may hold data (None: every region counts as used).
-    pub(crate) used: Option<Arc<crate::policy::used::UsedRegions>>,
-    /// Per-block records kept apart from the data (parity levels created with integrity).
-    pub(crate) integrity: Option<Arc<crate::integrity::Integrity>>,
-    pub(crate) stripes: Arc<StripeCache>,
-    /// Stripe claims and mirror region locks.
-    pub(crate) locks: LocalLocks,
-    /// Partial-sector patches against every other write of their sector (`bytes.rs`).
-    pub(crate) sector_locks: crate::lock::sectors::SectorLocks,
     pub(crate) inflight_writes: AtomicUsize,
     pub(crate) sync: Arc<SyncControl>,
-    pub(crate) bufs: Arc<crate::io::bufpool::BufPool>,
+}
+
+impl std::ops::Deref for Array {
+    type Target = Parts;
+
+    fn deref(&self) -> &Parts {
+        &self.parts
+    }
 }
 
 /// What `status` reports about one member.
@@ -160,8 +148,7 @@ pub enum MemberState {
     Journal,
 }
 
-/// The read-only reason of an array assembled read-only because it was asked to be.
-pub const ASSEMBLED_READ_ONLY: &str = "assembled read-only";
+pub use crate::personality::parts::ASSEMBLED_READ_ONLY;
 
 /// A snapshot of the array's state.
 #[derive(Clone, Debug)]
@@ -297,6 +284,40 @@ fn new_executor(config: &ArrayConfig) -> Result<Executor> {
     })
 }
 
+/// A `guided` array's guidance as assembly found it (`now`: on the array's clock).
+fn guidance(p: &ArrayParts, now: Duration) -> Option<crate::policy::guided::Guidance> {
+    p.guided.then(|| {
+        crate::policy::guided::Guidance::new(
+            p.resync_from.is_some(),
+            p.resync_owed,
+            p.unguided,
+            now,
+            p.config.guide_timeout,
+            p.bitmap.as_ref().map_or(0, |b| b.needed_bytes()),
+        )
+    })
+}
+
+/// Where the resync starts, as the policy reads the superblocks' checkpoint
+/// (`sb_resync_offset_sectors`); `assembled`: what assembly decided.
+fn resync_from(
+    personality: &dyn crate::personality::Personality,
+    policy: &dyn ConsistencyPolicy,
+    assembled: Option<u64>,
+    sb_resync_offset_sectors: u64,
+) -> Option<u64> {
+    // A clustered node resyncs its own slot's bits at every start, which the shared
+    // superblocks' checkpoint cannot say (assembly's `resync_at_start`).
+    let clustered = policy.bitmap().is_some_and(|b| b.header().is_clustered());
+    if personality.redundancy() == 0 {
+        None
+    } else if clustered {
+        assembled
+    } else {
+        policy.resync_from(sb_resync_offset_sectors)
+    }
+}
+
 impl Array {
     pub(crate) fn from_parts(p: ArrayParts) -> Result<Array> {
         let executor = new_executor(&p.config)?;
@@ -305,28 +326,15 @@ impl Array {
         let events = EventBus::new(clock.clone());
         let was_dirty = p.was_dirty;
         let never_run = p.never_run;
-        let guidance = p.guided.then(|| {
-            crate::policy::guided::Guidance::new(
-                p.resync_from.is_some(),
-                p.resync_owed,
-                p.unguided,
-                clock.now(),
-                p.config.guide_timeout,
-                p.bitmap.as_ref().map_or(0, |b| b.needed_bytes()),
-            )
-        });
+        let guidance = guidance(&p, clock.now());
         let policy = new_policy(p.bitmap, p.journal, guidance);
         let personality = crate::personality::for_geometry(&p.geometry);
-        // A clustered node resyncs its own slot's bits at every start, which the shared
-        // superblocks' checkpoint cannot say (assembly's `resync_at_start`).
-        let clustered = policy.bitmap().is_some_and(|b| b.header().is_clustered());
-        let resync_from = if personality.redundancy() == 0 {
-            None
-        } else if clustered {
-            p.resync_from
-        } else {
-            policy.resync_from(p.meta.resync_offset)
-        };
+        let resync_from = resync_from(
+            personality.as_ref(),
+            policy.as_ref(),
+            p.resync_from,
+            p.meta.resync_offset,
+        );
         debug_assert_eq!(resync_from, p.resync_from, "assembly and policy disagree");
         let stripes = Arc::new(StripeCache::new(p.config.stripe_cache_bytes));
         let parity = personality.uses_stripe_cache();
@@ -355,17 +363,13 @@ impl Array {
             coordinator,
             Box::new(exposure),
         );
-        let array = Array {
+        let parts = Parts {
             name: p.name,
-            uuid: p.uuid,
             geometry: p.geometry,
             members,
             config: p.config,
             read_only_reason: p.read_only_reason,
             commit: CommitPoint::default(),
-            closing: AtomicBool::new(false),
-            was_dirty,
-            never_run,
             io: IoPath::new(executor),
             personality,
             policy,
@@ -374,31 +378,21 @@ impl Array {
             stripes,
             locks,
             sector_locks: crate::lock::sectors::SectorLocks::new(),
+            bufs: crate::io::bufpool::BufPool::new(pool_bytes),
+            clock: sync.clock.clone(),
+            walker: sync.clone(),
+            torn_reads_refused: std::sync::atomic::AtomicU64::new(0),
+        };
+        let array = Array {
+            parts,
+            uuid: p.uuid,
+            closing: AtomicBool::new(false),
+            was_dirty,
+            never_run,
             inflight_writes: AtomicUsize::new(0),
             sync,
-            bufs: crate::io::bufpool::BufPool::new(pool_bytes),
         };
         Ok(array)
-    }
-
-    /// The parity personality, where only a parity level gets (the journal, plugged and
-    /// gathered writes exist only there).
-    pub(crate) fn parity(&self) -> &crate::personality::Parity {
-        self.personality
-            .as_parity()
-            .expect("only a parity level gets here")
-    }
-
-    /// The copies personality, where only a copies level gets.
-    pub(crate) fn copies(&self) -> &crate::personality::Copies {
-        self.personality
-            .as_copies()
-            .expect("only a copies level gets here")
-    }
-
-    /// The lock background windows take (through the trait: a cluster locks on every node).
-    pub(crate) fn range_lock(&self) -> &dyn RangeLock {
-        &self.locks
     }
 
     pub fn name(&self) -> &str {
@@ -414,7 +408,7 @@ impl Array {
     }
 
     pub fn size_bytes(&self) -> u64 {
-        self.geometry.array_sectors() * 512
+        self.parts.size_bytes()
     }
 
     /// Whether the superblocks said "not cleanly stopped" when the array was assembled.
@@ -429,14 +423,14 @@ impl Array {
     }
 
     pub fn is_read_only(&self) -> bool {
-        self.config.read_only
+        self.parts.is_read_only()
     }
 
     /// Read `buf.len()` bytes at `offset_bytes` (both multiples of 512).
     pub fn read(&self, offset_bytes: u64, buf: &mut [u8]) -> Result<()> {
         self.check_range(offset_bytes, buf.len() as u64)?;
         self.policy
-            .before_client_io(self, offset_bytes, buf.len() as u64, false)?;
+            .before_client_io(&self.parts, offset_bytes, buf.len() as u64, false)?;
         self.read_unverified(offset_bytes, buf)
     }
 
@@ -489,31 +483,18 @@ impl Array {
         self.sync.note_client_io();
         self.as_client_write(|| {
             self.policy
-                .before_client_io(self, offset_bytes, data.len() as u64, true)?;
+                .before_client_io(&self.parts, offset_bytes, data.len() as u64, true)?;
             let watched =
                 self.policy
-                    .write_begins(self, offset_bytes, data.len() as u64, Some(data));
+                    .write_begins(&self.parts, offset_bytes, data.len() as u64, Some(data));
             let res = self
                 .personality
                 .write(self, offset_bytes, data, fua, intent);
             self.records_after_write(res.is_ok() && fua);
-            self.policy.write_ended(self, watched, res.is_ok(), fua);
+            self.policy
+                .write_ended(&self.parts, watched, res.is_ok(), fua);
             res
         })
-    }
-
-    /// After client writes, before they are answered: `fua_done` (a FUA write succeeded)
-    /// makes their integrity records durable too.
-    pub(crate) fn records_after_write(&self, fua_done: bool) {
-        // FUA makes the data durable; its records must be as well (a journal's log holds
-        // them already).
-        if fua_done && self.integrity.is_some() && !self.policy.logs_pages() {
-            self.flush_members();
-        } else if self.integrity.as_ref().is_some_and(|i| i.wants_write_out()) {
-            // Changed record pages cannot leave the cache until written: a client that
-            // never flushes gets its tables written anyway.
-            self.write_integrity_tables();
-        }
     }
 
     /// Run a client write (or trim): refused when read-only, failed or stopping; counted in
@@ -540,68 +521,7 @@ impl Array {
     /// A failed journal covers nothing: its cache is written out and the members flushed
     /// first (see `journal_fail.rs`).
     pub fn flush(&self) -> Result<()> {
-        let watched = self.policy.flush_begins();
-        self.stripes.hurry_all();
-        let logged = self.journal_healthy();
-        if !logged {
-            self.settle_journal()?;
-            self.flush_members();
-        }
-        // A member that failed meanwhile was skipped: its failure must be on disk first.
-        self.members.wait_failures_durable();
-        if self.is_failed() {
-            return Err(self.members.unrecoverable(
-                0,
-                self.size_bytes(),
-                "too many members failed",
-            ));
-        }
-        if logged && !self.journal_healthy() {
-            // The log failed while this flush relied on it: no acknowledgement before what it
-            // covered is on the members.
-            self.settle_journal()?;
-            self.flush_members();
-        }
-        self.policy.flush_ended(self, watched);
-        Ok(())
-    }
-
-    /// Is there a journal, and has it not failed?
-    pub(crate) fn journal_healthy(&self) -> bool {
-        self.policy.logs_pages() && self.policy.failed().is_none()
-    }
-
-    /// Flush every member in a role; a member whose flush fails is failed. Changed integrity
-    /// tables go out first, so that their records are durable with the data they describe.
-    pub(crate) fn flush_members(&self) {
-        self.write_integrity_tables();
-        self.io.for_each(self.members.slots.len(), |role| {
-            if let Some(m) = self.members.slots[role].usable() {
-                if let Err(e) = m.dev.flush() {
-                    self.members
-                        .fail_role(role, Some(&m), &format!("flush failed: {e}"));
-                }
-            }
-        });
-    }
-
-    /// Write the integrity tables changed since the last write-out (not flushed: the caller's
-    /// flush, or the superblock commit's, makes them durable).
-    pub(crate) fn write_integrity_tables(&self) {
-        if let Some(integ) = self.integrity.as_ref().filter(|i| i.has_dirty_tables()) {
-            // Table writes are member writes: the superblocks say "active" first, so that a
-            // cut tearing them is followed by a resync.
-            let _counted = self.commit.enter(self.sync.clock.as_ref());
-            if self.mark_active().is_ok() {
-                for (role, m, e) in integ.write_tables(&self.members) {
-                    self.members.fail_role(
-                        role,
-                        Some(&m),
-                        &format!("integrity table write failed: {e}"),
-                    );
-                }
-            }
-        }
+        self.parts.flush()
     }
 
     /// Write zeroes over a range. With `release`, whole used-map regions inside it are
@@ -642,122 +562,14 @@ impl Array {
         Ok(())
     }
 
-    pub(crate) fn check_range(&self, offset_bytes: u64, len_bytes: u64) -> Result<()> {
-        if !offset_bytes.is_multiple_of(512) || !len_bytes.is_multiple_of(512) {
-            return Err(EngineError::InvalidArgument(format!(
-                "request {offset_bytes}+{len_bytes} is not a multiple of 512 bytes"
-            )));
-        }
-        match offset_bytes.checked_add(len_bytes) {
-            Some(end) if end <= self.size_bytes() => Ok(()),
-            _ => Err(EngineError::InvalidArgument(format!(
-                "request {offset_bytes}+{len_bytes} beyond the array end {}",
-                self.size_bytes()
-            ))),
-        }
-    }
-
-    pub(crate) fn check_writable(&self) -> Result<()> {
-        if self.config.read_only {
-            return Err(EngineError::ReadOnly {
-                array: self.name.clone(),
-                reason: self
-                    .read_only_reason
-                    .clone()
-                    .unwrap_or_else(|| ASSEMBLED_READ_ONLY.into()),
-            });
-        }
-        if let Some(why) = self.policy.failed() {
-            return Err(EngineError::ReadOnly {
-                array: self.name.clone(),
-                reason: why,
-            });
-        }
-        // An I/O error, as md gives on a failed array: the data is gone, not protected.
-        if self.is_failed() {
-            return Err(self.members.unrecoverable(
-                0,
-                0,
-                "too many members failed; redundancy exhausted",
-            ));
-        }
-        Ok(())
+    /// Verify reads over array byte ranges `(offset, length)`: every page row under them is
+    /// read, checked and, unless the array refuses writes, repaired (`personality/verify.rs`).
+    pub fn verify(&self, ranges: &[(u64, u64)]) -> Result<crate::work::VerifyReport> {
+        self.parts.verify(ranges)
     }
 
     pub fn is_failed(&self) -> bool {
-        self.members.is_failed()
-    }
-
-    /// Record that the array is active on every member (durably) before the first member
-    /// write of this run.
-    pub(crate) fn mark_active(&self) -> Result<()> {
-        self.members.mark_active(|meta| self.policy.on_active(meta));
-        Ok(())
-    }
-
-    /// md's safe mode: an array with no member write for [`SAFE_MODE_DELAY`] is recorded clean
-    /// (with the resync checkpoint, if one is pending), so that a crash while idle costs no
-    /// resync. Every write completed is durable first (the superblock commit flushes). The next
-    /// write records "active" again before it goes out.
-    ///
-    /// Why no write can slip through: a write counts itself inside the commit point and then
-    /// reads `active`; this clears `active` and then reads the count (all SeqCst). Either it sees
-    /// the write and backs off, or the write sees `active` false and waits on the metadata lock,
-    /// held here, to record "active" again after this commit.
-    pub(crate) fn mark_clean_if_idle(&self) {
-        if !self.members.is_active() || self.config.read_only || self.is_failed() {
-            return;
-        }
-        let now = self.sync.clock.now().as_millis() as u64 + 1;
-        let last = self.commit.last_write_ms();
-        if now.saturating_sub(last) < SAFE_MODE_DELAY.as_millis() as u64 {
-            return;
-        }
-        let resync_from = {
-            let st = self.sync.st.lock();
-            if st.running != crate::work::SyncAction::Idle {
-                return;
-            }
-            st.resync_from
-        };
-        let mut meta = self.members.meta.lock();
-        if !self.members.is_active() {
-            return;
-        }
-        self.members.set_active(&meta, false);
-        if self.commit.writes_inside().load(Ordering::SeqCst) > 0
-            || self.members.failures_in_commit() > 0
-        {
-            self.members.set_active(&meta, true);
-            return;
-        }
-        if self
-            .integrity
-            .as_ref()
-            .is_some_and(|i| i.has_dirty_tables())
-        {
-            // Records of the last writes are not on disk yet: write them (the array stays
-            // active; a later pass records clean).
-            self.members.set_active(&meta, true);
-            drop(meta);
-            self.flush_members();
-            return;
-        }
-        // Every member flushed before any superblock says clean: the commit's own flush is per
-        // member, and a cut between two of them must not leave one saying clean while another
-        // still holds the last writes in a volatile cache. A flush that fails leaves the array
-        // active; the next write or flush meets the error and fails the member.
-        let flushed = meta
-            .members
-            .iter()
-            .filter(|m| m.writable)
-            .all(|m| m.member.dev.flush().is_ok());
-        if !flushed {
-            self.members.set_active(&meta, true);
-            return;
-        }
-        self.policy.on_clean(&mut meta, resync_from);
-        self.members.commit(meta);
+        self.parts.is_failed()
     }
 
     /// Clean stop: stop background work (checkpointing it), refuse new writes, wait for those
@@ -793,7 +605,7 @@ impl Array {
             // The log let the flush skip the members; a clean state needs them durable. Then
             // the tail moves to the newest unit: the next assembly replays nothing else.
             self.flush_members();
-            j.reclaim_now(self);
+            j.reclaim_now(&self.parts);
         }
         // The log may have failed in the reclaim: it is recorded so before the stop is.
         self.settle_journal()?;
@@ -818,7 +630,7 @@ impl Array {
         if let Some(j) = self.policy.journal().filter(|j| j.member().name() == name) {
             // md lets the journal be failed too: the array goes read-only. Returns once what
             // the log covered is durable on the members and the log is recorded faulty.
-            j.fail(self, "failed by administrator");
+            j.fail(&self.parts, "failed by administrator");
             return self.settle_journal();
         }
         let role = self.members.role_named(name).ok_or_else(|| {
@@ -953,7 +765,7 @@ impl Array {
                 self.policy.torn_bytes(),
                 self.sync.resync_owed(),
             ),
-            torn_reads_refused: self.sync.torn_reads_refused.load(Ordering::Relaxed),
+            torn_reads_refused: self.torn_reads_refused.load(Ordering::Relaxed),
             no_space: self.commit.no_space.status(),
             memory: MemoryStatus {
                 stripe_cache: self.stripes.usage(),

@@ -14,11 +14,12 @@
 //! min, pause while clients did I/O in the last few milliseconds.
 
 pub(crate) mod rebuild;
-pub(crate) mod verify;
 
-use crate::array::Array;
 use crate::clock::Clock;
-use crate::personality::raid456_heal::Heal;
+use crate::personality::parts::Parts;
+use crate::personality::parts::Walker;
+use crate::policy::used;
+use crate::policy::ConsistencyPolicy;
 pub(crate) use crate::work::Stop;
 pub use crate::work::SyncAction;
 use parking_lot::{Condvar, Mutex};
@@ -112,8 +113,6 @@ pub(crate) struct SyncControl {
     pub cv: Condvar,
     pub clock: Arc<dyn Clock>,
     pub last_client_io_ms: std::sync::atomic::AtomicU64,
-    /// Reads refused because the block had to be rebuilt from a row a crash may have torn.
-    pub torn_reads_refused: std::sync::atomic::AtomicU64,
     /// The walk driven by [`Array::sync_step`] (simulation); the background thread keeps its
     /// own. Never both: `sync_step` refuses while the thread runs.
     stepped: Mutex<Option<Walk>>,
@@ -125,7 +124,7 @@ pub(crate) struct SyncControl {
 
 impl SyncControl {
     /// Stop background work (the walker and the policy's thread), checkpointing the walk.
-    pub(crate) fn stop(&self, array: &Array) {
+    pub(crate) fn stop(&self, array: &Parts) {
         {
             let mut st = self.st.lock();
             st.stop = true;
@@ -204,7 +203,6 @@ impl SyncControl {
             cv: Condvar::new(),
             clock,
             last_client_io_ms: std::sync::atomic::AtomicU64::new(0),
-            torn_reads_refused: std::sync::atomic::AtomicU64::new(0),
             stepped: Mutex::new(None),
             thread: Mutex::new(None),
             policy_thread: Mutex::new(None),
@@ -226,7 +224,266 @@ impl SyncControl {
     pub fn wake(&self) {
         self.cv.notify_all();
     }
+
+    /// The background thread runs (`Array::start_background`); a stop joins it.
+    pub(crate) fn started(&self, handle: std::thread::JoinHandle<()>) {
+        *self.thread.lock() = Some(handle);
+    }
+
+    /// The consistency policy's thread runs; a stop joins it.
+    pub(crate) fn policy_started(&self, handle: std::thread::JoinHandle<()>) {
+        *self.policy_thread.lock() = Some(handle);
+    }
 }
+
+/// The walker as the parts see it: they ask and tell, its state stays here.
+impl Walker for SyncControl {
+    fn resync_owed(&self) -> bool {
+        SyncControl::resync_owed(self)
+    }
+
+    fn request_resync_from(&self, policy: &dyn ConsistencyPolicy, offset_bytes: u64) {
+        SyncControl::request_resync_from(self, policy, offset_bytes);
+    }
+
+    fn wake(&self) {
+        SyncControl::wake(self);
+    }
+
+    fn until_stopped(&self, period: Duration, tick: &mut dyn FnMut()) {
+        SyncControl::until_stopped(self, period, tick);
+    }
+}
+
+/// The walker's side of the facade's sync operations (`array/sync.rs`).
+impl SyncControl {
+    /// md's safe mode: an array with no member write for [`SAFE_MODE_DELAY`] is recorded clean
+    /// (with the resync checkpoint, if one is pending), so that a crash while idle costs no
+    /// resync. Every write completed is durable first (the superblock commit flushes). The next
+    /// write records "active" again before it goes out.
+    ///
+    /// Why no write can slip through: a write counts itself inside the commit point and then
+    /// reads `active`; this clears `active` and then reads the count (all SeqCst). Either it sees
+    /// the write and backs off, or the write sees `active` false and waits on the metadata lock,
+    /// held here, to record "active" again after this commit.
+    pub(crate) fn mark_clean_if_idle(&self, parts: &Parts) {
+        if !parts.members.is_active() || parts.config.read_only || parts.is_failed() {
+            return;
+        }
+        let now = self.clock.now().as_millis() as u64 + 1;
+        let last = parts.commit.last_write_ms();
+        if now.saturating_sub(last) < SAFE_MODE_DELAY.as_millis() as u64 {
+            return;
+        }
+        let resync_from = {
+            let st = self.st.lock();
+            if st.running != crate::work::SyncAction::Idle {
+                return;
+            }
+            st.resync_from
+        };
+        let mut meta = parts.members.meta.lock();
+        if !parts.members.is_active() {
+            return;
+        }
+        parts.members.set_active(&meta, false);
+        if parts.commit.writes_inside().load(Ordering::SeqCst) > 0
+            || parts.members.failures_in_commit() > 0
+        {
+            parts.members.set_active(&meta, true);
+            return;
+        }
+        if parts
+            .integrity
+            .as_ref()
+            .is_some_and(|i| i.has_dirty_tables())
+        {
+            // Records of the last writes are not on disk yet: write them (the array stays
+            // active; a later pass records clean).
+            parts.members.set_active(&meta, true);
+            drop(meta);
+            parts.flush_members();
+            return;
+        }
+        // Every member flushed before any superblock says clean: the commit's own flush is per
+        // member, and a cut between two of them must not leave one saying clean while another
+        // still holds the last writes in a volatile cache. A flush that fails leaves the array
+        // active; the next write or flush meets the error and fails the member.
+        let flushed = meta
+            .members
+            .iter()
+            .filter(|m| m.writable)
+            .all(|m| m.member.dev.flush().is_ok());
+        if !flushed {
+            parts.members.set_active(&meta, true);
+            return;
+        }
+        parts.policy.on_clean(&mut meta, resync_from);
+        parts.members.commit(meta);
+    }
+
+    /// Request `check`, `repair`, `resync`, `idle` or `frozen` (md's `sync_action`).
+    pub(crate) fn request_action(&self, parts: &Parts, action: &str) -> crate::Result<()> {
+        let mut st = self.st.lock();
+        match action {
+            "idle" => {
+                st.interrupt = st.running != SyncAction::Idle;
+                st.requested = None;
+                st.frozen = false;
+            }
+            "frozen" => {
+                st.frozen = true;
+                st.interrupt = st.running != SyncAction::Idle;
+            }
+            "check" | "repair" | "resync" => {
+                if parts.personality.redundancy() == 0 {
+                    return Err(crate::EngineError::Unsupported(format!(
+                        "{} has no redundancy to check",
+                        parts.name
+                    )));
+                }
+                if st.running != SyncAction::Idle || st.requested.is_some() {
+                    return Err(crate::EngineError::InvalidArgument(busy_message(
+                        &parts.name,
+                        &st,
+                    )));
+                }
+                if parts.members.slots.iter().any(|s| !s.is_complete()) {
+                    return Err(crate::EngineError::InvalidArgument(format!(
+                        "{} is degraded; nothing to compare",
+                        parts.name
+                    )));
+                }
+                st.frozen = false;
+                st.requested = Some(match action {
+                    "check" => SyncAction::Check,
+                    "repair" => SyncAction::Repair,
+                    _ => SyncAction::Resync,
+                });
+            }
+            other => {
+                return Err(crate::EngineError::InvalidArgument(format!(
+                    "unknown action '{other}' (check, repair, resync, idle, frozen)"
+                )))
+            }
+        }
+        drop(st);
+        self.wake();
+        Ok(())
+    }
+
+    /// Set md's `sync_speed_min`/`sync_speed_max` (bytes per second).
+    pub(crate) fn set_speed(&self, min: Option<u64>, max: Option<u64>) {
+        let mut st = self.st.lock();
+        if let Some(m) = min {
+            st.speed_min = m;
+        }
+        if let Some(m) = max {
+            st.speed_max = m.max(1);
+        }
+    }
+
+    pub(crate) fn status(&self, parts: &Parts) -> SyncStatus {
+        let st = self.st.lock();
+        let (done, total) = (st.done, st.total);
+        let mut s = SyncStatus {
+            action: st.running,
+            done_bytes: done,
+            total_bytes: total,
+            left_bytes: 0,
+            rate_bytes_per_s: st.rate,
+            mismatch_sectors: st.mismatches,
+            frozen: st.frozen,
+            last_action: st.last,
+            last_duration_ms: st.last_duration.as_millis() as u64,
+            last_duration_us: st.last_duration.as_micros() as u64,
+            speed_min_bytes: st.speed_min,
+            speed_max_bytes: st.speed_max,
+        };
+        drop(st);
+        s.left_bytes = if s.action == SyncAction::Idle {
+            0
+        } else {
+            used::work_within(parts.used.as_deref(), done..total)
+        };
+        s
+    }
+
+    /// Block until no background action runs or is pending (tests, `action --wait`).
+    pub(crate) fn wait_idle(&self, parts: &Parts, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut st = self.st.lock();
+        loop {
+            let pending = st.requested.is_some()
+                || (st.resync_from.is_some() && !st.frozen && st.retry_resync_at.is_none());
+            let recovering = !st.frozen
+                && parts.members.slots.iter().any(|s| !s.is_complete())
+                && self.has_spare_or_partial(parts);
+            if st.running == SyncAction::Idle && !pending && !recovering {
+                return true;
+            }
+            if self.cv.wait_until(&mut st, deadline).timed_out() {
+                return false;
+            }
+        }
+    }
+
+    /// Run one window of background work on the calling thread: the deterministic simulation
+    /// drives rebuild, resync and scrub with this instead of the background thread. Picks the
+    /// next action as the thread would. Returns the action that ran, or `Idle` if none.
+    pub(crate) fn step(&self, parts: &Parts) -> SyncAction {
+        assert!(
+            self.thread.lock().is_none(),
+            "sync_step while the background thread runs"
+        );
+        let mut stepped = self.stepped.lock();
+        if stepped.is_none() {
+            let mut st = self.st.lock();
+            if st.stop {
+                return SyncAction::Idle;
+            }
+            *stepped = self.next_walk(parts, &mut st);
+            drop(st);
+            if let Some(w) = stepped.as_ref() {
+                self.announce(parts, w);
+            }
+        }
+        let Some(walk) = stepped.as_mut() else {
+            drop(stepped);
+            self.mark_clean_if_idle(parts);
+            return SyncAction::Idle;
+        };
+        let action = walk.action;
+        let stopped = {
+            let st = self.st.lock();
+            st.interrupt || st.frozen || parts.is_failed()
+        };
+        let res = if stopped {
+            Err(Stop::Interrupted)
+        } else {
+            walk.step(parts, self).map(|done| !done)
+        };
+        {
+            let mut st = self.st.lock();
+            st.done = walk.pos;
+        }
+        match res {
+            Ok(true) => {}
+            Ok(false) => {
+                let walk = stepped.take().expect("walk present");
+                self.finish_job(parts, &walk, Ok(()));
+            }
+            Err(stop) => {
+                let walk = stepped.take().expect("walk present");
+                self.finish_job(parts, &walk, Err(stop));
+            }
+        }
+        action
+    }
+}
+
+/// md's `safe_mode_delay`: how long without member writes before the array is recorded clean.
+pub(crate) const SAFE_MODE_DELAY: Duration = Duration::from_millis(200);
 
 /// How long a failed resync waits before it is tried again.
 const RESYNC_RETRY: Duration = Duration::from_secs(5);
@@ -295,7 +552,7 @@ pub(crate) struct Walk {
 impl Walk {
     /// Other nodes of a cluster keep their writes out of the window `pos..hi` this one rewrites
     /// (a check only reads: nothing to announce).
-    fn announce_window(&self, array: &Array, hi: u64) -> Result<(), Stop> {
+    fn announce_window(&self, array: &Parts, hi: u64) -> Result<(), Stop> {
         if matches!(self.job, Job::Scrub(SyncAction::Check)) {
             return Ok(());
         }
@@ -318,30 +575,31 @@ impl Walk {
 
     /// Where the next window ends: one sync window on, or, in a cluster, over the whole run of
     /// regions no node's used-region map has set from `pos` on (skipped in one step).
-    fn window_end(&self, array: &Array) -> u64 {
+    fn window_end(&self, array: &Parts) -> u64 {
         let normal = (self.pos + array.config.sync_window_bytes).min(self.end);
         if matches!(self.job, Job::Recover(_)) && array.personality.recovery_maps_chunks() {
             // RAID10 rebuilds in member bytes; the maps are in array bytes.
             return normal;
         }
-        let unused_to = array.unused_run_elsewhere(self.pos, self.end);
+        let unused_to =
+            used::unused_run_elsewhere(array.used.as_deref(), &array.members, self.pos, self.end);
         normal.max(unused_to)
     }
 
     /// One recovery window of `role`, skipping (unused regions up to `limit`, clean chunks)
     /// where it can: where the next starts, and whether it copied.
-    fn recover_step(&self, array: &Array, role: usize, limit: u64) -> Result<(u64, bool), Stop> {
-        if let Some(res) = array.skip_unused_for_recovery(role, self.pos, limit) {
+    fn recover_step(&self, array: &Parts, role: usize, limit: u64) -> Result<(u64, bool), Stop> {
+        if let Some(res) = rebuild::skip_unused_for_recovery(array, role, self.pos, limit) {
             return Ok((res?, false));
         }
-        if let Some(next) = array.skip_clean_for_recovery(role, self.pos, self.end) {
+        if let Some(next) = rebuild::skip_clean_for_recovery(array, role, self.pos, self.end) {
             return Ok((next, false));
         }
         // Up to the end of the used run: what follows is skipped, not copied. (RAID10
         // rebuilds in member bytes; its map is in array bytes.)
         let stop = match array.personality.recovery_maps_chunks() {
             true => self.end,
-            false => array.used_within(self.pos..self.end).end,
+            false => used::used_within(array.used.as_deref(), self.pos..self.end).end,
         };
         let next = array
             .personality
@@ -352,7 +610,7 @@ impl Walk {
     /// Announce the next window to the cluster's other nodes: the bound of this step's work
     /// and skipping (the walk's end outside a cluster); None if the step was only a move to
     /// the next chunk a resync needs.
-    fn open_window(&mut self, array: &Array) -> Result<Option<u64>, Stop> {
+    fn open_window(&mut self, array: &Parts) -> Result<Option<u64>, Stop> {
         // Other nodes hold only the announced window: all of a step's work and skipping stays
         // inside it. Clean chunks need no window to be passed over, so a resync moves to the
         // next one first (a window announced at `pos` would not cover it).
@@ -371,16 +629,19 @@ impl Walk {
         }
         match self.job {
             // RAID10 rebuilds in member bytes; its maps are in array bytes: read them whole.
-            Job::Recover(_) if array.personality.recovery_maps_chunks() => {
-                array.read_other_maps(0, array.personality.sync_total(SyncAction::Resync))
-            }
-            _ => array.read_other_maps(self.pos, hi),
+            Job::Recover(_) if array.personality.recovery_maps_chunks() => used::read_other_maps(
+                array.used.as_deref(),
+                &array.members,
+                0,
+                array.personality.sync_total(SyncAction::Resync),
+            ),
+            _ => used::read_other_maps(array.used.as_deref(), &array.members, self.pos, hi),
         }
         Ok(Some(hi))
     }
 
     /// One window; `Ok(true)` once the walk reached its end.
-    fn step(&mut self, array: &Array) -> Result<bool, Stop> {
+    fn step(&mut self, array: &Parts, sync: &SyncControl) -> Result<bool, Stop> {
         if self.pos >= self.end {
             return Ok(true);
         }
@@ -392,7 +653,7 @@ impl Walk {
             // resumes from there when it may.
             return Err(Stop::Interrupted);
         }
-        if !matches!(self.job, Job::Recover(_)) && array.sync.parity_degraded(array) {
+        if !matches!(self.job, Job::Recover(_)) && sync.parity_degraded(array) {
             // A member went missing meanwhile: with it, the parity a resync would check is
             // what reconstructs the missing chunks, so "checking" it proves nothing and calling
             // the array in sync would hide the write hole. Stop; the resync stays pending and
@@ -418,28 +679,25 @@ impl Walk {
                 } else {
                     array.policy.next_to_resync(self.pos, limit)
                 };
-                let work = array.used_within(todo.clone());
+                let work = used::used_within(array.used.as_deref(), todo.clone());
                 if work.start >= todo.end {
                     array.policy.resynced(todo.start, todo.end);
                     self.pos = todo.end;
                     return Ok(self.pos >= self.end);
                 }
                 work_from = Some(work.start);
-                let next =
-                    array
-                        .sync
-                        .scrub_step(array, SyncAction::Resync, work.start, work.end)?;
+                let next = sync.scrub_step(array, SyncAction::Resync, work.start, work.end)?;
                 array.policy.resynced(todo.start, next.min(self.end));
                 next
             }
             Job::Scrub(a) => {
-                let work = array.used_within(self.pos..limit);
+                let work = used::used_within(array.used.as_deref(), self.pos..limit);
                 if work.start >= limit {
                     self.pos = limit;
                     return Ok(self.pos >= self.end);
                 }
                 work_from = Some(work.start);
-                array.sync.scrub_step(array, a, work.start, work.end)?
+                sync.scrub_step(array, a, work.start, work.end)?
             }
         };
         assert!(next > self.pos, "a window must make progress");
@@ -448,9 +706,9 @@ impl Walk {
             self.worked += self.pos.saturating_sub(from);
         }
         if let Job::Recover(role) = self.job {
-            let now = array.sync.clock.now();
+            let now = sync.clock.now();
             if now.saturating_sub(self.pace.last_checkpoint) > CHECKPOINT_EVERY {
-                array.sync.checkpoint_recovery(array, role);
+                sync.checkpoint_recovery(array, role);
                 self.pace.last_checkpoint = now;
             }
         }
@@ -458,215 +716,21 @@ impl Walk {
     }
 }
 
-impl Array {
-    /// Start the background worker (recovery, resync, scrub). Stopped by [`Array::close`].
-    pub fn start_background(self: &Arc<Self>) {
-        let me = self.clone();
-        let handle = std::thread::Builder::new()
-            .name(format!("sync-{}", self.name))
-            .spawn(move || background_loop(me))
-            .expect("spawn the background sync thread");
-        *self.sync.thread.lock() = Some(handle);
-        if self.policy.bitmap().is_some() {
-            let me = self.clone();
-            let handle = std::thread::Builder::new()
-                .name(format!("bitmap-{}", self.name))
-                .spawn(move || {
-                    if let Some(bm) = me.policy.bitmap() {
-                        bm.daemon(&me);
-                    }
-                })
-                .expect("spawn the bitmap daemon");
-            *self.sync.policy_thread.lock() = Some(handle);
-        }
-        if self.policy.journal().is_some() {
-            let me = self.clone();
-            let handle = std::thread::Builder::new()
-                .name(format!("journal-{}", self.name))
-                .spawn(move || {
-                    if let Some(j) = me.policy.journal() {
-                        j.daemon(&me);
-                    }
-                })
-                .expect("spawn the journal reclaim thread");
-            *self.sync.policy_thread.lock() = Some(handle);
-        }
-    }
-
-    /// Request `check`, `repair`, `resync`, `idle` or `frozen` (md's `sync_action`).
-    pub fn request_action(&self, action: &str) -> crate::Result<()> {
-        let mut st = self.sync.st.lock();
-        match action {
-            "idle" => {
-                st.interrupt = st.running != SyncAction::Idle;
-                st.requested = None;
-                st.frozen = false;
-            }
-            "frozen" => {
-                st.frozen = true;
-                st.interrupt = st.running != SyncAction::Idle;
-            }
-            "check" | "repair" | "resync" => {
-                if self.personality.redundancy() == 0 {
-                    return Err(crate::EngineError::Unsupported(format!(
-                        "{} has no redundancy to check",
-                        self.name
-                    )));
-                }
-                if st.running != SyncAction::Idle || st.requested.is_some() {
-                    return Err(crate::EngineError::InvalidArgument(busy_message(
-                        &self.name, &st,
-                    )));
-                }
-                if self.members.slots.iter().any(|s| !s.is_complete()) {
-                    return Err(crate::EngineError::InvalidArgument(format!(
-                        "{} is degraded; nothing to compare",
-                        self.name
-                    )));
-                }
-                st.frozen = false;
-                st.requested = Some(match action {
-                    "check" => SyncAction::Check,
-                    "repair" => SyncAction::Repair,
-                    _ => SyncAction::Resync,
-                });
-            }
-            other => {
-                return Err(crate::EngineError::InvalidArgument(format!(
-                    "unknown action '{other}' (check, repair, resync, idle, frozen)"
-                )))
-            }
-        }
-        drop(st);
-        self.sync.wake();
-        Ok(())
-    }
-
-    /// Set md's `sync_speed_min`/`sync_speed_max` (bytes per second).
-    pub fn set_sync_speed(&self, min: Option<u64>, max: Option<u64>) {
-        let mut st = self.sync.st.lock();
-        if let Some(m) = min {
-            st.speed_min = m;
-        }
-        if let Some(m) = max {
-            st.speed_max = m.max(1);
-        }
-    }
-
-    pub fn sync_status(&self) -> SyncStatus {
-        let st = self.sync.st.lock();
-        let (done, total) = (st.done, st.total);
-        let mut s = SyncStatus {
-            action: st.running,
-            done_bytes: done,
-            total_bytes: total,
-            left_bytes: 0,
-            rate_bytes_per_s: st.rate,
-            mismatch_sectors: st.mismatches,
-            frozen: st.frozen,
-            last_action: st.last,
-            last_duration_ms: st.last_duration.as_millis() as u64,
-            last_duration_us: st.last_duration.as_micros() as u64,
-            speed_min_bytes: st.speed_min,
-            speed_max_bytes: st.speed_max,
-        };
-        drop(st);
-        s.left_bytes = if s.action == SyncAction::Idle {
-            0
-        } else {
-            self.work_within(done..total)
-        };
-        s
-    }
-
-    /// Block until no background action runs or is pending (tests, `action --wait`).
-    pub fn wait_sync_idle(&self, timeout: Duration) -> bool {
-        let deadline = Instant::now() + timeout;
-        let mut st = self.sync.st.lock();
-        loop {
-            let pending = st.requested.is_some()
-                || (st.resync_from.is_some() && !st.frozen && st.retry_resync_at.is_none());
-            let recovering = !st.frozen
-                && self.members.slots.iter().any(|s| !s.is_complete())
-                && self.sync.has_spare_or_partial(self);
-            if st.running == SyncAction::Idle && !pending && !recovering {
-                return true;
-            }
-            if self.sync.cv.wait_until(&mut st, deadline).timed_out() {
-                return false;
-            }
-        }
-    }
-
-    /// Run one window of background work on the calling thread: the deterministic simulation
-    /// drives rebuild, resync and scrub with this instead of the background thread. Picks the
-    /// next action as the thread would. Returns the action that ran, or `Idle` if none.
-    pub fn sync_step(&self) -> SyncAction {
-        assert!(
-            self.sync.thread.lock().is_none(),
-            "sync_step while the background thread runs"
-        );
-        let mut stepped = self.sync.stepped.lock();
-        if stepped.is_none() {
-            let mut st = self.sync.st.lock();
-            if st.stop {
-                return SyncAction::Idle;
-            }
-            *stepped = self.sync.next_walk(self, &mut st);
-            drop(st);
-            if let Some(w) = stepped.as_ref() {
-                self.sync.announce(self, w);
-            }
-        }
-        let Some(walk) = stepped.as_mut() else {
-            drop(stepped);
-            self.mark_clean_if_idle();
-            return SyncAction::Idle;
-        };
-        let action = walk.action;
-        let stopped = {
-            let st = self.sync.st.lock();
-            st.interrupt || st.frozen || self.is_failed()
-        };
-        let res = if stopped {
-            Err(Stop::Interrupted)
-        } else {
-            walk.step(self).map(|done| !done)
-        };
-        {
-            let mut st = self.sync.st.lock();
-            st.done = walk.pos;
-        }
-        match res {
-            Ok(true) => {}
-            Ok(false) => {
-                let walk = stepped.take().expect("walk present");
-                self.sync.finish_job(self, &walk, Ok(()));
-            }
-            Err(stop) => {
-                let walk = stepped.take().expect("walk present");
-                self.sync.finish_job(self, &walk, Err(stop));
-            }
-        }
-        action
-    }
-}
-
 impl SyncControl {
     /// A parity level with a role not complete.
-    pub(crate) fn parity_degraded(&self, array: &Array) -> bool {
+    pub(crate) fn parity_degraded(&self, array: &Parts) -> bool {
         array.personality.uses_stripe_cache()
             && array.members.slots.iter().any(|s| !s.is_complete())
     }
 
     /// A role to rebuild: one partly rebuilt, or a missing one and a spare to give it.
-    fn recovery_pending(&self, array: &Array) -> bool {
+    fn recovery_pending(&self, array: &Parts) -> bool {
         let slots = &array.members.slots;
         slots.iter().any(|s| !s.is_faulty() && !s.is_complete())
             || (slots.iter().any(|s| s.is_faulty()) && !array.members.spares.lock().is_empty())
     }
 
-    fn has_spare_or_partial(&self, array: &Array) -> bool {
+    fn has_spare_or_partial(&self, array: &Parts) -> bool {
         !array.members.spares.lock().is_empty()
             || array
                 .members
@@ -677,7 +741,7 @@ impl SyncControl {
 
     /// Pick the next action, if any, and mark it running (under the sync lock, so waiters never
     /// see a gap between "requested" and "running").
-    fn next_walk(&self, array: &Array, st: &mut SyncState) -> Option<Walk> {
+    fn next_walk(&self, array: &Parts, st: &mut SyncState) -> Option<Walk> {
         st.interrupt = false;
         if array.members.coordinator().sync_refusal().is_some() {
             // Another node could write into a window this one rewrites: the work waits (the
@@ -726,13 +790,13 @@ impl SyncControl {
         })
     }
 
-    fn run_walk(&self, array: &Array, mut walk: Walk) {
+    fn run_walk(&self, array: &Parts, mut walk: Walk) {
         self.announce(array, &walk);
         let res = loop {
             if let Err(stop) = self.pace(array, &mut walk.pace, walk.pos, walk.worked) {
                 break Err(stop);
             }
-            match walk.step(array) {
+            match walk.step(array, self) {
                 Ok(true) => break Ok(()),
                 Ok(false) => {}
                 Err(stop) => break Err(stop),
@@ -741,7 +805,7 @@ impl SyncControl {
         self.finish_job(array, &walk, res);
     }
 
-    fn announce(&self, array: &Array, walk: &Walk) {
+    fn announce(&self, array: &Parts, walk: &Walk) {
         if walk.action == SyncAction::Resync {
             // A guided array that fell back (the guide timeout) records it before the resync
             // writes anything.
@@ -758,7 +822,7 @@ impl SyncControl {
                     u.set_flag(&array.members, format::USED_MAP_FLAG_RESYNC_OWED, true);
                 }
             }
-            let _counted = array.commit.enter(array.sync.clock.as_ref());
+            let _counted = array.commit.enter(self.clock.as_ref());
             if let Err(e) = bm
                 .need_everything(&array.members)
                 .and_then(|()| array.mark_active())
@@ -779,7 +843,7 @@ impl SyncControl {
         );
     }
 
-    fn next_job(&self, array: &Array, st: &mut SyncState) -> Option<Job> {
+    fn next_job(&self, array: &Parts, st: &mut SyncState) -> Option<Job> {
         if st.frozen || array.is_failed() || array.config.read_only {
             return None;
         }
@@ -822,7 +886,7 @@ impl SyncControl {
         }
     }
 
-    fn finish_job(&self, array: &Array, walk: &Walk, res: Result<(), Stop>) {
+    fn finish_job(&self, array: &Parts, walk: &Walk, res: Result<(), Stop>) {
         let action = walk.action;
         let member = walk.member.as_deref();
         if let Job::Recover(role) = walk.job {
@@ -847,7 +911,8 @@ impl SyncControl {
             array.flush_members();
             // Tables cover member bytes; the used-region map's are RAID10's array bytes.
             let unused = |from: u64, to: u64| {
-                !array.personality.recovery_maps_chunks() && array.used_within(from..to).start >= to
+                !array.personality.recovery_maps_chunks()
+                    && used::used_within(array.used.as_deref(), from..to).start >= to
             };
             if integ.verify_tables(action == SyncAction::Repair, unused) > 0
                 && action == SyncAction::Repair
@@ -898,7 +963,7 @@ impl SyncControl {
 
     fn announce_finish(
         &self,
-        array: &Array,
+        array: &Parts,
         action: SyncAction,
         member: Option<&str>,
         res: Result<(), Stop>,
@@ -944,7 +1009,7 @@ impl SyncControl {
     /// counted (md's `mismatch_cnt`); returns where the next window starts.
     pub(crate) fn scrub_step(
         &self,
-        array: &Array,
+        array: &Parts,
         action: SyncAction,
         pos: u64,
         end: u64,
@@ -959,7 +1024,7 @@ impl SyncControl {
     /// what the limits count.
     pub(crate) fn pace(
         &self,
-        array: &Array,
+        array: &Parts,
         p: &mut Pace,
         done: u64,
         worked: u64,
@@ -1002,7 +1067,7 @@ impl SyncControl {
     /// the events a local one would have sent (`action --wait` here follows them).
     pub(crate) fn record_elsewhere(
         &self,
-        array: &Array,
+        array: &Parts,
         action: SyncAction,
         node: &str,
         outcome: std::result::Result<u64, String>,
@@ -1020,7 +1085,7 @@ impl SyncControl {
     }
 
     /// Another node of a cluster started `action` at this node's request.
-    pub(crate) fn started_elsewhere(&self, array: &Array, action: SyncAction, node: &str) {
+    pub(crate) fn started_elsewhere(&self, array: &Parts, action: SyncAction, node: &str) {
         array.members.events.emit(
             started_event(action),
             &array.name,
@@ -1050,67 +1115,25 @@ fn finished_event(a: SyncAction) -> &'static str {
     }
 }
 
-/// How redundancy work treats what fails its integrity records, by where the sync stands.
-impl SyncControl {
-    /// How client I/O treats blocks that fail their records: until the resync an unclean stop
-    /// owes has run, unflushed writes may have left rows that no single fault explains, which
-    /// may then be settled as found (as the resync itself would) where [`SyncControl::settle_scope`]
-    /// allows it.
-    pub(crate) fn heal_mode(&self) -> Heal {
-        if self.unsynced.load(std::sync::atomic::Ordering::Acquire) {
-            Heal::Settle
-        } else {
-            Heal::Repair
-        }
-    }
-
-    /// `mode` as it applies to `at..at + len` (resync coordinates: member bytes, array bytes
-    /// for mirrors): settling as found is a crash's answer, so it holds only where a crash
-    /// could have left a row mid-write (a resync is owed and the policy has not ruled the
-    /// range consistent: the bitmap's dirty chunks, everything under the plain policy) and
-    /// only while every member of the row is there (`complete`). Anywhere else a block that
-    /// fails its record beyond redundancy is damage, and damage is an unrecoverable read: a
-    /// clean and an unclean stop then give the same answer.
-    pub(crate) fn settle_scope(
-        &self,
-        policy: &dyn crate::policy::ConsistencyPolicy,
-        mode: Heal,
-        at: u64,
-        len: u64,
-        complete: bool,
-    ) -> Heal {
-        if mode != Heal::Settle {
-            return mode;
-        }
-        let owed = self.unsynced.load(std::sync::atomic::Ordering::Acquire);
-        if complete && owed && !policy.next_to_resync(at, at + len).is_empty() {
-            Heal::Settle
-        } else {
-            Heal::Repair
-        }
-    }
-}
-
 /// The background thread: walks while there is work, records the array clean when idle.
-fn background_loop(array: Arc<Array>) {
-    loop {
-        let walk = loop {
-            {
-                let mut st = array.sync.st.lock();
-                if st.stop {
-                    return;
+impl SyncControl {
+    pub(crate) fn run(&self, parts: &Parts) {
+        loop {
+            let walk = loop {
+                {
+                    let mut st = self.st.lock();
+                    if st.stop {
+                        return;
+                    }
+                    if let Some(walk) = self.next_walk(parts, &mut st) {
+                        break walk;
+                    }
+                    self.cv.notify_all();
+                    self.cv.wait_for(&mut st, SAFE_MODE_DELAY);
                 }
-                if let Some(walk) = array.sync.next_walk(&array, &mut st) {
-                    break walk;
-                }
-                array.sync.cv.notify_all();
-                array
-                    .sync
-                    .cv
-                    .wait_for(&mut st, crate::array::SAFE_MODE_DELAY);
-            }
-            array.mark_clean_if_idle();
-        };
-        array.sync.run_walk(&array, walk);
+                self.mark_clean_if_idle(parts);
+            };
+            self.run_walk(parts, walk);
+        }
     }
 }

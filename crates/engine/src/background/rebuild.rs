@@ -9,19 +9,17 @@
 //! `CHECKPOINT_EVERY` and when the work stops, so a restart resumes where it stopped. Every superblock commit flushes the members first
 //! (md's PREFLUSH), so a checkpoint or "in sync" never covers rebuilt data that is not durable.
 
-use crate::array::Array;
 use crate::background::SyncControl;
 use crate::io::commit::WriteSet;
 use crate::io::{IoKind, MemberIo};
+use crate::lock::LockRange;
 use crate::members::FULLY_IN_SYNC;
-use crate::work::Stop;
-
-/// Rebuilds record what they cannot recover in pages of this many bytes.
-const PAGE: u64 = crate::members::badblocks::BAD_PAGE;
+use crate::personality::parts::Parts;
+use crate::policy::bitmap::SKIP_MAX_BYTES;
 
 impl SyncControl {
     /// Assign a spare to the first role without a complete member; returns the role to rebuild.
-    pub(crate) fn pick_recovery(&self, array: &Array) -> Option<usize> {
+    pub(crate) fn pick_recovery(&self, array: &Parts) -> Option<usize> {
         if array.personality.redundancy() == 0 {
             // Nothing to rebuild from (md never records a partial member on such a level).
             return None;
@@ -67,43 +65,9 @@ impl SyncControl {
         Some(role)
     }
 
-    /// Write rebuilt bytes to the rebuilding member of `role` (above its in-sync point, so
-    /// planned against the role's member as long as it is not faulty).
-    pub(crate) fn write_rebuilt(
-        &self,
-        array: &Array,
-        role: usize,
-        offset_bytes: u64,
-        buf: &[u8],
-    ) -> Result<(), Stop> {
-        let member = array.members.slots[role].usable();
-        let mut io = [MemberIo::planned(
-            role,
-            member,
-            offset_bytes,
-            IoKind::Write(buf, false),
-        )];
-        array
-            .commit
-            .writes(
-                array,
-                &WriteSet::rebuild(offset_bytes, buf.len() as u64),
-                &mut io,
-            )
-            .map_err(Stop::Failed)?;
-        if !io[0].ok() {
-            return Err(Stop::Failed(array.members.unrecoverable(
-                offset_bytes,
-                buf.len() as u64,
-                "write to the rebuilding member failed",
-            )));
-        }
-        Ok(())
-    }
-
     /// The rebuild of `role` reached the end: record it in sync. The superblock commit flushes
     /// every member first, so "in sync" is durable only after the rebuilt data is.
-    pub(crate) fn finish_recovery(&self, array: &Array, role: usize) {
+    pub(crate) fn finish_recovery(&self, array: &Parts, role: usize) {
         // The records of what the rebuild wrote are durable before the member counts as whole.
         array.write_integrity_tables();
         let mut meta = array.members.meta.lock();
@@ -125,7 +89,7 @@ impl SyncControl {
 
     /// Record how far a rebuild got in the rebuilding member's superblock. The commit flushes
     /// the members first: the checkpoint never covers rebuilt data still in a volatile cache.
-    pub(crate) fn checkpoint_recovery(&self, array: &Array, role: usize) {
+    pub(crate) fn checkpoint_recovery(&self, array: &Parts, role: usize) {
         let slot = &array.members.slots[role];
         let Some(m) = slot.member() else { return };
         if slot.is_faulty() || slot.is_complete() {
@@ -136,39 +100,118 @@ impl SyncControl {
         meta.set_recovery(m.dev_number, Some(slot.in_sync_bytes() / 512));
         array.members.commit(meta);
     }
-
-    /// Record pages (member bytes) the rebuild of `role` could not rebuild as bad blocks on
-    /// its new member; returns them as runs `(at, len)`.
-    pub(crate) fn record_unrebuilt(
-        &self,
-        array: &Array,
-        role: usize,
-        lost: &[u64],
-    ) -> Vec<(u64, u64)> {
-        let runs = page_runs(lost);
-        for &(at, len) in &runs {
-            if let Some(member) = array.members.slots[role].usable() {
-                array.members.record_bad_blocks(
-                    role,
-                    &member,
-                    at,
-                    len,
-                    "the rebuild could not recover it from the other members",
-                );
-            }
-        }
-        runs
-    }
 }
 
-/// Sorted page offsets as runs of contiguous pages: (start, length).
-fn page_runs(pages: &[u64]) -> Vec<(u64, u64)> {
-    let mut runs: Vec<(u64, u64)> = Vec::new();
-    for &at in pages {
-        match runs.last_mut() {
-            Some((start, len)) if *start + *len == at => *len += PAGE,
-            _ => runs.push((at, PAGE)),
-        }
+/// Recovery of a member re-added with the bitmap, over chunks whose bit is clear: those
+/// bytes are current on it already (every write it missed left its bit set, and no bit
+/// clears while a role is rebuilding). Moves the in-sync point past them; `None` if there
+/// is nothing to skip at `pos`.
+pub(super) fn skip_clean_for_recovery(
+    array: &Parts,
+    role: usize,
+    pos: u64,
+    end: u64,
+) -> Option<u64> {
+    let slot = &array.members.slots[role];
+    if !slot.is_bitmap_guided() {
+        return None;
     }
-    runs
+    let bm = array.policy.bitmap()?;
+    if array.personality.recovery_maps_chunks() {
+        let clean = |at: u64, len: u64| bm.next_set(at, at + len) >= at + len;
+        let skipped = array
+            .copies()
+            .skip_raid10_chunks(array, role, pos, end, clean, |_, _| Ok(()))?;
+        return skipped.ok(); // the closure does no I/O: it cannot fail
+    }
+    let unit = array.personality.recovery_unit();
+    let limit = end.min(pos + SKIP_MAX_BYTES);
+    let found = bm.next_set(pos, limit);
+    let target = if found == end {
+        end
+    } else {
+        found / unit * unit
+    };
+    if target <= pos {
+        return None;
+    }
+    // A write into the range either finished (its bit is set) or waits for this lock.
+    let _guard = array.range_lock().lock(LockRange::Sync {
+        at: pos,
+        len: target - pos,
+    });
+    if bm.next_set(pos, target) < target {
+        return None;
+    }
+    slot.advance(target);
+    Some(target)
+}
+
+/// Rebuild over unused regions: they are zero on every member in sync, so the new member
+/// gets them discarded (no reads). Moves its in-sync point past them; `None` if `pos` is
+/// in a used region.
+pub(super) fn skip_unused_for_recovery(
+    array: &Parts,
+    role: usize,
+    pos: u64,
+    end: u64,
+) -> Option<std::result::Result<u64, crate::work::Stop>> {
+    let used = array.used.as_ref()?;
+    if array.personality.recovery_maps_chunks() {
+        let unused = |at: u64, len: u64| used.next_used(at, at + len).start >= at + len;
+        return array
+            .copies()
+            .skip_raid10_chunks(array, role, pos, end, unused, |from, to| {
+                discard_on_rebuilding(array, role, from, to)
+            });
+    }
+    let limit = end.min(pos + SKIP_MAX_BYTES);
+    let next = used.next_used(pos, limit);
+    let target = if next.start >= limit {
+        limit
+    } else {
+        next.start
+    };
+    if target <= pos {
+        return None;
+    }
+    let _guard = array.range_lock().lock(LockRange::Sync {
+        at: pos,
+        len: target - pos,
+    });
+    if used.next_used(pos, target).start < target {
+        return None; // a write claimed part of it meanwhile: rebuild it the usual way
+    }
+    if let Err(stop) = discard_on_rebuilding(array, role, pos, target) {
+        return Some(Err(stop));
+    }
+    array.members.slots[role].advance(target);
+    Some(Ok(target))
+}
+
+/// Member bytes `from..to` of the member rebuilding `role` are unused: discard them (they
+/// read as zeroes, as on the members in sync).
+fn discard_on_rebuilding(
+    array: &Parts,
+    role: usize,
+    from: u64,
+    to: u64,
+) -> std::result::Result<(), crate::work::Stop> {
+    let member = array.members.slots[role].member();
+    let mut ios = [MemberIo::planned(
+        role,
+        member,
+        from,
+        IoKind::Discard(to - from),
+    )];
+    if let Err(e) = array
+        .commit
+        .writes(array, &WriteSet::rebuild(from, to - from), &mut ios)
+    {
+        return Err(crate::work::Stop::Failed(e));
+    }
+    if !ios[0].ok() {
+        return Err(crate::work::Stop::Interrupted);
+    }
+    Ok(())
 }

@@ -16,7 +16,7 @@
 //!   the role should hold, so that reconstruction of it can be verified.
 //!
 //! Tables go to disk at every member flush ([`Integrity::write_tables`], called by
-//! `Array::flush_members` before the flush): the records of everything a flush makes durable
+//! `Parts::flush_members` before the flush): the records of everything a flush makes durable
 //! are durable with it (design rule P6). Each write-out stamps a new epoch (larger than the
 //! block's copies carry); at load the newer valid copy wins and the other is rewritten. Copies
 //! go out one after the other, each flushed before the next, so a cut tears at most one of

@@ -644,7 +644,7 @@ fn build(
         read_only_reason: journal.read_only_reason,
     })?;
     if let Some(replay) = journal.replay {
-        replay.write_home(&array)?;
+        replay.write_home(&array.parts, array.policy.journal())?;
     }
     log_recovered(&array);
     if journal.forget || commit_table {

@@ -234,7 +234,7 @@ impl MemberSet {
     /// write of this run; `on_active` sets what the consistency policy wants said.
     pub fn mark_active(&self, on_active: impl FnOnce(&mut Meta)) {
         // SeqCst: the caller counted itself among the writes in commit first, and safe mode
-        // clears `active` before it reads that count (see `Array::mark_clean_if_idle`).
+        // clears `active` before it reads that count (see `SyncControl::mark_clean_if_idle`).
         if self.active.load(Ordering::SeqCst) {
             return;
         }

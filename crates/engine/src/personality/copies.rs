@@ -10,11 +10,11 @@
 //! region of the array (a fixed table of mutexes, taken in index order, so no deadlock); reads
 //! take no lock.
 
-use crate::array::Array;
 use crate::error::Result;
 use crate::io::commit::WriteSet;
 use crate::io::{IoOutcome, MemberIo};
 use crate::lock::REGION_BYTES;
+use crate::personality::parts::Parts;
 use crate::personality::Copies;
 use layout::Level;
 use std::sync::atomic::Ordering;
@@ -52,7 +52,7 @@ impl Copies {
 
     pub(crate) fn mirror_read(
         &self,
-        array: &Array,
+        array: &Parts,
         offset_bytes: u64,
         buf: &mut [u8],
     ) -> Result<()> {
@@ -62,8 +62,8 @@ impl Copies {
     /// The copy reads start with: spread over the copies, but always the first while they may
     /// differ (a resync pending), so that reading a block twice gives the same answer (md),
     /// and always with `read_primary`.
-    fn first_copy(&self, array: &Array) -> usize {
-        if array.config.read_primary || array.sync.unsynced.load(Ordering::Acquire) {
+    fn first_copy(&self, array: &Parts) -> usize {
+        if array.config.read_primary || array.walker.resync_owed() {
             0
         } else {
             self.next_copy.fetch_add(1, Ordering::Relaxed)
@@ -73,7 +73,7 @@ impl Copies {
     /// `locked`: the caller holds the range's region locks (a repair then takes none).
     fn mirror_read_in(
         &self,
-        array: &Array,
+        array: &Parts,
         offset_bytes: u64,
         buf: &mut [u8],
         locked: bool,
@@ -163,7 +163,7 @@ impl Copies {
     /// as this one).
     fn settle_read(
         &self,
-        array: &Array,
+        array: &Parts,
         pieces: &[Piece],
         corrupt: &[bool],
         buf: &mut [u8],
@@ -182,7 +182,7 @@ impl Copies {
                 array,
                 p.array_offset,
                 p.len as u64,
-                array.sync.heal_mode(),
+                array.heal_mode(),
                 Some(out),
             )?;
         }
@@ -194,7 +194,7 @@ impl Copies {
     /// (see `badblocks`), so they read EIO until written rather than being asked again.
     fn record_unreadable_copies(
         &self,
-        array: &Array,
+        array: &Parts,
         p: &Piece,
         i: usize,
         unread: &[(usize, usize, u64)],
@@ -227,7 +227,7 @@ impl Copies {
     /// A copy of piece `p` on `role` (at member byte `dev_off`) failed a read that another copy
     /// served: read a good copy again under the region lock (a write may have come in since)
     /// and write it back there (see `badblocks`).
-    fn correct_copy(&self, array: &Array, p: &Piece, role: usize, dev_off: u64, locked: bool) {
+    fn correct_copy(&self, array: &Parts, p: &Piece, role: usize, dev_off: u64, locked: bool) {
         let _guard = (!locked).then(|| array.locks.lock_array_range(p.array_offset, p.len as u64));
         let mut good = array.bufs.get(p.len);
         if self
@@ -241,7 +241,7 @@ impl Copies {
 
     /// With integrity records, the whole pages around array bytes `offset..offset + len` when
     /// the range is not made of whole pages.
-    fn whole_pages(&self, array: &Array, offset_bytes: u64, len: usize) -> Option<(u64, u64)> {
+    fn whole_pages(&self, array: &Parts, offset_bytes: u64, len: usize) -> Option<(u64, u64)> {
         let page = format::RECORD_BLOCK as u64;
         let end = offset_bytes + len as u64;
         (array.integrity.is_some()
@@ -253,7 +253,7 @@ impl Copies {
     /// concurrent reads use all mirrors.
     fn pick_copy(
         &self,
-        array: &Array,
+        array: &Parts,
         p: &Piece,
         spread: usize,
         attempt: &mut usize,
@@ -275,7 +275,7 @@ impl Copies {
 
     pub(crate) fn mirror_write(
         &self,
-        array: &Array,
+        array: &Parts,
         offset_bytes: u64,
         data: &[u8],
         fua: bool,
@@ -310,7 +310,7 @@ impl Copies {
     /// A write whose region locks the caller holds (pages whole when records are kept).
     fn mirror_write_locked(
         &self,
-        array: &Array,
+        array: &Parts,
         offset_bytes: u64,
         data: &[u8],
         fua: bool,

@@ -14,18 +14,18 @@
 //!   even when the copies agree (two devices' copies against two devices' records: a tie, and
 //!   an error is the answer that is never wrong); a check counts it and goes on. Only after an
 //!   unclean stop ([`Heal::Settle`]), in a range a crash could have left mid-write and with
-//!   every copy present ([`Array::settle_scope`]), is the first copy kept instead: every copy
+//!   every copy present ([`Parts::settle_scope`]), is the first copy kept instead: every copy
 //!   then holds old or new bytes of writes that were never flushed, and the records may lag.
 //!
 //! The caller holds the range's region locks, so no client write can slip in between the reads
 //! and the rewrites.
 
-use crate::array::Array;
 use crate::error::Result;
 use crate::integrity::BlockKind;
 use crate::io::bufpool::PoolBuf;
 use crate::io::commit::WriteSet;
 use crate::io::{IoOutcome, MemberIo};
+use crate::personality::parts::Parts;
 use crate::personality::raid456_heal::Heal;
 use crate::personality::Copies;
 use layout::Loc;
@@ -59,7 +59,7 @@ impl Copies {
     /// whose copies differed (md's `mismatch_cnt`).
     pub(crate) fn settle_copies(
         &self,
-        array: &Array,
+        array: &Parts,
         at: u64,
         len: u64,
         mode: Heal,
@@ -87,7 +87,7 @@ impl Copies {
 
     fn settle_run(
         &self,
-        array: &Array,
+        array: &Parts,
         at: u64,
         copies: &layout::Copies,
         n: usize,
@@ -98,13 +98,7 @@ impl Copies {
         let pages = n.div_ceil(PAGE);
         // Settling as found needs every copy of the run: with one missing, the copies left
         // cannot tell a torn write from damage.
-        let mode = array.sync.settle_scope(
-            &*array.policy,
-            mode,
-            at,
-            n as u64,
-            plans.len() == copies.len(),
-        );
+        let mode = array.settle_scope(mode, at, n as u64, plans.len() == copies.len());
         let fix = mode != Heal::Count;
         let mut truth = array.bufs.get(n);
         let (mut mismatched, mut failing, mut settled) = (0u64, 0usize, 0usize);
@@ -166,7 +160,7 @@ impl Copies {
     /// Read every in-sync copy of the run; the copies that returned bytes.
     fn read_copies(
         &self,
-        array: &Array,
+        array: &Parts,
         at: u64,
         copies: &layout::Copies,
         n: usize,
@@ -218,7 +212,7 @@ impl Copies {
     /// for a check (which counts it) and after an unclean stop (the first copy stands).
     fn choose_copy(
         &self,
-        array: &Array,
+        array: &Parts,
         plans: &mut [CopyPlan],
         pg: usize,
         ok: &[bool],
@@ -279,7 +273,7 @@ impl Copies {
     /// survivor's only other record (see `Integrity::load`).
     fn follow_truth_in_missing_copies(
         &self,
-        array: &Array,
+        array: &Parts,
         copies: &layout::Copies,
         plans: &[CopyPlan],
         truth: &[u8],
@@ -300,7 +294,7 @@ impl Copies {
     /// Page `pg` of every copy read (array byte `off`) fails verification.
     fn no_copy_passes(
         &self,
-        array: &Array,
+        array: &Parts,
         plans: &[CopyPlan],
         pg: usize,
         off: u64,
@@ -328,7 +322,7 @@ impl Copies {
     }
 
     /// Do the copies' records of page `pg` agree (true without records)?
-    fn records_agree(&self, array: &Array, plans: &[CopyPlan], pg: usize) -> bool {
+    fn records_agree(&self, array: &Parts, plans: &[CopyPlan], pg: usize) -> bool {
         let Some(integ) = &array.integrity else {
             return true;
         };
@@ -345,7 +339,7 @@ impl Copies {
 
     fn report_copy_findings(
         &self,
-        array: &Array,
+        array: &Parts,
         at: u64,
         failing: usize,
         settled: usize,
@@ -377,7 +371,7 @@ impl Copies {
 
     /// Write the pages of `p` marked for rewrite from `truth`, in runs; pages that failed their
     /// records are read back and must verify now.
-    fn rewrite_copy(&self, array: &Array, at: u64, p: &CopyPlan, truth: &[u8]) -> Result<()> {
+    fn rewrite_copy(&self, array: &Parts, at: u64, p: &CopyPlan, truth: &[u8]) -> Result<()> {
         let n = truth.len();
         let mut pg = 0;
         while pg < p.rewrite.len() {
@@ -422,7 +416,7 @@ impl Copies {
 
     /// Read rewritten pages of `dev` again: each that verifies counts as repaired; a member whose
     /// rewrites keep reading back wrong is failed.
-    fn read_back(&self, array: &Array, dev: usize, dev_off: u64, len: usize, counted: &[bool]) {
+    fn read_back(&self, array: &Parts, dev: usize, dev_off: u64, len: usize, counted: &[bool]) {
         let integ = array.integrity.as_ref().expect("records");
         let mut back = array.bufs.get(len);
         let mut io = [MemberIo::read(&array.members, dev, dev_off, &mut back)];

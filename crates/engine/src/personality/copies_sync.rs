@@ -2,10 +2,10 @@
 //! copy, resync and check/repair compare the copies, verify reads do the same over the 4 KiB
 //! pages under a client's ranges. Each window takes the region lock client writes take.
 
-use crate::array::Array;
 use crate::error::Result;
 use crate::io::MemberIo;
 use crate::lock::LockRange;
+use crate::personality::parts::Parts;
 use crate::personality::raid456_heal::Heal;
 use crate::personality::Copies;
 use crate::work::{in_pieces, Stop, PIECES_IN_FLIGHT};
@@ -20,7 +20,7 @@ impl Copies {
     /// region's lock; returns where the next step starts.
     pub(crate) fn recover_copies(
         &self,
-        array: &Array,
+        array: &Parts,
         step: u64,
         role: usize,
         pos: u64,
@@ -43,7 +43,7 @@ impl Copies {
                 |&d| self.recover_piece(array, role, at + d, off + d, piece.min(len - d)),
             )?;
             let lost: Vec<u64> = lost.into_iter().flatten().collect();
-            array.sync.record_unrebuilt(array, role, &lost);
+            array.record_unrebuilt(role, &lost);
             array.members.slots[role].advance(off + len);
         } else {
             array.members.slots[role].advance(off + len);
@@ -56,7 +56,7 @@ impl Copies {
     /// could give.
     fn recover_piece(
         &self,
-        array: &Array,
+        array: &Parts,
         role: usize,
         at: u64,
         off: u64,
@@ -71,7 +71,7 @@ impl Copies {
             }
             Err(stop) => return Err(stop),
         };
-        array.sync.write_rebuilt(array, role, off, &buf)?;
+        array.write_rebuilt(role, off, &buf)?;
         Ok(lost)
     }
 
@@ -79,16 +79,12 @@ impl Copies {
     /// a time: mismatched sectors and bytes verified.
     pub(crate) fn verify_copies(
         &self,
-        array: &Array,
+        array: &Parts,
         step: u64,
         ranges: &[(u64, u64)],
         fix: bool,
     ) -> Result<(u64, u64)> {
-        let heal = if fix {
-            array.sync.heal_mode()
-        } else {
-            Heal::Count
-        };
+        let heal = if fix { array.heal_mode() } else { Heal::Count };
         let pages = crate::intervals::merge_nonempty(
             ranges
                 .iter()
@@ -104,7 +100,7 @@ impl Copies {
                 let len = (step - at % step).min(b - at);
                 bad += self
                     .scrub_mirror(array, at, len, heal)
-                    .map_err(|e| array.sync.verify_failed(array, at, len, e))?;
+                    .map_err(|e| array.verify_failed(at, len, e))?;
                 at += len;
             }
             bytes += b - a;
@@ -118,7 +114,7 @@ impl Copies {
     /// copies into `buf`; returns the member bytes of the pages no copy could give (left zero).
     fn read_copies_by_page(
         &self,
-        array: &Array,
+        array: &Parts,
         role: usize,
         at: u64,
         off: u64,
@@ -141,7 +137,7 @@ impl Copies {
     /// the read fails.
     pub(crate) fn read_other_copy(
         &self,
-        array: &Array,
+        array: &Parts,
         skip: usize,
         at: u64,
         buf: &mut [u8],
@@ -190,7 +186,7 @@ impl Copies {
     /// `None`: the chunk at `pos` needs work.
     pub(crate) fn skip_raid10_chunks(
         &self,
-        array: &Array,
+        array: &Parts,
         role: usize,
         pos: u64,
         end: u64,
@@ -236,7 +232,7 @@ impl Copies {
     /// counts, repair and resync rewrite.
     pub(crate) fn scrub_mirror(
         &self,
-        array: &Array,
+        array: &Parts,
         at: u64,
         len: u64,
         heal: Heal,

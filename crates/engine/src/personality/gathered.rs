@@ -12,9 +12,9 @@
 //! the stripe budget at once (all or nothing), so no part is held while another is waited for.
 //! Levels without a stripe cache run the writes one after the other.
 
-use crate::array::Array;
 use crate::error::{EngineError, Result};
 use crate::personality::intent::WriteIntent;
+use crate::personality::parts::Parts;
 use crate::personality::Parity;
 
 /// One write of a gathered run.
@@ -26,37 +26,14 @@ pub struct GatheredWrite<'a> {
     pub intent: Option<WriteIntent>,
 }
 
-impl Array {
-    /// Writes that arrived together: one result per write, in order. They must not overlap
-    /// (a frontend gathers a sequential stream: each begins where the one before ends).
-    pub fn write_gathered(&self, writes: Vec<GatheredWrite<'_>>) -> Vec<Result<()>> {
-        if !self.geometry.level().is_parity() || writes.len() < 2 {
-            return writes
-                .into_iter()
-                .map(|w| self.write_with(w.offset_bytes, w.data, w.fua, w.intent))
-                .collect();
-        }
-        let n = writes.len();
-        self.sync.note_client_io();
-        match self.as_client_write(|| Ok(self.parity().write_gathered(self, writes))) {
-            Ok(results) => results,
-            Err(EngineError::ReadOnly { array, reason }) => (0..n)
-                .map(|_| {
-                    Err(EngineError::ReadOnly {
-                        array: array.clone(),
-                        reason: reason.clone(),
-                    })
-                })
-                .collect(),
-            Err(e) => unreachable!("a client write is refused only as read-only: {e}"),
-        }
-    }
-}
-
 impl Parity {
     /// [`Array::write_gathered`] on the stripe path: the run's pieces are placed into their
     /// stripes together, so that a stripe they fill is written once.
-    fn write_gathered(&self, array: &Array, writes: Vec<GatheredWrite<'_>>) -> Vec<Result<()>> {
+    pub(crate) fn write_gathered(
+        &self,
+        array: &Parts,
+        writes: Vec<GatheredWrite<'_>>,
+    ) -> Vec<Result<()>> {
         let mut results: Vec<Option<Result<()>>> = Vec::with_capacity(writes.len());
         let mut taken = Vec::new();
         for w in writes {

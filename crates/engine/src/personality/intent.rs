@@ -10,54 +10,38 @@
 //! withdraws the announcement. Invariant: every row announced by an intent is either handed to
 //! the write or unannounced and released on drop, exactly once.
 
-use crate::array::Array;
-use crate::error::Result;
-use crate::personality::stripe_cache::Row;
+use crate::personality::parts::Parts;
+use crate::personality::stripe_cache::{Row, StripeCache};
 use std::sync::Arc;
 
 /// A write announced to the stripes it will touch (parity levels; empty for the others and
 /// for ranges a write would refuse).
 pub struct WriteIntent {
-    array: Arc<Array>,
+    /// The announcing array's stripe cache (where the rows go back on drop).
+    pub(crate) stripes: Arc<StripeCache>,
     offset_bytes: u64,
     len_bytes: u64,
     /// Announced rows not yet handed over, each with a reference taken on it.
     rows: Vec<(u64, Arc<Row>)>,
 }
 
-impl Array {
-    /// Announce a write of `len_bytes` at `offset_bytes` whose data is still on its way.
-    pub fn intend_write(self: &Arc<Self>, offset_bytes: u64, len_bytes: u64) -> WriteIntent {
-        let announced = self.geometry.level().is_parity()
-            && len_bytes > 0
-            && !self.is_read_only()
-            && self.check_range(offset_bytes, len_bytes).is_ok();
-        let rows = if announced {
-            self.parity()
-                .announce_rows(self, offset_bytes, len_bytes as usize)
-        } else {
-            Vec::new()
-        };
+impl WriteIntent {
+    /// An intent for `len_bytes` at `offset_bytes` on the array whose stripes are `stripes`,
+    /// with the rows announced for it.
+    pub(crate) fn new(
+        stripes: Arc<StripeCache>,
+        offset_bytes: u64,
+        len_bytes: u64,
+        rows: Vec<(u64, Arc<Row>)>,
+    ) -> Self {
         WriteIntent {
-            array: self.clone(),
+            stripes,
             offset_bytes,
             len_bytes,
             rows,
         }
     }
 
-    /// [`Array::write`] of the write `intent` announced (same offset and length).
-    pub fn write_intended(&self, intent: WriteIntent, data: &[u8], fua: bool) -> Result<()> {
-        assert!(
-            std::ptr::eq(&*intent.array, self),
-            "a write intent used on another array"
-        );
-        let offset_bytes = intent.offset_bytes;
-        self.write_with(offset_bytes, data, fua, Some(intent))
-    }
-}
-
-impl WriteIntent {
     /// Where the announced write starts (array bytes).
     pub(crate) fn offset_bytes(&self) -> u64 {
         self.offset_bytes
@@ -66,7 +50,7 @@ impl WriteIntent {
     /// Hand the announced rows to the write of `len` bytes at `offset_bytes` on `array`.
     pub(crate) fn take_rows(
         mut self,
-        array: &Array,
+        array: &Parts,
         offset_bytes: u64,
         len: usize,
     ) -> Vec<(u64, Arc<Row>)> {
@@ -87,7 +71,7 @@ impl Drop for WriteIntent {
     fn drop(&mut self) {
         for (row, r) in self.rows.drain(..) {
             r.unannounce();
-            self.array.stripes.put(row);
+            self.stripes.put(row);
         }
     }
 }

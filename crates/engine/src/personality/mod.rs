@@ -23,14 +23,17 @@ pub(crate) mod copies_heal;
 pub(crate) mod copies_sync;
 pub(crate) mod gathered;
 pub(crate) mod intent;
+pub(crate) mod parts;
 pub(crate) mod raid456;
 pub(crate) mod raid456_heal;
 pub(crate) mod raid456_sync;
 pub(crate) mod raid456_writeback;
+pub(crate) mod rebuilt;
 pub(crate) mod stripe_cache;
+pub(crate) mod verify;
 
-use crate::array::Array;
 use crate::error::Result;
+use crate::personality::parts::Parts;
 use crate::work::{Stop, SyncAction};
 use layout::{Geometry, Level};
 use std::sync::atomic::AtomicUsize;
@@ -117,11 +120,11 @@ pub(crate) trait Personality: Send + Sync {
         None
     }
 
-    fn read(&self, a: &Array, offset_bytes: u64, buf: &mut [u8]) -> Result<()>;
+    fn read(&self, a: &Parts, offset_bytes: u64, buf: &mut [u8]) -> Result<()>;
 
     fn write(
         &self,
-        a: &Array,
+        a: &Parts,
         offset_bytes: u64,
         data: &[u8],
         fua: bool,
@@ -129,13 +132,13 @@ pub(crate) trait Personality: Send + Sync {
     ) -> Result<()>;
 
     /// Rebuild one window of `role` at `pos`; returns where the next window starts.
-    fn recover_window(&self, a: &Array, role: usize, pos: u64, end: u64) -> Result<u64, Stop>;
+    fn recover_window(&self, a: &Parts, role: usize, pos: u64, end: u64) -> Result<u64, Stop>;
 
     /// One window of a resync, check or repair at sync coordinate `pos`; returns where the next
     /// starts and the mismatched sectors found.
     fn scrub_window(
         &self,
-        a: &Array,
+        a: &Parts,
         action: SyncAction,
         pos: u64,
         end: u64,
@@ -143,7 +146,7 @@ pub(crate) trait Personality: Send + Sync {
 
     /// Verify reads over array byte ranges (checked, in range): mismatched sectors and bytes
     /// verified.
-    fn verify(&self, a: &Array, ranges: &[(u64, u64)], fix: bool) -> Result<(u64, u64)>;
+    fn verify(&self, a: &Parts, ranges: &[(u64, u64)], fix: bool) -> Result<(u64, u64)>;
 }
 
 /// The personality of a geometry: the level match the rest of the engine does not make.
@@ -212,13 +215,13 @@ impl Personality for Striped {
         self.g.chunk_sectors().max(8) * 512
     }
 
-    fn read(&self, a: &Array, offset_bytes: u64, buf: &mut [u8]) -> Result<()> {
+    fn read(&self, a: &Parts, offset_bytes: u64, buf: &mut [u8]) -> Result<()> {
         self.one_copy.mirror_read(a, offset_bytes, buf)
     }
 
     fn write(
         &self,
-        a: &Array,
+        a: &Parts,
         offset_bytes: u64,
         data: &[u8],
         fua: bool,
@@ -230,13 +233,13 @@ impl Personality for Striped {
     // The walker and `verify` refuse levels without redundancy before they get here; a
     // member's superblock claiming a partial rebuild on one (md never writes that) still gets
     // an error, not a crash.
-    fn recover_window(&self, a: &Array, _role: usize, _pos: u64, _end: u64) -> Result<u64, Stop> {
+    fn recover_window(&self, a: &Parts, _role: usize, _pos: u64, _end: u64) -> Result<u64, Stop> {
         Err(Stop::Failed(no_redundancy(a, "rebuild a member from")))
     }
 
     fn scrub_window(
         &self,
-        a: &Array,
+        a: &Parts,
         _action: SyncAction,
         _pos: u64,
         _end: u64,
@@ -244,13 +247,13 @@ impl Personality for Striped {
         Err(Stop::Failed(no_redundancy(a, "compare")))
     }
 
-    fn verify(&self, a: &Array, _ranges: &[(u64, u64)], _fix: bool) -> Result<(u64, u64)> {
+    fn verify(&self, a: &Parts, _ranges: &[(u64, u64)], _fix: bool) -> Result<(u64, u64)> {
         Err(no_redundancy(a, "verify"))
     }
 }
 
 /// What a background window on a level without redundancy fails with.
-fn no_redundancy(a: &Array, what: &str) -> crate::error::EngineError {
+fn no_redundancy(a: &Parts, what: &str) -> crate::error::EngineError {
     crate::error::EngineError::Unsupported(format!(
         "{} ({}) has no redundancy to {what}",
         a.name,
@@ -350,13 +353,13 @@ impl Personality for Copies {
         }
     }
 
-    fn read(&self, a: &Array, offset_bytes: u64, buf: &mut [u8]) -> Result<()> {
+    fn read(&self, a: &Parts, offset_bytes: u64, buf: &mut [u8]) -> Result<()> {
         self.mirror_read(a, offset_bytes, buf)
     }
 
     fn write(
         &self,
-        a: &Array,
+        a: &Parts,
         offset_bytes: u64,
         data: &[u8],
         fua: bool,
@@ -365,13 +368,13 @@ impl Personality for Copies {
         self.mirror_write(a, offset_bytes, data, fua)
     }
 
-    fn recover_window(&self, a: &Array, role: usize, pos: u64, end: u64) -> Result<u64, Stop> {
+    fn recover_window(&self, a: &Parts, role: usize, pos: u64, end: u64) -> Result<u64, Stop> {
         self.recover_copies(a, self.recovery_unit(), role, pos, end)
     }
 
     fn scrub_window(
         &self,
-        a: &Array,
+        a: &Parts,
         action: SyncAction,
         pos: u64,
         end: u64,
@@ -383,7 +386,7 @@ impl Personality for Copies {
         Ok((off + len, bad))
     }
 
-    fn verify(&self, a: &Array, ranges: &[(u64, u64)], fix: bool) -> Result<(u64, u64)> {
+    fn verify(&self, a: &Parts, ranges: &[(u64, u64)], fix: bool) -> Result<(u64, u64)> {
         self.verify_copies(a, self.recovery_unit(), ranges, fix)
     }
 }
@@ -442,13 +445,13 @@ impl Personality for Parity {
         self.g.chunk_sectors() * 512
     }
 
-    fn read(&self, a: &Array, offset_bytes: u64, buf: &mut [u8]) -> Result<()> {
+    fn read(&self, a: &Parts, offset_bytes: u64, buf: &mut [u8]) -> Result<()> {
         self.parity_read(a, offset_bytes, buf)
     }
 
     fn write(
         &self,
-        a: &Array,
+        a: &Parts,
         offset_bytes: u64,
         data: &[u8],
         fua: bool,
@@ -457,13 +460,13 @@ impl Personality for Parity {
         self.parity_write(a, offset_bytes, data, fua, intent)
     }
 
-    fn recover_window(&self, a: &Array, role: usize, pos: u64, end: u64) -> Result<u64, Stop> {
+    fn recover_window(&self, a: &Parts, role: usize, pos: u64, end: u64) -> Result<u64, Stop> {
         self.recover_rows(a, role, pos, end)
     }
 
     fn scrub_window(
         &self,
-        a: &Array,
+        a: &Parts,
         action: SyncAction,
         pos: u64,
         end: u64,
@@ -471,7 +474,7 @@ impl Personality for Parity {
         self.scrub_rows(a, action, pos, end)
     }
 
-    fn verify(&self, a: &Array, ranges: &[(u64, u64)], fix: bool) -> Result<(u64, u64)> {
+    fn verify(&self, a: &Parts, ranges: &[(u64, u64)], fix: bool) -> Result<(u64, u64)> {
         self.verify_rows(a, ranges, fix)
     }
 }

@@ -22,7 +22,6 @@
 //! failure marks the member faulty and the interval is planned again (now degraded); a write
 //! failure marks it faulty and the stripe stays recoverable through the remaining members.
 
-use crate::array::Array;
 use crate::cluster::OwnedStripes;
 use crate::error::{EngineError, Result};
 use crate::intervals::merge;
@@ -31,6 +30,7 @@ use crate::io::commit::StripeImage;
 use crate::io::commit::WriteSet;
 use crate::io::{IoOutcome, MemberIo};
 use crate::personality::intent::WriteIntent;
+use crate::personality::parts::Parts;
 use crate::personality::raid456_heal::Heal;
 use crate::personality::stripe_cache::{covers_all, BatchError, Completion, Piece, Row};
 use crate::personality::Parity;
@@ -44,7 +44,7 @@ const PAGE: u64 = 4096;
 /// How often one interval may be planned again after member failures before giving up.
 const MAX_REPLANS: usize = 4;
 
-/// A write whose pieces are in their rows: what [`Array::parity_wait`] waits for.
+/// A write whose pieces are in their rows: what [`Parity::parity_wait`] waits for.
 pub(crate) struct Placed {
     offset_bytes: u64,
     len_bytes: u64,
@@ -60,8 +60,8 @@ pub(crate) enum Outcome {
     Degrade,
 }
 
-/// How an interval of a stripe is written (see [`Array::plan_write`]).
-/// What a reconstruction from a row a crash may have torn is for (see [`Array::torn_guess`]).
+/// How an interval of a stripe is written (see [`Parity::plan_write`]).
+/// What a reconstruction from a row a crash may have torn is for (see [`Parity::torn_guess`]).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(crate) enum Torn {
     /// A client would be served it: refused, an unrecoverable read, counted and announced.
@@ -96,7 +96,7 @@ fn replan_after(ios: &[MemberIo<'_>]) -> Outcome {
     }
 }
 
-/// What [`Array::read_present`] read: every member's buffer, the members missing over the
+/// What [`Parity::read_present`] read: every member's buffer, the members missing over the
 /// range, and those of them whose read failed.
 const TORN_REASON: &str =
     "the block must be rebuilt from a row a crash may have torn (resync pending while degraded)";
@@ -125,7 +125,7 @@ impl Parity {
     /// as the guard lives (a cluster's nodes write a stripe one at a time).
     pub(crate) fn own_rows<'a>(
         &self,
-        array: &'a Array,
+        array: &'a Parts,
         offset_bytes: u64,
         len: u64,
     ) -> std::result::Result<OwnedStripes<'a>, String> {
@@ -157,7 +157,7 @@ impl Parity {
 
     pub(crate) fn parity_read(
         &self,
-        array: &Array,
+        array: &Parts,
         offset_bytes: u64,
         buf: &mut [u8],
     ) -> Result<()> {
@@ -215,7 +215,7 @@ impl Parity {
     /// records check them); false if the member is not in sync there or the read failed.
     fn read_own_chunk(
         &self,
-        array: &Array,
+        array: &Parts,
         dev: usize,
         at: u64,
         skip: u64,
@@ -240,7 +240,7 @@ impl Parity {
 
     fn degraded_read(
         &self,
-        array: &Array,
+        array: &Parts,
         row: u64,
         d: usize,
         off: u64,
@@ -302,7 +302,7 @@ impl Parity {
     /// pieces instead of writing its batch without them. In the order the pieces come.
     pub(crate) fn announce_rows(
         &self,
-        array: &Array,
+        array: &Parts,
         offset_bytes: u64,
         len: usize,
     ) -> Vec<(u64, Arc<Row>)> {
@@ -320,7 +320,7 @@ impl Parity {
     /// `intent`: the same write, announced before its data arrived (see [`WriteIntent`]).
     pub(crate) fn parity_write(
         &self,
-        array: &Array,
+        array: &Parts,
         offset_bytes: u64,
         data: &[u8],
         fua: bool,
@@ -347,7 +347,7 @@ impl Parity {
     /// found without a leader are appended to `led`, which the caller must then lead.
     pub(crate) fn parity_place(
         &self,
-        array: &Array,
+        array: &Parts,
         offset_bytes: u64,
         data: &[u8],
         fua: bool,
@@ -375,7 +375,7 @@ impl Parity {
     }
 
     /// Wait for a placed write's pieces to be written and let go of its rows.
-    pub(crate) fn parity_wait(&self, array: &Array, placed: Placed) -> Result<()> {
+    pub(crate) fn parity_wait(&self, array: &Parts, placed: Placed) -> Result<()> {
         let res = placed.done.wait();
         for (row, _) in placed.rows {
             array.stripes.put(row);
@@ -404,7 +404,7 @@ impl Parity {
     /// caller now leads it.
     fn place<'p>(
         &self,
-        array: &Array,
+        array: &Parts,
         r: &Row,
         pieces: impl Iterator<Item = &'p (u64, usize, u64, usize, usize)>,
         data: &[u8],
@@ -440,7 +440,7 @@ impl Parity {
 
     /// Claim the row, gather what writers are still placing into it (up to the write hold),
     /// take every pending piece as one batch and write it.
-    pub(crate) fn lead_batch(&self, array: &Array, row: u64, r: &Row) {
+    pub(crate) fn lead_batch(&self, array: &Parts, row: u64, r: &Row) {
         let m = self.g.data_disks();
         let st = r.claim(r.st.lock());
         let deadline = Instant::now() + array.config.write_hold;
@@ -468,7 +468,7 @@ impl Parity {
         }
     }
 
-    fn write_batch(&self, array: &Array, row: u64, batch: &[Piece]) -> Result<()> {
+    fn write_batch(&self, array: &Parts, row: u64, batch: &[Piece]) -> Result<()> {
         if array.policy.logs_pages() {
             if array.policy.write_back() && self.cache_batch(array, row, batch)? {
                 return Ok(());
@@ -503,7 +503,7 @@ impl Parity {
 
     fn write_interval(
         &self,
-        array: &Array,
+        array: &Parts,
         row: u64,
         roles: &StripeRoles,
         a: u64,
@@ -569,7 +569,7 @@ impl Parity {
     /// neither can run without a missing chunk does the write read every member and reconstruct.
     pub(crate) fn plan_write(
         &self,
-        array: &Array,
+        array: &Parts,
         roles: &StripeRoles,
         at: u64,
         len: u64,
@@ -632,7 +632,7 @@ impl Parity {
     }
 
     /// Whether `dev`'s member has all of `at..at + len` recorded bad.
-    fn recorded_bad(&self, array: &Array, dev: usize, at: u64, len: u64) -> bool {
+    fn recorded_bad(&self, array: &Parts, dev: usize, at: u64, len: u64) -> bool {
         array
             .members
             .slot(dev)
@@ -640,7 +640,7 @@ impl Parity {
             .is_some_and(|m| m.health.covers(at, len))
     }
 
-    fn rcw_write(&self, array: &Array, c: &Interval<'_>) -> Result<Outcome> {
+    fn rcw_write(&self, array: &Parts, c: &Interval<'_>) -> Result<Outcome> {
         let len = (c.b - c.a) as usize;
         let at = c.row * self.chunk_bytes() + c.a;
         // A chunk written whole by one piece is used as it is: no copy into a stripe buffer.
@@ -691,7 +691,7 @@ impl Parity {
 
     /// [`WritePlan::DataOnly`]: the dirty data chunks, their old bytes read where the batch
     /// does not cover them whole; the parity stays as it is, recorded bad.
-    fn data_only_write(&self, array: &Array, c: &Interval<'_>) -> Result<Outcome> {
+    fn data_only_write(&self, array: &Parts, c: &Interval<'_>) -> Result<Outcome> {
         let len = (c.b - c.a) as usize;
         let at = c.row * self.chunk_bytes() + c.a;
         let dirty: Vec<usize> = (0..c.dirty.len()).filter(|&d| c.dirty[d]).collect();
@@ -720,7 +720,7 @@ impl Parity {
         Ok(Outcome::Done)
     }
 
-    fn rmw_write(&self, array: &Array, c: &Interval<'_>) -> Result<Outcome> {
+    fn rmw_write(&self, array: &Parts, c: &Interval<'_>) -> Result<Outcome> {
         let len = (c.b - c.a) as usize;
         let at = c.row * self.chunk_bytes() + c.a;
         let dirty: Vec<usize> = (0..c.dirty.len()).filter(|&d| c.dirty[d]).collect();
@@ -744,7 +744,7 @@ impl Parity {
     /// Returns the new data (in `dirty`'s order), P and Q; `Err`: a member failed meanwhile.
     pub(crate) fn rmw_compute(
         &self,
-        array: &Array,
+        array: &Parts,
         roles: &StripeRoles,
         at: u64,
         len: usize,
@@ -788,7 +788,7 @@ impl Parity {
         Ok((new_data, p, q))
     }
 
-    fn degraded_write(&self, array: &Array, c: &Interval<'_>) -> Result<Outcome> {
+    fn degraded_write(&self, array: &Parts, c: &Interval<'_>) -> Result<Outcome> {
         let at = c.row * self.chunk_bytes() + c.a;
         // The write leaves the row exposed as it was (its bit stays set): what it rebuilds
         // here is not served, only carried into the parity.
@@ -812,7 +812,7 @@ impl Parity {
     /// in sync there (a missing or rebuilding one gets its bytes from the rebuild).
     fn write_row(
         &self,
-        array: &Array,
+        array: &Parts,
         c: &Interval<'_>,
         at: u64,
         data: &[(usize, &[u8])],
@@ -883,11 +883,11 @@ impl Parity {
         res
     }
 
-    /// Whether `row` is one of [`Array::exposed_rows`].
-    pub(crate) fn row_exposed(&self, array: &Array, row: u64) -> bool {
+    /// Whether `row` is one of [`exposed_rows`].
+    pub(crate) fn row_exposed(&self, array: &Parts, row: u64) -> bool {
         let chunk = self.chunk_bytes();
         array.policy.torn_bytes().is_some()
-            && array.sync.resync_owed()
+            && array.walker.resync_owed()
             && !array
                 .policy
                 .next_to_resync(row * chunk, (row + 1) * chunk)
@@ -901,7 +901,7 @@ impl Parity {
     /// row and the data index of the guessed chunk.
     pub(crate) fn torn_guess(
         &self,
-        array: &Array,
+        array: &Parts,
         at: u64,
         bufs: &[PoolBuf],
         missing: &[usize],
@@ -937,10 +937,9 @@ impl Parity {
 
     /// A degraded read of data chunk `d` of an exposed row, without records to check the
     /// reconstruction against: an unrecoverable read, not a guess.
-    fn refuse_torn(&self, array: &Array, row: u64, d: usize, off: u64, len: usize) -> EngineError {
+    fn refuse_torn(&self, array: &Parts, row: u64, d: usize, off: u64, len: usize) -> EngineError {
         let at = self.array_offset(row, d, off);
         let n = array
-            .sync
             .torn_reads_refused
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         tracing::error!(array = %array.name, offset = at, len,
@@ -963,7 +962,7 @@ impl Parity {
     /// P (and Q) of a stripe's data chunks, given in data-index order.
     pub(crate) fn compute_parity(
         &self,
-        array: &Array,
+        array: &Parts,
         roles: &StripeRoles,
         data: &[&[u8]],
     ) -> (PoolBuf, Option<PoolBuf>) {
@@ -983,17 +982,16 @@ impl Parity {
     }
 
     /// One row's chunks over `at..at + len` (member bytes), the missing ones reconstructed
-    /// ([`Array::read_rebuilt`]).
+    /// ([`Parity::read_rebuilt`]).
     pub(crate) fn read_row(
         &self,
-        array: &Array,
+        array: &Parts,
         roles: &StripeRoles,
         at: u64,
         len: usize,
         torn: Torn,
     ) -> Result<Option<RowBufs>> {
-        let Some(dev_bufs) = self.read_rebuilt(array, at, len, array.sync.heal_mode(), torn)?
-        else {
+        let Some(dev_bufs) = self.read_rebuilt(array, at, len, array.heal_mode(), torn)? else {
             return Ok(None);
         };
         let mut by_dev: Vec<Option<PoolBuf>> = dev_bufs.into_iter().map(Some).collect();
@@ -1012,7 +1010,7 @@ impl Parity {
     /// meanwhile; plan again.
     pub(crate) fn read_rebuilt(
         &self,
-        array: &Array,
+        array: &Parts,
         at: u64,
         len: usize,
         heal: Heal,
@@ -1055,11 +1053,11 @@ impl Parity {
     /// chunks beyond the level's redundancy are found page by page and recorded as bad blocks
     /// on their members before the error returns.
     /// With integrity records, members that read back corrupt are healed page by page
-    /// ([`Array::heal`], as `heal` says); without, a corrupt member counts as missing over the
+    /// ([`Parity::heal`], as `heal` says); without, a corrupt member counts as missing over the
     /// whole range.
     pub(crate) fn read_present(
         &self,
-        array: &Array,
+        array: &Parts,
         at: u64,
         len: usize,
         heal: Heal,
@@ -1129,7 +1127,7 @@ impl Parity {
     /// by one) and record those the row cannot rebuild as bad blocks on their members.
     fn record_unreadable(
         &self,
-        array: &Array,
+        array: &Parts,
         at: u64,
         len: usize,
         missing: &[usize],
@@ -1283,7 +1281,7 @@ impl Interval<'_> {
     }
 }
 
-/// [`Array::exposed_rows`], from the parts it depends on.
+/// [`exposed_rows`], from the parts it depends on.
 pub(crate) fn exposed_rows(
     geometry: &layout::Geometry,
     slots: &[crate::members::Slot],

@@ -13,19 +13,19 @@
 //! * anything else is beyond redundancy: the request fails, no data is returned. A check
 //!   ([`Heal::Count`]) counts the page and goes on. Only after an unclean stop
 //!   ([`Heal::Settle`]), in a row a crash could have left mid-write and with every member of it
-//!   present ([`Array::settle_scope`]), is such a page settled as found, as md's resync does:
+//!   present ([`Parts::settle_scope`]), is such a page settled as found, as md's resync does:
 //!   its writes were unflushed, and old or new contents are both allowed. In a degraded row, a
 //!   rebuild, or a row the policy knows was consistent, it is damage: EIO.
 //!
 //! `action check` ([`Heal::Count`]) counts and rebuilds in memory only; `repair`, resync and
 //! every client path write the rebuilt blocks back.
 
-use crate::array::Array;
 use crate::error::Result;
 use crate::integrity::{BlockKind, Integrity};
 use crate::io::bufpool::PoolBuf;
 use crate::io::commit::WriteSet;
 use crate::io::MemberIo;
+use crate::personality::parts::Parts;
 use crate::personality::Parity;
 use layout::{ChunkRole, StripeRoles};
 
@@ -108,7 +108,7 @@ impl Parity {
     /// records; `bufs[dev]` holds member `dev`'s bytes at `at`, `missing` members hold nothing.
     pub(crate) fn heal(
         &self,
-        array: &Array,
+        array: &Parts,
         at: u64,
         bufs: &mut [PoolBuf],
         missing: &[usize],
@@ -120,13 +120,7 @@ impl Parity {
             .as_ref()
             .expect("heal needs integrity records");
         let pages = bufs[corrupt[0]].len() / PAGE;
-        let mode = array.sync.settle_scope(
-            &*array.policy,
-            mode,
-            at,
-            (pages * PAGE) as u64,
-            missing.is_empty(),
-        );
+        let mode = array.settle_scope(mode, at, (pages * PAGE) as u64, missing.is_empty());
         let mut tally = HealTally::default();
         for pg in 0..pages {
             let Some(page) = self.failed_page(integ, at, pg, bufs, corrupt) else {
@@ -239,7 +233,7 @@ impl Parity {
     /// Records for what was resolved; rewrites queued for what was rebuilt.
     fn apply_settled(
         &self,
-        array: &Array,
+        array: &Parts,
         integ: &Integrity,
         page: &FailedPage,
         bufs: &[PoolBuf],
@@ -272,7 +266,7 @@ impl Parity {
     /// an unclean stop.
     fn beyond_redundancy(
         &self,
-        array: &Array,
+        array: &Parts,
         integ: &Integrity,
         page: &FailedPage,
         bufs: &mut [PoolBuf],
@@ -319,7 +313,7 @@ impl Parity {
         Ok(())
     }
 
-    fn report_heal(&self, array: &Array, at: u64, mode: Heal, tally: &HealTally) {
+    fn report_heal(&self, array: &Parts, at: u64, mode: Heal, tally: &HealTally) {
         let kind = if mode == Heal::Count {
             "integrity_mismatch"
         } else {
@@ -348,7 +342,7 @@ impl Parity {
 
     /// Write a rebuilt block back to `dev` and read it again; a member that keeps returning
     /// wrong data after rewrites is failed.
-    fn rewrite_block(&self, array: &Array, dev: usize, off: u64, page: &[u8]) -> Result<()> {
+    fn rewrite_block(&self, array: &Parts, dev: usize, off: u64, page: &[u8]) -> Result<()> {
         let integ = array.integrity.as_ref().expect("integrity");
         let mut io = [MemberIo::write(&array.members, dev, off, page, false)];
         array
@@ -382,7 +376,7 @@ impl Parity {
     /// write from damage, and a reconstruction nothing vouches for is not served.
     pub(crate) fn verify_rebuilt(
         &self,
-        array: &Array,
+        array: &Parts,
         at: u64,
         bufs: &[PoolBuf],
         missing: &[usize],

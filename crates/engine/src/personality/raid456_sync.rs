@@ -3,12 +3,12 @@
 //! same over the page rows under a client's ranges. Each window takes the stripes' claims as
 //! client writes do (the walker that schedules and paces windows is `background/`).
 
-use crate::array::Array;
 use crate::error::Result;
 use crate::io::bufpool::PoolBuf;
 use crate::io::commit::WriteSet;
 use crate::io::MemberIo;
 use crate::lock::LockRange;
+use crate::personality::parts::Parts;
 use crate::personality::raid456::row_pieces;
 use crate::personality::raid456::Torn;
 use crate::personality::raid456_heal::Heal;
@@ -31,7 +31,7 @@ impl Parity {
     /// window under the stripes' claims; returns where the next window starts.
     pub(crate) fn recover_rows(
         &self,
-        array: &Array,
+        array: &Parts,
         role: usize,
         pos: u64,
         end: u64,
@@ -60,7 +60,7 @@ impl Parity {
     /// next position and the mismatched sectors.
     pub(crate) fn scrub_rows(
         &self,
-        array: &Array,
+        array: &Parts,
         action: SyncAction,
         pos: u64,
         end: u64,
@@ -86,7 +86,7 @@ impl Parity {
     /// verified.
     pub(crate) fn verify_rows(
         &self,
-        array: &Array,
+        array: &Parts,
         ranges: &[(u64, u64)],
         fix: bool,
     ) -> Result<(u64, u64)> {
@@ -108,7 +108,7 @@ impl Parity {
 
 impl Parity {
     /// Stripes per unit of background work: about `sync_window_bytes` of each member.
-    pub(crate) fn window_rows(&self, array: &Array) -> u64 {
+    pub(crate) fn window_rows(&self, array: &Parts) -> u64 {
         (array.config.sync_window_bytes / (self.g.chunk_sectors() * 512)).max(1)
     }
 
@@ -116,7 +116,7 @@ impl Parity {
     /// each stripe's missing chunks. `Ok(None)`: a member failed meanwhile; try again.
     pub(crate) fn read_window(
         &self,
-        array: &Array,
+        array: &Parts,
         r0: u64,
         r1: u64,
         heal: Heal,
@@ -125,11 +125,11 @@ impl Parity {
         self.read_span(array, r0 * chunk, (r1 - r0) * chunk, heal)
     }
 
-    /// [`Array::read_window`] over member bytes `at..at + len`: whole rows or parts of rows
+    /// [`Parity::read_window`] over member bytes `at..at + len`: whole rows or parts of rows
     /// (whole pages), each row's missing blocks reconstructed from the same bytes of the others.
     pub(crate) fn read_span(
         &self,
-        array: &Array,
+        array: &Parts,
         at: u64,
         len: u64,
         heal: Heal,
@@ -161,7 +161,7 @@ impl Parity {
     /// member. Every write has ended when this returns; the caller moves the in-sync point.
     pub(crate) fn rebuild_window(
         &self,
-        array: &Array,
+        array: &Parts,
         role: usize,
         r0: u64,
         r1: u64,
@@ -174,7 +174,7 @@ impl Parity {
         let lost = in_pieces(&pieces, at_once, array.io.is_deterministic(), |&at| {
             let end = (at + piece).min(r1 * chunk);
             let (bufs, gone) = self.read_rebuild_sources(array, at, end)?;
-            array.sync.write_rebuilt(array, role, at, &bufs[role])?;
+            array.write_rebuilt(role, at, &bufs[role])?;
             Ok(gone)
         })?;
         // After the writes (a write clears what it covers), before the in-sync point passes
@@ -185,7 +185,7 @@ impl Parity {
         // data then leave it as it is; a write of the lost data makes it whole). Integrity
         // records tell the two apart instead.
         let lost: Vec<u64> = lost.into_iter().flatten().collect();
-        for (at, len) in array.sync.record_unrebuilt(array, role, &lost) {
+        for (at, len) in array.record_unrebuilt(role, &lost) {
             if array.integrity.is_none() {
                 self.record_torn_parity(array, role, at, len);
             }
@@ -195,7 +195,7 @@ impl Parity {
 
     /// The parity of the rows of member bytes `at..at + len` a crash may have torn where
     /// `role` holds data, recorded bad.
-    fn record_torn_parity(&self, array: &Array, role: usize, at: u64, len: u64) {
+    fn record_torn_parity(&self, array: &Parts, role: usize, at: u64, len: u64) {
         let chunk = self.g.chunk_sectors() * 512;
         for (row, r) in row_pieces(at, len, chunk) {
             let roles = self.g.stripe_roles(row);
@@ -223,7 +223,7 @@ impl Parity {
     /// and the rebuild goes on past them, as md's recovery does.
     fn read_rebuild_sources(
         &self,
-        array: &Array,
+        array: &Parts,
         at: u64,
         end: u64,
     ) -> Result<(Vec<PoolBuf>, Vec<u64>), Stop> {
@@ -247,7 +247,7 @@ impl Parity {
 
     /// Enough members remain over member bytes `at..end` for the level to rebuild what is
     /// missing: what failed there is blocks, not members.
-    pub(crate) fn sources_left(&self, array: &Array, at: u64, end: u64) -> bool {
+    pub(crate) fn sources_left(&self, array: &Parts, at: u64, end: u64) -> bool {
         let absent = (0..self.g.raid_disks())
             .filter(|&dev| !array.members.slot(dev).in_sync(at, end - at))
             .count();
@@ -259,7 +259,7 @@ impl Parity {
     /// (left zero).
     pub(crate) fn read_sources_by_page(
         &self,
-        array: &Array,
+        array: &Parts,
         at: u64,
         end: u64,
     ) -> Result<(Vec<PoolBuf>, Vec<u64>), Stop> {
@@ -291,11 +291,11 @@ impl Parity {
     }
 
     /// One page row at member byte `at`, rebuilt; `None`: it cannot be (the error is logged).
-    fn read_source_page(&self, array: &Array, at: u64) -> Result<Option<Vec<PoolBuf>>, Stop> {
+    fn read_source_page(&self, array: &Parts, at: u64) -> Result<Option<Vec<PoolBuf>>, Stop> {
         let chunk = self.g.chunk_sectors() * 512;
         let row = at / chunk * chunk;
         for _ in 0..MAX_SOURCE_TRIES {
-            match self.read_rebuilt(array, at, PAGE as usize, array.sync.heal_mode(), Torn::Pass) {
+            match self.read_rebuilt(array, at, PAGE as usize, array.heal_mode(), Torn::Pass) {
                 Ok(Some(bufs)) => return Ok(Some(bufs)),
                 Ok(None) => continue,
                 Err(e) if self.sources_left(array, row, row + chunk) => {
@@ -319,7 +319,7 @@ impl Parity {
     /// records every block is verified first, and what fails is handled as `raid456_heal` says.
     pub(crate) fn scrub_window(
         &self,
-        array: &Array,
+        array: &Parts,
         r0: u64,
         r1: u64,
         fix: bool,
@@ -348,7 +348,7 @@ impl Parity {
     /// caller holds the rows' claims.
     pub(crate) fn scrub_span(
         &self,
-        array: &Array,
+        array: &Parts,
         at: u64,
         len: u64,
         fix: bool,
@@ -360,12 +360,12 @@ impl Parity {
         self.compare_span(array, at, &bufs, &[], fix)
     }
 
-    /// The parity comparison of [`Array::scrub_window`] over the member bytes `bufs` hold from
+    /// The parity comparison of [`Personality::scrub_window`] over the member bytes `bufs` hold from
     /// `at`, row by row. `lost` pages (member bytes) are passed: neither counted nor rewritten,
     /// nor is the rest of their row's parity (a parity write there would clear a record).
     fn compare_span(
         &self,
-        array: &Array,
+        array: &Parts,
         at: u64,
         bufs: &[PoolBuf],
         lost: &[u64],
@@ -422,7 +422,7 @@ impl Parity {
     /// The member bytes (whole 4 KiB pages, the same on every member) of the page rows under
     /// array bytes `off..off + len`: md checks a stripe 4 KiB at a time (`STRIPE_SIZE`), and so
     /// a verify read costs what was in flight, not whole chunk rows.
-    fn page_rows(&self, array: &Array, off: u64, len: u64) -> Vec<(u64, u64)> {
+    fn page_rows(&self, array: &Parts, off: u64, len: u64) -> Vec<(u64, u64)> {
         const PAGE: u64 = 4096;
         let chunk = self.g.chunk_sectors() * 512;
         let data_disks = self.g.data_disks() as u64;
@@ -441,16 +441,12 @@ impl Parity {
 
     /// Page rows over member bytes `a..b`, a window at a time, the window's rows claimed while
     /// they are checked.
-    fn verify_span(&self, array: &Array, a: u64, b: u64, fix: bool) -> Result<u64> {
+    fn verify_span(&self, array: &Parts, a: u64, b: u64, fix: bool) -> Result<u64> {
         let chunk = self.g.chunk_sectors() * 512;
         let window = self.window_rows(array) * chunk;
         // After an unclean stop, blocks that fail their records in rows a crash may have torn
         // are unflushed writes: settled as found, as the resync would (see `raid456_heal`).
-        let heal = if fix {
-            array.sync.heal_mode()
-        } else {
-            Heal::Count
-        };
+        let heal = if fix { array.heal_mode() } else { Heal::Count };
         let mut bad = 0;
         let mut at = a;
         while at < b {
@@ -479,7 +475,7 @@ impl Parity {
                 }
             };
             let rows = at / chunk * chunk * self.g.data_disks() as u64;
-            bad += found.map_err(|e| array.sync.verify_failed(array, rows, end - at, e))?;
+            bad += found.map_err(|e| array.verify_failed(rows, end - at, e))?;
             at = end;
         }
         Ok(bad)

@@ -23,13 +23,13 @@
 //! The cache is the journal's (`policy/journal.rs`); writing it home is the stripe path's, so
 //! these are the parity personality's methods, called by the journal through the array.
 
-use crate::array::Array;
 use crate::error::Result;
 use crate::intervals::merge;
 use crate::io::bufpool::PoolBuf;
 use crate::io::commit::StripeImage;
 use crate::io::commit::WriteSet;
 use crate::io::MemberIo;
+use crate::personality::parts::Parts;
 use crate::personality::raid456::{Torn, WritePlan};
 use crate::personality::stripe_cache::Piece;
 use crate::personality::Parity;
@@ -45,7 +45,7 @@ const MAX_REPLANS: usize = 4;
 impl Parity {
     /// Write-back: log and cache the batch's pages. False: write it through instead (degraded,
     /// cache full, no room in the ring, a member read failed).
-    pub(crate) fn cache_batch(&self, array: &Array, row: u64, batch: &[Piece]) -> Result<bool> {
+    pub(crate) fn cache_batch(&self, array: &Parts, row: u64, batch: &[Piece]) -> Result<bool> {
         let Some(j) = array.policy.journal() else {
             return Ok(false);
         };
@@ -113,7 +113,7 @@ impl Parity {
     }
 
     /// Write out what the cache holds of `row` (its claim is held by the caller).
-    pub(crate) fn write_out_row(&self, array: &Array, row: u64) -> Result<()> {
+    pub(crate) fn write_out_row(&self, array: &Parts, row: u64) -> Result<()> {
         let Some(j) = array.policy.journal() else {
             return Ok(());
         };
@@ -132,7 +132,7 @@ impl Parity {
         }
     }
 
-    fn write_out(&self, array: &Array, row: u64, cached: &CachedRow) -> Result<()> {
+    fn write_out(&self, array: &Parts, row: u64, cached: &CachedRow) -> Result<()> {
         let m = array.geometry.data_disks();
         let chunk = array.geometry.chunk_sectors() * 512;
         let roles = array.geometry.stripe_roles(row);
@@ -211,7 +211,7 @@ impl Parity {
     /// where one is missing) unless `full` says the cache overwrites it whole.
     fn read_rest_of_row(
         &self,
-        array: &Array,
+        array: &Parts,
         roles: &StripeRoles,
         at: u64,
         len: usize,
@@ -232,13 +232,13 @@ impl Parity {
 
     /// Write out the cached row whose units block the log's tail longest, if nobody holds it.
     /// Returns whether one was written out.
-    pub(crate) fn write_out_oldest(&self, array: &Array) -> bool {
+    pub(crate) fn write_out_oldest(&self, array: &Parts) -> bool {
         const FIRST: usize = 16;
         let Some(j) = array.policy.journal() else {
             return false;
         };
         // The oldest few; all of them only if those are all held.
-        let now = array.sync.clock.now();
+        let now = array.clock.now();
         let first = j.cached_rows_by_age(now, FIRST);
         let tried = first.len();
         if let Some(done) = self.write_out_first_free(array, first) {
@@ -258,7 +258,7 @@ impl Parity {
     /// Write out the first of `rows` nobody holds: whether that worked (None: all were held).
     fn write_out_first_free(
         &self,
-        array: &Array,
+        array: &Parts,
         rows: impl IntoIterator<Item = (u64, std::time::Duration)>,
     ) -> Option<bool> {
         for (row, _) in rows {
@@ -277,18 +277,18 @@ impl Parity {
     }
 
     /// Write out every cached row (a stop, or leaving write-back mode).
-    pub(crate) fn write_out_all(&self, array: &Array) -> Result<()> {
+    pub(crate) fn write_out_all(&self, array: &Parts) -> Result<()> {
         let Some(j) = array.policy.journal() else {
             return Ok(());
         };
-        let rows = j.cached_rows_by_age(array.sync.clock.now(), usize::MAX);
+        let rows = j.cached_rows_by_age(array.clock.now(), usize::MAX);
         self.write_out_claimed(array, rows.into_iter().map(|(row, _)| row))
     }
 
     /// Write out every cached row and wait for write-outs under way elsewhere (their row's
     /// claim is taken after them): when this returns, nothing is cached or being written out
     /// (unless a write-out failed: then its row is cached again and this fails).
-    pub(crate) fn write_out_pending(&self, array: &Array) -> Result<()> {
+    pub(crate) fn write_out_pending(&self, array: &Parts) -> Result<()> {
         let Some(j) = array.policy.journal() else {
             return Ok(());
         };
@@ -296,7 +296,7 @@ impl Parity {
     }
 
     /// Write out `rows` one by one, each under its row's claim; stops at the first failure.
-    fn write_out_claimed(&self, array: &Array, rows: impl IntoIterator<Item = u64>) -> Result<()> {
+    fn write_out_claimed(&self, array: &Parts, rows: impl IntoIterator<Item = u64>) -> Result<()> {
         for row in rows {
             let r = array.stripes.get(row);
             drop(r.claim(r.st.lock()));

@@ -31,11 +31,10 @@
 //! lock. Nothing holding the writer lock takes the metadata lock: member failures met while
 //! writing the bitmap are reported to the caller, who fails the members after letting go.
 
-use crate::array::Array;
 use crate::error::Result;
-use crate::lock::LockRange;
 use crate::members::paged::{PagedCopy, WriteFailures};
 use crate::members::{Member, MemberSet};
+use crate::policy::host::PolicyHost;
 use device::{AlignedBuf, Device};
 use format::{
     bit_is_set, BitmapSuper, BITMAP_HEADER_BYTES, BITMAP_OFFSET_SECTORS, BITMAP_PAGE_BYTES,
@@ -152,15 +151,25 @@ pub(crate) struct WriteIntentBitmap {
 impl WriteIntentBitmap {
     /// The bitmap daemon: a pass every `daemon_sleep` of the array's clock until the array
     /// stops its background work.
-    pub(crate) fn daemon(&self, array: &Array) {
-        let clock = array.sync.clock.clone();
+    pub(crate) fn daemon(&self, host: &dyn PolicyHost) {
+        let clock = host.clock();
         let mut last = clock.now();
-        array.sync.until_stopped(Duration::from_millis(100), || {
+        host.until_stopped(Duration::from_millis(100), &mut || {
             if clock.now().saturating_sub(last) >= self.daemon_sleep {
-                array.bitmap_pass();
+                self.pass(host);
                 last = clock.now();
             }
         });
+    }
+
+    /// One clean-up pass (the daemon runs one every `daemon_sleep`; the deterministic
+    /// simulation calls this instead). A read-only or fenced node clears nothing: it may not
+    /// write its slot.
+    pub(crate) fn pass(&self, host: &dyn PolicyHost) {
+        let fenced = host.members().coordinator().write_refusal().is_some();
+        if !host.is_read_only() && !fenced {
+            self.daemon_pass(host.members(), false, || host.flush_members());
+        }
     }
 
     /// The bitmap as assembly found it: `bits` is the union of the members' copies (all ones if
@@ -472,58 +481,3 @@ impl crate::members::EventRecorder for WriteIntentBitmap {
 /// Most a recovery skips in one step (clean chunks, unused regions): it holds the range lock
 /// over what it skips.
 pub(crate) const SKIP_MAX_BYTES: u64 = 256 << 20;
-
-impl Array {
-    /// Recovery of a member re-added with the bitmap, over chunks whose bit is clear: those
-    /// bytes are current on it already (every write it missed left its bit set, and no bit
-    /// clears while a role is rebuilding). Moves the in-sync point past them; `None` if there
-    /// is nothing to skip at `pos`.
-    pub(crate) fn skip_clean_for_recovery(&self, role: usize, pos: u64, end: u64) -> Option<u64> {
-        let slot = &self.members.slots[role];
-        if !slot.is_bitmap_guided() {
-            return None;
-        }
-        let bm = self.policy.bitmap()?;
-        if self.personality.recovery_maps_chunks() {
-            let clean = |at: u64, len: u64| bm.next_set(at, at + len) >= at + len;
-            let skipped =
-                self.copies()
-                    .skip_raid10_chunks(self, role, pos, end, clean, |_, _| Ok(()))?;
-            return skipped.ok(); // the closure does no I/O: it cannot fail
-        }
-        let unit = self.personality.recovery_unit();
-        let limit = end.min(pos + SKIP_MAX_BYTES);
-        let found = bm.next_set(pos, limit);
-        let target = if found == end {
-            end
-        } else {
-            found / unit * unit
-        };
-        if target <= pos {
-            return None;
-        }
-        // A write into the range either finished (its bit is set) or waits for this lock.
-        let _guard = self.range_lock().lock(LockRange::Sync {
-            at: pos,
-            len: target - pos,
-        });
-        if bm.next_set(pos, target) < target {
-            return None;
-        }
-        slot.advance(target);
-        Some(target)
-    }
-
-    /// One clean-up pass of the write-intent bitmap (the daemon runs one every
-    /// `daemon_sleep`; the deterministic simulation calls this instead).
-    pub fn bitmap_pass(&self) {
-        let fenced = self.members.coordinator().write_refusal().is_some();
-        if let Some(bm) = self
-            .policy
-            .bitmap()
-            .filter(|_| !self.is_read_only() && !fenced)
-        {
-            bm.daemon_pass(&self.members, false, || self.flush_members());
-        }
-    }
-}

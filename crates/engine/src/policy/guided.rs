@@ -1,42 +1,42 @@
 //! Guided resync (Denehy, Arpaci-Dusseau & Arpaci-Dusseau, FAST '05): after an unclean stop a
-//! `guided` array does not start its resync. The layer above knows which blocks were being
-//! written (a journaling file system's log says so) and names them; the array verifies those
-//! stripes ([`Array::verify`]) and then counts redundancy as good everywhere.
+//! `guided` array does not start its resync. The layer above knows which blocks were being written
+//! (a journaling file system's log says so) and names them; the array verifies those stripes
+//! ([`Array::verify`](crate::Array::verify)) and then counts redundancy as good everywhere.
 //!
-//! Until guidance ends, redundancy is not known to be good where the write-intent bitmap has
-//! bits left from the crash, so every client read there is preceded by a verify of the
-//! stripes it touches (each stripe once): nothing inconsistent is ever served.
+//! Until guidance ends, redundancy is not known to be good where the write-intent bitmap has bits
+//! left from the crash, so every client read there is preceded by a verify of the stripes it
+//! touches (each stripe once): nothing inconsistent is ever served.
 //!
 //! Guidance ends in one of two ways:
-//! * a guide reports done ([`Array::end_guidance`]): its ranges are verified, the bitmap's
-//!   crash bits are dropped, the array is in sync;
+//! * a guide reports done ([`Array::end_guidance`](crate::Array::end_guidance)): its ranges are
+//!   verified, the bitmap's crash bits are dropped, the array is in sync;
 //! * no guide in time (`ArrayConfig::guide_timeout`), a guide that refuses
-//!   ([`Array::fall_back`]), or a client write before any guide ran: the bitmap-guided resync
-//!   runs, as for the `bitmap` policy. A write ends guidance because the layer above may be
-//!   replaying its journal: once its log is cleared it no longer says what was in flight, so
-//!   guides run before the array is served (`run --guide`). The fallback is recorded on the
-//!   members (the used-region map's resync-owed flag) until its resync finishes, so a restart
+//!   ([`Array::fall_back`](crate::Array::fall_back)), or a client write before any guide ran: the
+//!   bitmap-guided resync runs, as for the `bitmap` policy. A write ends guidance because the layer
+//!   above may be replaying its journal: once its log is cleared it no longer says what was in
+//!   flight, so guides run before the array is served (`run --guide`). The fallback is recorded on
+//!   the members (the used-region map's resync-owed flag) until its resync finishes, so a restart
 //!   in between does not wait for a guide again.
 //!
 //! A guide can only name what the layer above follows: an ext4 journal knows nothing of an
-//! ordered-mode data write, a zero-out or a discard. A *write watch* installed by the layer
-//! above's guide ([`Array::set_write_watch`], study §3.6) judges every client write as it
-//! begins; before a write no guide would find goes out, the members record that such writes
-//! may be unsettled (the used-region map's `UNGUIDED` flag), and a crash with the flag set
-//! falls back to the bitmap resync, which covers every write. The flag clears once those
-//! writes are durable (a flush after their end) and quiet for a while.
+//! ordered-mode data write, a zero-out or a discard. A *write watch* installed by the layer above's
+//! guide ([`Array::set_write_watch`](crate::Array::set_write_watch), study §3.6) judges every
+//! client write as it begins; before a write no guide would find goes out, the members record that
+//! such writes may be unsettled (the used-region map's `UNGUIDED` flag), and a crash with the flag
+//! set falls back to the bitmap resync, which covers every write. The flag clears once those writes
+//! are durable (a flush after their end) and quiet for a while.
 //!
-//! The array keeps the write-intent bitmap all along (md's kernel driver sees a bitmap array
-//! and resyncs what it says; the guided flag lives in ironraid's used-region map header).
+//! The array keeps the write-intent bitmap all along (md's kernel driver sees a bitmap array and
+//! resyncs what it says; the guided flag lives in ironraid's used-region map header).
 
-use crate::array::Array;
+use crate::clock::Clock;
 use crate::error::{EngineError, Result};
 use crate::io::commit::WriteSet;
 use crate::io::commit::{StripeImage, Ticket};
 use crate::members::Meta;
 use crate::policy::bitmap::WriteIntentBitmap;
+use crate::policy::host::PolicyHost;
 use crate::policy::{BitmapPolicy, ConsistencyPolicy};
-use crate::work::VerifyReport;
 use parking_lot::{Mutex, RwLock};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -235,104 +235,54 @@ impl Guidance {
     }
 }
 
-impl Array {
-    /// Install (or remove) the write watch of a guided array.
-    pub fn set_write_watch(&self, watch: Option<Arc<dyn WriteWatch>>) -> Result<()> {
-        let g = self.policy.guidance().ok_or_else(|| {
-            EngineError::InvalidArgument(format!(
-                "{} does not use the guided consistency policy",
-                self.name
-            ))
-        })?;
-        *g.watch.write() = watch;
-        Ok(())
+impl Guidance {
+    /// Install (or remove) the write watch.
+    pub(crate) fn set_watch(&self, watch: Option<Arc<dyn WriteWatch>>) {
+        *self.watch.write() = watch;
     }
 
-    /// A guide names the array byte ranges that may have had writes in flight at the crash:
-    /// verify them, then count redundancy as good everywhere else too. Only while awaiting.
-    pub fn end_guidance(&self, guide: &str, ranges: &[(u64, u64)]) -> Result<VerifyReport> {
-        let g = guidance_awaited(self.policy.as_ref(), &self.name)?;
-        if g.tainted.load(Ordering::Acquire) {
-            let why = "writes failed while awaiting guidance: no guide knows where";
-            g.fall_back_with(self, why.into());
-            self.sync.wake();
+    /// Whether writes failed while guidance was awaited: then no guide knows where.
+    pub(crate) fn tainted(&self) -> bool {
+        self.tainted.load(Ordering::Acquire)
+    }
+
+    /// Count bytes a guide's ranges had verified.
+    pub(crate) fn note_guide_verified(&self, bytes: u64) {
+        self.verified_bytes.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// Guide `guide` ended guidance, its ranges verified and durable (`name`: the array's).
+    /// `in_sync` runs under the state lock: it counts redundancy as good in the bitmap and the
+    /// walker, so no client I/O sees guidance ended before they do. The caller holds the
+    /// walker's lock (the walker's state is not the guidance's to change).
+    pub(crate) fn finish(
+        &self,
+        guide: &str,
+        name: &str,
+        clock: &dyn Clock,
+        in_sync: impl FnOnce(),
+    ) -> Result<()> {
+        let mut state = self.state.lock();
+        if *state != State::Awaiting || self.tainted.load(Ordering::Acquire) {
             return Err(EngineError::InvalidArgument(format!(
-                "{}: {why}",
-                self.name
+                "{name}: guidance ended meanwhile"
             )));
         }
-        let report = self.verify(ranges)?;
-        g.verified_bytes
-            .fetch_add(report.bytes_verified, Ordering::Relaxed);
-        // What the verify rewrote is durable before redundancy counts as good (as at the end
-        // of a resync).
-        self.flush()?;
-        {
-            let mut st = self.sync.st.lock();
-            let mut state = g.state.lock();
-            if *state != State::Awaiting || g.tainted.load(Ordering::Acquire) {
-                return Err(EngineError::InvalidArgument(format!(
-                    "{}: guidance ended meanwhile",
-                    self.name
-                )));
-            }
-            *state = State::Guided {
-                guide: guide.to_string(),
-            };
-            *g.ended.lock() = Some(self.sync.clock.now());
-            let total = self.personality.sync_total(crate::work::SyncAction::Resync);
-            self.policy.resynced(0, total);
-            st.resync_from = None;
-            self.sync.unsynced.store(false, Ordering::Release);
-        }
-        self.sync.wake();
-        self.members.events.emit(
-            "guidance_finished",
-            &self.name,
-            None,
-            format!(
-                "guide {guide}: {} ranges, {} bytes of stripes verified, {} sectors repaired; \
-                 redundancy is in sync",
-                report.ranges, report.bytes_verified, report.mismatch_sectors
-            ),
-        );
-        Ok(report)
-    }
-
-    /// No guidance after all (a guide refused, or an administrator said so): run the bitmap
-    /// resync now.
-    pub fn fall_back(&self, reason: &str) -> Result<()> {
-        let g = guidance_awaited(self.policy.as_ref(), &self.name)?;
-        g.fall_back_with(self, reason.to_string());
-        g.persist_fallback(self);
-        self.sync.wake();
+        *state = State::Guided {
+            guide: guide.to_string(),
+        };
+        *self.ended.lock() = Some(clock.now());
+        in_sync();
         Ok(())
-    }
-
-    /// A guide's own reads (of the file system's journal, say): served without verifying
-    /// first. Data members answer reads of an array that is not degraded, so parity that
-    /// disagrees does not change what they return; the guide verifies what it finds after.
-    pub fn read_as_guide(&self, offset_bytes: u64, buf: &mut [u8]) -> Result<()> {
-        guidance_awaited(self.policy.as_ref(), &self.name)?;
-        if self.members.slots.iter().any(|s| !s.is_complete()) {
-            return Err(EngineError::InvalidArgument(format!(
-                "{} is degraded: a guide would read reconstructed blocks whose parity may be \
-                 stale",
-                self.name
-            )));
-        }
-        self.read_unverified(offset_bytes, buf)
-    }
-
-    /// Ok while the array waits for a guide; otherwise why not.
-    pub fn awaiting_guidance(&self) -> Result<()> {
-        guidance_awaited(self.policy.as_ref(), &self.name).map(|_| ())
     }
 }
 
 /// The guided policy's guidance while it waits for a guide; otherwise why not (`name`: the
 /// array's).
-fn guidance_awaited<'a>(policy: &'a dyn ConsistencyPolicy, name: &str) -> Result<&'a Guidance> {
+pub(crate) fn guidance_awaited<'a>(
+    policy: &'a dyn ConsistencyPolicy,
+    name: &str,
+) -> Result<&'a Guidance> {
     let g = policy.guidance().ok_or_else(|| {
         EngineError::InvalidArgument(format!(
             "{} does not use the guided consistency policy",
@@ -364,7 +314,7 @@ impl Guidance {
     /// guide would find is recorded on the members first.
     fn watch_begin(
         &self,
-        array: &Array,
+        host: &dyn PolicyHost,
         offset: u64,
         len: u64,
         data: Option<&[u8]>,
@@ -380,7 +330,7 @@ impl Guidance {
             if !u.on_disk {
                 // Durable before the write goes out (the lock keeps other unguided writes
                 // waiting for it too).
-                set_used_flag(array, format::USED_MAP_FLAG_UNGUIDED, true);
+                set_used_flag(host, format::USED_MAP_FLAG_UNGUIDED, true);
                 u.on_disk = true;
             }
         }
@@ -410,55 +360,63 @@ impl Guidance {
 
     /// A flush succeeded: tell the watch, and clear the members' unguided flag when every
     /// unguided write ended before it began, long enough ago, and no orphan is left.
-    fn watch_flush_end(&self, array: &Array, (watch, token, epoch): WatchedFlush) {
+    fn watch_flush_end(&self, host: &dyn PolicyHost, (watch, token, epoch): WatchedFlush) {
         watch.flush_end(token);
         let mut u = self.unguided.lock();
         let quiet = u
             .last_end_at
-            .is_none_or(|t| array.sync.clock.now().saturating_sub(t) >= UNGUIDED_QUIET);
+            .is_none_or(|t| host.clock().now().saturating_sub(t) >= UNGUIDED_QUIET);
         if u.on_disk
             && u.inflight == 0
             && u.last_end_epoch <= epoch
             && quiet
             && watch.orphans() == 0
-            && !array.is_read_only()
+            && !host.is_read_only()
             // A fallback resync still owed keeps it (its flag may not be on disk yet).
-            && !array.sync.unsynced.load(Ordering::Acquire)
+            && !host.resync_owed()
         {
-            set_used_flag(array, format::USED_MAP_FLAG_UNGUIDED, false);
+            set_used_flag(host, format::USED_MAP_FLAG_UNGUIDED, false);
             u.on_disk = false;
         }
     }
 
     /// Before client I/O over array bytes `offset..offset+len` while guidance is awaited: a
     /// read first verifies the stripes it touches that the crash may have left inconsistent
-    /// (once each); a write ends guidance (see the module comment).
-    fn verify_before_use(&self, array: &Array, offset: u64, len: u64, write: bool) -> Result<()> {
+    /// (once each: `bitmap` says where the crash may have); a write ends guidance (see the
+    /// module comment).
+    fn verify_before_use(
+        &self,
+        host: &dyn PolicyHost,
+        bitmap: &BitmapPolicy,
+        offset: u64,
+        len: u64,
+        write: bool,
+    ) -> Result<()> {
         if !self.awaiting() {
             return Ok(());
         }
         if write {
             self.fall_back_with(
-                array,
+                host,
                 "a client wrote before any guide ran (the layer above may have replayed and \
                  cleared its journal)"
                     .into(),
             );
             // Durable before the write goes out: after a crash now, no guide may read the
             // journal this write may be changing.
-            self.persist_fallback(array);
-            array.sync.wake();
+            self.persist_fallback(host);
+            host.wake_sync();
             return Ok(());
         }
-        if array.members.slots.iter().any(|s| !s.is_complete()) {
+        if host.members().slots.iter().any(|s| !s.is_complete()) {
             // Nothing left to compare (md's degraded, dirty array: the write hole).
             return Ok(());
         }
-        let (from, to) = array.personality.sync_range_covering(offset, len);
-        if array.policy.next_to_resync(from, to).is_empty() || self.covered(from, to) {
+        let (from, to) = host.sync_range_covering(offset, len);
+        if bitmap.next_to_resync(from, to).is_empty() || self.covered(from, to) {
             return Ok(());
         }
-        let report = array.verify(&[(offset, len)])?;
+        let report = host.verify(&[(offset, len)])?;
         self.note_verified(from, to);
         self.verified_bytes
             .fetch_add(report.bytes_verified, Ordering::Relaxed);
@@ -467,27 +425,27 @@ impl Guidance {
 
     /// Whether the resync after an unclean stop must wait for a guide now. Past the deadline
     /// the array falls back (called by the background worker under the sync lock).
-    fn holds_resync(&self, array: &Array) -> bool {
+    fn holds_resync(&self, host: &dyn PolicyHost) -> bool {
         if !self.awaiting() {
             return false;
         }
-        if array.sync.clock.now() < self.deadline {
+        if host.clock().now() < self.deadline {
             return true;
         }
-        self.fall_back_with(array, "no guide reported within the guide timeout".into());
+        self.fall_back_with(host, "no guide reported within the guide timeout".into());
         false
     }
 
     /// Record on the members that the fallback resync is owed (no metadata or sync lock may
     /// be held: a failed write fails the member). Also called when a resync starts.
-    pub(crate) fn persist_fallback(&self, array: &Array) {
+    pub(crate) fn persist_fallback(&self, host: &dyn PolicyHost) {
         if matches!(*self.state.lock(), State::FellBack { .. }) {
-            set_used_flag(array, format::USED_MAP_FLAG_RESYNC_OWED, true);
+            set_used_flag(host, format::USED_MAP_FLAG_RESYNC_OWED, true);
         }
     }
 
     /// Under the sync lock: no I/O here (see `persist_fallback`).
-    pub(crate) fn fall_back_with(&self, array: &Array, reason: String) {
+    pub(crate) fn fall_back_with(&self, host: &dyn PolicyHost, reason: String) {
         {
             let mut state = self.state.lock();
             if *state != State::Awaiting {
@@ -497,10 +455,10 @@ impl Guidance {
                 reason: reason.clone(),
             };
         }
-        tracing::warn!(array = %array.name, "guided resync falls back to the bitmap: {reason}");
-        array.members.events.emit(
+        tracing::warn!(array = %host.name(), "guided resync falls back to the bitmap: {reason}");
+        host.members().events.emit(
             "guidance_fallback",
-            &array.name,
+            host.name(),
             None,
             format!("no guidance ({reason}): the bitmap-guided resync runs"),
         );
@@ -508,22 +466,22 @@ impl Guidance {
 
     /// The resync after an unclean stop finished: the window of vulnerability closes (no
     /// metadata or sync lock held).
-    fn resync_finished(&self, array: &Array) {
+    fn resync_finished(&self, host: &dyn PolicyHost) {
         {
             let mut ended = self.ended.lock();
             if ended.is_none() && !self.awaiting() {
-                *ended = Some(array.sync.clock.now());
+                *ended = Some(host.clock().now());
             }
         }
-        set_used_flag(array, format::USED_MAP_FLAG_RESYNC_OWED, false);
+        set_used_flag(host, format::USED_MAP_FLAG_RESYNC_OWED, false);
     }
 }
 
 /// Set or clear a flag of the used-region map's header (durably), unless read-only. Guided
 /// arrays keep their flags there (md has no field for them).
-fn set_used_flag(array: &Array, flag: u32, on: bool) {
-    if let Some(used) = array.used.as_ref().filter(|_| !array.is_read_only()) {
-        used.set_flag(&array.members, flag, on);
+fn set_used_flag(host: &dyn PolicyHost, flag: u32, on: bool) {
+    if let Some(used) = host.used().filter(|_| !host.is_read_only()) {
+        used.set_flag(host.members(), flag, on);
     }
 }
 
@@ -549,19 +507,19 @@ impl ConsistencyPolicy for GuidedPolicy {
 
     fn before_writes(
         &self,
-        array: &Array,
+        host: &dyn PolicyHost,
         set: &WriteSet,
         image: Option<&StripeImage<'_>>,
     ) -> Result<Ticket> {
-        self.bitmap.before_writes(array, set, image)
+        self.bitmap.before_writes(host, set, image)
     }
 
-    fn after_writes(&self, array: &Array, set: &WriteSet, ticket: Ticket) {
-        self.bitmap.after_writes(array, set, ticket);
+    fn after_writes(&self, host: &dyn PolicyHost, set: &WriteSet, ticket: Ticket) {
+        self.bitmap.after_writes(host, set, ticket);
     }
 
-    fn note_inconsistent(&self, array: &Array, set: &WriteSet) {
-        self.bitmap.note_inconsistent(array, set);
+    fn note_inconsistent(&self, host: &dyn PolicyHost, set: &WriteSet) {
+        self.bitmap.note_inconsistent(host, set);
     }
 
     fn resync_from(&self, sb_resync_offset_sectors: u64) -> Option<u64> {
@@ -580,24 +538,30 @@ impl ConsistencyPolicy for GuidedPolicy {
         self.bitmap.torn_bytes()
     }
 
-    fn before_client_io(&self, array: &Array, offset: u64, len: u64, write: bool) -> Result<()> {
-        self.guidance.verify_before_use(array, offset, len, write)
+    fn before_client_io(
+        &self,
+        host: &dyn PolicyHost,
+        offset: u64,
+        len: u64,
+        write: bool,
+    ) -> Result<()> {
+        self.guidance
+            .verify_before_use(host, &self.bitmap, offset, len, write)
     }
 
     fn write_begins(
         &self,
-        array: &Array,
+        host: &dyn PolicyHost,
         offset: u64,
         len: u64,
         data: Option<&[u8]>,
     ) -> Option<Watched> {
-        self.guidance.watch_begin(array, offset, len, data)
+        self.guidance.watch_begin(host, offset, len, data)
     }
 
-    fn write_ended(&self, array: &Array, w: Option<Watched>, ok: bool, durable: bool) {
+    fn write_ended(&self, host: &dyn PolicyHost, w: Option<Watched>, ok: bool, durable: bool) {
         if let Some(w) = w {
-            self.guidance
-                .watch_end(array.sync.clock.now(), w, ok, durable);
+            self.guidance.watch_end(host.clock().now(), w, ok, durable);
         }
     }
 
@@ -605,22 +569,22 @@ impl ConsistencyPolicy for GuidedPolicy {
         self.guidance.watch_flush_begin()
     }
 
-    fn flush_ended(&self, array: &Array, f: Option<WatchedFlush>) {
+    fn flush_ended(&self, host: &dyn PolicyHost, f: Option<WatchedFlush>) {
         if let Some(f) = f {
-            self.guidance.watch_flush_end(array, f);
+            self.guidance.watch_flush_end(host, f);
         }
     }
 
-    fn holds_resync(&self, array: &Array) -> bool {
-        self.guidance.holds_resync(array)
+    fn holds_resync(&self, host: &dyn PolicyHost) -> bool {
+        self.guidance.holds_resync(host)
     }
 
-    fn resync_starts(&self, array: &Array) {
-        self.guidance.persist_fallback(array);
+    fn resync_starts(&self, host: &dyn PolicyHost) {
+        self.guidance.persist_fallback(host);
     }
 
-    fn resync_finished(&self, array: &Array) {
-        self.guidance.resync_finished(array);
+    fn resync_finished(&self, host: &dyn PolicyHost) {
+        self.guidance.resync_finished(host);
     }
 
     fn taint(&self) {

@@ -31,7 +31,6 @@
 //! A read-only start replays nothing, so it starts only if the members hold everything the
 //! chain would replay (compared page by page); otherwise it is refused with what to do.
 
-use crate::array::Array;
 use crate::clock::Clock;
 use crate::error::{EngineError, Result};
 use crate::io::commit::{StripeImage, WriteSet};
@@ -39,6 +38,7 @@ use crate::io::{IoKind, MemberIo};
 use crate::members::metadata::Metadata;
 use crate::members::superblock_block;
 use crate::members::{Member, Slot};
+use crate::policy::host::PolicyHost;
 use device::{AlignedBuf, Device};
 use format::{journal_seed, MetaBlock, Payload, Superblock, JOURNAL_BLOCK, PAGE_SECTORS};
 use layout::Geometry;
@@ -103,7 +103,7 @@ struct LogState {
     /// Every unit with a smaller sequence number is durable in the log.
     durable_seq: u64,
     flushing: bool,
-    /// The log failed (why): no new writes from then on. See [`Array::settle_journal`].
+    /// The log failed (why): no new writes from then on. See [`Journal::settle`].
     failed: Option<String>,
     /// After a failure: the cache is written out, the members flushed, and the log recorded
     /// faulty in the superblocks (only then: until this, a crash leaves the log to be
@@ -225,7 +225,7 @@ pub(crate) struct Journal {
     /// Rows in the cache or being written out of it (read lock-free by the read path).
     cached_rows: std::sync::atomic::AtomicUsize,
     /// The superblocks say a resync is owed because rows went home unlogged after the log
-    /// failed (`Array::owe_resync_for_unlogged_write_out`).
+    /// failed (`Journal::owe_resync_for_unlogged_write_out`).
     pub(crate) unlogged_recorded: std::sync::atomic::AtomicBool,
 }
 
@@ -346,35 +346,35 @@ type DataOnly = Vec<(u64, AlignedBuf)>;
 impl Journal {
     /// The reclaim thread: settles a failed log, writes out cached rows that are due and
     /// reclaims the log, until the array stops its background work.
-    pub(crate) fn daemon(&self, array: &Array) {
-        let clock = array.sync.clock.clone();
+    pub(crate) fn daemon(&self, host: &dyn PolicyHost) {
+        let clock = host.clock();
         let mut last = clock.now();
         let mut warned = false;
-        array.sync.until_stopped(Duration::from_millis(50), || {
+        host.until_stopped(Duration::from_millis(50), &mut || {
             if self.failed().is_some() && !self.settled() {
                 // Nobody flushed since the log failed: write its cache out now (and again at
                 // every tick while that fails, saying so once).
-                match array.settle_journal() {
+                match self.settle(host) {
                     Err(e) if !warned => {
                         warned = true;
-                        tracing::warn!(array = %array.name, "the failed journal's cache is not written out yet: {e}");
+                        tracing::warn!(array = %host.name(), "the failed journal's cache is not written out yet: {e}");
                     }
                     _ => {}
                 }
             }
             // Write-back: rows go home when the cache fills, when their data has waited a
             // while, and all of them once the array writes through (mode switched, degraded).
-            let degraded = array.members.slots.iter().any(|s| !s.is_complete());
+            let degraded = host.members().slots.iter().any(|s| !s.is_complete());
             let oldest = self.cached_rows_by_age(clock.now(), 64);
             for (written, (_, age)) in oldest.into_iter().enumerate() {
-                let pressed = self.cache_bytes() > array.config.stripe_cache_bytes / 8;
+                let pressed = self.cache_bytes() > host.stripe_cache_bytes() / 8;
                 if written >= 64
                     || !(pressed
                         || !self.write_back()
                         || degraded
                         || age >= WRITE_OUT_AGE
                         || self.failed().is_some())
-                    || !array.parity().write_out_oldest(array)
+                    || !host.write_out_oldest()
                 {
                     break;
                 }
@@ -382,7 +382,7 @@ impl Journal {
             let free = self.reclaimable();
             let due = clock.now().saturating_sub(last) >= RECLAIM_AGE;
             if free * 4 > self.log || (free > 0 && due) {
-                self.reclaim_now(array);
+                self.reclaim_now(host);
                 last = clock.now();
             }
         });
@@ -397,20 +397,20 @@ impl Journal {
 
     /// Log a stripe interval and wait until it, and everything logged before it, is durable.
     /// Returns the sequence numbers of its units, for [`Journal::written_home`].
-    pub fn log(&self, array: &Array, img: &StripeImage<'_>) -> Result<Range<u64>> {
-        let units = self.build_units(array, img);
+    pub fn log(&self, host: &dyn PolicyHost, img: &StripeImage<'_>) -> Result<Range<u64>> {
+        let units = self.build_units(host, img);
         let space = if img.parity_only {
             Space::WriteOut {
-                release: write_out_need(img.p.len() as u64 / PAGE as u64, &array.geometry),
+                release: write_out_need(img.p.len() as u64 / PAGE as u64, host.geometry()),
             }
         } else {
             Space::Normal
         };
         let seqs = self
-            .write_units(array, units, space)?
+            .write_units(host, units, space)?
             .expect("normal and write-out reservations wait for room");
         // Its member writes may go out (the ticket ends in `written_home`).
-        self.take_ticket(array)?;
+        self.take_ticket(host)?;
         Ok(seqs)
     }
 
@@ -418,19 +418,19 @@ impl Journal {
     /// `Space::Cache` reservation found no room.
     fn write_units(
         &self,
-        array: &Array,
+        host: &dyn PolicyHost,
         mut units: Vec<(MetaBlock, Vec<&[u8]>)>,
         space: Space,
     ) -> Result<Option<Range<u64>>> {
         let sizes: Vec<u64> = units.iter().map(|(m, _)| m.unit_sectors()).collect();
-        let Some((first_seq, start)) = self.reserve(array, &sizes, space)? else {
+        let Some((first_seq, start)) = self.reserve(host, &sizes, space)? else {
             return Ok(None);
         };
         let seqs = first_seq..first_seq + units.len() as u64;
         let total: u64 = sizes.iter().sum();
         // The meta blocks go into one pool buffer; the pages are written from where they are
         // (one vectored write, no copy of the data into a log buffer).
-        let mut metas = array.bufs.get(units.len() * PAGE);
+        let mut metas = host.bufs().get(units.len() * PAGE);
         let mut pos = start;
         for (((meta, _), seq), block) in units
             .iter_mut()
@@ -453,7 +453,7 @@ impl Journal {
             // Failed before the units count as logged: a group flush must never count a
             // unit that is not in the log as durable (units after it would be acknowledged
             // and then not replayed, the chain ending at the missing one).
-            self.fail(array, &format!("log write failed: {e}"));
+            self.fail(host, &format!("log write failed: {e}"));
         }
         {
             let mut st = self.st.lock();
@@ -462,7 +462,7 @@ impl Journal {
             }
             self.cv.notify_all();
         }
-        self.wait_durable(array, seqs.end)?;
+        self.wait_durable(host, seqs.end)?;
         Ok(Some(seqs))
     }
 
@@ -470,10 +470,10 @@ impl Journal {
     /// their pages, one 4 KiB column's data and parity always in the same unit.
     fn build_units<'a>(
         &self,
-        array: &Array,
+        host: &dyn PolicyHost,
         img: &StripeImage<'a>,
     ) -> Vec<(MetaBlock, Vec<&'a [u8]>)> {
-        let g = &array.geometry;
+        let g = host.geometry();
         let chunk = g.chunk_sectors() * 512;
         let in_chunk = img.at % chunk;
         let cols = img.p.len() / PAGE;
@@ -516,7 +516,12 @@ impl Journal {
     /// Take room for units of these sizes (sectors) at the head, reclaiming (or waiting for
     /// writers in flight) when the ring is too full. Returns the first sequence number and the
     /// start sector.
-    fn reserve(&self, array: &Array, sizes: &[u64], space: Space) -> Result<Option<(u64, u64)>> {
+    fn reserve(
+        &self,
+        host: &dyn PolicyHost,
+        sizes: &[u64],
+        space: Space,
+    ) -> Result<Option<(u64, u64)>> {
         let sectors: u64 = sizes.iter().sum();
         assert!(
             sectors + PAGE_SECTORS_U64 < self.log,
@@ -527,7 +532,7 @@ impl Journal {
             {
                 let mut st = self.st.lock();
                 if let Some(why) = &st.failed {
-                    return Err(self.read_only(array, why));
+                    return Err(self.read_only(host, why));
                 }
                 // Strictly less: head never catches up with the tail's meta block.
                 let keep = match space {
@@ -565,11 +570,13 @@ impl Journal {
                     return Ok(None);
                 }
             }
-            let freed = self.reclaim_now(array)
-                || (matches!(space, Space::Normal) && array.parity().write_out_oldest(array));
-            if !freed && array.is_failed() {
+            let freed = self.reclaim_now(host)
+                || (matches!(space, Space::Normal) && host.write_out_oldest());
+            if !freed && host.members().is_failed() {
                 // Nothing can go home any more: what waits for room never gets it.
-                return Err(array.members.unrecoverable(0, 0, "too many members failed"));
+                return Err(host
+                    .members()
+                    .unrecoverable(0, 0, "too many members failed"));
             }
             if !freed {
                 // Nothing could be reclaimed: wait for a writer in flight to get its stripe
@@ -585,11 +592,11 @@ impl Journal {
 
     /// Group commit: wait until every unit below `upto` is durable, flushing the log device
     /// when nobody else is.
-    fn wait_durable(&self, array: &Array, upto: u64) -> Result<()> {
+    fn wait_durable(&self, host: &dyn PolicyHost, upto: u64) -> Result<()> {
         let mut st = self.st.lock();
         loop {
             if let Some(why) = &st.failed {
-                return Err(self.read_only(array, why));
+                return Err(self.read_only(host, why));
             }
             if st.durable_seq >= upto {
                 return Ok(());
@@ -601,7 +608,7 @@ impl Journal {
                 let res = self.member.dev.flush();
                 self.flushes.fetch_add(1, Ordering::Relaxed);
                 if let Err(e) = &res {
-                    self.fail(array, &format!("log flush failed: {e}"));
+                    self.fail(host, &format!("log flush failed: {e}"));
                 }
                 st = self.st.lock();
                 st.flushing = false;
@@ -658,11 +665,11 @@ impl Journal {
     /// False: the ring has no room beyond what write-outs need (nothing was logged).
     pub fn cache_pages(
         &self,
-        array: &Array,
+        host: &dyn PolicyHost,
         row: u64,
         pages: Vec<(usize, u64, AlignedBuf)>,
     ) -> Result<bool> {
-        let g = &array.geometry;
+        let g = host.geometry();
         let grow = {
             let c = self.cache.lock();
             let known = |off: u64| {
@@ -678,12 +685,12 @@ impl Journal {
         let keyed: BTreeMap<(u64, usize), AlignedBuf> =
             pages.into_iter().map(|(d, off, p)| ((off, d), p)).collect();
         let units = data_units(g, self.seed, row, &keyed);
-        let Some(seqs) = self.write_units(array, units, Space::Cache { grow })? else {
+        let Some(seqs) = self.write_units(host, units, Space::Cache { grow })? else {
             return Ok(false);
         };
         // A ticket while the pages go into the cache: a failed log's settling waits for it
         // before it writes the cache out, so it cannot miss these pages.
-        self.take_ticket(array)?;
+        self.take_ticket(host)?;
         let _ticket = TicketGuard(self);
         let mut c = self.cache.lock();
         let c = &mut *c;
@@ -694,7 +701,7 @@ impl Journal {
                 pages: BTreeMap::new(),
                 seqs: Vec::new(),
                 need: 0,
-                since: array.sync.clock.now(),
+                since: host.clock().now(),
                 recovered: false,
             }
         });
@@ -791,10 +798,10 @@ impl Journal {
     /// A ticket: work that relies on the log (member writes of logged units, pages going into
     /// the cache) may go on. Taken under the lock the failure is set under, so a settling of a
     /// failed log either waits for it or this sees the failure.
-    fn take_ticket(&self, array: &Array) -> Result<()> {
+    fn take_ticket(&self, host: &dyn PolicyHost) -> Result<()> {
         let mut st = self.st.lock();
         if let Some(why) = &st.failed {
-            return Err(self.read_only(array, why));
+            return Err(self.read_only(host, why));
         }
         st.tickets += 1;
         Ok(())
@@ -856,7 +863,7 @@ impl Journal {
     /// Move the tail past every unit that is home: flush the members (what those units wrote
     /// is durable there first), then record the new tail in the log device's superblock.
     /// Returns whether the tail moved.
-    pub fn reclaim_now(&self, array: &Array) -> bool {
+    pub fn reclaim_now(&self, host: &dyn PolicyHost) -> bool {
         let _one = self.reclaim.lock();
         let (pop, new_tail) = {
             let st = self.st.lock();
@@ -871,9 +878,9 @@ impl Journal {
             }
             (pop, st.units[pop].start)
         };
-        array.flush_members();
-        if let Err(e) = self.record_tail(array, new_tail) {
-            self.fail(array, &format!("cannot record the journal tail: {e}"));
+        host.flush_members();
+        if let Err(e) = self.record_tail(host, new_tail) {
+            self.fail(host, &format!("cannot record the journal tail: {e}"));
             return false;
         }
         let mut st = self.st.lock();
@@ -887,8 +894,8 @@ impl Journal {
     }
 
     /// Write `journal_tail` into the log device's superblock, durably.
-    fn record_tail(&self, array: &Array, tail: u64) -> std::io::Result<()> {
-        let mut meta = array.members.meta.lock();
+    fn record_tail(&self, host: &dyn PolicyHost, tail: u64) -> std::io::Result<()> {
+        let mut meta = host.members().meta.lock();
         let Some(m) = meta
             .members
             .iter_mut()
@@ -899,15 +906,14 @@ impl Journal {
         m.sb.recovery_offset = tail;
         // The superblock write is FUA; the units it lets go are durable on the members already.
         let block = superblock_block(&m.sb);
-        array
-            .members
+        host.members()
             .write_metadata(&m.member, Metadata::Superblock, &block, true)
     }
 
     /// The log device failed: no new writes from now on. Nothing is recorded yet: until
-    /// [`Array::settle_journal`] has written out what the log covered, the log stays the
+    /// [`Journal::settle`] has written out what the log covered, the log stays the
     /// array's journal on disk, so a crash meanwhile replays it at the next start.
-    pub fn fail(&self, array: &Array, why: &str) {
+    pub fn fail(&self, host: &dyn PolicyHost, why: &str) {
         {
             let mut st = self.st.lock();
             if st.failed.is_some() {
@@ -916,12 +922,12 @@ impl Journal {
             st.failed = Some(format!("journal {} failed: {why}", self.member.name()));
             self.cv.notify_all();
         }
-        array.journal_failing(&self.member, why);
+        self.failing(host, why);
     }
 
-    fn read_only(&self, array: &Array, why: &str) -> EngineError {
+    fn read_only(&self, host: &dyn PolicyHost, why: &str) -> EngineError {
         EngineError::ReadOnly {
-            array: array.name.clone(),
+            array: host.name().to_string(),
             reason: why.to_string(),
         }
     }
@@ -1059,14 +1065,18 @@ impl PendingReplay {
         !self.data_only.is_empty()
     }
 
-    /// Write the chain home through `array`'s commit point, before it serves anything: the
+    /// Write the chain home through `host`'s commit point, before it serves anything: the
     /// pages go out as one `Replay` write set (which the journal does not log again; member
     /// failures take the usual path), then the members are flushed with the integrity records
     /// of what was written. Only then does the new chain start (the data without parity logged
     /// again, kept in the journal's cache) and the tail move to it. A log that is the array's
     /// journal no more (dropped) only gets its new chain and tail. A log that cannot be
-    /// written comes back failed (see `Array::settle_journal`).
-    pub fn write_home(self, array: &Array) -> Result<()> {
+    /// written comes back failed (see `Journal::settle`). `journal`: the array's journal.
+    pub(crate) fn write_home(
+        self,
+        host: &dyn PolicyHost,
+        journal: Option<&Arc<Journal>>,
+    ) -> Result<()> {
         let PendingReplay {
             member,
             mut sb,
@@ -1077,28 +1087,24 @@ impl PendingReplay {
             mut chain,
             started,
         } = self;
-        write_runs_home(array, &runs).map_err(|e| EngineError::Assemble {
+        write_runs_home(host, &runs).map_err(|e| EngineError::Assemble {
             member: member.name().into(),
             reason: e.to_string(),
         })?;
         drop(runs);
-        let clock = array.sync.clock.as_ref();
-        let journal = array
-            .policy
-            .journal()
-            .filter(|j| Arc::ptr_eq(j.member(), &member));
-        let mut rows = cached_rows_of(&array.geometry, data_only, clock.now());
+        let clock = host.clock();
+        let journal = journal.filter(|j| Arc::ptr_eq(j.member(), &member));
+        let mut rows = cached_rows_of(host.geometry(), data_only, clock.now());
         let started_chain = chain
-            .start(&member, log, seed, &array.geometry, &mut rows)
+            .start(&member, log, seed, host.geometry(), &mut rows)
             .and_then(|()| {
                 let tail = chain.next_start;
                 match journal {
-                    Some(j) => j.record_tail(array, tail),
+                    Some(j) => j.record_tail(host, tail),
                     None => {
                         sb.recovery_offset = tail;
                         let block = superblock_block(&sb);
-                        array
-                            .members
+                        host.members()
                             .write_metadata(&member, Metadata::Superblock, &block, true)
                     }
                 }
@@ -1107,12 +1113,12 @@ impl PendingReplay {
         let failed = started_chain.err().map(|why| {
             // What the log held is on the members (and its data without parity in memory):
             // the log is failed, and the array writes that data out and records the log
-            // faulty before it serves anything (see `Array::settle_journal`).
+            // faulty before it serves anything (see `Journal::settle`).
             tracing::error!(journal = %member.name(), "the log was replayed but cannot be written: {why}");
             format!("journal {} failed at assembly: {why}", member.name())
         });
         let Some(j) = journal else { return Ok(()) };
-        let (cache, flush_reserve) = write_back_cache(rows, &array.geometry);
+        let (cache, flush_reserve) = write_back_cache(rows, host.geometry());
         j.cached_rows.store(cache.rows.len(), Ordering::Release);
         *j.cache.lock() = cache;
         *j.st.lock() = LogState::of_chain(chain, log, failed, flush_reserve);
@@ -1125,7 +1131,7 @@ impl PendingReplay {
 /// members, with the integrity records they set, on return. Every page is planned against the
 /// member filling its role, rebuilding or not (a missing member's records are set all the
 /// same: the rebuild gives it these bytes).
-fn write_runs_home(array: &Array, runs: &[(usize, u64, AlignedBuf)]) -> Result<()> {
+fn write_runs_home(host: &dyn PolicyHost, runs: &[(usize, u64, AlignedBuf)]) -> Result<()> {
     let (Some(first), Some(end)) = (
         runs.iter().map(|r| r.1).min(),
         runs.iter().map(|r| r.1 + r.2.len() as u64).max(),
@@ -1135,20 +1141,18 @@ fn write_runs_home(array: &Array, runs: &[(usize, u64, AlignedBuf)]) -> Result<(
     let mut ios: Vec<MemberIo<'_>> = runs
         .iter()
         .map(|(role, at, bytes)| {
-            let member = array.members.slot(*role).usable();
+            let member = host.members().slot(*role).usable();
             MemberIo::planned(*role, member, *at, IoKind::Write(bytes, false))
         })
         .collect();
-    array
-        .commit
-        .writes(array, &WriteSet::replay(first, end - first), &mut ios)?;
+    host.commit_writes(&WriteSet::replay(first, end - first), &mut ios)?;
     drop(ios);
     // The tail leaves the log only once what it wrote home, and the records of it, are
     // durable on every member written (a member that cannot flush is failed instead).
-    array.flush_members();
-    if array.is_failed() {
-        return Err(array
-            .members
+    host.flush_members();
+    if host.members().is_failed() {
+        return Err(host
+            .members()
             .unrecoverable(first, end - first, "too many members failed"));
     }
     Ok(())
@@ -1638,17 +1642,3 @@ fn plan_replay(scan: &Scan, geometry: &Geometry) -> ReplayPlan {
 const RECLAIM_AGE: std::time::Duration = std::time::Duration::from_secs(5);
 /// How long write-back data may wait in the cache for its row to fill.
 const WRITE_OUT_AGE: std::time::Duration = std::time::Duration::from_secs(1);
-
-impl Array {
-    /// Reclaim what the journal holds that is home on the members (the reclaim thread does
-    /// this on its own; the deterministic simulation calls it instead).
-    pub fn journal_pass(&self) {
-        if let Some(j) = self.policy.journal() {
-            if let Err(e) = self.settle_journal() {
-                tracing::warn!(array = %self.name, "the failed journal's cache is not written out yet: {e}");
-            }
-            self.parity().write_out_oldest(self);
-            j.reclaim_now(self);
-        }
-    }
-}

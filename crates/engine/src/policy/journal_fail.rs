@@ -6,7 +6,7 @@
 //! log and the cache. So the moment the log fails, the members may lack acknowledged data, and
 //! the log is the only durable copy of it. The order from then on:
 //! 1. `Journal::fail` (any thread, under any claim): new writes are refused; nothing else.
-//! 2. [`Array::settle_journal`] (a thread that holds no row claim: a client flush, the
+//! 2. [`Journal::settle`] (a thread that holds no row claim: a client flush, the
 //!    administrator's `fail`, the journal daemon, a stop, assembly): first the member writes
 //!    that were past the log when it failed (and pages on their way into the cache) are
 //!    waited for, then every cached row is written out from memory (parity computed, not
@@ -35,19 +35,19 @@
 //! Here the log stays the array's journal on disk until it holds nothing the members lack,
 //! so a crash before that replays it.
 
-use crate::array::Array;
 use crate::error::Result;
-use crate::members::Member;
+use crate::policy::host::PolicyHost;
+use crate::policy::journal::Journal;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
 
-impl Array {
+impl Journal {
     /// The log has failed (step 1 in the module notes): say so; the record waits.
-    pub(crate) fn journal_failing(&self, member: &Arc<Member>, why: &str) {
-        tracing::error!(array = %self.name, journal = %member.name(), "journal failed: {why}; writes are refused, what the log covered is being written out to the members");
-        self.members.events.emit(
+    pub(super) fn failing(&self, host: &dyn PolicyHost, why: &str) {
+        let member = self.member();
+        tracing::error!(array = %host.name(), journal = %member.name(), "journal failed: {why}; writes are refused, what the log covered is being written out to the members");
+        host.members().events.emit(
             "journal_failing",
-            &self.name,
+            host.name(),
             Some(member.name()),
             format!("{why}; writes are refused; writing out what the log covered"),
         );
@@ -59,56 +59,50 @@ impl Array {
     /// the first of those writes, the superblocks say a resync is owed, as for an array
     /// without a journal: a degraded start after such a crash is refused unless forced (md's
     /// start_dirty_degraded), a whole one resyncs.
-    pub(crate) fn owe_resync_for_unlogged_write_out(&self) {
-        let Some(j) = self.policy.journal() else {
-            return;
-        };
-        if self.config.read_only || j.unlogged_recorded.swap(true, Ordering::AcqRel) {
+    pub(crate) fn owe_resync_for_unlogged_write_out(&self, host: &dyn PolicyHost) {
+        if host.is_read_only() || self.unlogged_recorded.swap(true, Ordering::AcqRel) {
             return;
         }
-        let mut meta = self.members.meta.lock();
+        let members = host.members();
+        let mut meta = members.meta.lock();
         meta.resync_offset = 0;
-        self.members.commit(meta);
+        members.commit(meta);
     }
 
     /// Steps 2 and 3 of the module notes, once; callers that come while another one runs
-    /// wait for it. Must not be called under a row claim. Ok when there is no journal or it
-    /// has not failed.
-    pub(crate) fn settle_journal(&self) -> Result<()> {
-        let Some(j) = self.policy.journal() else {
+    /// wait for it. Must not be called under a row claim. Ok when the log has not failed.
+    pub(crate) fn settle(&self, host: &dyn PolicyHost) -> Result<()> {
+        let Some(why) = self.failed() else {
             return Ok(());
         };
-        let Some(why) = j.failed() else {
-            return Ok(());
-        };
-        let _one = j.settling();
-        if j.settled() {
+        let _one = self.settling();
+        if self.settled() {
             return Ok(());
         }
         // No ticket is given once the log has failed: when those out end, nothing more can
         // go into the cache or past the log.
-        j.wait_tickets();
-        if !j.pending_rows().is_empty() {
-            self.owe_resync_for_unlogged_write_out();
+        self.wait_tickets();
+        if !self.pending_rows().is_empty() {
+            self.owe_resync_for_unlogged_write_out(host);
         }
-        self.parity().write_out_pending(self)?;
-        self.flush_members();
-        if self.is_failed() {
-            return Err(self.members.unrecoverable(
+        host.write_out_pending()?;
+        host.flush_members();
+        if host.members().is_failed() {
+            return Err(host.members().unrecoverable(
                 0,
-                self.size_bytes(),
+                host.geometry().array_sectors() * 512,
                 "too many members failed while the failed journal's cache was written out",
             ));
         }
         assert_eq!(
-            j.pending_rows(),
+            self.pending_rows(),
             Vec::<u64>::new(),
             "a failed log is recorded only once its cache is written out"
         );
-        if !self.config.read_only {
-            self.members.journal_failed(j.member(), &why);
+        if !host.is_read_only() {
+            host.members().journal_failed(self.member(), &why);
         }
-        j.mark_settled();
+        self.mark_settled();
         Ok(())
     }
 }

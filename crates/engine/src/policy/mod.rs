@@ -15,18 +15,19 @@
 
 pub(crate) mod bitmap;
 pub(crate) mod guided;
+pub(crate) mod host;
 pub(crate) mod journal;
 pub(crate) mod journal_fail;
 pub(crate) mod takeover;
 pub(crate) mod used;
 pub(crate) mod used_nodes;
 
-use crate::array::Array;
 use crate::error::Result;
 use crate::io::commit::{StripeImage, Ticket, WriteKind, WriteSet};
 use crate::members::Meta;
 use crate::policy::bitmap::WriteIntentBitmap;
 use crate::policy::guided::{Guidance, Watched, WatchedFlush};
+use crate::policy::host::PolicyHost;
 use crate::policy::journal::Journal;
 use format::MAX_SECTOR;
 use std::sync::Arc;
@@ -43,14 +44,14 @@ pub(crate) trait ConsistencyPolicy: Send + Sync {
     /// `Stripe`) puts on the members. The ticket comes back to `after_writes`.
     fn before_writes(
         &self,
-        array: &Array,
+        host: &dyn PolicyHost,
         set: &WriteSet,
         image: Option<&StripeImage<'_>>,
     ) -> Result<Ticket>;
     /// After a group of member writes completed (whatever their outcome).
-    fn after_writes(&self, array: &Array, set: &WriteSet, ticket: Ticket);
+    fn after_writes(&self, host: &dyn PolicyHost, set: &WriteSet, ticket: Ticket);
     /// Some writes of `set` did not land: its redundancy may disagree with its data.
-    fn note_inconsistent(&self, array: &Array, set: &WriteSet);
+    fn note_inconsistent(&self, host: &dyn PolicyHost, set: &WriteSet);
     /// From the superblock of an array that was not stopped cleanly: where resync starts.
     fn resync_from(&self, sb_resync_offset_sectors: u64) -> Option<u64>;
     /// Where a resync walking `from..end` next has work, and where that work ends: all of
@@ -89,7 +90,7 @@ pub(crate) trait ConsistencyPolicy: Send + Sync {
     /// discard): the guided policy verifies what a read touches, or ends guidance on a write.
     fn before_client_io(
         &self,
-        _array: &Array,
+        _host: &dyn PolicyHost,
         _offset: u64,
         _len: u64,
         _write: bool,
@@ -100,7 +101,7 @@ pub(crate) trait ConsistencyPolicy: Send + Sync {
     /// `write_ended`.
     fn write_begins(
         &self,
-        _array: &Array,
+        _host: &dyn PolicyHost,
         _offset: u64,
         _len: u64,
         _data: Option<&[u8]>,
@@ -108,20 +109,20 @@ pub(crate) trait ConsistencyPolicy: Send + Sync {
         None
     }
     /// That client write ended (`durable`: with FUA).
-    fn write_ended(&self, _array: &Array, _w: Option<Watched>, _ok: bool, _durable: bool) {}
+    fn write_ended(&self, _host: &dyn PolicyHost, _w: Option<Watched>, _ok: bool, _durable: bool) {}
     /// A client flush begins; what comes back goes to `flush_ended` once it succeeded.
     fn flush_begins(&self) -> Option<WatchedFlush> {
         None
     }
-    fn flush_ended(&self, _array: &Array, _f: Option<WatchedFlush>) {}
+    fn flush_ended(&self, _host: &dyn PolicyHost, _f: Option<WatchedFlush>) {}
     /// Whether the resync after an unclean stop must wait (for a guide) now.
-    fn holds_resync(&self, _array: &Array) -> bool {
+    fn holds_resync(&self, _host: &dyn PolicyHost) -> bool {
         false
     }
     /// A resync starts (no metadata or sync lock held).
-    fn resync_starts(&self, _array: &Array) {}
+    fn resync_starts(&self, _host: &dyn PolicyHost) {}
     /// The resync after an unclean stop finished (no metadata or sync lock held).
-    fn resync_finished(&self, _array: &Array) {}
+    fn resync_finished(&self, _host: &dyn PolicyHost) {}
     /// Redundancy somewhere may disagree with the data for a reason no one above knows of.
     fn taint(&self) {}
     /// The write-intent bitmap, if the policy keeps one.
@@ -172,19 +173,17 @@ impl ConsistencyPolicy for ResyncPolicy {
 
     fn before_writes(
         &self,
-        _array: &Array,
+        _host: &dyn PolicyHost,
         _set: &WriteSet,
         _image: Option<&StripeImage<'_>>,
     ) -> Result<Ticket> {
         Ok(None)
     }
 
-    fn after_writes(&self, _array: &Array, _set: &WriteSet, _ticket: Ticket) {}
+    fn after_writes(&self, _host: &dyn PolicyHost, _set: &WriteSet, _ticket: Ticket) {}
 
-    fn note_inconsistent(&self, array: &Array, set: &WriteSet) {
-        array
-            .sync
-            .request_resync_from(array.policy.as_ref(), set.offset_bytes);
+    fn note_inconsistent(&self, host: &dyn PolicyHost, set: &WriteSet) {
+        host.request_resync_from(set.offset_bytes);
     }
 
     fn resync_from(&self, sb_resync_offset_sectors: u64) -> Option<u64> {
@@ -214,7 +213,7 @@ impl ConsistencyPolicy for BitmapPolicy {
 
     fn before_writes(
         &self,
-        array: &Array,
+        host: &dyn PolicyHost,
         set: &WriteSet,
         _image: Option<&StripeImage<'_>>,
     ) -> Result<Ticket> {
@@ -224,11 +223,11 @@ impl ConsistencyPolicy for BitmapPolicy {
             return Ok(None);
         }
         self.bitmap
-            .start_write(&array.members, set.offset_bytes, set.len_bytes)?;
+            .start_write(host.members(), set.offset_bytes, set.len_bytes)?;
         Ok(None)
     }
 
-    fn after_writes(&self, _array: &Array, set: &WriteSet, _ticket: Ticket) {
+    fn after_writes(&self, _host: &dyn PolicyHost, set: &WriteSet, _ticket: Ticket) {
         // A member that failed under these writes missed them; its bits stay anyway (the
         // daemon clears nothing while the array is degraded). Writes that left redundancy
         // inconsistent were marked by `note_inconsistent` before this.
@@ -237,11 +236,9 @@ impl ConsistencyPolicy for BitmapPolicy {
         }
     }
 
-    fn note_inconsistent(&self, array: &Array, set: &WriteSet) {
+    fn note_inconsistent(&self, host: &dyn PolicyHost, set: &WriteSet) {
         self.bitmap.mark_needed(set.offset_bytes, set.len_bytes);
-        array
-            .sync
-            .request_resync_from(array.policy.as_ref(), set.offset_bytes);
+        host.request_resync_from(set.offset_bytes);
     }
 
     fn resync_from(&self, sb_resync_offset_sectors: u64) -> Option<u64> {
@@ -290,7 +287,7 @@ impl ConsistencyPolicy for JournalPolicy {
 
     fn before_writes(
         &self,
-        array: &Array,
+        host: &dyn PolicyHost,
         set: &WriteSet,
         image: Option<&StripeImage<'_>>,
     ) -> Result<Ticket> {
@@ -304,22 +301,20 @@ impl ConsistencyPolicy for JournalPolicy {
         if image.parity_only && self.journal.failed().is_some() {
             // The log is gone: cached write-back data still goes home from memory (md does
             // the same); only new writes are refused. Unlogged, it reopens the write hole.
-            array.owe_resync_for_unlogged_write_out();
+            self.journal.owe_resync_for_unlogged_write_out(host);
             return Ok(None);
         }
-        self.journal.log(array, image).map(Some)
+        self.journal.log(host, image).map(Some)
     }
 
-    fn after_writes(&self, _array: &Array, _set: &WriteSet, ticket: Ticket) {
+    fn after_writes(&self, _host: &dyn PolicyHost, _set: &WriteSet, ticket: Ticket) {
         if let Some(seqs) = ticket {
             self.journal.written_home(seqs);
         }
     }
 
-    fn note_inconsistent(&self, array: &Array, set: &WriteSet) {
-        array
-            .sync
-            .request_resync_from(array.policy.as_ref(), set.offset_bytes);
+    fn note_inconsistent(&self, host: &dyn PolicyHost, set: &WriteSet) {
+        host.request_resync_from(set.offset_bytes);
     }
 
     fn resync_from(&self, sb_resync_offset_sectors: u64) -> Option<u64> {

@@ -16,7 +16,6 @@
 //! 4. Request the resync from the lowest adopted chunk. The walker visits only chunks that need
 //!    it, and their bits clear only after it passed them.
 
-use crate::array::Array;
 use crate::error::{EngineError, Result};
 use crate::members::MemberSet;
 use crate::policy::bitmap::WriteIntentBitmap;
@@ -36,66 +35,15 @@ pub struct TakeoverReport {
     pub resync_from_bytes: Option<u64>,
 }
 
-impl Array {
-    /// Take over the bitmap slot of a node that died (see the module docs for the order).
-    /// Refuses this node's own slot, a slot the bitmap does not have, and arrays without
-    /// md-cluster's per-node bitmaps. Only a node that knows the other is gone (its lease
-    /// expired and it is fenced) may call this: a live node would go on writing its slot.
-    pub fn take_over_slot(&self, slot: u32) -> Result<TakeoverReport> {
-        let bm = self.policy.bitmap().cloned().ok_or_else(|| {
-            EngineError::Unsupported(format!("array '{}' has no write-intent bitmap", self.name))
-        })?;
-        if slot == bm.slot() {
-            return Err(EngineError::InvalidArgument(format!(
-                "slot {slot} is this node's own bitmap slot"
-            )));
-        }
-        if self.is_read_only() {
-            return Err(EngineError::ReadOnly {
-                array: self.name.clone(),
-                reason: "a takeover writes both bitmap slots".into(),
-            });
-        }
-        let (header, bits) = read_slot_union(Some(&bm), &self.members, &self.name, slot)?;
-        let dirty: Vec<u64> = (0..header.chunks())
-            .filter(|&c| bit_is_set(&bits, c))
-            .collect();
-        {
-            let _counted = self.commit.enter(self.sync.clock.as_ref());
-            bm.adopt(&self.members, &dirty, true)?;
-            self.mark_active()?;
-        }
-        adopt_used_map(self.used.as_deref(), &self.members, &self.name, slot);
-        clear_slot(&self.members, &header, slot)?;
-        let resync_from_bytes = dirty.first().map(|&c| c * bm.chunk_bytes());
-        if let Some(from) = resync_from_bytes {
-            self.sync.request_resync_from(self.policy.as_ref(), from);
-        }
-        tracing::info!(array = %self.name, slot, adopted = dirty.len(), "took over a node's bitmap slot");
-        Ok(TakeoverReport {
-            slot,
-            adopted_chunks: dirty.len() as u64,
-            resync_from_bytes,
-        })
-    }
-
-    /// Dirty chunks in bitmap slot `slot` on the members (the union of their copies), for
-    /// status; reads only.
-    pub fn slot_dirty_chunks(&self, slot: u32) -> Result<u64> {
-        let (header, bits) = read_slot_union(
-            self.policy.bitmap().map(|b| &**b),
-            &self.members,
-            &self.name,
-            slot,
-        )?;
-        Ok(format::count_dirty(&bits, header.chunks()))
-    }
-}
-
 /// The gone node's used-region map becomes part of this node's, whose commits write it
 /// whole onto every member added later (nobody writes the gone slot's any more). The gone
 /// slot keeps its bits: until this is durable, walks read them there.
-fn adopt_used_map(used: Option<&UsedRegions>, members: &MemberSet, name: &str, slot: u32) {
+pub(crate) fn adopt_used_map(
+    used: Option<&UsedRegions>,
+    members: &MemberSet,
+    name: &str,
+    slot: u32,
+) {
     let Some(used) = used else {
         return;
     };
@@ -143,7 +91,7 @@ pub(crate) fn gather_other_slots(
 /// Slot `slot`'s newest header and the union of its bits over the members in sync. A copy
 /// marked stale counts as all ones. Events are not compared: a dead node's slot lags the
 /// superblocks the survivors go on writing, and that makes it no less exact.
-fn read_slot_union(
+pub(crate) fn read_slot_union(
     bitmap: Option<&WriteIntentBitmap>,
     members: &MemberSet,
     name: &str,
@@ -196,7 +144,7 @@ fn read_slot_union(
 }
 
 /// Zero slot `slot`'s bits on every member in a role (its header kept, state cleared).
-fn clear_slot(members: &MemberSet, header: &BitmapSuper, slot: u32) -> Result<()> {
+pub(crate) fn clear_slot(members: &MemberSet, header: &BitmapSuper, slot: u32) -> Result<()> {
     let mut sb = header.clone();
     sb.state = 0;
     let mut buf = AlignedBuf::zeroed(sb.bytes_on_disk() as usize);

@@ -18,11 +18,7 @@
 //! * the map's header records the array's events before every superblock update; a map behind
 //!   the superblocks (someone else ran the array) counts as all used.
 
-use crate::array::Array;
 use crate::error::Result;
-use crate::io::commit::WriteSet;
-use crate::io::{IoKind, MemberIo};
-use crate::lock::LockRange;
 use crate::members::paged::{PagedCopy, WriteFailures};
 use crate::members::{Member, MemberSet};
 use crate::policy::used_nodes::NodeMaps;
@@ -157,7 +153,7 @@ impl UsedRegions {
     }
 
     /// Set in this node's map.
-    fn is_set(&self, r: u64) -> bool {
+    pub(crate) fn is_set(&self, r: u64) -> bool {
         self.used[(r / 64) as usize].load(Ordering::Acquire) & (1 << (r % 64)) != 0
     }
 
@@ -340,216 +336,45 @@ impl crate::members::EventRecorder for UsedRegions {
     }
 }
 
-impl Array {
-    /// Array bytes `offset..offset+len` as runs `(len, zero)` in order: `zero` runs lie in
-    /// regions that hold no data (never written since create, or trimmed since), so they read
-    /// as zeroes without touching the members (whatever those hold there: garbage left behind
-    /// the array's back included). Without a map, one run of data.
-    pub fn zero_runs(&self, offset: u64, len: u64) -> Vec<(u64, bool)> {
-        // In a cluster another node may have written a region this node's map has clear.
-        let Some(used) = self.used.as_ref().filter(|u| u.nodes().is_none()) else {
-            return vec![(len, false)];
-        };
-        // Regions cover whole stripes, so each is one contiguous span of array bytes.
-        let step = self.personality.array_bytes_of(used.region_bytes());
-        let end = offset + len;
-        let mut runs: Vec<(u64, bool)> = Vec::new();
-        let mut at = offset;
-        while at < end {
-            let r = at / step;
-            let next = ((r + 1) * step).min(end);
-            let zero = self.region_reads_as_zero(used, r);
-            match runs.last_mut() {
-                Some((n, z)) if *z == zero => *n += next - at,
-                _ => runs.push((next - at, zero)),
-            }
-            at = next;
-        }
-        runs
-    }
+/// In a cluster: where the run of regions that no node's map has set, from `pos` on, ends
+/// (at most [`crate::policy::bitmap::SKIP_MAX_BYTES`] on, and before `end`); `pos` if the
+/// region at `pos` may hold data, or outside a cluster. The maps are read without a
+/// window held: a write that races with it is seen by the read made under the window,
+/// which only shortens the skip.
+pub(crate) fn unused_run_elsewhere(
+    used: Option<&UsedRegions>,
+    members: &MemberSet,
+    pos: u64,
+    end: u64,
+) -> u64 {
+    let Some(used) = used.filter(|u| u.nodes().is_some()) else {
+        return pos;
+    };
+    let far = end.min(pos + crate::policy::bitmap::SKIP_MAX_BYTES);
+    used.read_others(members, pos, far);
+    used.next_used(pos, far).start
+}
 
-    fn region_reads_as_zero(&self, used: &UsedRegions, r: u64) -> bool {
-        // A write-back journal acknowledges writes before they reach the members (and before
-        // their regions are marked): that would need the cache asked first. Arrays with a
-        // journal keep no map.
-        debug_assert!(self.policy.journal().is_none(), "a journal and a used map");
-        r < used.regions() && !used.is_set(r)
+/// In a cluster: read the other nodes' maps over sync coordinates `from..to`.
+pub(crate) fn read_other_maps(used: Option<&UsedRegions>, members: &MemberSet, from: u64, to: u64) {
+    if let Some(used) = used {
+        used.read_others(members, from, to);
     }
+}
 
-    /// In a cluster: where the run of regions that no node's map has set, from `pos` on, ends
-    /// (at most [`crate::policy::bitmap::SKIP_MAX_BYTES`] on, and before `end`); `pos` if the
-    /// region at `pos` may hold data, or outside a cluster. The maps are read without a
-    /// window held: a write that races with it is seen by the read made under the window,
-    /// which only shortens the skip.
-    pub(crate) fn unused_run_elsewhere(&self, pos: u64, end: u64) -> u64 {
-        let Some(used) = self.used.as_ref().filter(|u| u.nodes().is_some()) else {
-            return pos;
-        };
-        let far = end.min(pos + crate::policy::bitmap::SKIP_MAX_BYTES);
-        used.read_others(&self.members, pos, far);
-        used.next_used(pos, far).start
+/// Bytes of `range` (sync coordinates) that background work will not skip as unused.
+pub(crate) fn work_within(used: Option<&UsedRegions>, range: Range<u64>) -> u64 {
+    match used {
+        Some(u) => u.used_bytes_within(range),
+        None => range.end.saturating_sub(range.start),
     }
+}
 
-    /// In a cluster: read the other nodes' maps over sync coordinates `from..to`.
-    pub(crate) fn read_other_maps(&self, from: u64, to: u64) {
-        if let Some(used) = &self.used {
-            used.read_others(&self.members, from, to);
-        }
-    }
-
-    /// Bytes of `range` (sync coordinates) that background work will not skip as unused.
-    pub(crate) fn work_within(&self, range: Range<u64>) -> u64 {
-        match &self.used {
-            Some(u) => u.used_bytes_within(range),
-            None => range.end.saturating_sub(range.start),
-        }
-    }
-
-    /// The part of `range` (sync coordinates) background work must visit: the first run of
-    /// used regions in it (all of it without a map).
-    pub(crate) fn used_within(&self, range: Range<u64>) -> Range<u64> {
-        match &self.used {
-            Some(u) => u.next_used(range.start, range.end),
-            None => range,
-        }
-    }
-
-    /// Trim: release the whole regions inside array bytes `offset..offset+len` (discarded on
-    /// every member, marked unused). The rest is left as it is: a trim promises nothing about
-    /// what reads of the range return.
-    pub fn trim(&self, offset_bytes: u64, len_bytes: u64) -> Result<()> {
-        self.check_range(offset_bytes, len_bytes)?;
-        self.release_whole_regions(offset_bytes, len_bytes)
-            .map(|_| ())
-    }
-
-    /// Release the whole regions inside array bytes `offset..offset+len`; returns the array
-    /// bytes released (None: nothing, or no used-region map).
-    pub(crate) fn release_whole_regions(
-        &self,
-        offset_bytes: u64,
-        len_bytes: u64,
-    ) -> Result<Option<Range<u64>>> {
-        // A cluster's nodes never clear bits: a region one node released could be in use
-        // by another, whose map it cannot clear.
-        let Some(used) = self.used.as_ref().filter(|u| u.nodes().is_none()) else {
-            return Ok(None);
-        };
-        let (at, len) = self.personality.sync_range_within(offset_bytes, len_bytes);
-        let rs = used.whole_regions(at, len);
-        if rs.is_empty() {
-            return Ok(None);
-        }
-        self.as_client_write(|| {
-            let watched = self
-                .policy
-                .write_begins(self, offset_bytes, len_bytes, None);
-            let res = rs.clone().try_for_each(|r| self.release_region(used, r));
-            self.policy.write_ended(self, watched, res.is_ok(), false);
-            res
-        })?;
-        let rb = used.region_bytes();
-        Ok(Some(
-            self.personality.array_bytes_of(rs.start * rb)
-                ..self.personality.array_bytes_of(rs.end * rb),
-        ))
-    }
-
-    fn release_region(&self, used: &UsedRegions, r: u64) -> Result<()> {
-        let rb = used.region_bytes();
-        let at = r * rb;
-        let _guard = self.range_lock().lock(LockRange::Sync { at, len: rb });
-        if !used.is_set(r) {
-            return Ok(());
-        }
-        let mut ios: Vec<MemberIo<'_>> = self
-            .personality
-            .member_spans(at, rb)
-            .into_iter()
-            .map(|(role, off, len)| {
-                let m = self.members.slots[role].usable();
-                MemberIo::planned(role, m, off, IoKind::Discard(len))
-            })
-            .collect();
-        self.commit
-            .writes(self, &WriteSet::release(at, rb), &mut ios)?;
-        // The zeroes are durable before the map says so.
-        self.flush_members();
-        if self.is_failed() {
-            return Err(self
-                .members
-                .unrecoverable(at, rb, "too many members failed"));
-        }
-        used.released(&self.members, r..r + 1);
-        Ok(())
-    }
-
-    /// Rebuild over unused regions: they are zero on every member in sync, so the new member
-    /// gets them discarded (no reads). Moves its in-sync point past them; `None` if `pos` is
-    /// in a used region.
-    pub(crate) fn skip_unused_for_recovery(
-        &self,
-        role: usize,
-        pos: u64,
-        end: u64,
-    ) -> Option<std::result::Result<u64, crate::work::Stop>> {
-        let used = self.used.as_ref()?;
-        if self.personality.recovery_maps_chunks() {
-            let unused = |at: u64, len: u64| used.next_used(at, at + len).start >= at + len;
-            return self
-                .copies()
-                .skip_raid10_chunks(self, role, pos, end, unused, |from, to| {
-                    self.discard_on_rebuilding(role, from, to)
-                });
-        }
-        let limit = end.min(pos + crate::policy::bitmap::SKIP_MAX_BYTES);
-        let next = used.next_used(pos, limit);
-        let target = if next.start >= limit {
-            limit
-        } else {
-            next.start
-        };
-        if target <= pos {
-            return None;
-        }
-        let _guard = self.range_lock().lock(LockRange::Sync {
-            at: pos,
-            len: target - pos,
-        });
-        if used.next_used(pos, target).start < target {
-            return None; // a write claimed part of it meanwhile: rebuild it the usual way
-        }
-        if let Err(stop) = self.discard_on_rebuilding(role, pos, target) {
-            return Some(Err(stop));
-        }
-        self.members.slots[role].advance(target);
-        Some(Ok(target))
-    }
-
-    /// Member bytes `from..to` of the member rebuilding `role` are unused: discard them (they
-    /// read as zeroes, as on the members in sync).
-    fn discard_on_rebuilding(
-        &self,
-        role: usize,
-        from: u64,
-        to: u64,
-    ) -> std::result::Result<(), crate::work::Stop> {
-        let member = self.members.slots[role].member();
-        let mut ios = [MemberIo::planned(
-            role,
-            member,
-            from,
-            IoKind::Discard(to - from),
-        )];
-        if let Err(e) = self
-            .commit
-            .writes(self, &WriteSet::rebuild(from, to - from), &mut ios)
-        {
-            return Err(crate::work::Stop::Failed(e));
-        }
-        if !ios[0].ok() {
-            return Err(crate::work::Stop::Interrupted);
-        }
-        Ok(())
+/// The part of `range` (sync coordinates) background work must visit: the first run of
+/// used regions in it (all of it without a map).
+pub(crate) fn used_within(used: Option<&UsedRegions>, range: Range<u64>) -> Range<u64> {
+    match used {
+        Some(u) => u.next_used(range.start, range.end),
+        None => range,
     }
 }

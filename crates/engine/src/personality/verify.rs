@@ -7,16 +7,15 @@
 //! may have had writes in flight; each page row is read once however many ranges touch it. The
 //! stripes are claimed for the time of their pass, so client I/O stays correct around it.
 
-use crate::array::Array;
-use crate::background::SyncControl;
 use crate::error::{EngineError, Result};
+use crate::personality::parts::Parts;
 use crate::work::Stop;
 use crate::work::VerifyReport;
 
-impl Array {
+impl Parts {
     /// Verify reads over array byte ranges `(offset, length)`: every page row under them is
     /// read, checked and, unless the array refuses writes, repaired.
-    pub fn verify(&self, ranges: &[(u64, u64)]) -> Result<VerifyReport> {
+    pub(crate) fn verify(&self, ranges: &[(u64, u64)]) -> Result<VerifyReport> {
         for &(off, len) in ranges {
             self.check_range(off, len)?;
         }
@@ -64,14 +63,12 @@ impl Array {
         }
         Ok(report)
     }
-}
 
-impl SyncControl {
     /// A failed read keeps its own kind (damage stays `Corruption`); one that kept being
     /// interrupted by failing members is I/O.
-    pub(crate) fn verify_failed(&self, array: &Array, at: u64, len: u64, e: Stop) -> EngineError {
+    pub(crate) fn verify_failed(&self, at: u64, len: u64, e: Stop) -> EngineError {
         match e {
-            Stop::Interrupted => array.members.unrecoverable(
+            Stop::Interrupted => self.members.unrecoverable(
                 at,
                 len,
                 "verify: members kept failing while the stripes were read",
