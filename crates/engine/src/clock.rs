@@ -28,6 +28,12 @@ pub trait Clock: Send + Sync + Debug {
     fn park(&self, d: Duration);
     /// A uniformly random number: array and device UUIDs, journal sequence numbers.
     fn random_u64(&self) -> u64;
+    /// The real instant, `d` from now, at which a wait for other threads gives up (a stripe's
+    /// leader gathering writers, `wait_idle`). Those threads run in real time whatever this
+    /// clock is, so a simulated clock bounds such waits in real time too.
+    fn deadline(&self, d: Duration) -> Instant {
+        Instant::now() + d
+    }
 }
 
 /// A version-4 UUID drawn from `clock`.

@@ -25,7 +25,7 @@ pub use crate::work::SyncAction;
 use parking_lot::{Condvar, Mutex};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// What a member failure sets off above the member set: the torn-row count for its event and
 /// a wake-up of background work (a spare may take the role).
@@ -411,7 +411,7 @@ impl SyncControl {
 
     /// Block until no background action runs or is pending (tests, `action --wait`).
     pub(crate) fn wait_idle(&self, parts: &Parts, timeout: Duration) -> bool {
-        let deadline = Instant::now() + timeout;
+        let deadline = parts.clock.deadline(timeout);
         let mut st = self.st.lock();
         loop {
             let pending = st.requested.is_some()

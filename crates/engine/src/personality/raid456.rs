@@ -36,7 +36,6 @@ use crate::personality::stripe_cache::{covers_all, BatchError, Completion, Piece
 use crate::personality::Parity;
 use layout::{Level, StripeRoles};
 use std::sync::Arc;
-use std::time::Instant;
 
 /// Journal pages and integrity records cover this many bytes.
 const PAGE: u64 = 4096;
@@ -443,7 +442,7 @@ impl Parity {
     pub(crate) fn lead_batch(&self, array: &Parts, row: u64, r: &Row) {
         let m = self.g.data_disks();
         let st = r.claim(r.st.lock());
-        let deadline = Instant::now() + array.config.write_hold;
+        let deadline = array.clock.deadline(array.config.write_hold);
         let mut st = r.gather(st, deadline, |p| covers_all(p, m));
         assert!(
             st.leader,
