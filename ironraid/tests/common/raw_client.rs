@@ -89,6 +89,11 @@ impl Client {
         Ok(data)
     }
 
+    /// `NBD_CMD_FLUSH`: false if the server failed it or the connection broke.
+    pub fn try_flush(&mut self) -> bool {
+        self.try_send(CMD_FLUSH, 2, 0, 0).is_ok() && matches!(self.try_reply(), Ok((0, 2)))
+    }
+
     /// `NBD_CMD_WRITE_ZEROES` of `len` bytes at `offset`; panics if the server answers an
     /// error.
     pub fn write_zeroes(&mut self, offset: u64, len: usize) {
