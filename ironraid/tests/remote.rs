@@ -531,13 +531,44 @@ fn cached_members_env(name: &str, n: usize) -> (Env, Vec<Export>) {
 /// writes lost with their caches. Started again, the array holds every write of every flushed
 /// round, each byte written since holds one of the values written to it since, and once the
 /// restart's resync is done the redundancy agrees.
-fn power_cuts_under_writers(level: &str, n: usize, extra: &[&str], flushing: bool) -> usize {
-    let (env, mut exports) = cached_members_env(&format!("cut{level}{flushing}"), n);
+fn power_cuts_under_writers(
+    level: &str,
+    n: usize,
+    extra: &[&str],
+    journal: Option<&str>,
+    flushing: bool,
+) -> usize {
+    let (mut env, mut exports) = cached_members_env(&format!("cut{level}{flushing}"), n);
     let data = n - if level == "6" { 2 } else { 1 };
     let hot = writers::ROWS * data * writers::CHUNK;
-    let mut args = vec!["--chunk", "64K"];
-    args.extend_from_slice(extra);
-    env.create(level, &args);
+    let mut create: Vec<String> = [
+        "create", "--level", level, "--name", &env.name, "--chunk", "64K",
+    ]
+    .iter()
+    .chain(extra)
+    .map(|a| a.to_string())
+    .collect();
+    // Integrity needs members it knows the contents of: no --assume-clean, create zeroes them.
+    if !extra.contains(&"--integrity") {
+        create.push("--assume-clean".into());
+    }
+    if let Some(mode) = journal {
+        // The log on a cached export too: a cut loses what it had not flushed as well.
+        let log = Export::start(
+            &env.file("log.img", 64 * MIB),
+            &["cache"],
+            &["cache=writeback"],
+        );
+        create
+            .extend(["--consistency-policy", "journal", "--journal", &log.uri()].map(String::from));
+        create.extend(["--journal-mode", mode].map(String::from));
+        exports.push(log);
+    }
+    create.extend(env.member_args());
+    env.ok(&create.iter().map(String::as_str).collect::<Vec<_>>());
+    if let Some(log) = exports.get(n) {
+        env.members.push(PathBuf::from(log.uri()));
+    }
     let mut before = vec![0u8; hot];
     let mut unexplained = 0;
     for cut in 0..3u64 {
@@ -603,7 +634,7 @@ fn power_cuts_under_sixteen_flushing_writers_keep_every_flushed_write_on_raid5()
     if !require_tools(&["nbdkit"]) {
         return;
     }
-    power_cuts_under_writers("5", 4, &[], true);
+    power_cuts_under_writers("5", 4, &[], None, true);
 }
 
 #[test]
@@ -611,7 +642,23 @@ fn power_cuts_under_sixteen_flushing_writers_keep_every_flushed_write_on_raid6_w
     if !require_tools(&["nbdkit"]) {
         return;
     }
-    power_cuts_under_writers("6", 5, &["--consistency-policy", "bitmap"], true);
+    power_cuts_under_writers("6", 5, &["--consistency-policy", "bitmap"], None, true);
+}
+
+#[test]
+fn power_cuts_under_sixteen_flushing_writers_keep_every_flushed_write_with_a_write_back_log() {
+    if !require_tools(&["nbdkit"]) {
+        return;
+    }
+    power_cuts_under_writers("5", 4, &[], Some("write-back"), true);
+}
+
+#[test]
+fn power_cuts_under_sixteen_flushing_writers_keep_every_flushed_write_with_integrity() {
+    if !require_tools(&["nbdkit"]) {
+        return;
+    }
+    power_cuts_under_writers("5", 4, &["--integrity", "crc32c"], None, true);
 }
 
 /// The canary: without the flushes, the same cuts lose acknowledged writes (the members'
@@ -621,7 +668,7 @@ fn power_cuts_without_flushes_lose_acknowledged_writes() {
     if !require_tools(&["nbdkit"]) {
         return;
     }
-    let lost = power_cuts_under_writers("5", 4, &[], false);
+    let lost = power_cuts_under_writers("5", 4, &[], None, false);
     assert!(
         lost > 0,
         "no cut lost an acknowledged write: the members' caches kept them"
