@@ -512,32 +512,56 @@ fn members_over_tls_with_the_ca_in_the_uri_or_given_to_run() {
     env.stop(d);
 }
 
-/// Members whose writes wait in a write-back cache until a flush (nbdkit's cache filter,
-/// `cache=writeback`): killing their servers loses what they had not flushed, as a power cut
-/// loses a disk's volatile cache.
+/// Members 0, 2, … keep their writes in a write-back cache until a flush (nbdkit's cache
+/// filter, `cache=writeback`): killing their servers loses what they had not flushed, as a
+/// power cut loses a disk's volatile cache. Members 1, 3, … write through, so a write in flight
+/// at a cut lands on some members of its stripe and not on others: the cut tears rows.
 fn cached_members_env(name: &str, n: usize) -> (Env, Vec<Export>) {
     let mut env = Env::new(name, n, 16 * MIB);
     let exports: Vec<Export> = env
         .members
         .iter()
-        .map(|f| Export::start(f, &["cache"], &["cache=writeback"]))
+        .enumerate()
+        .map(|(i, f)| match i % 2 {
+            0 => Export::start(f, &["cache"], &["cache=writeback"]),
+            _ => Export::start(f, &[], &[]),
+        })
         .collect();
     env.members = exports.iter().map(|e| PathBuf::from(e.uri())).collect();
     (env, exports)
+}
+
+/// One array's power cuts (see [`power_cuts`]).
+#[derive(Clone, Copy, Default)]
+struct Cuts<'a> {
+    level: &'a str,
+    members: usize,
+    /// More `create` arguments.
+    extra: &'a [&'a str],
+    /// A journal of this mode, its log on a cached export too.
+    journal: Option<&'a str>,
+    /// The writers flush every round (otherwise acknowledged writes are not durable).
+    flushing: bool,
+    /// After the first cut, start without member 1 (`--run`, or `--force` where md refuses a
+    /// dirty degraded start), then add it back.
+    degraded_after: Option<&'a str>,
 }
 
 /// Power cuts from outside, three per array: the sixteen writers run with a flush after every
 /// round, and the daemon and every member server are killed at once, the members' unflushed
 /// writes lost with their caches. Started again, the array holds every write of every flushed
 /// round, each byte written since holds one of the values written to it since, and once the
-/// restart's resync is done the redundancy agrees.
-fn power_cuts_under_writers(
-    level: &str,
-    n: usize,
-    extra: &[&str],
-    journal: Option<&str>,
-    flushing: bool,
-) -> usize {
+/// restart's resync is done the redundancy agrees. Returns the cuts after which a byte held
+/// what no write explains (panics on one if the writers flushed, unless `--force` was needed).
+fn power_cuts(c: Cuts<'_>) -> usize {
+    let Cuts {
+        level,
+        members: n,
+        extra,
+        journal,
+        flushing,
+        degraded_after,
+    } = c;
     let (mut env, mut exports) = cached_members_env(&format!("cut{level}{flushing}"), n);
     let data = n - if level == "6" { 2 } else { 1 };
     let hot = writers::ROWS * data * writers::CHUNK;
@@ -573,31 +597,7 @@ fn power_cuts_under_writers(
     let mut unexplained = 0;
     for cut in 0..3u64 {
         let d = env.run_all();
-        let sock = env.socket();
-        let servers = [(sock.as_path(), env.name.as_str())];
-        // The cut comes a little into round 2, 3 or 4 (a few kept rounds before it).
-        let reached = std::sync::atomic::AtomicUsize::new(0);
-        let more = |r: usize| {
-            reached.store(r, std::sync::atomic::Ordering::SeqCst);
-            r < 1000
-        };
-        let w = std::thread::scope(|s| {
-            let writing = s.spawn(|| {
-                if flushing {
-                    writers::write_flushing_concurrently(&servers, &before, more)
-                } else {
-                    writers::write_concurrently(&servers, &before, more)
-                }
-            });
-            while reached.load(std::sync::atomic::Ordering::SeqCst) < 2 + cut as usize {
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            std::thread::sleep(Duration::from_millis(5 + 10 * cut));
-            d.kill9();
-            exports.iter_mut().for_each(Export::kill);
-            writing.join().unwrap()
-        });
-        assert!(w.rounds < 1000, "the writers outran the cut");
+        let w = cut_under_writers(&env, d, &mut exports, &before, cut, flushing);
         eprintln!(
             "RAID{level} cut {cut}: {} rounds, {} of them not kept, {} writes unanswered",
             w.rounds,
@@ -605,18 +605,39 @@ fn power_cuts_under_writers(
             w.unanswered_writes
         );
         exports.iter_mut().for_each(Export::restart);
-        let d = env.run_all();
+        // The first cut is followed by a member loss: the array comes back without member 1
+        // (md's --run), its reads rebuilt from what the cut left of parity, then gets it back.
+        let lost = degraded_after
+            .filter(|_| cut == 0)
+            .map(|_| env.members[1].clone());
+        let running: Vec<PathBuf> = env
+            .members
+            .iter()
+            .filter(|m| Some(*m) != lost.as_ref())
+            .cloned()
+            .collect();
+        let start: &[&str] = match degraded_after {
+            Some(flag) if lost.is_some() => &[flag],
+            _ => &[],
+        };
+        let d = env.run_with(start, &running);
         env.wait_detail("the restart's resync", 120, |d| {
             d["sync"]["action"] == "idle"
         });
-        let got = common::raw_client::Client::connect(&sock, &env.name).read(0, hot);
+        let got = common::raw_client::Client::connect(&env.socket(), &env.name).read(0, hot);
         if let Some(at) = writers::unexplained(&got, &w) {
             assert!(
-                !flushing,
-                "cut {cut}: byte {at} holds what no write explains ({} rounds)",
+                !flushing || degraded_after == Some("--force"),
+                "cut {cut}: byte {at} holds what no write explains ({} rounds, member lost: {lost:?})",
                 w.rounds
             );
             unexplained += 1;
+        }
+        if let Some(m) = &lost {
+            env.ok(&["add", &env.name, m.to_str().unwrap()]);
+            env.wait_detail("the lost member's rebuild", 120, |d| {
+                d["sync"]["action"] == "idle" && state_of(d, m.to_str().unwrap()) == "in_sync"
+            });
         }
         assert_eq!(
             env.action_wait("check"),
@@ -629,12 +650,54 @@ fn power_cuts_under_writers(
     unexplained
 }
 
+/// The writers from `before` until a cut 25, 5 or 15 ms into round 2 + `cut`: the daemon `d`, serving,
+/// killed with every member server at once. Returns what they wrote.
+fn cut_under_writers(
+    env: &Env,
+    d: Daemon,
+    exports: &mut [Export],
+    before: &[u8],
+    cut: u64,
+    flushing: bool,
+) -> writers::Written {
+    let sock = env.socket();
+    let servers = [(sock.as_path(), env.name.as_str())];
+    let reached = std::sync::atomic::AtomicUsize::new(0);
+    let more = |r: usize| {
+        reached.store(r, std::sync::atomic::Ordering::SeqCst);
+        r < 1000
+    };
+    let w = std::thread::scope(|s| {
+        let writing = s.spawn(|| {
+            if flushing {
+                writers::write_flushing_concurrently(&servers, before, more)
+            } else {
+                writers::write_concurrently(&servers, before, more)
+            }
+        });
+        while reached.load(std::sync::atomic::Ordering::SeqCst) < 2 + cut as usize {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        std::thread::sleep(Duration::from_millis([25, 5, 15][cut as usize]));
+        d.kill9();
+        exports.iter_mut().for_each(Export::kill);
+        writing.join().unwrap()
+    });
+    assert!(w.rounds < 1000, "the writers outran the cut");
+    w
+}
+
 #[test]
 fn power_cuts_under_sixteen_flushing_writers_keep_every_flushed_write_on_raid5() {
     if !require_tools(&["nbdkit"]) {
         return;
     }
-    power_cuts_under_writers("5", 4, &[], None, true);
+    power_cuts(Cuts {
+        level: "5",
+        members: 4,
+        flushing: true,
+        ..Cuts::default()
+    });
 }
 
 #[test]
@@ -642,7 +705,13 @@ fn power_cuts_under_sixteen_flushing_writers_keep_every_flushed_write_on_raid6_w
     if !require_tools(&["nbdkit"]) {
         return;
     }
-    power_cuts_under_writers("6", 5, &["--consistency-policy", "bitmap"], None, true);
+    power_cuts(Cuts {
+        level: "6",
+        members: 5,
+        extra: &["--consistency-policy", "bitmap"],
+        flushing: true,
+        ..Cuts::default()
+    });
 }
 
 #[test]
@@ -650,7 +719,30 @@ fn power_cuts_under_sixteen_flushing_writers_keep_every_flushed_write_with_a_wri
     if !require_tools(&["nbdkit"]) {
         return;
     }
-    power_cuts_under_writers("5", 4, &[], Some("write-back"), true);
+    power_cuts(Cuts {
+        level: "5",
+        members: 4,
+        journal: Some("write-back"),
+        flushing: true,
+        degraded_after: Some("--run"),
+        ..Cuts::default()
+    });
+}
+
+/// A cut and then a member lost: the write hole, which the journal closes.
+#[test]
+fn a_power_cut_then_a_lost_member_keeps_every_flushed_write_with_a_write_through_log() {
+    if !require_tools(&["nbdkit"]) {
+        return;
+    }
+    power_cuts(Cuts {
+        level: "5",
+        members: 4,
+        journal: Some("write-through"),
+        flushing: true,
+        degraded_after: Some("--run"),
+        ..Cuts::default()
+    });
 }
 
 #[test]
@@ -658,7 +750,13 @@ fn power_cuts_under_sixteen_flushing_writers_keep_every_flushed_write_with_integ
     if !require_tools(&["nbdkit"]) {
         return;
     }
-    power_cuts_under_writers("5", 4, &["--integrity", "crc32c"], None, true);
+    power_cuts(Cuts {
+        level: "5",
+        members: 4,
+        extra: &["--integrity", "crc32c"],
+        flushing: true,
+        ..Cuts::default()
+    });
 }
 
 /// The canary: without the flushes, the same cuts lose acknowledged writes (the members'
@@ -668,9 +766,34 @@ fn power_cuts_without_flushes_lose_acknowledged_writes() {
     if !require_tools(&["nbdkit"]) {
         return;
     }
-    let lost = power_cuts_under_writers("5", 4, &[], None, false);
+    let lost = power_cuts(Cuts {
+        level: "5",
+        members: 4,
+        ..Cuts::default()
+    });
     assert!(
         lost > 0,
         "no cut lost an acknowledged write: the members' caches kept them"
+    );
+}
+
+/// The canary of the journal tests: without a journal, the same cut followed by a lost member
+/// (a start md refuses; `--force` takes the risk) hits the write hole: blocks of the lost
+/// member rebuilt from parity the cut tore read as what no write wrote.
+#[test]
+fn without_a_journal_a_power_cut_then_a_lost_member_opens_the_write_hole() {
+    if !require_tools(&["nbdkit"]) {
+        return;
+    }
+    let torn = power_cuts(Cuts {
+        level: "5",
+        members: 4,
+        flushing: true,
+        degraded_after: Some("--force"),
+        ..Cuts::default()
+    });
+    assert!(
+        torn > 0,
+        "the cut tore no row the lost member's blocks are rebuilt from"
     );
 }
