@@ -29,7 +29,8 @@ use std::time::Duration;
 
 use common::raw_client::Client;
 use common::writers::{
-    compare, unexplained, write_all_concurrently, write_concurrently, BLOCK, CHUNK, ROUNDS, ROWS,
+    compare, unexplained, write_all_concurrently, write_concurrently, Written, BLOCK, CHUNK,
+    ROUNDS, ROWS,
 };
 use common::Env;
 use rand::rngs::StdRng;
@@ -37,12 +38,13 @@ use rand::{Rng, SeedableRng};
 
 const MEMBER: u64 = 16 << 20;
 
-/// Data members of an array of `members` at `level` (64 KiB chunks, default layouts), and how
-/// many of its first members it survives losing.
+/// How many 64 KiB chunks wide the writers' rows are on an array of `members` at `level`
+/// (its data members; a mirror's are 4 MiB of every member, more than one of its 1 MiB scrub
+/// steps), and how many of its first members it survives losing.
 fn shape(level: &str, members: usize) -> (usize, usize) {
     match level {
         "6" => (members - 2, 2),
-        "1" => (1, members - 1),
+        "1" => (4, members - 1),
         // Near-2 copies: the first two members are one pair.
         "10" => (members / 2, 1),
         _ => (members - 1, 1),
@@ -385,7 +387,8 @@ fn raid5_with_integrity_killed_under_sixteen_writers_keeps_every_acknowledged_wr
 }
 
 /// A member replaced and rebuilt while the sixteen writers run across the rebuild's front
-/// (the rebuild held to 2 MiB/s so that it crosses the hot rows during the writes): after it,
+/// (the rebuild held to 256 KiB/s in 64 KiB windows, so that it crosses the hot rows during the
+/// writes): after it,
 /// every byte reads back, `check` agrees, and with other members failed (as many as the level
 /// survives) the rebuilt member's contents serve the reads.
 fn rebuilt_under_writes(level: &str, members: usize, extra: &[&str]) {
@@ -394,34 +397,20 @@ fn rebuilt_under_writes(level: &str, members: usize, extra: &[&str]) {
     let mut args = vec!["--chunk", "64K"];
     args.extend_from_slice(extra);
     env.create(level, &args);
-    let d = env.run_all();
+    let d = env.run_with(&["--sync-window", "64K"], &env.members);
     let hot = ROWS * data_members * CHUNK;
     let before = write_all_concurrently(&env.socket(), &env.name, hot);
     let replaced = &env.members[1];
     let spare = env.file("spare.img", MEMBER);
-    env.ok(&["speed", &env.name, "--min", "1M", "--max", "2M"]);
+    env.ok(&["speed", &env.name, "--min", "128K", "--max", "256K"]);
     env.ok(&["fail", &env.name, replaced.to_str().unwrap()]);
     env.ok(&["remove", &env.name, replaced.to_str().unwrap()]);
     env.ok(&["add", &env.name, spare.to_str().unwrap()]);
-    // Rounds go on until the rebuild is over, and at least two after the first that saw it so.
-    let rebuilt_at = std::sync::OnceLock::new();
-    let w = write_concurrently(&[(&env.socket(), &env.name)], &before, |round| {
-        if rebuilt_at.get().is_none() && common::member_state(&env.detail(), &spare) == "in_sync" {
-            rebuilt_at.set(round).unwrap();
-        }
-        rebuilt_at.get().is_none_or(|&r| round < r + 2)
-    });
-    assert_eq!(w.failed_writes + w.unanswered_writes, 0, "writes failed");
-    assert!(
-        *rebuilt_at.get().unwrap() > 2,
-        "the rebuild ended in {} rounds",
-        rebuilt_at.get().unwrap()
-    );
-    eprintln!(
-        "RAID{level}: rebuilt during round {}",
-        rebuilt_at.get().unwrap()
-    );
+    let w = writes_across_the_front(&env, &before, (ROWS * CHUNK) as u64);
     env.ok(&["speed", &env.name, "--max", "1G"]);
+    env.wait_detail("the rebuild", 60, |d| {
+        common::member_state(d, &spare) == "in_sync" && d["sync"]["action"] == "idle"
+    });
     let what = format!("RAID{level} ×{members} {extra:?}");
     compare(&env.socket(), &env.name, &w.model).unwrap_or_else(|e| panic!("{what}: {e}"));
     assert_eq!(env.action_wait("check"), 0, "{what}: parity mismatches");
@@ -532,34 +521,63 @@ fn log_fails_then_kill(kill_after_ms: u64) {
     env.stop(d);
 }
 
-/// `repair` running (held slow) while the sixteen writers write across its front: a scrub that
-/// rewrote parity (or a mirror copy) from what it read before a write landed would leave stale
-/// redundancy, which `check` and the reads with members failed would find.
+/// The background action just started (held slow, in 64 KiB windows) moves through the
+/// hot rows, `hot_per_member` bytes of each member, while the writers run: rounds go on until it is past them,
+/// and two more. Asserts the front was seen inside the hot rows at two round boundaries at
+/// least.
+fn writes_across_the_front(env: &Env, before: &[u8], hot_per_member: u64) -> Written {
+    let inside = AtomicU64::new(0);
+    let past_at = std::sync::OnceLock::new();
+    let w = write_concurrently(&[(&env.socket(), &env.name)], before, |round| {
+        let sync = &env.detail()["sync"];
+        let done = sync["done_bytes"].as_u64().unwrap_or(0);
+        let running = sync["action"] != "idle";
+        if running && done > 0 && done < hot_per_member {
+            inside.fetch_add(1, Ordering::Relaxed);
+        }
+        if past_at.get().is_none() && (!running || done >= hot_per_member) {
+            past_at.set(round).unwrap();
+        }
+        past_at.get().is_none_or(|&r| round < r + 2)
+    });
+    assert_eq!(w.failed_writes + w.unanswered_writes, 0, "writes failed");
+    let inside = inside.into_inner();
+    eprintln!(
+        "the front was inside the hot rows at {inside} of {} round boundaries",
+        w.rounds
+    );
+    assert!(
+        inside >= 2,
+        "the front crossed the hot rows at {inside} round boundaries"
+    );
+    w
+}
+
+/// `repair` running (held to 512 KiB/s in 64 KiB windows) while the sixteen writers write
+/// across its front: a scrub that rewrote parity (or a mirror copy) from what it read before a
+/// write landed would leave stale redundancy, which `check` and the reads with members failed
+/// would find.
 fn repaired_under_writes(level: &str, members: usize, extra: &[&str]) {
     let (data_members, survives) = shape(level, members);
     let env = Env::new(&format!("manyrepair{level}"), members, MEMBER);
     let mut args = vec!["--chunk", "64K"];
     args.extend_from_slice(extra);
     env.create(level, &args);
-    let d = env.run_all();
+    let d = env.run_with(&["--sync-window", "64K"], &env.members);
     let hot = ROWS * data_members * CHUNK;
     let before = write_all_concurrently(&env.socket(), &env.name, hot);
     env.ok(&["speed", &env.name, "--min", "256K", "--max", "512K"]);
     env.ok(&["action", &env.name, "repair"]);
-    let idle_at = std::sync::OnceLock::new();
-    let w = write_concurrently(&[(&env.socket(), &env.name)], &before, |round| {
-        if idle_at.get().is_none() && env.detail()["sync"]["action"] == "idle" {
-            idle_at.set(round).unwrap();
-        }
-        idle_at.get().is_none_or(|&r| round < r + 2)
-    });
-    assert_eq!(w.failed_writes + w.unanswered_writes, 0, "writes failed");
-    let idle_at = *idle_at.get().unwrap();
-    eprintln!("RAID{level}: repair done during round {idle_at}");
-    assert!(idle_at > 2, "the repair ended in {idle_at} rounds");
+    let per_member = if level == "1" {
+        hot
+    } else {
+        hot / data_members
+    };
+    let w = writes_across_the_front(&env, &before, per_member as u64);
+    env.ok(&["speed", &env.name, "--max", "1G"]);
+    env.wait_detail("the repair", 60, |d| d["sync"]["action"] == "idle");
     let what = format!("RAID{level} ×{members} {extra:?}");
     assert_eq!(env.detail()["sync"]["last_action"], "repair", "{what}");
-    env.ok(&["speed", &env.name, "--max", "1G"]);
     compare(&env.socket(), &env.name, &w.model).unwrap_or_else(|e| panic!("{what}: {e}"));
     assert_eq!(env.action_wait("check"), 0, "{what}: redundancy disagrees");
     for failed in &env.members[..survives] {
