@@ -694,18 +694,7 @@ fn a_raid5_node_killed_mid_write_leaves_its_flushed_data_and_consistent_parity_t
     // b writes through a's extents once a's lease and the grace are over, takes a's slot over
     // and resyncs what a had dirty.
     fio_stripe_loops(&b.uri(), 65536, SIZE, 1);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !db
-        .log_text()
-        .contains("took over a gone node's bitmap slot")
-    {
-        assert!(
-            Instant::now() < deadline,
-            "a's slot was not taken over:\n{}",
-            db.log_text()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_for_takeover(&db);
     b.wait_detail("a's dirty chunks resynced", 60, |d| {
         d["sync"]["action"] == "idle"
     });
@@ -721,6 +710,22 @@ fn a_raid5_node_killed_mid_write_leaves_its_flushed_data_and_consistent_parity_t
 }
 
 /// A clustered RAID5 with 64 KiB chunks on `env`'s members.
+/// Wait (30 s at most) until node b's daemon `db` says it took node a's bitmap slot over.
+fn wait_for_takeover(db: &Daemon) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !db
+        .log_text()
+        .contains("took over a gone node's bitmap slot")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "a's slot was not taken over:\n{}",
+            db.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 fn clustered_raid5(env: &Env, etcd: &EtcdServer) {
     env.create(
         "5",
@@ -1135,18 +1140,7 @@ fn a_node_killed_under_sixteen_writers_on_two_nodes_loses_no_acknowledged_write(
         w.rounds, w.unanswered_writes
     );
     assert_eq!(w.failed_writes, 0, "writes failed");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !db
-        .log_text()
-        .contains("took over a gone node's bitmap slot")
-    {
-        assert!(
-            Instant::now() < deadline,
-            "a's slot was not taken over:\n{}",
-            db.log_text()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_for_takeover(&db);
     b.wait_detail("a's dirty chunks resynced", 60, |d| {
         d["sync"]["action"] == "idle"
     });

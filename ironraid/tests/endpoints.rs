@@ -5,13 +5,10 @@
 
 mod common;
 
+use common::raw_client::Client;
 use common::*;
-use nbd::codec::{self, Request};
-use nbd::proto::*;
-use std::io::{Read, Write};
+use nbd::proto::EOVERFLOW;
 use std::os::unix::fs::PermissionsExt;
-use std::os::unix::net::UnixStream;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 const MIB: usize = 1 << 20;
@@ -83,78 +80,22 @@ fn uris_extra_endpoints_export_name_and_socket_mode() {
     env.stop(d);
 }
 
-/// A raw NBD client (the reference clients split requests at the advertised maximum, so
-/// they cannot send an oversized one).
-struct Raw(UnixStream);
-
-impl Raw {
-    fn connect(sock: &Path) -> Raw {
-        let mut s = UnixStream::connect(sock).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-        let mut greeting = [0u8; 18];
-        s.read_exact(&mut greeting).unwrap();
-        s.write_all(&(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES).to_be_bytes())
-            .unwrap();
-        let go = codec::encode_info_request("", &[]);
-        s.write_all(&codec::encode_option(OPT_GO, &go)).unwrap();
-        loop {
-            let mut h = [0u8; 20];
-            s.read_exact(&mut h).unwrap();
-            let h = codec::parse_option_reply_header(&h).unwrap();
-            let mut data = vec![0u8; h.length as usize];
-            s.read_exact(&mut data).unwrap();
-            if h.reply_type == REP_ACK {
-                return Raw(s);
-            }
-            assert_eq!(h.reply_type, REP_INFO);
-        }
-    }
-
-    /// Sends one request (with `payload` for a write); the reply's error and its data.
-    fn request(&mut self, command: u16, offset: u64, len: usize, payload: &[u8]) -> (u32, Vec<u8>) {
-        let r = Request {
-            flags: 0,
-            command,
-            handle: 7,
-            offset,
-            length: u32::try_from(len).unwrap(),
-        };
-        self.0.write_all(&codec::encode_request(&r)).unwrap();
-        self.0.write_all(payload).unwrap();
-        let mut h = [0u8; 16];
-        self.0.read_exact(&mut h).unwrap();
-        let rep = codec::parse_simple_reply(&h).unwrap();
-        assert_eq!(rep.handle, 7);
-        let mut data = Vec::new();
-        if command == CMD_READ && rep.error == 0 {
-            data = vec![0u8; len];
-            self.0.read_exact(&mut data).unwrap();
-        }
-        (rep.error, data)
-    }
-}
-
 #[test]
 fn requests_of_64_mib_are_served_and_larger_ones_get_eoverflow() {
     let env = Env::new("big", 2, 96 << 20);
     env.create("0", &[]);
     let d = env.run_all();
-    let mut c = Raw::connect(&env.socket());
+    // A raw client: the reference clients split requests at the advertised maximum, so they
+    // cannot send an oversized one.
+    let mut c = Client::connect(&env.socket(), &env.name);
     let data: Vec<u8> = (0..64 * MIB).map(|i| (i / 4096) as u8).collect();
-    assert_eq!(c.request(CMD_WRITE, 0, 64 * MIB, &data).0, 0);
-    let (err, back) = c.request(CMD_READ, 0, 64 * MIB, &[]);
-    assert_eq!(err, 0);
-    assert!(back == data, "64 MiB read back differs");
+    c.write_all(&[(0, data.clone())]);
+    assert!(c.read(0, 64 * MIB) == data, "64 MiB read back differs");
     let over = 64 * MIB + 4096;
-    assert_eq!(c.request(CMD_READ, 0, over, &[]).0, EOVERFLOW);
-    assert_eq!(
-        c.request(CMD_WRITE, 0, over, &vec![0xee; over]).0,
-        EOVERFLOW
-    );
+    assert_eq!(c.try_read(0, over), Err(EOVERFLOW));
+    assert_eq!(c.write_all_answers(&[(0, vec![0xee; over])]), [EOVERFLOW]);
     // The same connection goes on, and the refused write wrote nothing.
-    let (err, back) = c.request(CMD_READ, 0, 8192, &[]);
-    assert_eq!(err, 0);
-    assert!(back == data[..8192]);
+    assert!(c.read(0, 8192) == data[..8192]);
     drop(c);
     env.stop(d);
 }

@@ -27,25 +27,8 @@ fn journal_env(name: &str, member_bytes: u64, log_bytes: u64) -> (Env, PathBuf) 
 fn journal_env_in(name: &str, member_bytes: u64, log_bytes: u64, mode: &str) -> (Env, PathBuf) {
     let env = Env::new(name, 4, member_bytes);
     let log = env.file("log.img", log_bytes);
-    create_with_journal(&env, &log, mode);
+    env.create_with_journal(&log, mode);
     (env, log)
-}
-
-/// `create` RAID5 ×4 with 64K chunks over the env's members, its journal on `log` in `mode`.
-fn create_with_journal(env: &Env, log: &Path, mode: &str) {
-    env.create(
-        "5",
-        &[
-            "--chunk",
-            "64K",
-            "--consistency-policy",
-            "journal",
-            "--journal",
-            log.to_str().unwrap(),
-            "--journal-mode",
-            mode,
-        ],
-    );
 }
 
 /// The members, then `log`.
@@ -926,7 +909,7 @@ impl Machine {
             .collect();
         let log = Volatile::new(&env, "log", 16 << 20);
         env.members = members.iter().map(Volatile::path).collect();
-        create_with_journal(&env, &log.path(), mode);
+        env.create_with_journal(&log.path(), mode);
         Some((env, Machine { members, log }))
     }
 

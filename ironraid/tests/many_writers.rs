@@ -456,20 +456,7 @@ fn log_fails_then_kill(kill_after_ms: u64) {
     let env = Env::new(&format!("manylogfail{kill_after_ms}"), 4, MEMBER);
     let failing = common::FailingLog::new(&env, 64 << 20);
     let log = failing.path();
-    let log_arg = log.display().to_string();
-    env.create(
-        "5",
-        &[
-            "--chunk",
-            "64K",
-            "--consistency-policy",
-            "journal",
-            "--journal",
-            &log_arg,
-            "--journal-mode",
-            "write-back",
-        ],
-    );
+    env.create_with_journal(&log, "write-back");
     let mut run = env.members.clone();
     run.push(log.clone());
     let d = env.run(&run);

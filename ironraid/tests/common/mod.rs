@@ -94,6 +94,23 @@ impl Env {
         self.ok(&refs).trim().to_string()
     }
 
+    /// `create` a RAID5 with 64K chunks over the env's members, its journal on `log` in `mode`.
+    pub fn create_with_journal(&self, log: &Path, mode: &str) {
+        self.create(
+            "5",
+            &[
+                "--chunk",
+                "64K",
+                "--consistency-policy",
+                "journal",
+                "--journal",
+                log.to_str().unwrap(),
+                "--journal-mode",
+                mode,
+            ],
+        );
+    }
+
     pub fn socket(&self) -> PathBuf {
         self.rundir().join(format!("{}.nbd", self.name))
     }
