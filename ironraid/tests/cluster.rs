@@ -664,11 +664,7 @@ fn a_raid5_node_killed_mid_write_leaves_its_flushed_data_and_consistent_parity_t
     };
     let env = Env::new("kill5", 4, MEMBER);
     clustered_raid5(&env, &etcd);
-    let (a, b) = (Node::new(&env, "a"), Node::new(&env, "b"));
-    let ttl = ["--lease-ttl", "2s"];
-    let da = a.run(&etcd, &ttl, &env.members);
-    let db = b.run(&etcd, &ttl, &env.members);
-    b.wait_detail("both nodes", 10, |d| states(d).len() == 2);
+    let (a, b, da, db) = both_serving_with_short_leases(&env, &etcd);
     // a's flushed data, in stripes that both nodes write afterwards.
     assert!(qemu_io(&a.uri(), "write -P 0x3c 128k 64k").contains("wrote"));
     const SIZE: u64 = 96 * MIB;
@@ -724,6 +720,16 @@ fn wait_for_takeover(db: &Daemon) {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// Nodes a and b serving the env's members with 2 s leases (a dead node is gone soon).
+fn both_serving_with_short_leases(env: &Env, etcd: &EtcdServer) -> (Node, Node, Daemon, Daemon) {
+    let (a, b) = (Node::new(env, "a"), Node::new(env, "b"));
+    let ttl = ["--lease-ttl", "2s"];
+    let da = a.run(etcd, &ttl, &env.members);
+    let db = b.run(etcd, &ttl, &env.members);
+    b.wait_detail("both nodes", 10, |d| states(d).len() == 2);
+    (a, b, da, db)
 }
 
 fn clustered_raid5(env: &Env, etcd: &EtcdServer) {
@@ -1117,11 +1123,7 @@ fn a_node_killed_under_sixteen_writers_on_two_nodes_loses_no_acknowledged_write(
     };
     let env = Env::new("sixteenkill", 4, MEMBER);
     clustered_raid5(&env, &etcd);
-    let (a, b) = (Node::new(&env, "a"), Node::new(&env, "b"));
-    let ttl = ["--lease-ttl", "2s"];
-    let da = a.run(&etcd, &ttl, &env.members);
-    let db = b.run(&etcd, &ttl, &env.members);
-    b.wait_detail("both nodes", 10, |d| states(d).len() == 2);
+    let (a, b, da, db) = both_serving_with_short_leases(&env, &etcd);
     let (sa, sb) = (a.socket(), b.socket());
     let servers = [
         (sa.as_path(), env.name.as_str()),

@@ -650,17 +650,7 @@ fn journal_io_errors_then_new_journal() {
     let env = Env::new("jeio", 4, MEMBER);
     let failing = FailingLog::new(&env, 16 << 20);
     let log = failing.path();
-    env.create(
-        "5",
-        &[
-            "--chunk",
-            "64K",
-            "--consistency-policy",
-            "journal",
-            "--journal",
-            log.to_str().unwrap(),
-        ],
-    );
+    env.create_with_journal(&log, "write-through");
     let d = env.run(&with_log(&env, &log));
     qemu_io_ok(&env.uri(), "write -P 0x3c 0 1M");
     failing.fail(true);
