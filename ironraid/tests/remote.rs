@@ -651,6 +651,9 @@ fn power_cuts(c: Cuts<'_>) -> usize {
             0,
             "cut {cut}: redundancy disagrees after the resync"
         );
+        if forced {
+            rewrite_clears_read_errors(&env, hot);
+        }
         env.stop(d);
         if forced {
             // What the forced start could not rebuild stays unknown (read errors, or garbage
@@ -660,6 +663,28 @@ fn power_cuts(c: Cuts<'_>) -> usize {
         before = got;
     }
     unexplained
+}
+
+/// Every block of the hot area that reads as an error reads back what is written over it: a
+/// rewrite clears what a forced start left unreadable.
+fn rewrite_clears_read_errors(env: &Env, hot: usize) {
+    let mut c = common::raw_client::Client::connect(&env.socket(), &env.name);
+    let bad: Vec<u64> = (0..(hot / writers::BLOCK) as u64)
+        .map(|b| b * writers::BLOCK as u64)
+        .filter(|&at| c.try_read(at, writers::BLOCK).is_err())
+        .collect();
+    let fresh: Vec<(u64, Vec<u8>)> = bad
+        .iter()
+        .map(|&at| (at, vec![0x6d; writers::BLOCK]))
+        .collect();
+    c.write_all(&fresh);
+    for (at, data) in &fresh {
+        assert!(
+            c.read(*at, writers::BLOCK) == *data,
+            "block at {at} after its rewrite"
+        );
+    }
+    eprintln!("{} unreadable blocks rewritten and read back", bad.len());
 }
 
 /// The hot area read back block by block: blocks that read fail with an error come back as
