@@ -357,7 +357,7 @@ fn killed_under_writes(level: &str, members: usize, policy: &[&str], journal: Op
         before = got;
         drop(c);
         assert_eq!(
-            env.action_wait("check"),
+            env.check_when_settled(),
             0,
             "cut {cut}: parity mismatches after the restart"
         );
@@ -500,7 +500,7 @@ fn log_fails_then_kill(kill_after_ms: u64) {
         d["sync"]["action"] == "idle"
     });
     compare(&env.socket(), &env.name, &got).expect("the resync changed the data");
-    assert_eq!(env.action_wait("check"), 0, "parity mismatches");
+    assert_eq!(env.check_when_settled(), 0, "parity mismatches");
     eprintln!(
         "killed {kill_after_ms} ms after the log failed: restarted {}",
         det["state"]

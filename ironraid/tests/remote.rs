@@ -647,7 +647,7 @@ fn power_cuts(c: Cuts<'_>) -> usize {
             });
         }
         assert_eq!(
-            env.action_wait("check"),
+            env.check_when_settled(),
             0,
             "cut {cut}: redundancy disagrees after the resync"
         );

@@ -252,6 +252,33 @@ impl Env {
     /// `action NAME ACTION --wait`; the mismatch_count it printed (which `detail` agrees with).
     pub fn action_wait(&self, action: &str) -> u64 {
         let out = self.ok(&["action", &self.name, action, "--wait"]);
+        self.mismatches_printed(action, &out)
+    }
+
+    /// `check` once the background work a restart owes is over: the walker picks a resync up
+    /// on its own thread, so an array that looked idle right after starting may begin one
+    /// just before `check` is asked for, which it then refuses as busy; asked again until it
+    /// runs (2 minutes at most). Returns the mismatch count.
+    pub fn check_when_settled(&self) -> u64 {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let out = self.ironraid(&["action", &self.name, "check", "--wait"]);
+            if out.status.success() {
+                return self.mismatches_printed("check", &String::from_utf8_lossy(&out.stdout));
+            }
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                ["is resyncing", "is rebuilding", "requested already"]
+                    .iter()
+                    .any(|busy| err.contains(busy))
+                    && Instant::now() < deadline,
+                "check refused: {err}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn mismatches_printed(&self, action: &str, out: &str) -> u64 {
         assert!(out.contains(&format!("{action} finished")), "{out}");
         let n = out
             .trim()
