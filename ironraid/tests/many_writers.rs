@@ -212,7 +212,7 @@ fn with_rot<R>(rotting: &[PathBuf], base: u64, work: impl FnOnce() -> R) -> (R, 
 /// damaged blocks; no read may return anything but what was written, and after `repair` the
 /// array survives losing another member.
 fn rot_during_writes(level: &str, members: usize, rotting: usize) {
-    let data_members = members - if level == "6" { 2 } else { 1 };
+    let (data_members, _) = shape(level, members);
     let env = Env::new(&format!("manyrot{level}"), members, MEMBER);
     env.create(level, &["--chunk", "64K", "--integrity", "crc32c"]);
     let d = env.run_all();
@@ -300,7 +300,7 @@ fn rot_on_a_degraded_raid5_gives_errors_never_wrong_data() {
 /// write it acknowledged is there, every write in flight left each byte old or new, and the
 /// parity agrees once the restart's resync or replay is done.
 fn killed_under_writes(level: &str, members: usize, policy: &[&str], journal: Option<&str>) {
-    let data_members = members - if level == "6" { 2 } else { 1 };
+    let (data_members, _) = shape(level, members);
     let hot = ROWS * data_members * CHUNK;
     let env = Env::new(&format!("manykill{level}"), members, MEMBER);
     let mut args: Vec<String> = ["--chunk", "64K"]
@@ -392,7 +392,7 @@ fn raid5_with_integrity_killed_under_sixteen_writers_keeps_every_acknowledged_wr
 /// every byte reads back, `check` agrees, and with other members failed (as many as the level
 /// survives) the rebuilt member's contents serve the reads.
 fn rebuilt_under_writes(level: &str, members: usize, extra: &[&str]) {
-    let data_members = members - if level == "6" { 2 } else { 1 };
+    let (data_members, survives) = shape(level, members);
     let env = Env::new(&format!("manyrebuild{level}"), members, MEMBER);
     let mut args = vec!["--chunk", "64K"];
     args.extend_from_slice(extra);
@@ -414,12 +414,7 @@ fn rebuilt_under_writes(level: &str, members: usize, extra: &[&str]) {
     let what = format!("RAID{level} ×{members} {extra:?}");
     compare(&env.socket(), &env.name, &w.model).unwrap_or_else(|e| panic!("{what}: {e}"));
     assert_eq!(env.action_wait("check"), 0, "{what}: parity mismatches");
-    for failed in env
-        .members
-        .iter()
-        .filter(|m| *m != replaced)
-        .take(members - data_members)
-    {
+    for failed in env.members.iter().filter(|m| *m != replaced).take(survives) {
         env.ok(&["fail", &env.name, failed.to_str().unwrap()]);
     }
     compare(&env.socket(), &env.name, &w.model)
