@@ -1,7 +1,7 @@
 //! The NBD export of an array: the engine's API behind the `nbd::Backend` trait.
 //!
 //! Byte ranges that are not whole sectors (a client that did not negotiate block sizes) are the
-//! engine's (`Array::read_any`, `write_any`, `write_zeroes_any`, with the sub-sector lock that
+//! engine's ([`engine::AnyBytes`], with the sub-sector lock that
 //! keeps a partial-sector patch from undoing a neighbour's write).
 
 use engine::{Array, WriteIntent};
@@ -37,7 +37,10 @@ impl Backend for ArrayBackend {
     }
 
     fn read(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
-        self.0.read_any(offset, buf).map_err(io::Error::from)
+        self.0
+            .any_bytes()
+            .read(offset, buf)
+            .map_err(io::Error::from)
     }
 
     /// A read the array answers Ok has filled every byte: from a member, from redundancy, or
@@ -47,7 +50,10 @@ impl Backend for ArrayBackend {
     }
 
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> io::Result<()> {
-        self.0.write_any(offset, data, fua).map_err(io::Error::from)
+        self.0
+            .any_bytes()
+            .write(offset, data, fua)
+            .map_err(io::Error::from)
     }
 
     /// Whole-sector writes are announced to the array's stripes while their payload arrives
@@ -65,7 +71,8 @@ impl Backend for ArrayBackend {
             return self.write(offset, data, fua);
         }
         self.0
-            .write_intended_any(*intent, data, fua)
+            .any_bytes()
+            .write_intended(*intent, data, fua)
             .map_err(io::Error::from)
     }
 
@@ -105,7 +112,10 @@ impl Backend for ArrayBackend {
         }
         if !whole.is_empty() {
             let (slots, run): (Vec<usize>, Vec<_>) = whole.into_iter().unzip();
-            for (slot, r) in slots.into_iter().zip(self.0.write_gathered_any(run)) {
+            for (slot, r) in slots
+                .into_iter()
+                .zip(self.0.any_bytes().write_gathered(run))
+            {
                 results[slot] = Some(r.map_err(io::Error::from));
             }
         }
@@ -163,7 +173,8 @@ impl Backend for ArrayBackend {
 
     fn write_zeroes(&self, offset: u64, len: u64, fua: bool, may_trim: bool) -> io::Result<()> {
         self.0
-            .write_zeroes_any(offset, len, fua, may_trim)
+            .any_bytes()
+            .write_zeroes(offset, len, fua, may_trim)
             .map_err(io::Error::from)
     }
 }

@@ -21,18 +21,17 @@ mod lock;
 mod members;
 mod personality;
 mod policy;
+mod status;
 mod work;
 
-pub use array::{
-    Array, ArrayConfig, ArrayStatus, BitmapStatus, MemberState, MemberStatus, MemoryStatus,
-    PoolUsage, SyncWindow, UsedStatus, ASSEMBLED_READ_ONLY,
-};
+pub use array::{AnyBytes, Array, ArrayConfig, SyncWindow};
 pub use background::{SyncStatus, DEFAULT_SPEED_MAX, DEFAULT_SPEED_MIN};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::{EngineError, ErrorKind, Result};
 pub use events::Event;
 pub use integrity::record_cache::CacheStats;
 pub use integrity::{IntegrityCounts, IntegrityStatus};
+pub use io::bufpool::PoolUsage;
 pub use io::no_space::NoSpaceStatus;
 pub use io::ReadVerifier;
 pub use lifecycle::assemble::{assemble, AssembleOptions};
@@ -43,8 +42,10 @@ pub use lifecycle::leave::{leave_cluster, LeaveReport};
 pub use members::read_superblock;
 pub use personality::gathered::GatheredWrite;
 pub use personality::intent::WriteIntent;
+pub use personality::parts::ASSEMBLED_READ_ONLY;
 pub use policy::bitmap::{read_bitmap, read_bitmap_slot};
 pub use policy::guided::{GuidanceStatus, WriteWatch, DEFAULT_GUIDE_TIMEOUT};
 pub use policy::journal::{JournalStatus, Replayed};
 pub use policy::takeover::TakeoverReport;
+pub use status::{ArrayStatus, BitmapStatus, MemberState, MemberStatus, MemoryStatus, UsedStatus};
 pub use work::{SyncAction, VerifyReport};

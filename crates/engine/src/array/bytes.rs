@@ -58,69 +58,82 @@ fn zero_edges(s: &impl Sectors, offset: u64, len: u64, fua: bool) -> Result<(u64
     Ok((mid_start, mid_end - mid_start))
 }
 
+/// The array at byte granularity ([`Array::any_bytes`]): requests of any byte range, partial
+/// sectors patched under the sub-sector lock. What an NBD client that did not negotiate block
+/// sizes may send.
+pub struct AnyBytes<'a>(&'a Array);
+
 impl Array {
+    pub fn any_bytes(&self) -> AnyBytes<'_> {
+        AnyBytes(self)
+    }
+}
+
+impl AnyBytes<'_> {
     /// Read any byte range inside the array.
-    pub fn read_any(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+    pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
         if is_aligned(offset, buf.len() as u64) {
-            return self.read(offset, buf);
+            return self.0.read(offset, buf);
         }
         let (start, end) = widen(offset, buf.len() as u64);
         let mut whole = vec![0u8; (end - start) as usize];
-        self.read(start, &mut whole)?;
+        self.0.read(start, &mut whole)?;
         let at = (offset - start) as usize;
         buf.copy_from_slice(&whole[at..at + buf.len()]);
         Ok(())
     }
 
     /// Write any byte range inside the array, patching partial sectors.
-    pub fn write_any(&self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
+    pub fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
         if data.is_empty() {
             return Ok(());
         }
         let _held = self
+            .0
             .sector_locks
             .lock(&LockSet::for_write(offset, data.len() as u64));
         if is_aligned(offset, data.len() as u64) {
-            return self.write(offset, data, fua);
+            return self.0.write(offset, data, fua);
         }
-        patch_write(self, offset, data, fua)
+        patch_write(self.0, offset, data, fua)
     }
 
     /// [`Array::write_zeroes`] of any byte range: partial sectors are patched with zeroes.
-    pub fn write_zeroes_any(&self, offset: u64, len: u64, fua: bool, may_trim: bool) -> Result<()> {
+    pub fn write_zeroes(&self, offset: u64, len: u64, fua: bool, may_trim: bool) -> Result<()> {
         if len == 0 {
             return Ok(());
         }
-        let _held = self.sector_locks.lock(&LockSet::for_write(offset, len));
+        let _held = self.0.sector_locks.lock(&LockSet::for_write(offset, len));
         let (mid, mid_len) = if is_aligned(offset, len) {
             (offset, len)
         } else {
-            zero_edges(self, offset, len, fua)?
+            zero_edges(self.0, offset, len, fua)?
         };
         if mid_len == 0 {
             return Ok(());
         }
-        self.write_zeroes(mid, mid_len, fua, may_trim)
+        self.0.write_zeroes(mid, mid_len, fua, may_trim)
     }
 
     /// [`Array::write_intended`] under the sub-sector lock (the range is whole sectors: only
     /// those are announced).
-    pub fn write_intended_any(&self, intent: WriteIntent, data: &[u8], fua: bool) -> Result<()> {
+    pub fn write_intended(&self, intent: WriteIntent, data: &[u8], fua: bool) -> Result<()> {
         let at = intent.offset_bytes();
         let _held = self
+            .0
             .sector_locks
             .lock(&LockSet::for_write(at, data.len() as u64));
-        self.write_intended(intent, data, fua)
+        self.0.write_intended(intent, data, fua)
     }
 
     /// [`Array::write_gathered`] under the sub-sector locks of the whole run (whole-sector
     /// writes only: they take their granules shared).
-    pub fn write_gathered_any(&self, writes: Vec<GatheredWrite<'_>>) -> Vec<Result<()>> {
+    pub fn write_gathered(&self, writes: Vec<GatheredWrite<'_>>) -> Vec<Result<()>> {
         let locks = writes.iter().fold(LockSet::default(), |l, w| {
             l.union(&LockSet::for_write(w.offset_bytes, w.data.len() as u64))
         });
-        let _held = self.sector_locks.lock(&locks);
-        self.write_gathered(writes)
+        let _held = self.0.sector_locks.lock(&locks);
+        self.0.write_gathered(writes)
     }
 }
 

@@ -199,16 +199,27 @@ impl PolicyHost for Parts {
     }
 }
 
+/// What every part may ask of the array as a whole; the facade serves them through `Deref`.
 impl Parts {
-    pub(crate) fn size_bytes(&self) -> u64 {
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn geometry(&self) -> &Geometry {
+        &self.geometry
+    }
+
+    pub fn size_bytes(&self) -> u64 {
         self.geometry.array_sectors() * 512
     }
 
-    pub(crate) fn is_read_only(&self) -> bool {
+    /// Whether the array was run read-only (`run --read-only`, or assembly decided it).
+    pub fn is_read_only(&self) -> bool {
         self.config.read_only
     }
 
-    pub(crate) fn is_failed(&self) -> bool {
+    /// Whether too many members failed for the array to serve I/O.
+    pub fn is_failed(&self) -> bool {
         self.members.is_failed()
     }
 
@@ -227,8 +238,10 @@ impl Parts {
     }
 
     /// A client flush: what every write acknowledged before it is durable on the members (or,
-    /// with a healthy journal, in the log).
-    pub(crate) fn flush(&self) -> Result<()> {
+    /// with a healthy journal, in the log, where every acknowledged write already is). A
+    /// failed journal covers nothing: its cache is written out and the members flushed first
+    /// (see `journal_fail.rs`).
+    pub fn flush(&self) -> Result<()> {
         let watched = self.policy.flush_begins();
         self.stripes.hurry_all();
         let logged = self.journal_healthy();
