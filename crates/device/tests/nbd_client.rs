@@ -290,6 +290,58 @@ fn a_stalled_request_times_out_and_fails_past_the_window() {
     assert!(waited < Duration::from_secs(3), "waited {waited:?}");
 }
 
+/// A request the server never answers while it keeps answering others on the same connection
+/// (nbdkit's eval plugin, parallel: a read of 64 KiB at 64 KiB sleeps, every other read answers
+/// at once) times out as a silent server does: the connection is dropped, the request retried,
+/// and past the window it fails. Canary: with the timeout counted from the last byte received
+/// (as before), the other reader's replies kept the connection "alive": the stuck read waited
+/// until that reader gave up (11.7 s).
+#[test]
+fn a_request_never_answered_among_answered_ones_times_out() {
+    if !require_tools(&["nbdkit"]) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let srv = Server::start(
+        dir.path(),
+        &[
+            "eval",
+            "thread_model=echo parallel",
+            "get_size=echo 1M",
+            "pread=if [ $4 -eq 65536 ]; then sleep 30; fi; head -c $3 /dev/zero",
+            // A member must be writable; what is written does not matter here.
+            "pwrite=cat >/dev/null",
+        ],
+    );
+    let dev = NbdDevice::open(&srv.uri(), opts(400, 1200)).unwrap();
+    let stuck_done = std::sync::atomic::AtomicBool::new(false);
+    let t = Instant::now();
+    let (stuck, answered) = std::thread::scope(|s| {
+        let busy = s.spawn(|| {
+            let mut answered = 0u32;
+            while !stuck_done.load(std::sync::atomic::Ordering::SeqCst)
+                && t.elapsed() < Duration::from_secs(10)
+            {
+                if dev.read_at(&mut [0u8; 4096], 0).is_ok() {
+                    answered += 1;
+                }
+            }
+            answered
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        let stuck = dev.read_at(&mut vec![0u8; 65536], 65536);
+        stuck_done.store(true, std::sync::atomic::Ordering::SeqCst);
+        (stuck, busy.join().unwrap())
+    });
+    let waited = t.elapsed();
+    assert!(stuck.is_err(), "the unanswered read succeeded");
+    assert!(waited < Duration::from_secs(5), "waited {waited:?}");
+    assert!(
+        answered > 10,
+        "the other reads were answered meanwhile: {answered}"
+    );
+}
+
 /// Many requests of many threads at once on one connection (no multi-conn): nbdkit's delay
 /// filter holds each 300 ms, so 16 reads one after the other would take 4.8 s.
 /// Canary: with one request in flight per connection (a lock held in `Pipeline::requests` from

@@ -12,8 +12,8 @@
 //! server's maximum block size are split and the pieces sent back to back; a server whose
 //! minimum block size exceeds 512 bytes is refused.
 //!
-//! Faults, as md sees them: a request whose connection fails (dropped, reset, or no progress
-//! for `timeout` while requests wait) is retried on a fresh connection until `retry` has passed
+//! Faults, as md sees them: a request whose connection fails (dropped, reset, or a request on
+//! it unanswered for `timeout`) is retried on a fresh connection until `retry` has passed
 //! since its first failure; then it fails with an I/O error and the device stays failed, so the
 //! engine fails the member exactly as it does on a local I/O error. An error the server
 //! *answers* (EIO, ENOSPC, …) is final at once, like a disk's. Before any request goes out on a
@@ -67,7 +67,8 @@ const MAX_BACKOFF: Duration = Duration::from_millis(500);
 /// How a remote member behaves under faults, and what it trusts.
 #[derive(Clone, Debug)]
 pub struct RemoteOptions {
-    /// A request fails over when the server makes no progress on it for this long.
+    /// A request fails over (with every other on its connection) when it has waited this long
+    /// for its reply.
     pub timeout: Duration,
     /// How long a failing request is retried on fresh connections before the member fails.
     pub retry: Duration,

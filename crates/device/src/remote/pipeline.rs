@@ -10,8 +10,9 @@
 //! comes first reads it itself.
 //!
 //! Death: a connection dies when a send fails, the server closes it, a reply makes no sense,
-//! or requests are waiting and no byte has arrived for `timeout` (the reader checks at a
-//! quarter of it). Then the socket is shut down and every request still waiting fails as a
+//! or a request has waited `timeout` for its reply (the kernel NBD client's per-request timeout;
+//! the reader checks at a quarter of it, also while the server keeps answering other requests,
+//! so one the server never answers is not hidden by the rest). Then the socket is shut down and every request still waiting fails as a
 //! transport failure, at once; the connection is never used again (what the server holds of
 //! its requests is unknown: the device's replay log deals with that). A server that closes an
 //! idle connection is noticed by the next request.
@@ -54,6 +55,8 @@ struct Slot {
     filling: bool,
     /// Set once; the caller takes it and removes the slot.
     result: Option<Result<(), Failure>>,
+    /// Milliseconds after the connection's birth when the request was registered.
+    sent_ms: u64,
 }
 
 struct State {
@@ -72,9 +75,8 @@ struct Shared {
     closer: Sock,
     timeout: Duration,
     born: Instant,
-    /// Milliseconds since `born` when bytes last arrived, or a request went out on an idle
-    /// connection (time idle does not count as a stall).
-    progress_ms: AtomicU64,
+    /// Milliseconds after `born` when the reader last looked for an overdue request.
+    checked_ms: AtomicU64,
 }
 
 /// One request: what `NBD_CMD_*` carries besides the handle.
@@ -117,7 +119,7 @@ impl Pipeline {
                 closer: split.closer,
                 timeout,
                 born: Instant::now(),
-                progress_ms: AtomicU64::new(0),
+                checked_ms: AtomicU64::new(0),
             },
         }
     }
@@ -227,14 +229,12 @@ impl Shared {
         }
         let handle = st.next_handle;
         st.next_handle += 1;
-        if st.slots.is_empty() {
-            self.mark_progress();
-        }
         let slot = Slot {
             waiter: thread::current(),
             dest,
             filling: false,
             result: None,
+            sent_ms: self.now_ms(),
         };
         st.slots.insert(handle, slot);
         Ok(handle)
@@ -268,6 +268,10 @@ impl Shared {
         loop {
             match read_one_reply(self, &mut rx) {
                 Ok(done) if done == handle => return,
+                Ok(_) if self.overdue_now() => {
+                    self.die(self.overdue_why());
+                    return;
+                }
                 Ok(_) => {}
                 Err(why) => {
                     self.die(why);
@@ -277,17 +281,31 @@ impl Shared {
         }
     }
 
-    fn mark_progress(&self) {
-        let ms = self.born.elapsed().as_millis() as u64;
-        self.progress_ms.store(ms, Ordering::Relaxed);
+    fn now_ms(&self) -> u64 {
+        self.born.elapsed().as_millis() as u64
     }
 
-    /// Requests wait and nothing arrived for `timeout`.
-    fn stalled(&self) -> bool {
-        let waiting = self.state.lock().slots.values().any(|s| s.result.is_none());
-        let idle_ms = (self.born.elapsed().as_millis() as u64)
-            .saturating_sub(self.progress_ms.load(Ordering::Relaxed));
-        waiting && Duration::from_millis(idle_ms) >= self.timeout
+    /// A request has waited `timeout` for its reply.
+    fn overdue(&self) -> bool {
+        let now = self.now_ms();
+        self.checked_ms.store(now, Ordering::Relaxed);
+        let limit = self.timeout.as_millis() as u64;
+        self.state
+            .lock()
+            .slots
+            .values()
+            .any(|s| s.result.is_none() && now.saturating_sub(s.sent_ms) >= limit)
+    }
+
+    /// [`Shared::overdue`], asked at most once a stall tick: the reader asks after every
+    /// reply, and replies may come by the hundred thousand a second.
+    fn overdue_now(&self) -> bool {
+        let tick = stall_tick(self.timeout).as_millis() as u64;
+        self.now_ms() >= self.checked_ms.load(Ordering::Relaxed) + tick && self.overdue()
+    }
+
+    fn overdue_why(&self) -> String {
+        format!("no answer for {:?}", self.timeout)
     }
 
     /// The connection is unusable: shut it down and fail every request without a result.
@@ -340,7 +358,6 @@ impl Receiver {
             match r {
                 Ok(0) => return Err("the server closed the connection".into()),
                 Ok(n) => {
-                    shared.mark_progress();
                     if direct {
                         got += n;
                     } else {
@@ -351,8 +368,8 @@ impl Receiver {
                     }
                 }
                 Err(e) if is_tick(&e) => {
-                    if shared.stalled() {
-                        return Err(format!("no answer for {:?}", shared.timeout));
+                    if shared.overdue() {
+                        return Err(shared.overdue_why());
                     }
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
