@@ -80,8 +80,8 @@ impl Default for ArrayConfig {
         ArrayConfig {
             write_hold: Duration::from_micros(2000),
             stripe_cache_bytes: 64 << 20,
-            // Member I/O threads spin a little when idle; more threads than cores cost more in
-            // spinning than they gain in overlap (profiled: 33% of CPU in sched_yield at 16).
+            // As many as cores: the caller runs operations too (`io/pool.rs`), and more threads
+            // than cores only add switches for memory-speed members.
             io_threads: std::thread::available_parallelism()
                 .map_or(2, |n| n.get())
                 .clamp(2, 16),
@@ -178,10 +178,7 @@ fn new_executor(config: &ArrayConfig) -> Result<Executor> {
             <rand_chacha::ChaCha8Rng as rand::SeedableRng>::seed_from_u64(seed),
         ))),
         None => Executor::Threads(
-            rayon::ThreadPoolBuilder::new()
-                .num_threads(config.io_threads.max(2))
-                .thread_name(|i| format!("member-io-{i}"))
-                .build()
+            crate::io::pool::IoPool::new(config.io_threads.max(2))
                 .map_err(|e| EngineError::Unsupported(format!("cannot start I/O threads: {e}")))?,
         ),
     })

@@ -7,8 +7,8 @@
 //! planned against its predecessor, nor receives a write above its rebuilt point; such an
 //! operation ends [`IoOutcome::Stale`] and its caller plans again.
 //!
-//! A request's operations run through the array's [`Executor`]: in parallel on a dedicated thread
-//! pool (blocking I/O, so not the global rayon pool), inline when there is one or they are small
+//! A request's operations run through the array's [`Executor`]: in parallel on the member-I/O
+//! threads and the caller's (`pool.rs`, threads that sleep rather than spin when idle), inline when there is one or they are small
 //! and the members fast, or, in deterministic simulation, one after the other in an order drawn
 //! from the seed. A write (or discard) error marks its member faulty (via [`MemberSet::fail_role`],
 //! which records it in the superblocks) before the caller sees the outcome, so the caller can
@@ -25,6 +25,7 @@
 pub(crate) mod bufpool;
 pub(crate) mod commit;
 pub(crate) mod no_space;
+pub(crate) mod pool;
 
 use crate::members::{Member, MemberSet};
 use std::io;
@@ -355,27 +356,22 @@ impl IoPath {
     fn run_parallel(
         &self,
         cx: &IoContext<'_>,
-        pool: &rayon::ThreadPool,
+        pool: &pool::IoPool,
         ios: &mut [MemberIo<'_>],
     ) -> Vec<(usize, io::Error)> {
-        // The caller's thread does the first operation itself: one hand-off fewer.
         let found = parking_lot::Mutex::new(Vec::new());
-        let (first, rest) = ios.split_first_mut().expect("more than one operation");
-        pool.in_place_scope(|s| {
-            for (i, op) in rest.iter_mut().enumerate() {
-                let found = &found;
-                s.spawn(move |_| {
-                    if let Some(e) = op.run(cx) {
-                        found.lock().push((i + 1, e));
-                    }
-                });
-            }
+        // Each index is claimed once (`IoPool::run`): the locks are never contended.
+        let ops: Vec<parking_lot::Mutex<&mut MemberIo<'_>>> =
+            ios.iter_mut().map(parking_lot::Mutex::new).collect();
+        pool.run(ops.len(), &|i| {
+            let mut op = ops[i].lock();
             let started = cx.clock.now();
-            if let Some(e) = first.run(cx) {
-                found.lock().push((0, e));
+            if let Some(e) = op.run(cx) {
+                found.lock().push((i, e));
             }
-            let took = cx.clock.now().saturating_sub(started);
-            self.note_latency(first.len(), took);
+            if i == 0 {
+                self.note_latency(op.len(), cx.clock.now().saturating_sub(started));
+            }
         });
         found.into_inner()
     }
@@ -383,12 +379,7 @@ impl IoPath {
     /// Run `f` once per index in `0..n`: in parallel on the pool, or in order when simulated.
     pub fn for_each(&self, n: usize, f: impl Fn(usize) + Sync) {
         match &self.executor {
-            Executor::Threads(pool) => pool.scope(|s| {
-                for i in 0..n {
-                    let f = &f;
-                    s.spawn(move |_| f(i));
-                }
-            }),
+            Executor::Threads(pool) => pool.run(n, &f),
             Executor::Deterministic(_) => (0..n).for_each(f),
         }
     }
@@ -407,8 +398,8 @@ pub(crate) struct IoContext<'a> {
 
 /// How member operations of one request are run.
 pub(crate) enum Executor {
-    /// In parallel on a thread pool (inline when cheap).
-    Threads(rayon::ThreadPool),
+    /// In parallel on the member-I/O threads and the caller's (inline when cheap).
+    Threads(pool::IoPool),
     /// One after the other on the caller's thread, in an order drawn from a seeded RNG, so that
     /// one seed replays one interleaving of completions.
     Deterministic(Box<parking_lot::Mutex<rand_chacha::ChaCha8Rng>>),
