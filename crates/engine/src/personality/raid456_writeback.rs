@@ -49,10 +49,13 @@ impl Parity {
         let Some(j) = array.policy.journal() else {
             return Ok(false);
         };
-        if array.members.slots.iter().any(|s| !s.is_complete())
-            || j.cache_bytes() + batch.iter().map(|p| p.data.len()).sum::<usize>()
-                > array.config.stripe_cache_bytes / 2
+        if array.members.slots.iter().any(|s| !s.is_complete()) || j.caching_paused() {
+            return Ok(false);
+        }
+        if j.cache_bytes() + batch.iter().map(|p| p.data.len()).sum::<usize>()
+            > array.config.stripe_cache_bytes / 2
         {
+            j.pause_caching();
             return Ok(false);
         }
         let chunk = array.geometry.chunk_sectors() * 512;
@@ -103,6 +106,7 @@ impl Parity {
             pages.push((d, off, page));
         }
         if !j.cache_pages(array, row, pages)? {
+            j.pause_caching();
             return Ok(false);
         }
         if j.row_full(row, array.geometry.data_disks(), chunk) {
