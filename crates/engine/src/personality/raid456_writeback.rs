@@ -9,6 +9,11 @@
 //! the ring runs short, when its data has waited a while, when the array stops or leaves
 //! write-back mode, and before any write-through write to it.
 //!
+//! Some writes go through even in write-back mode, because caching them costs more than it
+//! saves: batches of whole columns (they read nothing either way, and cached they would log
+//! their data and then their parity apart), and every write from the moment the cache or the
+//! ring runs short until the cache has emptied (`Journal::caching_paused`).
+//!
 //! Deadlock freedom under a full ring: the ring always keeps free what writing out every cached
 //! row needs (its parity); a write-back write that would eat into that writes its own row out
 //! and goes write-through instead, so a writer waiting for room never holds a row with cached
@@ -31,7 +36,7 @@ use crate::io::commit::WriteSet;
 use crate::io::MemberIo;
 use crate::personality::parts::Parts;
 use crate::personality::raid456::{Torn, WritePlan};
-use crate::personality::stripe_cache::Piece;
+use crate::personality::stripe_cache::{covers_all, Piece};
 use crate::personality::Parity;
 use crate::policy::journal::CachedRow;
 use device::AlignedBuf;
@@ -49,10 +54,19 @@ impl Parity {
         let Some(j) = array.policy.journal() else {
             return Ok(false);
         };
-        if array.members.slots.iter().any(|s| !s.is_complete())
-            || j.cache_bytes() + batch.iter().map(|p| p.data.len()).sum::<usize>()
-                > array.config.stripe_cache_bytes / 2
+        if array.members.slots.iter().any(|s| !s.is_complete()) || j.caching_paused() {
+            return Ok(false);
+        }
+        if covers_all(batch, array.geometry.data_disks()) {
+            // Whole columns: written through, they are logged once with their parity and
+            // read nothing; cached, they would be logged, then written out at once (a full
+            // row) or later, logging their parity a second time.
+            return Ok(false);
+        }
+        if j.cache_bytes() + batch.iter().map(|p| p.data.len()).sum::<usize>()
+            > array.config.stripe_cache_bytes / 2
         {
+            j.pause_caching();
             return Ok(false);
         }
         let chunk = array.geometry.chunk_sectors() * 512;
@@ -103,6 +117,7 @@ impl Parity {
             pages.push((d, off, page));
         }
         if !j.cache_pages(array, row, pages)? {
+            j.pause_caching();
             return Ok(false);
         }
         if j.row_full(row, array.geometry.data_disks(), chunk) {
