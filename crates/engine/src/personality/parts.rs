@@ -271,10 +271,7 @@ impl Parts {
     /// Write out what a failed journal covered and record it faulty (`policy/journal_fail.rs`).
     /// Ok when there is no journal or it has not failed. Must not be called under a row claim.
     pub(crate) fn settle_journal(&self) -> Result<()> {
-        match self.policy.journal() {
-            Some(j) => j.settle(self),
-            None => Ok(()),
-        }
+        self.policy.settle(self)
     }
 
     /// Run `ios` (see [`crate::io::IoPath::run`]).

@@ -51,7 +51,7 @@ impl Parity {
     /// Write-back: log and cache the batch's pages. False: write it through instead (degraded,
     /// cache full, no room in the ring, a member read failed).
     pub(crate) fn cache_batch(&self, array: &Parts, row: u64, batch: &[Piece]) -> Result<bool> {
-        let Some(j) = array.policy.journal() else {
+        let Some(j) = array.policy.write_back_cache() else {
             return Ok(false);
         };
         if array.members.slots.iter().any(|s| !s.is_complete()) || j.caching_paused() {
@@ -129,7 +129,7 @@ impl Parity {
 
     /// Write out what the cache holds of `row` (its claim is held by the caller).
     pub(crate) fn write_out_row(&self, array: &Parts, row: u64) -> Result<()> {
-        let Some(j) = array.policy.journal() else {
+        let Some(j) = array.policy.write_back_cache() else {
             return Ok(());
         };
         let Some(cached) = j.take_row(row) else {
@@ -249,7 +249,7 @@ impl Parity {
     /// Returns whether one was written out.
     pub(crate) fn write_out_oldest(&self, array: &Parts) -> bool {
         const FIRST: usize = 16;
-        let Some(j) = array.policy.journal() else {
+        let Some(j) = array.policy.write_back_cache() else {
             return false;
         };
         // The oldest few; all of them only if those are all held.
@@ -293,7 +293,7 @@ impl Parity {
 
     /// Write out every cached row (a stop, or leaving write-back mode).
     pub(crate) fn write_out_all(&self, array: &Parts) -> Result<()> {
-        let Some(j) = array.policy.journal() else {
+        let Some(j) = array.policy.write_back_cache() else {
             return Ok(());
         };
         let rows = j.cached_rows_by_age(array.clock.now(), usize::MAX);
@@ -304,7 +304,7 @@ impl Parity {
     /// claim is taken after them): when this returns, nothing is cached or being written out
     /// (unless a write-out failed: then its row is cached again and this fails).
     pub(crate) fn write_out_pending(&self, array: &Parts) -> Result<()> {
-        let Some(j) = array.policy.journal() else {
+        let Some(j) = array.policy.write_back_cache() else {
             return Ok(());
         };
         self.write_out_claimed(array, j.pending_rows())

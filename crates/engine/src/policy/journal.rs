@@ -39,6 +39,7 @@ use crate::members::metadata::Metadata;
 use crate::members::superblock_block;
 use crate::members::{Member, Slot};
 use crate::policy::host::PolicyHost;
+use crate::policy::write_back::WriteBackCache;
 use device::{AlignedBuf, Device};
 use format::{journal_seed, MetaBlock, Payload, Superblock, JOURNAL_BLOCK, PAGE_SECTORS};
 use layout::Geometry;
@@ -48,6 +49,8 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+
+mod cache;
 
 /// The smallest log `create` accepts (the array's geometry may need more, see
 /// [`required_log_sectors`]).
@@ -640,30 +643,6 @@ impl Journal {
         self.write_back.store(on, Ordering::Release);
     }
 
-    /// Should write-back writes go through instead, the cache or the ring having run short
-    /// ([`Journal::pause_caching`]) and the cache not having emptied since? md's
-    /// raid5-cache writes through too while its log space is critical. Writes that run the
-    /// cache short do not fill rows before they go home (random writes over more than the
-    /// cache holds): each one logged its data, and its row's write-out reads, logs parity and
-    /// writes what writing through would have, so caching them costs more than writing
-    /// through (64 KiB random writes: 122 against 89 us of CPU each); and writes that take
-    /// turns at caching and writing through also write out older rows whose units pin the
-    /// tail. So once short, writes go through until the rows cached have all gone home.
-    pub fn caching_paused(&self) -> bool {
-        self.paused.load(Ordering::Acquire) && {
-            let drained = self.cache_bytes() == 0;
-            if drained {
-                self.paused.store(false, Ordering::Release);
-            }
-            !drained
-        }
-    }
-
-    /// The cache or the ring had no room for a write-back write.
-    pub fn pause_caching(&self) {
-        self.paused.store(true, Ordering::Release);
-    }
-
     /// Does the write-back cache hold pages of this row, or is a write-out of them still
     /// under way? Either way the members may not hold the row's newest bytes yet: a read takes
     /// the row's claim. (Lock-free when the cache holds nothing.)
@@ -674,149 +653,12 @@ impl Journal {
         }
     }
 
-    pub fn cache_bytes(&self) -> usize {
-        self.cache.lock().bytes
-    }
-
-    /// The cached page of data chunk `d` at `off` (a page offset in the chunk) of `row`.
-    pub fn cached_page(&self, row: u64, d: usize, off: u64) -> Option<AlignedBuf> {
-        let c = self.cache.lock();
-        c.rows
-            .get(&row)
-            .and_then(|r| r.pages.get(&(off, d)))
-            .map(|p| AlignedBuf::copy_from(p))
-    }
-
     /// Copy the cached bytes of data chunk `d` of `row` over `buf`, which holds its bytes from
     /// `off` (in the chunk) on.
     pub fn overlay(&self, row: u64, d: usize, off: u64, buf: &mut [u8]) {
         if let Some(r) = self.cache.lock().rows.get(&row) {
             r.overlay(d, off, buf);
         }
-    }
-
-    /// Log whole data pages of `row` without parity (write-back) and keep them in the cache.
-    /// False: the ring has no room beyond what write-outs need (nothing was logged).
-    pub fn cache_pages(
-        &self,
-        host: &dyn PolicyHost,
-        row: u64,
-        pages: Vec<(usize, u64, AlignedBuf)>,
-    ) -> Result<bool> {
-        let g = host.geometry();
-        let grow = {
-            let c = self.cache.lock();
-            let known = |off: u64| {
-                c.rows
-                    .get(&row)
-                    .is_some_and(|r| r.pages.range((off, 0)..(off, usize::MAX)).next().is_some())
-            };
-            let mut offs: Vec<u64> = pages.iter().map(|p| p.1).filter(|&o| !known(o)).collect();
-            offs.sort_unstable();
-            offs.dedup();
-            write_out_need(offs.len() as u64, g)
-        };
-        let keyed: BTreeMap<(u64, usize), AlignedBuf> =
-            pages.into_iter().map(|(d, off, p)| ((off, d), p)).collect();
-        let units = data_units(g, self.seed, row, &keyed);
-        let Some(seqs) = self.write_units(host, units, Space::Cache { grow })? else {
-            return Ok(false);
-        };
-        // A ticket while the pages go into the cache: a failed log's settling waits for it
-        // before it writes the cache out, so it cannot miss these pages.
-        self.take_ticket(host)?;
-        let _ticket = TicketGuard(self);
-        let mut c = self.cache.lock();
-        let c = &mut *c;
-        let before = c.rows.get(&row).map(CachedRow::oldest_seq);
-        let entry = c.rows.entry(row).or_insert_with(|| {
-            self.cached_rows.fetch_add(1, Ordering::AcqRel);
-            CachedRow {
-                pages: BTreeMap::new(),
-                seqs: Vec::new(),
-                need: 0,
-                since: host.clock().now(),
-                recovered: false,
-            }
-        });
-        entry.need += grow;
-        entry.seqs.extend(seqs);
-        let after = entry.oldest_seq();
-        if before != Some(after) {
-            if let Some(b) = before {
-                c.by_age.remove(&(b, row));
-            }
-            c.by_age.insert((after, row));
-        }
-        for (key, page) in keyed {
-            c.bytes += PAGE;
-            if entry.pages.insert(key, page).is_some() {
-                c.bytes -= PAGE;
-            }
-        }
-        Ok(true)
-    }
-
-    /// Does the cache hold every page of every data chunk of `row`? (A full stripe: its
-    /// write-out reads nothing.)
-    pub fn row_full(&self, row: u64, data_disks: usize, chunk_bytes: u64) -> bool {
-        let c = self.cache.lock();
-        c.rows
-            .get(&row)
-            .is_some_and(|r| r.pages.len() as u64 == data_disks as u64 * chunk_bytes / PAGE as u64)
-    }
-
-    /// Take a row out of the cache for its write-out (its claim is held). Until
-    /// [`Journal::written_out`] or [`Journal::restore_row`], the row still counts as cached
-    /// for [`Journal::is_cached`]: its members are not up to date yet.
-    pub fn take_row(&self, row: u64) -> Option<CachedRow> {
-        let mut c = self.cache.lock();
-        let r = c.rows.remove(&row)?;
-        c.by_age.remove(&(r.oldest_seq(), row));
-        c.bytes -= r.pages.len() * PAGE;
-        c.writing.insert(row);
-        Some(r)
-    }
-
-    /// A write-out failed: the pages stay the newest data of their row.
-    pub fn restore_row(&self, row: u64, r: CachedRow) {
-        let mut c = self.cache.lock();
-        c.bytes += r.pages.len() * PAGE;
-        c.writing.remove(&row);
-        c.by_age.insert((r.oldest_seq(), row));
-        c.rows.insert(row, r);
-    }
-
-    /// The row's pages reached the members: reads may go to them directly again, and the
-    /// units that logged the pages may be reclaimed.
-    pub fn written_out(&self, row: u64, r: &CachedRow) {
-        {
-            let mut c = self.cache.lock();
-            if c.writing.remove(&row) {
-                self.cached_rows.fetch_sub(1, Ordering::AcqRel);
-            }
-        }
-        let mut st = self.st.lock();
-        for &seq in &r.seqs {
-            st.unit(seq).home = true;
-        }
-        self.cv.notify_all();
-    }
-
-    /// Up to `limit` cached rows, the one holding the oldest unit first, with how long each
-    /// has waited by `now` (the array's clock).
-    pub fn cached_rows_by_age(&self, now: Duration, limit: usize) -> Vec<(u64, Duration)> {
-        let c = self.cache.lock();
-        debug_assert_eq!(
-            c.by_age.len(),
-            c.rows.len(),
-            "every cached row is in the age order"
-        );
-        c.by_age
-            .iter()
-            .take(limit)
-            .map(|&(_, row)| (row, now.saturating_sub(c.rows[&row].since)))
-            .collect()
     }
 
     /// The member writes of these units completed (their ticket from [`Journal::log`] ends).
@@ -868,15 +710,6 @@ impl Journal {
         let mut st = self.st.lock();
         assert!(st.failed.is_some(), "only a failed log settles");
         st.settled = true;
-    }
-
-    /// Rows with cached pages or a write-out under way.
-    pub(crate) fn pending_rows(&self) -> Vec<u64> {
-        let c = self.cache.lock();
-        let mut rows: Vec<u64> = c.rows.keys().chain(c.writing.iter()).copied().collect();
-        rows.sort_unstable();
-        rows.dedup();
-        rows
     }
 
     /// Would a reclaim free at least `sectors` now? (Stops counting there: the ring may hold

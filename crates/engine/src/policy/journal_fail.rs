@@ -38,6 +38,7 @@
 use crate::error::Result;
 use crate::policy::host::PolicyHost;
 use crate::policy::journal::Journal;
+use crate::policy::write_back::WriteBackCache;
 use std::sync::atomic::Ordering;
 
 impl Journal {

@@ -21,6 +21,7 @@ pub(crate) mod journal_fail;
 pub(crate) mod takeover;
 pub(crate) mod used;
 pub(crate) mod used_nodes;
+pub(crate) mod write_back;
 
 use crate::error::Result;
 use crate::io::commit::{StripeImage, Ticket, WriteKind, WriteSet};
@@ -131,6 +132,16 @@ pub(crate) trait ConsistencyPolicy: Send + Sync {
     }
     /// Guided resync's state, if the policy is `guided`.
     fn guidance(&self) -> Option<&Guidance> {
+        None
+    }
+    /// The policy's own device failed: write out what it covered and record it faulty
+    /// (`journal_fail.rs`). Ok when there is nothing to settle. Not under a row claim.
+    fn settle(&self, _host: &dyn PolicyHost) -> Result<()> {
+        Ok(())
+    }
+    /// The write-back cache in front of the members, if the policy keeps one (the journal in
+    /// write-back mode keeps it; whether writes go to it is [`ConsistencyPolicy::write_back`]).
+    fn write_back_cache(&self) -> Option<&dyn write_back::WriteBackCache> {
         None
     }
     /// The write-ahead journal, if the policy keeps one.
@@ -339,6 +350,14 @@ impl ConsistencyPolicy for JournalPolicy {
 
     fn overlay(&self, row: u64, d: usize, off: u64, buf: &mut [u8]) {
         self.journal.overlay(row, d, off, buf);
+    }
+
+    fn settle(&self, host: &dyn PolicyHost) -> Result<()> {
+        self.journal.settle(host)
+    }
+
+    fn write_back_cache(&self) -> Option<&dyn write_back::WriteBackCache> {
+        Some(self.journal.as_ref())
     }
 
     fn journal(&self) -> Option<&Arc<Journal>> {
