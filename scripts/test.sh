@@ -70,7 +70,7 @@ cargo build --release -q
 
 echo "== tests"
 export IRONRAID_SIM_CASES="${IRONRAID_SIM_CASES:-100}"
-cargo test --workspace --release --no-fail-fast -q 2>&1 | tee target/test-output.txt | grep -vE '^$|^running 0 tests|0 passed; 0 failed; 0 ignored; 0 measured'
+cargo test --workspace --release --no-fail-fast -q 2>&1 | tee target/test-output.txt | grep -vE '^$|^running 0 tests|ok\. 0 passed; 0 failed; 0 ignored; 0 measured'
 
 if [ -z "${QUICK:-}" ] && [ -d fuzz ] && rustup toolchain list 2>/dev/null | grep -q nightly; then
   echo "== fuzz smoke (20 s per target)"
