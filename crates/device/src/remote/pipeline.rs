@@ -13,9 +13,9 @@
 //! or a request has waited `timeout` for its reply (the kernel NBD client's per-request timeout;
 //! the reader checks at a quarter of it, also while the server keeps answering other requests,
 //! so one the server never answers is not hidden by the rest). Then the socket is shut down
-//! and every request still waiting fails as a transport failure, at once; the connection is never used again (what the server holds of
-//! its requests is unknown: the device's replay log deals with that). A server that closes an
-//! idle connection is noticed by the next request.
+//! and every request still waiting fails as a transport failure, at once; the connection is
+//! never used again (what the server holds of its requests is unknown: the device's replay log
+//! deals with that). A server that closes an idle connection is noticed by the next request.
 //!
 //! A caller leaves only once its slot holds a result, and while the reader (the caller
 //! holding the role) writes into a
