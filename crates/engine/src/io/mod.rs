@@ -9,8 +9,8 @@
 //!
 //! A request's operations run through the array's [`Executor`]: in parallel on the member-I/O
 //! threads and the caller's (`pool.rs`, threads that sleep rather than spin when idle), inline
-//! when there is one or they are small and the members fast, or, in deterministic simulation, one after the other in an order drawn
-//! from the seed. A write (or discard) error marks its member faulty (via [`MemberSet::fail_role`],
+//! when there is one or they are small and the members fast, or, in deterministic simulation,
+//! one after the other in an order drawn from the seed. A write (or discard) error marks its member faulty (via [`MemberSet::fail_role`],
 //! which records it in the superblocks) before the caller sees the outcome, so the caller can
 //! fall back to redundancy at once. A read error does not: the read ends
 //! [`IoOutcome::ReadError`], the caller serves the range from redundancy and writes it back
