@@ -39,7 +39,7 @@ pub const PAYLOAD_FLUSH: u16 = 2;
 
 /// The kernel's `crc32c_le`: raw CRC-32C, no inversion in or out.
 pub fn crc32c_raw(seed: u32, data: &[u8]) -> u32 {
-    !crc32c::crc32c_append(!seed, data)
+    parity::crc32c_raw(seed, data)
 }
 
 /// The seed of every journal checksum of the array with this UUID.

@@ -82,7 +82,7 @@ impl UsedMapHeader {
         b[40..48].copy_from_slice(&self.region_bytes.to_le_bytes());
         b[48..56].copy_from_slice(&self.regions.to_le_bytes());
         b[56..64].copy_from_slice(&self.sb_utime.to_le_bytes());
-        let crc = crc32c::crc32c(&b[..64]);
+        let crc = parity::crc32c(&b[..64]);
         b[64..68].copy_from_slice(&crc.to_le_bytes());
         b
     }
@@ -109,7 +109,7 @@ impl UsedMapHeader {
             return Err(FormatError::Truncated);
         }
         let stored = u32_at(fields);
-        let computed = crc32c::crc32c(&buf[..fields]);
+        let computed = parity::crc32c(&buf[..fields]);
         if stored != computed {
             return Err(FormatError::UsedMap(format!(
                 "header checksum mismatch: stored {stored:#010x}, computed {computed:#010x}"
@@ -215,7 +215,7 @@ mod tests {
         let mut v1 = [0u8; 4096];
         v1[..56].copy_from_slice(&h.encode()[..56]);
         v1[8..12].copy_from_slice(&1u32.to_le_bytes());
-        let crc = crc32c::crc32c(&v1[..56]);
+        let crc = parity::crc32c(&v1[..56]);
         v1[56..60].copy_from_slice(&crc.to_le_bytes());
         assert_eq!(
             UsedMapHeader::decode(&v1).unwrap(),

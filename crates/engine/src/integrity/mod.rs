@@ -257,7 +257,7 @@ impl Integrity {
             .with((subject, index), || self.fetch(subject, index), f)
     }
 
-    /// Set the records of `role`'s blocks `first..` (those below md's `size`) and mark their
+    /// Set the records of `role`'s blocks `first..` (those below md's `size`) and queue their
     /// tables for the next write-out.
     fn store(&self, role: usize, first: u64, recs: &[u32]) {
         let end = (first + recs.len() as u64).min(self.zone.blocks);
@@ -265,40 +265,69 @@ impl Integrity {
         while b < end {
             let index = b / PER;
             let stop = ((index + 1) * PER).min(end);
-            self.page(role, index, |p| {
+            let newly_queued = self.page(role, index, |p| {
                 for x in b..stop {
                     p.recs[(x % PER) as usize] = recs[(x - first) as usize];
                 }
                 p.changed();
+                !std::mem::replace(&mut p.queued, true)
             });
+            // After the change: a write-out that takes the set sees it. A page already queued
+            // is in the set, or in a write-out's that has not read it yet (it clears the flag
+            // as it reads the page, this change included).
+            if newly_queued {
+                self.dirty.lock().insert((role, index));
+            }
             b = stop;
         }
-        // After the change: a write-out that takes the mark sees it.
-        self.mark_dirty(role, first, end.saturating_sub(first));
     }
 
     /// Every block of `buf` (read from `role` at `offset_bytes`) matches its record (or what
     /// a write in flight is writing there). Blocks past md's `size` have no record.
     pub fn verify(&self, role: usize, offset_bytes: u64, buf: &[u8]) -> bool {
+        self.verify_keeping(role, offset_bytes, buf, None)
+    }
+
+    /// [`Integrity::verify`], also appending to `keep` the records of `buf`'s blocks as they
+    /// were read (for a caller that folds the bytes into parity: the parity's records then
+    /// need no pass over it). Stops at the first block that fails.
+    pub fn verify_keeping(
+        &self,
+        role: usize,
+        offset_bytes: u64,
+        buf: &[u8],
+        mut keep: Option<&mut Vec<u32>>,
+    ) -> bool {
         assert_eq!(buf.len() as u64 % BLOCK, 0, "reads are whole 4 KiB blocks");
         let first = self.block_index(offset_bytes);
         let end = (first + buf.len() as u64 / BLOCK).min(self.zone.blocks);
-        let crcs = self.records_of(&buf[..(end.saturating_sub(first) * BLOCK) as usize]);
+        // Runs of at most 64 blocks within one table block: their records are computed on
+        // the stack before the page's shard is locked, and compared under one lookup (this
+        // runs for every member read; it allocates nothing).
+        let mut crcs = [0u32; 64];
         let mut b = first;
         while b < end {
-            // One cache lookup per table block.
-            let index = b / PER;
-            let stop = ((index + 1) * PER).min(end);
-            let wrong: Vec<u64> = self.page(role, index, |p| {
-                (b..stop)
-                    .filter(|&x| p.recs[(x % PER) as usize] != crcs[(x - first) as usize])
-                    .collect()
+            let stop = ((b / PER + 1) * PER).min(end).min(b + 64);
+            let n = (stop - b) as usize;
+            let at = ((b - first) * BLOCK) as usize;
+            for (crc, block) in crcs.iter_mut().zip(buf[at..].chunks(RECORD_BLOCK).take(n)) {
+                *crc = self.record_of(block);
+            }
+            let wrong: u64 = self.page(role, b / PER, |p| {
+                let recs = &p.recs[(b % PER) as usize..][..n];
+                (0..n)
+                    .filter(|&i| recs[i] != crcs[i])
+                    .fold(0, |m, i| m | 1 << i)
             });
-            if !wrong
-                .into_iter()
-                .all(|x| self.in_flight(role, x, crcs[(x - first) as usize]))
+            if wrong != 0
+                && !(0..n)
+                    .filter(|&i| wrong & 1 << i != 0)
+                    .all(|i| self.in_flight(role, b + i as u64, crcs[i]))
             {
                 return false;
+            }
+            if let Some(keep) = keep.as_deref_mut() {
+                keep.extend_from_slice(&crcs[..n]);
             }
             b = stop;
         }
@@ -344,14 +373,14 @@ impl Integrity {
 
     /// The records of the XOR of blocks with records `each` (CRC-32C is affine over XOR: the
     /// zero block's record enters once for an even count), so that parity needs no CRC pass.
-    pub fn records_of_xor(&self, each: &[Vec<u32>]) -> Vec<u32> {
+    pub fn records_of_xor<R: AsRef<[u32]>>(&self, each: &[R]) -> Vec<u32> {
         let fold = if each.len().is_multiple_of(2) {
             self.zero_record
         } else {
             0
         };
-        (0..each[0].len())
-            .map(|i| each.iter().fold(fold, |acc, r| acc ^ r[i]))
+        (0..each[0].as_ref().len())
+            .map(|i| each.iter().fold(fold, |acc, r| acc ^ r.as_ref()[i]))
             .collect()
     }
 
@@ -389,17 +418,6 @@ impl Integrity {
     /// As [`Integrity::set_block`], with the blocks' records already known.
     pub fn set_records(&self, role: usize, offset_bytes: u64, records: &[u32]) {
         self.store(role, self.block_index(offset_bytes), records);
-    }
-
-    fn mark_dirty(&self, role: usize, first: u64, blocks: u64) {
-        if blocks == 0 || first >= self.zone.blocks {
-            return;
-        }
-        let last = (first + blocks - 1).min(self.zone.blocks - 1);
-        let mut d = self.dirty.lock();
-        for t in first / PER..=last / PER {
-            d.insert((role, t));
-        }
     }
 
     /// So many tables wait for a write-out that their changed pages crowd the cache (a client
@@ -477,6 +495,7 @@ impl Integrity {
         for &(subject, index) in &dirty {
             // A block's epoch grows past what its copies carry, whatever the other blocks do.
             let (recs, gen, epoch) = self.page(subject, index, |p| {
+                p.queued = false;
                 (p.recs.clone(), p.gen, base.max(p.epoch + 1))
             });
             self.epoch.fetch_max(epoch, Ordering::AcqRel);

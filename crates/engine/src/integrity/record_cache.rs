@@ -6,11 +6,13 @@
 //! on disk and a generation that counts changes. A page changed since its last write-out
 //! (`gen != written`) is never evicted: the disk would give back older records. Others leave in
 //! clock order (a page read since the hand last passed gets a second chance), so that what the
-//! members are read and written at stays resident. Shards keep lookups from contending.
+//! members are read and written at stays resident. Shards keep lookups from contending, and
+//! each counts its own hits and misses: counters shared by every lookup were a cache line that
+//! two cores passed back and forth on every member I/O.
 
 use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::hash::{BuildHasherDefault, Hasher};
 
 /// (subject role, table index).
 pub(crate) type Key = (usize, u64);
@@ -27,6 +29,10 @@ pub(crate) struct Page {
     pub gen: u64,
     written: u64,
     referenced: bool,
+    /// In the integrity's set of tables for the next write-out since a change; cleared by the
+    /// write-out that takes the set, as it reads the page. Spares a writer the set's lock
+    /// when the page is already queued (the set is one lock for every member write).
+    pub queued: bool,
 }
 
 impl Page {
@@ -37,6 +43,7 @@ impl Page {
             gen: 0,
             written: 0,
             referenced: true,
+            queued: false,
         }
     }
 
@@ -50,11 +57,40 @@ impl Page {
     }
 }
 
+/// Keys are small integers chosen by the array, not by clients: a multiplicative mix spreads
+/// them well enough, at a fraction of the default hasher's cost (a lookup per member I/O).
+#[derive(Default)]
+struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        // The product's entropy sits in its high bits; the table indexes by the low ones (and
+        // a shard's keys share their low bits: see `RecordCache::shard`).
+        self.0 ^ (self.0 >> 32)
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+
+    fn write_usize(&mut self, n: usize) {
+        self.write_u64(n as u64);
+    }
+}
+
 #[derive(Default)]
 struct Shard {
-    pages: HashMap<Key, Page>,
+    pages: HashMap<Key, Page, BuildHasherDefault<KeyHasher>>,
     /// Clock order of the resident keys.
     hand: VecDeque<Key>,
+    hits: u64,
+    misses: u64,
     /// Pages evicted so far.
     evictions: u64,
 }
@@ -72,9 +108,6 @@ pub struct CacheStats {
 pub(crate) struct RecordCache {
     shards: Vec<Mutex<Shard>>,
     per_shard: usize,
-    hits: AtomicU64,
-    misses: AtomicU64,
-    evictions: AtomicU64,
 }
 
 impl RecordCache {
@@ -84,9 +117,6 @@ impl RecordCache {
         RecordCache {
             shards: (0..shards).map(|_| Mutex::default()).collect(),
             per_shard: pages.div_ceil(shards).max(1),
-            hits: AtomicU64::new(0),
-            misses: AtomicU64::new(0),
-            evictions: AtomicU64::new(0),
         }
     }
 
@@ -102,9 +132,10 @@ impl RecordCache {
     /// Run `f` on the resident page `key`; None if it is not resident.
     pub fn get<R>(&self, key: Key, f: impl FnOnce(&mut Page) -> R) -> Option<R> {
         let mut sh = self.shard(key).lock();
+        let sh = &mut *sh;
         let page = sh.pages.get_mut(&key)?;
         page.referenced = true;
-        self.hits.fetch_add(1, Ordering::Relaxed);
+        sh.hits += 1;
         Some(f(page))
     }
 
@@ -114,9 +145,10 @@ impl RecordCache {
         loop {
             let evictions = {
                 let mut sh = self.shard(key).lock();
+                let sh = &mut *sh;
                 if let Some(page) = sh.pages.get_mut(&key) {
                     page.referenced = true;
-                    self.hits.fetch_add(1, Ordering::Relaxed);
+                    sh.hits += 1;
                     return f(page);
                 }
                 sh.evictions
@@ -145,7 +177,7 @@ impl RecordCache {
         page: Page,
         f: impl FnOnce(&mut Page) -> R,
     ) -> R {
-        self.misses.fetch_add(1, Ordering::Relaxed);
+        sh.misses += 1;
         if !sh.pages.contains_key(&key) {
             self.make_room(sh);
             sh.pages.insert(key, page);
@@ -173,7 +205,6 @@ impl RecordCache {
             }
             sh.pages.remove(&key);
             sh.evictions += 1;
-            self.evictions.fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -190,17 +221,18 @@ impl RecordCache {
     }
 
     pub fn stats(&self) -> CacheStats {
-        CacheStats {
+        let mut stats = CacheStats {
             capacity_pages: self.capacity() as u64,
-            resident_pages: self
-                .shards
-                .iter()
-                .map(|s| s.lock().pages.len() as u64)
-                .sum(),
-            hits: self.hits.load(Ordering::Relaxed),
-            misses: self.misses.load(Ordering::Relaxed),
-            evictions: self.evictions.load(Ordering::Relaxed),
+            ..CacheStats::default()
+        };
+        for sh in &self.shards {
+            let sh = sh.lock();
+            stats.resident_pages += sh.pages.len() as u64;
+            stats.hits += sh.hits;
+            stats.misses += sh.misses;
+            stats.evictions += sh.evictions;
         }
+        stats
     }
 }
 

@@ -76,8 +76,9 @@ pub(crate) struct MemberIo<'a> {
     pub kind: IoKind<'a>,
     member: Option<Arc<Member>>,
     pub outcome: IoOutcome,
-    /// Integrity records of a write's blocks, when the caller knows them already (parity of a
-    /// full stripe, by CRC linearity); None: computed from the bytes.
+    /// Integrity records of a write's blocks, when the caller knows them already (parity, by
+    /// CRC linearity); None: computed from the bytes. For a read made [`MemberIo::keeping`]:
+    /// the records of what it read, once it read fine (else left short).
     pub records: Option<Vec<u32>>,
 }
 
@@ -126,6 +127,13 @@ impl<'a> MemberIo<'a> {
             outcome: IoOutcome::Pending,
             records: None,
         }
+    }
+
+    /// This read keeps the integrity records of what it reads in `records` (when the array
+    /// has integrity), for a caller that folds the bytes into parity.
+    pub fn keeping(mut self) -> Self {
+        self.records = Some(Vec::new());
+        self
     }
 
     pub fn ok(&self) -> bool {
@@ -187,7 +195,10 @@ impl<'a> MemberIo<'a> {
                     _ => true,
                 };
                 let recorded = match (&self.kind, integrity) {
-                    (IoKind::Read(buf), Some(i)) => i.verify(self.role, self.offset_bytes, buf),
+                    (IoKind::Read(buf), Some(i)) => {
+                        let keep = self.records.as_mut();
+                        i.verify_keeping(self.role, self.offset_bytes, buf, keep)
+                    }
                     _ => true,
                 };
                 if !recorded {

@@ -83,6 +83,27 @@ pub(crate) enum WritePlan {
 }
 
 /// How to go on after some reads of a plan failed.
+/// What read-modify-write's reads and arithmetic give: the new data (in the dirty chunks'
+/// order), P and Q, and (with integrity) the records of the old bytes P was moved from, for
+/// [`Parity::write_row`]'s `p_terms`.
+pub(crate) struct Rmw {
+    pub new_data: Vec<PoolBuf>,
+    pub p: PoolBuf,
+    pub q: Option<PoolBuf>,
+    p_terms: Option<Vec<Vec<u32>>>,
+}
+
+/// The records the [`MemberIo::keeping`] reads of `ios` kept, taken out; None when one of them
+/// kept fewer than `len` bytes' worth (it failed, the array has no integrity, or its blocks
+/// run past md's size and have no records).
+fn kept_records(ios: &mut [MemberIo<'_>], len: usize) -> Option<Vec<Vec<u32>>> {
+    let blocks = len / format::RECORD_BLOCK;
+    ios.iter_mut()
+        .filter_map(|io| io.records.take())
+        .map(|r| (r.len() == blocks).then_some(r))
+        .collect()
+}
+
 fn replan_after(ios: &[MemberIo<'_>]) -> Outcome {
     // Corrupt or unreadable: the degraded path rebuilds the chunk (and writes it back).
     if ios
@@ -665,13 +686,17 @@ impl Parity {
             .enumerate()
             .filter(|(d, _)| needs_read(*d))
             .filter_map(|(d, buf)| {
+                let io = |b| MemberIo::read(&array.members, c.roles.data_dev(d), at, b);
                 buf.as_mut()
-                    .map(|b| MemberIo::read(&array.members, c.roles.data_dev(d), at, b))
+                    .map(|b| if c.dirty[d] { io(b) } else { io(b).keeping() })
             })
             .collect();
         if !ios.is_empty() && !array.run_io(&mut ios) {
             return Ok(replan_after(&ios));
         }
+        // P is the XOR of the chunks written and the clean ones read.
+        let clean = (0..c.dirty.len()).filter(|&d| !c.dirty[d]).count();
+        let p_terms = kept_records(&mut ios, len).filter(|t| t.len() == clean);
         drop(ios);
         for (d, buf) in owned.iter_mut().enumerate() {
             if let Some(b) = buf {
@@ -684,7 +709,14 @@ impl Parity {
             .map(|(s, o)| s.unwrap_or_else(|| o.as_deref().expect("owned when not sole")))
             .collect();
         let (p, q) = self.compute_parity(array, c.roles, &refs);
-        self.write_row(array, c, at, &c.dirty_of(&refs), &p, q.as_deref())?;
+        self.write_row(
+            array,
+            c,
+            at,
+            &c.dirty_of(&refs),
+            (&p, p_terms),
+            q.as_deref(),
+        )?;
         Ok(Outcome::Done)
     }
 
@@ -723,24 +755,24 @@ impl Parity {
         let len = (c.b - c.a) as usize;
         let at = c.row * self.chunk_bytes() + c.a;
         let dirty: Vec<usize> = (0..c.dirty.len()).filter(|&d| c.dirty[d]).collect();
-        let (new_data, p, q) =
-            match self.rmw_compute(array, c.roles, at, len, &dirty, |d, b| c.overlay(d, b)) {
-                Ok(done) => done,
-                Err(outcome) => return Ok(outcome),
-            };
+        let rmw = match self.rmw_compute(array, c.roles, at, len, &dirty, |d, b| c.overlay(d, b)) {
+            Ok(done) => done,
+            Err(outcome) => return Ok(outcome),
+        };
         let written: Vec<(usize, &[u8])> = dirty
             .iter()
-            .zip(&new_data)
+            .zip(&rmw.new_data)
             .map(|(&d, b)| (d, &b[..]))
             .collect();
-        self.write_row(array, c, at, &written, &p, q.as_deref())?;
+        let p = (&rmw.p[..], rmw.p_terms);
+        self.write_row(array, c, at, &written, p, rmw.q.as_deref())?;
         Ok(Outcome::Done)
     }
 
     /// Read-modify-write's reads and arithmetic over `at..at + len` of a row: the old bytes of
     /// data chunks `dirty` and of the parity, the new bytes of those chunks by `overlay`
     /// (given a data index and the old bytes), and the parity moved by the difference.
-    /// Returns the new data (in `dirty`'s order), P and Q; `Err`: a member failed meanwhile.
+    /// `Err`: a member failed meanwhile.
     pub(crate) fn rmw_compute(
         &self,
         array: &Parts,
@@ -749,20 +781,23 @@ impl Parity {
         len: usize,
         dirty: &[usize],
         overlay: impl Fn(usize, &mut [u8]),
-    ) -> std::result::Result<(Vec<PoolBuf>, PoolBuf, Option<PoolBuf>), Outcome> {
+    ) -> std::result::Result<Rmw, Outcome> {
         let mut old: Vec<PoolBuf> = dirty.iter().map(|_| array.bufs.get(len)).collect();
         let mut p = array.bufs.get(len);
         let mut q = roles.q_dev().map(|_| array.bufs.get(len));
+        let p_terms;
         {
             let mut ios: Vec<MemberIo<'_>> = old
                 .iter_mut()
                 .zip(dirty)
-                .map(|(buf, &d)| MemberIo::read(&array.members, roles.data_dev(d), at, buf))
+                .map(|(buf, &d)| {
+                    MemberIo::read(&array.members, roles.data_dev(d), at, buf).keeping()
+                })
                 .collect();
             // A missing parity chunk is neither read nor written; its buffer only takes the
             // arithmetic.
             if array.members.slot(roles.p_dev()).in_sync(at, len as u64) {
-                ios.push(MemberIo::read(&array.members, roles.p_dev(), at, &mut p));
+                ios.push(MemberIo::read(&array.members, roles.p_dev(), at, &mut p).keeping());
             }
             if let (Some(qd), Some(qb)) = (roles.q_dev(), q.as_mut()) {
                 if array.members.slot(qd).in_sync(at, len as u64) {
@@ -772,6 +807,8 @@ impl Parity {
             if !array.run_io(&mut ios) {
                 return Err(replan_after(&ios));
             }
+            // New P = old P ^ old data ^ new data: records of the old bytes, both kinds.
+            p_terms = kept_records(&mut ios, len).filter(|t| t.len() == dirty.len() + 1);
         }
         let mut new_data: Vec<PoolBuf> = Vec::with_capacity(dirty.len());
         for (delta, &d) in old.iter_mut().zip(dirty) {
@@ -784,7 +821,12 @@ impl Parity {
             }
             new_data.push(new);
         }
-        Ok((new_data, p, q))
+        Ok(Rmw {
+            new_data,
+            p,
+            q,
+            p_terms,
+        })
     }
 
     fn degraded_write(&self, array: &Parts, c: &Interval<'_>) -> Result<Outcome> {
@@ -803,19 +845,24 @@ impl Parity {
         bufs.p = p;
         bufs.q = q;
         let refs: Vec<&[u8]> = bufs.data.iter().map(|b| &b[..]).collect();
-        self.write_row(array, c, at, &c.dirty_of(&refs), &bufs.p, bufs.q.as_deref())?;
+        let p = (&bufs.p[..], None);
+        self.write_row(array, c, at, &c.dirty_of(&refs), p, bufs.q.as_deref())?;
         Ok(Outcome::Done)
     }
 
     /// Write data chunks `(data index, bytes)` and the parity of an interval to every member
     /// in sync there (a missing or rebuilding one gets its bytes from the rebuild).
+    /// `p_terms`: with integrity, the records of the other bytes whose XOR with `data` is P
+    /// (the clean chunks read for a reconstruct-write; the old data and P of a
+    /// read-modify-write), so that P's records come from CRC linearity, not a pass over P;
+    /// None where they are not known (a full stripe needs none).
     fn write_row(
         &self,
         array: &Parts,
         c: &Interval<'_>,
         at: u64,
         data: &[(usize, &[u8])],
-        p: &[u8],
+        (p, p_terms): (&[u8], Option<Vec<Vec<u32>>>),
         q: Option<&[u8]>,
     ) -> Result<()> {
         let len = p.len() as u64;
@@ -824,19 +871,19 @@ impl Parity {
         // record is accepted beside the old one while the row is written and replaces it only
         // once the parity holding it is out: a table written meanwhile (a flush, a journal
         // reclaim) must not make durable a record whose data may never land.
-        let unheld: Vec<(usize, Vec<u32>)> = array.integrity.as_ref().map_or(Vec::new(), |integ| {
-            data.iter()
-                .map(|&(d, buf)| (c.roles.data_dev(d), buf))
-                .filter(|&(dev, _)| !array.members.slot(dev).in_sync(at, len))
-                .map(|(dev, buf)| (dev, integ.begin_write(dev, at, buf, None)))
-                .collect()
-        });
-        // A full stripe's records: its data's, and P's by CRC linearity (no pass over P).
         let records: Option<Vec<Vec<u32>>> = array
             .integrity
             .as_ref()
-            .filter(|_| data.len() == self.g.data_disks())
             .map(|integ| data.iter().map(|(_, buf)| integ.records_of(buf)).collect());
+        let unheld: Vec<(usize, Vec<u32>)> = array.integrity.as_ref().map_or(Vec::new(), |integ| {
+            data.iter()
+                .zip(records.iter().flatten())
+                .map(|(&(d, buf), r)| (c.roles.data_dev(d), buf, r))
+                .filter(|&(dev, _, _)| !array.members.slot(dev).in_sync(at, len))
+                .map(|(dev, buf, r)| (dev, integ.begin_write(dev, at, buf, Some(r.clone()))))
+                .collect()
+        });
+        let p_terms = p_terms.or_else(|| (data.len() == self.g.data_disks()).then(Vec::new));
         let mut ios: Vec<MemberIo<'_>> = data
             .iter()
             .enumerate()
@@ -849,10 +896,12 @@ impl Parity {
             .collect();
         if array.members.slot(c.roles.p_dev()).in_sync(at, len) {
             let mut io = MemberIo::write(&array.members, c.roles.p_dev(), at, p, c.fua);
-            io.records = records
-                .as_ref()
-                .zip(array.integrity.as_ref())
-                .map(|(r, integ)| integ.records_of_xor(r));
+            io.records = records.zip(p_terms).zip(array.integrity.as_ref()).map(
+                |((mut r, terms), integ)| {
+                    r.extend(terms);
+                    integ.records_of_xor(&r)
+                },
+            );
             ios.push(io);
         }
         if let (Some(qd), Some(qb)) = (c.roles.q_dev(), q) {

@@ -171,7 +171,11 @@ impl Parity {
                 _ => None,
             };
             let (chunks, p, q) = match rmw {
-                Some((new, p, q)) => (dirty_idx.iter().copied().zip(new).collect(), p, q),
+                Some(r) => (
+                    dirty_idx.iter().copied().zip(r.new_data).collect(),
+                    r.p,
+                    r.q,
+                ),
                 None => {
                     let mut data = self.read_rest_of_row(array, &roles, at, len, &full)?;
                     for (d, buf) in data.iter_mut().enumerate() {

@@ -211,6 +211,8 @@ pub(crate) struct Journal {
     member: Arc<Member>,
     log: u64,
     seed: u32,
+    /// The checksum of a page of zeroes (see [`Journal::build_units`]).
+    zero_page_checksum: u32,
     st: Mutex<LogState>,
     cv: Condvar,
     /// One reclaim at a time.
@@ -488,24 +490,42 @@ impl Journal {
             0,
             "journalled intervals are whole pages"
         );
+        // P of a whole stripe is the XOR of its data: its checksum follows from theirs (the
+        // checksum is affine over XOR; a page of zeroes enters once for an even count), which
+        // spares a checksum pass over P.
+        let p_from_data = !img.parity_only && img.data.len() == g.data_disks();
+        let zero_fold = if img.data.len().is_multiple_of(2) {
+            self.zero_page_checksum
+        } else {
+            0
+        };
         let mut units = UnitsBuilder::default();
+        let (mut payloads, mut pages) = (Vec::new(), Vec::new());
         for col in 0..cols {
             let r = col * PAGE..(col + 1) * PAGE;
-            let mut payloads = Vec::with_capacity(img.data.len() + 1);
-            let mut pages = Vec::with_capacity(img.data.len() + 2);
+            let mut data_xor = zero_fold;
             for &(d, buf) in img.data.iter().filter(|_| !img.parity_only) {
                 let page = &buf[r.clone()];
                 let array_byte = (img.row * g.data_disks() as u64 + d as u64) * chunk
                     + in_chunk
                     + r.start as u64;
+                let checksum = format::crc32c_raw(self.seed, page);
+                data_xor ^= checksum;
                 payloads.push(Payload::Data {
                     location: array_byte / 512,
-                    checksums: vec![format::crc32c_raw(self.seed, page)],
+                    checksums: vec![checksum],
                 });
                 pages.push(page);
             }
-            let mut checksums = vec![format::crc32c_raw(self.seed, &img.p[r.clone()])];
-            pages.push(&img.p[r.clone()]);
+            let p = &img.p[r.clone()];
+            let p_checksum = if p_from_data {
+                debug_assert_eq!(data_xor, format::crc32c_raw(self.seed, p));
+                data_xor
+            } else {
+                format::crc32c_raw(self.seed, p)
+            };
+            let mut checksums = vec![p_checksum];
+            pages.push(p);
             if let Some(q) = img.q {
                 checksums.push(format::crc32c_raw(self.seed, &q[r.clone()]));
                 pages.push(&q[r.clone()]);
@@ -514,7 +534,7 @@ impl Journal {
                 location: (img.at + r.start as u64) / 512,
                 checksums,
             });
-            units.add(payloads, pages);
+            units.add(payloads.drain(..), pages.drain(..));
         }
         units.units
     }
@@ -927,6 +947,7 @@ pub(crate) fn recover(
         member,
         log,
         seed,
+        zero_page_checksum: format::crc32c_raw(seed, &[0u8; PAGE]),
         st: Mutex::new(st),
         cv: Condvar::new(),
         reclaim: Mutex::new(()),
@@ -1280,7 +1301,7 @@ fn data_units<'a>(
             location: ((row * geometry.data_disks() as u64 + d as u64) * chunk + off) / 512,
             checksums: vec![format::crc32c_raw(seed, page)],
         };
-        units.add(vec![payload], [&page[..]]);
+        units.add(vec![payload].into_iter(), [&page[..]]);
     }
     units.units
 }
@@ -1296,8 +1317,12 @@ struct UnitsBuilder<'a> {
 
 impl<'a> UnitsBuilder<'a> {
     /// Payloads that must share one unit, with their pages.
-    fn add(&mut self, payloads: Vec<Payload>, pages: impl IntoIterator<Item = &'a [u8]>) {
-        let need: usize = payloads.iter().map(Payload::encoded_len).sum();
+    fn add(
+        &mut self,
+        payloads: impl Iterator<Item = Payload> + AsRef<[Payload]>,
+        pages: impl IntoIterator<Item = &'a [u8]>,
+    ) {
+        let need: usize = payloads.as_ref().iter().map(Payload::encoded_len).sum();
         if self.units.is_empty() || self.used + need > JOURNAL_BLOCK {
             self.units.push((MetaBlock::empty(0, 0), Vec::new()));
             self.used = MetaBlock::empty(0, 0).meta_size();
