@@ -174,6 +174,9 @@ impl<'a> MemberIo<'a> {
                 return None;
             }
         }
+        if let Some(i) = integrity {
+            i.prefetch(self.role, self.offset_bytes);
+        }
         let res = match &mut self.kind {
             IoKind::Read(buf) => member.dev.read_at(buf, at),
             IoKind::Write(buf, fua) => member.dev.write_at(buf, at, *fua),
@@ -188,27 +191,10 @@ impl<'a> MemberIo<'a> {
                 None
             }
             Ok(()) => {
-                let verified = match (&self.kind, cx.verifier) {
-                    (IoKind::Read(buf), Some(v)) => {
-                        v.verify(member.name(), self.role, self.offset_bytes, buf)
-                    }
-                    _ => true,
-                };
-                let recorded = match (&self.kind, integrity) {
-                    (IoKind::Read(buf), Some(i)) => {
-                        let keep = self.records.as_mut();
-                        i.verify_keeping(self.role, self.offset_bytes, buf, keep)
-                    }
-                    _ => true,
-                };
-                if !recorded {
-                    member.health.note_checksum_error();
-                }
-                self.outcome = if verified && recorded {
-                    IoOutcome::Ok
-                } else {
-                    IoOutcome::Corrupt
-                };
+                // Lent out and back, not cloned: a shared count both cores would write.
+                let m = self.member.take().expect("the read ran against it");
+                self.outcome = self.check_read(cx, &m);
+                self.member = Some(m);
                 None
             }
             Err(e) if is_no_space(&e) => {
@@ -225,6 +211,28 @@ impl<'a> MemberIo<'a> {
                 self.outcome = IoOutcome::IoError;
                 Some(e)
             }
+        }
+    }
+
+    /// What a read that `member` answered holds: good, or not what was written there.
+    fn check_read(&mut self, cx: &IoContext<'_>, member: &Member) -> IoOutcome {
+        let IoKind::Read(buf) = &self.kind else {
+            unreachable!("only reads are checked");
+        };
+        let verified = cx
+            .verifier
+            .is_none_or(|v| v.verify(member.name(), self.role, self.offset_bytes, buf));
+        let recorded = cx.integrity.is_none_or(|i| {
+            let keep = self.records.as_mut();
+            i.verify_keeping(self.role, self.offset_bytes, buf, keep)
+        });
+        if !recorded {
+            member.health.note_checksum_error();
+        }
+        if verified && recorded {
+            IoOutcome::Ok
+        } else {
+            IoOutcome::Corrupt
         }
     }
 
