@@ -29,7 +29,9 @@
 //! zero block's (epoch 1, as if written at create). Creation costs nothing per byte of array.
 //! A blank copy beside a valid one is a copy whose write was lost (counted bad, rewritten);
 //! a blank copy beside a bad one is no evidence either way, and the records are rebuilt from
-//! the data as for any block without a valid copy.
+//! the data as for any block without a valid copy. Records rebuilt from a mirror member's
+//! blocks go to its twins that are not complete too: their tables stand in for its own at the
+//! next start, and must not contradict what this start served.
 
 pub(crate) mod record_cache;
 
@@ -748,7 +750,30 @@ impl Integrity {
                 return t.records;
             }
         }
-        self.rebuild_table(subject, index)
+        let recs = self.rebuild_table(subject, index);
+        self.share_with_twins(subject, index, &recs);
+        recs
+    }
+
+    /// Records of table block `index` just rebuilt from `subject`'s own blocks: a twin that
+    /// is not complete (missing, or still being rebuilt) takes them, queued for the next
+    /// write-out. Its table is what stands in for the subject's at the next start
+    /// ([`Integrity::orphan_records`]); with the records it had (the zero block's of a table
+    /// never written, or older ones from before a cut), the subject's blocks that this start
+    /// served, flushed or not, would fail them there: EIO on data flushed long before.
+    /// A complete twin keeps its own records (its blocks are there to vouch for them).
+    fn share_with_twins(&self, subject: usize, index: u64, recs: &[u32]) {
+        let complete = |role: usize| {
+            let slot = &self.slots[role];
+            slot.usable().is_some() && slot.is_complete()
+        };
+        // Records rebuilt from a twin or from nothing say nothing new about the twins.
+        if !complete(subject) {
+            return;
+        }
+        for &twin in self.twins[subject].iter().filter(|&&t| !complete(t)) {
+            self.store(twin, index * PER, recs);
+        }
     }
 
     /// Read every table copy the usable, complete holders keep and compare it with the records
