@@ -386,7 +386,7 @@ fn data_logged_without_parity_is_kept_and_written_home() {
         position: tail.position + tail.unit_sectors(),
         payloads: vec![format::Payload::Data {
             location: at_sector,
-            checksums: vec![format::crc32c_raw(seed, &page)],
+            checksums: format::PageChecksums::from_slice(&[format::crc32c_raw(seed, &page)]),
         }],
     };
     let mut bytes = unit.encode(seed).to_vec();

@@ -91,8 +91,8 @@ pub use integrity::{
     RECORD_BLOCK, TABLE_MAGIC,
 };
 pub use journal::{
-    crc32c_raw, journal_seed, MetaBlock, Payload, JOURNAL_BLOCK, JOURNAL_MAGIC, JOURNAL_VERSION,
-    PAGE_SECTORS, PAYLOAD_DATA, PAYLOAD_FLUSH, PAYLOAD_PARITY,
+    crc32c_raw, journal_seed, MetaBlock, PageChecksums, Payload, JOURNAL_BLOCK, JOURNAL_MAGIC,
+    JOURNAL_VERSION, PAGE_SECTORS, PAYLOAD_DATA, PAYLOAD_FLUSH, PAYLOAD_PARITY,
 };
 pub use used_map::{
     choose_region_bytes, node_map_offset, used_map_bytes, used_map_offset_sectors, UsedMapHeader,

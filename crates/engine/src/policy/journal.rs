@@ -41,7 +41,9 @@ use crate::members::{Member, Slot};
 use crate::policy::host::PolicyHost;
 use crate::policy::write_back::WriteBackCache;
 use device::{AlignedBuf, Device};
-use format::{journal_seed, MetaBlock, Payload, Superblock, JOURNAL_BLOCK, PAGE_SECTORS};
+use format::{
+    journal_seed, MetaBlock, PageChecksums, Payload, Superblock, JOURNAL_BLOCK, PAGE_SECTORS,
+};
 use layout::Geometry;
 use parking_lot::{Condvar, Mutex};
 use std::collections::{BTreeMap, VecDeque};
@@ -513,7 +515,7 @@ impl Journal {
                 data_xor ^= checksum;
                 payloads.push(Payload::Data {
                     location: array_byte / 512,
-                    checksums: vec![checksum],
+                    checksums: PageChecksums::from_slice(&[checksum]),
                 });
                 pages.push(page);
             }
@@ -524,7 +526,7 @@ impl Journal {
             } else {
                 format::crc32c_raw(self.seed, p)
             };
-            let mut checksums = vec![p_checksum];
+            let mut checksums = PageChecksums::from_slice(&[p_checksum]);
             pages.push(p);
             if let Some(q) = img.q {
                 checksums.push(format::crc32c_raw(self.seed, &q[r.clone()]));
@@ -1299,7 +1301,7 @@ fn data_units<'a>(
     for (&(off, d), page) in pages {
         let payload = Payload::Data {
             location: ((row * geometry.data_disks() as u64 + d as u64) * chunk + off) / 512,
-            checksums: vec![format::crc32c_raw(seed, page)],
+            checksums: PageChecksums::from_slice(&[format::crc32c_raw(seed, page)]),
         };
         units.add(vec![payload].into_iter(), [&page[..]]);
     }
