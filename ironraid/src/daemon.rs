@@ -95,7 +95,26 @@ impl RunArgs {
 /// (`ironraid@.service` restarts it).
 pub const EXIT_FENCED: i32 = 75;
 
+/// A panic anywhere in the daemon stops it at once (fail-stop, as md's BUG_ON stops the
+/// kernel). A panic is a broken invariant: the thread that hit it unwinds, but the array's
+/// shared state (a stripe mid-batch, a journal unit never marked logged, a row left claimed)
+/// stays as it was left, and the other threads would go on serving from it, or wait forever
+/// for what the dead thread was to do. What is durable is crash-consistent by design (bitmap,
+/// journal, superblocks), so the next start recovers from it; the message and location are
+/// printed first.
+fn stop_on_panic() {
+    let report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        report(info);
+        tracing::error!(
+            "a daemon thread panicked (a broken invariant): stopping the daemon at once"
+        );
+        std::process::abort();
+    }));
+}
+
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
+    stop_on_panic();
     let parsed: Vec<(Listen, Option<String>)> = args
         .nbd
         .iter()
