@@ -143,6 +143,88 @@ fn spare_rebuilds_while_clients_write() {
     }
 }
 
+/// The speed limit holds from a walk's first window. With windows larger than the whole walk
+/// (so that nothing but the wait before the first can pace it), a check and a rebuild each
+/// take at least the time the limit gives the bytes they read and write; a walk that took its
+/// first window at full speed finishes in milliseconds. Every level, copies ones included:
+/// they size their windows from the same setting.
+#[test]
+fn the_speed_limit_holds_from_the_first_window() {
+    const MAX: u64 = 4 << 20;
+    for (level, n) in [(Level::Raid5, 3), (Level::Raid1, 2), (Level::Raid10, 4)] {
+        let m = sims(n, 4 << 20, 21);
+        let spare = named("spare", 1, 4 << 20, 22);
+        make(level, None, &m, &spare, 64 << 10);
+        let all: Vec<_> = m.iter().chain(&spare).cloned().collect();
+        let config = engine::ArrayConfig {
+            sync_window_bytes: 16 << 20,
+            ..simkit::config()
+        };
+        let a = Arc::new(simkit::reassemble_with(&all, config).expect("assemble"));
+        a.set_sync_speed(None, Some(MAX));
+        a.start_background();
+        fill(&a, 23);
+        for action in ["check", "rebuild"] {
+            match action {
+                "check" => a.request_action("check").unwrap(),
+                _ => a.fail_member("sim1").unwrap(),
+            }
+            assert!(
+                a.wait_sync_idle(Duration::from_secs(60)),
+                "{level:?} {action}"
+            );
+            let st = a.sync_status();
+            let took = Duration::from_micros(st.last_duration_us);
+            let limit = Duration::from_secs_f64(st.total_bytes as f64 / MAX as f64);
+            assert!(
+                took >= limit,
+                "{level:?} {action}: {} bytes in {took:?}, the limit says at least {limit:?}",
+                st.total_bytes
+            );
+        }
+        assert!(a.status().missing_roles.is_empty());
+        a.close().unwrap();
+    }
+}
+
+/// `sync_window_bytes` sizes one window of background work on every level: a check and a
+/// rebuild take as many windows as the setting divides their walk into (the copies levels
+/// once went 1 MiB or one chunk at a time, whatever the setting).
+#[test]
+fn every_level_sizes_its_windows_from_the_setting() {
+    const WINDOW: u64 = 256 << 10;
+    for (level, n) in [(Level::Raid5, 3), (Level::Raid1, 2), (Level::Raid10, 4)] {
+        let m = sims(n, 4 << 20, 31);
+        let spare = named("spare", 1, 4 << 20, 32);
+        make(level, None, &m, &spare, 64 << 10);
+        let all: Vec<_> = m.iter().chain(&spare).cloned().collect();
+        let config = engine::ArrayConfig {
+            sync_window_bytes: WINDOW,
+            ..simkit::config()
+        };
+        let a = simkit::reassemble_with(&all, config).expect("assemble");
+        fill(&a, 33);
+        for action in ["check", "rebuild"] {
+            match action {
+                "check" => a.request_action("check").unwrap(),
+                _ => a.fail_member("sim1").unwrap(),
+            }
+            let mut windows = 0;
+            while a.sync_step() != engine::SyncAction::Idle {
+                windows += 1;
+            }
+            let total = a.sync_status().total_bytes;
+            assert_eq!(
+                windows,
+                total.div_ceil(WINDOW),
+                "{level:?} {action}: {total} bytes in {windows} windows of {WINDOW}"
+            );
+        }
+        assert!(a.status().missing_roles.is_empty());
+        a.close().unwrap();
+    }
+}
+
 /// Byte at which the next `rebuild_started` event says the rebuild starts, and the total:
 /// its message reads "recover started at byte N of T".
 fn rebuild_start(events: &std::sync::mpsc::Receiver<engine::Event>) -> (u64, u64) {
