@@ -192,10 +192,10 @@ fn the_speed_limit_holds_from_the_first_window() {
 /// once went 1 MiB or one chunk at a time, whatever the setting).
 #[test]
 fn every_level_sizes_its_windows_from_the_setting() {
-    const WINDOW: u64 = 256 << 10;
+    const WINDOW: u64 = 2 << 20;
     for (level, n) in [(Level::Raid5, 3), (Level::Raid1, 2), (Level::Raid10, 4)] {
-        let m = sims(n, 4 << 20, 31);
-        let spare = named("spare", 1, 4 << 20, 32);
+        let m = sims(n, 8 << 20, 31);
+        let spare = named("spare", 1, 8 << 20, 32);
         make(level, None, &m, &spare, 64 << 10);
         let all: Vec<_> = m.iter().chain(&spare).cloned().collect();
         let config = engine::ArrayConfig {

@@ -18,9 +18,10 @@ const MIN_PIECE: u64 = 64 << 10;
 
 impl Copies {
     /// Bytes of one background window, in the walk's coordinates: `sync_window_bytes` in whole
-    /// pages (records and bad-block lists cover pages), as the parity levels size theirs.
+    /// recovery units (at least one), as the parity levels size theirs in whole stripes.
     pub(crate) fn window_bytes(&self, array: &Parts) -> u64 {
-        (array.config.sync_window_bytes / PAGE).max(1) * PAGE
+        let unit = self.recovery_unit();
+        (array.config.sync_window_bytes / unit).max(1) * unit
     }
 
     /// Copy one window of `role` from member byte `pos` (not past `end`) from the other copies
@@ -32,7 +33,7 @@ impl Copies {
         pos: u64,
         end: u64,
     ) -> Result<u64, Stop> {
-        let off = pos / PAGE * PAGE;
+        let off = pos / self.recovery_unit() * self.recovery_unit();
         let len = self.window_bytes(array).min(end - off);
         let spans = self.array_spans_of(role, off, len);
         let ranges: Vec<(u64, u64)> = spans.iter().map(|&(_, at, n)| (at, n)).collect();
@@ -87,7 +88,7 @@ impl Copies {
         pos: u64,
         end: u64,
     ) -> Result<(u64, u64), Stop> {
-        let off = pos / PAGE * PAGE;
+        let off = pos / self.recovery_unit() * self.recovery_unit();
         let len = self.window_bytes(array).min(end - off);
         let bad = self.scrub_mirror(array, off, len, Heal::of(action))?;
         Ok((off + len, bad))
