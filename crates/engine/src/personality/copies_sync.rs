@@ -50,12 +50,9 @@ impl Copies {
                     .map(move |d| (m + d, at + d, piece.min(n - d)))
             })
             .collect();
-        let lost = in_pieces(
-            &pieces,
-            PIECES_IN_FLIGHT,
-            array.io.is_deterministic(),
-            |&(m, at, n)| self.recover_piece(array, role, at, m, n),
-        )?;
+        let lost = in_pieces(&pieces, PIECES_IN_FLIGHT, array.io.pool(), |&(m, at, n)| {
+            self.recover_piece(array, role, at, m, n)
+        })?;
         let lost: Vec<u64> = lost.into_iter().flatten().collect();
         array.record_unrebuilt(role, &lost);
         array.members.slots[role].advance(off + len);
