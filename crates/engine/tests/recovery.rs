@@ -143,6 +143,67 @@ fn spare_rebuilds_while_clients_write() {
     }
 }
 
+/// A pass whose windows are larger than the guaranteed minimum lets through in the rate's
+/// window of time still goes on while clients keep the array busy: RAID1 works in whole 1 MiB
+/// units whatever `sync_window_bytes` says (here 64 KiB), and at 256 KiB/s such a window is
+/// more than the minimum gives the three seconds the rate is taken over. Counting the coming
+/// window whole, the rate with it stayed above the minimum however long the walk waited, so
+/// the walk never went on while the writer wrote (a repair under sixteen writers that never
+/// ended). Each action here must end within a bound while the writer writes throughout.
+#[test]
+fn a_pass_with_windows_larger_than_the_minimum_allows_goes_on_under_writes() {
+    const BOUND: Duration = Duration::from_secs(40);
+    let m = sims(2, 3 << 20, 41);
+    make(Level::Raid1, None, &m, &[], 64 << 10);
+    let config = engine::ArrayConfig {
+        sync_window_bytes: 64 << 10,
+        ..simkit::config()
+    };
+    let a = Arc::new(simkit::reassemble_with(&m, config).expect("assemble"));
+    a.start_background();
+    let model = std::sync::Mutex::new(fill(&a, 42));
+    a.set_sync_speed(Some(256 << 10), Some(512 << 10));
+    for action in ["repair", "check"] {
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let took = std::thread::scope(|s| {
+            s.spawn(|| {
+                let mut rng = ChaCha8Rng::seed_from_u64(43);
+                let size = a.size_bytes();
+                // A write every millisecond: the array is busy (client I/O in the last 20 ms)
+                // for the whole pass, so only the minimum lets it go on.
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let off = rng.gen_range(0..size / 4096) * 4096;
+                    let data: Vec<u8> = (0..4096).map(|_| rng.gen()).collect();
+                    let mut model = model.lock().unwrap();
+                    a.write(off, &data, false).unwrap();
+                    model[off as usize..off as usize + 4096].copy_from_slice(&data);
+                    drop(model);
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            });
+            let started = std::time::Instant::now();
+            a.request_action(action).unwrap();
+            let ended = a.wait_sync_idle(BOUND);
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            ended.then(|| started.elapsed())
+        });
+        let st = a.sync_status();
+        assert!(
+            took.is_some(),
+            "{action} under writes still at {} of {} bytes after {BOUND:?}",
+            st.done_bytes,
+            st.total_bytes
+        );
+        eprintln!(
+            "{action} of {} bytes under writes: {took:?}",
+            st.total_bytes
+        );
+    }
+    assert_consistent(&a);
+    assert!(read_all(&a) == *model.lock().unwrap(), "data differs");
+    a.close().unwrap();
+}
+
 /// The speed limit holds from a walk's first window. With windows larger than the whole walk
 /// (so that nothing but the wait before the first can pace it), a check and a rebuild each
 /// take at least the time the limit gives the bytes they read and write; a walk that took its

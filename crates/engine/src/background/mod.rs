@@ -667,6 +667,21 @@ impl Walk {
 
     /// One window; `Ok(true)` once the walk reached its end.
     fn step(&mut self, array: &Parts, sync: &SyncControl) -> Result<bool, Stop> {
+        let from = self.pos;
+        let res = self.window(array, sync);
+        // A step that went on from where it started would come back to the same window for
+        // ever (and writers re-dirtying it would keep it busy): every step moves the walk on.
+        assert!(
+            !matches!(res, Ok(false)) || self.pos > from,
+            "{:?} walk stayed at byte {from} of {}",
+            self.action,
+            self.end
+        );
+        res
+    }
+
+    /// The work of one step: a window done, or skipped over.
+    fn window(&mut self, array: &Parts, sync: &SyncControl) -> Result<bool, Stop> {
         if self.pos >= self.end {
             return Ok(true);
         }
@@ -1057,6 +1072,10 @@ impl SyncControl {
     /// them. So the first window of a walk waits as long as the limit says its bytes take,
     /// instead of going out at once (a rate over no time yet would be zero) and only the
     /// second waiting.
+    ///
+    /// Every wait ends (unless told to stop): while it lasts no work is done, each reset of
+    /// the rate's time halves the work it remembers, and a window counts for no more than
+    /// fits within that time at the limit.
     pub(crate) fn pace(
         &self,
         array: &Parts,
@@ -1069,7 +1088,6 @@ impl SyncControl {
             let now = clock.now();
             let secs = now.saturating_sub(p.start).as_secs_f64().max(1e-3);
             let rate = (worked - p.worked_at_start) as f64 / secs;
-            let rate_after = rate + coming as f64 / secs;
             if now.saturating_sub(p.start) > RATE_WINDOW {
                 // The rate is of the recent past (md's sync marks), not since the start: after
                 // a long run at full speed, an average since the start would stay above `min`
@@ -1088,7 +1106,16 @@ impl SyncControl {
             if interrupt || frozen || array.is_failed() {
                 return Err(Stop::Interrupted);
             }
-            if rate_after > max as f64 || (rate_after > min as f64 && self.client_busy()) {
+            // The coming window counts for at most what the limit lets through in the part of
+            // the rate's time a reset keeps. A larger window (RAID1's 1 MiB units under a
+            // 256 KiB/s minimum) never fits the few seconds the rate is taken over: however
+            // long the walk waited, the rate with it counted stayed above the limit, and the
+            // walk never went on. Counted so, it starts once the past work has aged out.
+            let over = |limit: u64| {
+                let fits = (limit as f64 * (RATE_WINDOW / 2).as_secs_f64()) as u64;
+                rate + coming.min(fits) as f64 / secs > limit as f64
+            };
+            if over(max) || (over(min) && self.client_busy()) {
                 clock.sleep(Duration::from_millis(2));
                 continue;
             }
