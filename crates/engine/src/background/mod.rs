@@ -579,7 +579,8 @@ impl Walk {
     /// Where the next window ends: one sync window on, or, in a cluster, over the whole run of
     /// regions no node's used-region map has set from `pos` on (skipped in one step).
     fn window_end(&self, array: &Parts) -> u64 {
-        let normal = (self.pos + array.config.sync_window_bytes).min(self.end);
+        // The personality's window, whole units or stripes: the one its work covers.
+        let normal = (self.pos + array.personality.sync_window(array)).min(self.end);
         if matches!(self.job, Job::Recover(_)) && array.personality.recovery_maps_chunks() {
             // RAID10 rebuilds in member bytes; the maps are in array bytes.
             return normal;

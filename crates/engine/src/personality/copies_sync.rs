@@ -85,10 +85,13 @@ impl Copies {
         pos: u64,
         end: u64,
     ) -> Result<(u64, u64), Stop> {
-        let off = pos / self.recovery_unit() * self.recovery_unit();
-        let len = self.window_bytes(array).min(end - off);
-        let bad = self.scrub_mirror(array, off, len, Heal::of(action))?;
-        Ok((off + len, bad))
+        // From `pos`, not from the start of its unit: what lies before it is done, and in a
+        // cluster the other nodes keep their writes out of `pos..` only. Ending on a unit
+        // boundary, the window leaves the next one starting on one.
+        let unit = self.recovery_unit();
+        let to = (pos / unit * unit + self.window_bytes(array)).min(end);
+        let bad = self.scrub_mirror(array, pos, to - pos, Heal::of(action))?;
+        Ok((to, bad))
     }
 
     /// Copy `len` bytes of `role` at member byte `off` (array byte `at`) from another copy
