@@ -141,8 +141,10 @@ enum Cmd {
         /// Rebuild/resync/check rate never exceeded, per second (default 200000K).
         #[arg(long, value_parser = size_arg)]
         speed_max: Option<u64>,
-        /// Bytes of each member one background window (rebuild, resync, check) covers: the
-        /// extent a cluster locks on every node at a time (default 2M).
+        /// Bytes of each member one background window (rebuild, resync, check/repair) covers,
+        /// on every level in whole stripes, RAID1 MiBs or RAID10 chunks (RAID10's resync and
+        /// check: bytes of the array): the extent a cluster locks on every node at a time
+        /// (default 2M).
         #[arg(long, value_parser = size_arg)]
         sync_window: Option<u64>,
         /// Start what md would refuse to start, saying what it risks: a dirty, degraded

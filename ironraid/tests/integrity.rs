@@ -490,8 +490,9 @@ fn damage_while_a_resync_is_owed(
     if !require_tools(&["qemu-io"]) {
         return;
     }
-    // 12 MiB: more than the first resync window (2 MiB per member, taken at once whatever the
-    // rate limit), all of it used so that the resync may not skip to the damage.
+    // 12 MiB: more than the first resync window (2 MiB per member; at the 1K/s limit below it
+    // waits half an hour before it starts), all of it used so that the resync may not skip to
+    // the damage.
     let pages = 12 * MIB / PAGE;
     let mut answers = Vec::new();
     for clean in [true, false] {

@@ -143,6 +143,149 @@ fn spare_rebuilds_while_clients_write() {
     }
 }
 
+/// A pass whose windows are larger than the guaranteed minimum lets through in the rate's
+/// window of time still goes on while clients keep the array busy: RAID1 works in whole 1 MiB
+/// units whatever `sync_window_bytes` says (here 64 KiB), and at 256 KiB/s such a window is
+/// more than the minimum gives the three seconds the rate is taken over. Counting the coming
+/// window whole, the rate with it stayed above the minimum however long the walk waited, so
+/// the walk never went on while the writer wrote (a repair under sixteen writers that never
+/// ended). Each action here must end within a bound while the writer writes throughout.
+#[test]
+fn a_pass_with_windows_larger_than_the_minimum_allows_goes_on_under_writes() {
+    const BOUND: Duration = Duration::from_secs(40);
+    let m = sims(2, 3 << 20, 41);
+    make(Level::Raid1, None, &m, &[], 64 << 10);
+    let config = engine::ArrayConfig {
+        sync_window_bytes: 64 << 10,
+        ..simkit::config()
+    };
+    let a = Arc::new(simkit::reassemble_with(&m, config).expect("assemble"));
+    a.start_background();
+    let model = std::sync::Mutex::new(fill(&a, 42));
+    a.set_sync_speed(Some(256 << 10), Some(512 << 10));
+    for action in ["repair", "check"] {
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let took = std::thread::scope(|s| {
+            s.spawn(|| {
+                let mut rng = ChaCha8Rng::seed_from_u64(43);
+                let size = a.size_bytes();
+                // A write every millisecond: the array is busy (client I/O in the last 20 ms)
+                // for the whole pass, so only the minimum lets it go on.
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let off = rng.gen_range(0..size / 4096) * 4096;
+                    let data: Vec<u8> = (0..4096).map(|_| rng.gen()).collect();
+                    let mut model = model.lock().unwrap();
+                    a.write(off, &data, false).unwrap();
+                    model[off as usize..off as usize + 4096].copy_from_slice(&data);
+                    drop(model);
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            });
+            let started = std::time::Instant::now();
+            a.request_action(action).unwrap();
+            let ended = a.wait_sync_idle(BOUND);
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            ended.then(|| started.elapsed())
+        });
+        let st = a.sync_status();
+        assert!(
+            took.is_some(),
+            "{action} under writes still at {} of {} bytes after {BOUND:?}",
+            st.done_bytes,
+            st.total_bytes
+        );
+        eprintln!(
+            "{action} of {} bytes under writes: {took:?}",
+            st.total_bytes
+        );
+    }
+    assert_consistent(&a);
+    assert!(read_all(&a) == *model.lock().unwrap(), "data differs");
+    a.close().unwrap();
+}
+
+/// The speed limit holds from a walk's first window. With windows larger than the whole walk
+/// (so that nothing but the wait before the first can pace it), a check and a rebuild each
+/// take at least the time the limit gives the bytes they read and write; a walk that took its
+/// first window at full speed finishes in milliseconds. Every level, copies ones included:
+/// they size their windows from the same setting.
+#[test]
+fn the_speed_limit_holds_from_the_first_window() {
+    const MAX: u64 = 4 << 20;
+    for (level, n) in [(Level::Raid5, 3), (Level::Raid1, 2), (Level::Raid10, 4)] {
+        let m = sims(n, 4 << 20, 21);
+        let spare = named("spare", 1, 4 << 20, 22);
+        make(level, None, &m, &spare, 64 << 10);
+        let all: Vec<_> = m.iter().chain(&spare).cloned().collect();
+        let config = engine::ArrayConfig {
+            sync_window_bytes: 16 << 20,
+            ..simkit::config()
+        };
+        let a = Arc::new(simkit::reassemble_with(&all, config).expect("assemble"));
+        a.set_sync_speed(None, Some(MAX));
+        a.start_background();
+        fill(&a, 23);
+        for action in ["check", "rebuild"] {
+            match action {
+                "check" => a.request_action("check").unwrap(),
+                _ => a.fail_member("sim1").unwrap(),
+            }
+            assert!(
+                a.wait_sync_idle(Duration::from_secs(60)),
+                "{level:?} {action}"
+            );
+            let st = a.sync_status();
+            let took = Duration::from_micros(st.last_duration_us);
+            let limit = Duration::from_secs_f64(st.total_bytes as f64 / MAX as f64);
+            assert!(
+                took >= limit,
+                "{level:?} {action}: {} bytes in {took:?}, the limit says at least {limit:?}",
+                st.total_bytes
+            );
+        }
+        assert!(a.status().missing_roles.is_empty());
+        a.close().unwrap();
+    }
+}
+
+/// `sync_window_bytes` sizes one window of background work on every level: a check and a
+/// rebuild take as many windows as the setting divides their walk into (the copies levels
+/// once went 1 MiB or one chunk at a time, whatever the setting).
+#[test]
+fn every_level_sizes_its_windows_from_the_setting() {
+    const WINDOW: u64 = 2 << 20;
+    for (level, n) in [(Level::Raid5, 3), (Level::Raid1, 2), (Level::Raid10, 4)] {
+        let m = sims(n, 8 << 20, 31);
+        let spare = named("spare", 1, 8 << 20, 32);
+        make(level, None, &m, &spare, 64 << 10);
+        let all: Vec<_> = m.iter().chain(&spare).cloned().collect();
+        let config = engine::ArrayConfig {
+            sync_window_bytes: WINDOW,
+            ..simkit::config()
+        };
+        let a = simkit::reassemble_with(&all, config).expect("assemble");
+        fill(&a, 33);
+        for action in ["check", "rebuild"] {
+            match action {
+                "check" => a.request_action("check").unwrap(),
+                _ => a.fail_member("sim1").unwrap(),
+            }
+            let mut windows = 0;
+            while a.sync_step() != engine::SyncAction::Idle {
+                windows += 1;
+            }
+            let total = a.sync_status().total_bytes;
+            assert_eq!(
+                windows,
+                total.div_ceil(WINDOW),
+                "{level:?} {action}: {total} bytes in {windows} windows of {WINDOW}"
+            );
+        }
+        assert!(a.status().missing_roles.is_empty());
+        a.close().unwrap();
+    }
+}
+
 /// Byte at which the next `rebuild_started` event says the rebuild starts, and the total:
 /// its message reads "recover started at byte N of T".
 fn rebuild_start(events: &std::sync::mpsc::Receiver<engine::Event>) -> (u64, u64) {

@@ -546,6 +546,9 @@ pub(crate) struct Walk {
     /// what the rate limits count, as md counts only sync I/O.
     worked: u64,
     pace: Pace,
+    /// Windows wait for the rate limits (the background thread's walk; the simulation's
+    /// `sync_step` runs each window when asked).
+    paced: bool,
     member: Option<String>,
 }
 
@@ -576,7 +579,8 @@ impl Walk {
     /// Where the next window ends: one sync window on, or, in a cluster, over the whole run of
     /// regions no node's used-region map has set from `pos` on (skipped in one step).
     fn window_end(&self, array: &Parts) -> u64 {
-        let normal = (self.pos + array.config.sync_window_bytes).min(self.end);
+        // The personality's window, whole units or stripes: the one its work covers.
+        let normal = (self.pos + array.personality.sync_window(array)).min(self.end);
         if matches!(self.job, Job::Recover(_)) && array.personality.recovery_maps_chunks() {
             // RAID10 rebuilds in member bytes; the maps are in array bytes.
             return normal;
@@ -586,9 +590,24 @@ impl Walk {
         normal.max(unused_to)
     }
 
+    /// Wait until the rate limits let a window of up to `coming` bytes of real work start.
+    fn charge(&mut self, array: &Parts, sync: &SyncControl, coming: u64) -> Result<(), Stop> {
+        if !self.paced {
+            return Ok(());
+        }
+        let coming = coming.min(array.personality.sync_window(array));
+        sync.pace(array, &mut self.pace, self.pos, (self.worked, coming))
+    }
+
     /// One recovery window of `role`, skipping (unused regions up to `limit`, clean chunks)
     /// where it can: where the next starts, and whether it copied.
-    fn recover_step(&self, array: &Parts, role: usize, limit: u64) -> Result<(u64, bool), Stop> {
+    fn recover_step(
+        &mut self,
+        array: &Parts,
+        sync: &SyncControl,
+        role: usize,
+        limit: u64,
+    ) -> Result<(u64, bool), Stop> {
         if let Some(res) = rebuild::skip_unused_for_recovery(array, role, self.pos, limit) {
             return Ok((res?, false));
         }
@@ -596,11 +615,12 @@ impl Walk {
             return Ok((next, false));
         }
         // Up to the end of the used run: what follows is skipped, not copied. (RAID10
-        // rebuilds in member bytes; its map is in array bytes.)
+        // rebuilds in member bytes, its map is in array bytes: chunk by chunk.)
         let stop = match array.personality.recovery_maps_chunks() {
-            true => self.end,
+            true => rebuild::raid10_copy_end(array, role, self.pos, limit),
             false => used::used_within(array.used.as_deref(), self.pos..self.end).end,
         };
+        self.charge(array, sync, stop - self.pos)?;
         let next = array
             .personality
             .recover_window(array, role, self.pos, stop)?;
@@ -610,7 +630,7 @@ impl Walk {
     /// Announce the next window to the cluster's other nodes: the bound of this step's work
     /// and skipping (the walk's end outside a cluster); None if the step was only a move to
     /// the next chunk a resync needs.
-    fn open_window(&mut self, array: &Parts) -> Result<Option<u64>, Stop> {
+    fn open_window(&mut self, array: &Parts, sync: &SyncControl) -> Result<Option<u64>, Stop> {
         // Other nodes hold only the announced window: all of a step's work and skipping stays
         // inside it. Clean chunks need no window to be passed over, so a resync moves to the
         // next one first (a window announced at `pos` would not cover it).
@@ -623,6 +643,12 @@ impl Walk {
             }
         }
         let hi = self.window_end(array);
+        if shared {
+            // Other nodes keep their writes out of an announced window: the rate limits'
+            // wait comes before it (counting the whole window; the wait for the work found
+            // in it then passes at once).
+            self.charge(array, sync, hi - self.pos)?;
+        }
         self.announce_window(array, hi)?;
         if !shared {
             return Ok(Some(self.end));
@@ -642,6 +668,21 @@ impl Walk {
 
     /// One window; `Ok(true)` once the walk reached its end.
     fn step(&mut self, array: &Parts, sync: &SyncControl) -> Result<bool, Stop> {
+        let from = self.pos;
+        let res = self.window(array, sync);
+        // A step that went on from where it started would come back to the same window for
+        // ever (and writers re-dirtying it would keep it busy): every step moves the walk on.
+        assert!(
+            !matches!(res, Ok(false)) || self.pos > from,
+            "{:?} walk stayed at byte {from} of {}",
+            self.action,
+            self.end
+        );
+        res
+    }
+
+    /// The work of one step: a window done, or skipped over.
+    fn window(&mut self, array: &Parts, sync: &SyncControl) -> Result<bool, Stop> {
         if self.pos >= self.end {
             return Ok(true);
         }
@@ -660,14 +701,14 @@ impl Walk {
             // resumes after the rebuild.
             return Err(Stop::Interrupted);
         }
-        let Some(limit) = self.open_window(array)? else {
+        let Some(limit) = self.open_window(array, sync)? else {
             return Ok(self.pos >= self.end);
         };
         // Where the real work of this step starts (None: the step only skips).
         let work_from;
         let next = match self.job {
             Job::Recover(role) => {
-                let (next, worked) = self.recover_step(array, role, limit)?;
+                let (next, worked) = self.recover_step(array, sync, role, limit)?;
                 work_from = worked.then_some(self.pos);
                 next
             }
@@ -686,6 +727,7 @@ impl Walk {
                     return Ok(self.pos >= self.end);
                 }
                 work_from = Some(work.start);
+                self.charge(array, sync, work.end - work.start)?;
                 let next = sync.scrub_step(array, SyncAction::Resync, work.start, work.end)?;
                 array.policy.resynced(todo.start, next.min(self.end));
                 next
@@ -697,6 +739,7 @@ impl Walk {
                     return Ok(self.pos >= self.end);
                 }
                 work_from = Some(work.start);
+                self.charge(array, sync, work.end - work.start)?;
                 sync.scrub_step(array, a, work.start, work.end)?
             }
         };
@@ -781,6 +824,7 @@ impl SyncControl {
                 worked_at_start: 0,
                 last_checkpoint: now,
             },
+            paced: false,
             member: match job {
                 Job::Recover(role) => array.members.slots[role]
                     .member()
@@ -792,8 +836,9 @@ impl SyncControl {
 
     fn run_walk(&self, array: &Parts, mut walk: Walk) {
         self.announce(array, &walk);
+        walk.paced = true;
         let res = loop {
-            if let Err(stop) = self.pace(array, &mut walk.pace, walk.pos, walk.worked) {
+            if let Err(stop) = self.pace(array, &mut walk.pace, walk.pos, (walk.worked, 0)) {
                 break Err(stop);
             }
             match walk.step(array, self) {
@@ -1021,13 +1066,23 @@ impl SyncControl {
 
     /// Pause as md's speed limits ask; `Err` if told to stop.
     /// `done`: progress so far; `worked`: the bytes of it really read and written, which is
-    /// what the limits count.
+    /// what the limits count; `coming`: the most the next window reads and writes.
+    ///
+    /// The limits hold for the work as it will be once the coming window is done: a window
+    /// starts only when the rate over the walk's time so far, that window counted, is within
+    /// them. So the first window of a walk waits as long as the limit says its bytes take,
+    /// instead of going out at once (a rate over no time yet would be zero) and only the
+    /// second waiting.
+    ///
+    /// Every wait ends (unless told to stop): while it lasts no work is done, each reset of
+    /// the rate's time halves the work it remembers, and a window counts for no more than
+    /// fits within that time at the limit.
     pub(crate) fn pace(
         &self,
         array: &Parts,
         p: &mut Pace,
         done: u64,
-        worked: u64,
+        (worked, coming): (u64, u64),
     ) -> Result<(), Stop> {
         let clock = &self.clock;
         loop {
@@ -1052,7 +1107,16 @@ impl SyncControl {
             if interrupt || frozen || array.is_failed() {
                 return Err(Stop::Interrupted);
             }
-            if rate > max as f64 || (rate > min as f64 && self.client_busy()) {
+            // The coming window counts for at most what the limit lets through in the part of
+            // the rate's time a reset keeps. A larger window (RAID1's 1 MiB units under a
+            // 256 KiB/s minimum) never fits the few seconds the rate is taken over: however
+            // long the walk waited, the rate with it counted stayed above the limit, and the
+            // walk never went on. Counted so, it starts once the past work has aged out.
+            let over = |limit: u64| {
+                let fits = (limit as f64 * (RATE_WINDOW / 2).as_secs_f64()) as u64;
+                rate + coming.min(fits) as f64 / secs > limit as f64
+            };
+            if over(max) || (over(min) && self.client_busy()) {
                 clock.sleep(Duration::from_millis(2));
                 continue;
             }

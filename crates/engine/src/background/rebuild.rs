@@ -215,3 +215,33 @@ fn discard_on_rebuilding(
     }
     Ok(())
 }
+
+/// Where a RAID10 recovery window from member byte `pos` ends (not past `limit`): before the
+/// first later chunk the skips would pass over (unused, or clean on a member re-added with the
+/// bitmap). A window is several chunks, each mapping elsewhere in the array; the skips look
+/// only at the chunk a window starts at, so without this bound a window would copy chunks a
+/// skip discards (unused regions have no records to pass a verified read) or leaves as they are.
+pub(super) fn raid10_copy_end(array: &Parts, role: usize, pos: u64, limit: u64) -> u64 {
+    let unit = array.personality.recovery_unit();
+    let limit = limit.min(pos + array.personality.sync_window(array));
+    let from = (pos / unit + 1) * unit;
+    let bitmap = array
+        .policy
+        .bitmap()
+        .filter(|_| array.members.slots[role].is_bitmap_guided());
+    let idle = |at: u64, len: u64| {
+        let unused = array
+            .used
+            .as_ref()
+            .is_some_and(|u| u.next_used(at, at + len).start >= at + len);
+        unused || bitmap.is_some_and(|b| b.next_set(at, at + len) >= at + len)
+    };
+    let g = array.personality.geometry();
+    (from..limit)
+        .step_by(unit as usize)
+        .find(|&p| {
+            g.reverse_copy(role, p / 512)
+                .is_some_and(|at| idle(at * 512, unit.min(limit - p)))
+        })
+        .unwrap_or(limit)
+}

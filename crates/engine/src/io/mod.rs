@@ -289,10 +289,14 @@ impl IoPath {
         }
     }
 
-    /// Whether member I/O runs one operation at a time in a seeded order (the simulation):
-    /// background work then keeps to one thread as well, so that a seed replays one run.
-    pub fn is_deterministic(&self) -> bool {
-        matches!(self.executor, Executor::Deterministic(_))
+    /// The member-I/O threads, for background work to run its pieces on; None when member I/O
+    /// runs one operation at a time in a seeded order (the simulation): background work then
+    /// keeps to one thread as well, so that a seed replays one run.
+    pub(crate) fn pool(&self) -> Option<&pool::IoPool> {
+        match &self.executor {
+            Executor::Threads(pool) => Some(pool),
+            Executor::Deterministic(_) => None,
+        }
     }
 
     /// Small batch and members fast enough (recent small operations, averaged) that issuing

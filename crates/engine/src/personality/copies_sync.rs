@@ -8,7 +8,8 @@ use crate::lock::LockRange;
 use crate::personality::parts::Parts;
 use crate::personality::raid456_heal::Heal;
 use crate::personality::Copies;
-use crate::work::{in_pieces, Stop, PIECES_IN_FLIGHT};
+use crate::personality::Personality;
+use crate::work::{in_pieces, Stop, SyncAction, PIECES_IN_FLIGHT};
 
 /// Rebuilds record what they cannot recover in pages of this many bytes.
 const PAGE: u64 = crate::members::badblocks::BAD_PAGE;
@@ -16,39 +17,81 @@ const PAGE: u64 = crate::members::badblocks::BAD_PAGE;
 const MIN_PIECE: u64 = 64 << 10;
 
 impl Copies {
-    /// Copy `step` bytes of `role` at `pos` (per-member bytes) from another copy under the
-    /// region's lock; returns where the next step starts.
+    /// Bytes of one background window, in the walk's coordinates: `sync_window_bytes` in whole
+    /// recovery units (at least one), as the parity levels size theirs in whole stripes.
+    pub(crate) fn window_bytes(&self, array: &Parts) -> u64 {
+        let unit = self.recovery_unit();
+        (array.config.sync_window_bytes / unit).max(1) * unit
+    }
+
+    /// Copy one window of `role` from member byte `pos` (not past `end`) from the other copies
+    /// under the locks of the array bytes it holds; returns where the next window starts.
     pub(crate) fn recover_copies(
         &self,
         array: &Parts,
-        step: u64,
         role: usize,
         pos: u64,
         end: u64,
     ) -> Result<u64, Stop> {
-        let off = pos / step * step;
-        let len = step.min(end - off);
-        if let Some(array_sector) = self.g.reverse_copy(role, off / 512) {
-            let at = array_sector * 512;
-            let _guard = array.range_lock().lock(LockRange::Array { at, len });
-            // Pieces in flight: one piece's copy is read while another's is written.
-            let piece = (len / (2 * PIECES_IN_FLIGHT as u64))
-                .next_multiple_of(PAGE)
-                .max(MIN_PIECE);
-            let pieces: Vec<u64> = (0..len).step_by(piece as usize).collect();
-            let lost = in_pieces(
-                &pieces,
-                PIECES_IN_FLIGHT,
-                array.io.is_deterministic(),
-                |&d| self.recover_piece(array, role, at + d, off + d, piece.min(len - d)),
-            )?;
-            let lost: Vec<u64> = lost.into_iter().flatten().collect();
-            array.record_unrebuilt(role, &lost);
-            array.members.slots[role].advance(off + len);
-        } else {
-            array.members.slots[role].advance(off + len);
-        }
+        let off = pos / self.recovery_unit() * self.recovery_unit();
+        let len = self.window_bytes(array).min(end - off);
+        let spans = self.array_spans_of(role, off, len);
+        let ranges: Vec<(u64, u64)> = spans.iter().map(|&(_, at, n)| (at, n)).collect();
+        let _guard = (!ranges.is_empty()).then(|| array.range_lock().lock_array_ranges(&ranges));
+        // Pieces in flight: one piece's copy is read while another's is written.
+        let piece = (len / (2 * PIECES_IN_FLIGHT as u64))
+            .next_multiple_of(PAGE)
+            .max(MIN_PIECE);
+        let pieces: Vec<(u64, u64, u64)> = spans
+            .iter()
+            .flat_map(|&(m, at, n)| {
+                (0..n)
+                    .step_by(piece as usize)
+                    .map(move |d| (m + d, at + d, piece.min(n - d)))
+            })
+            .collect();
+        let lost = in_pieces(&pieces, PIECES_IN_FLIGHT, array.io.pool(), |&(m, at, n)| {
+            self.recover_piece(array, role, at, m, n)
+        })?;
+        let lost: Vec<u64> = lost.into_iter().flatten().collect();
+        array.record_unrebuilt(role, &lost);
+        array.members.slots[role].advance(off + len);
         Ok(off + len)
+    }
+
+    /// Member bytes `off..off + len` of `role` as `(member byte, array byte, len)` spans, one per
+    /// recovery unit at most: a RAID10 member's chunks are not adjacent in the array. Bytes
+    /// that hold no array data (past the array's end) are left out.
+    fn array_spans_of(&self, role: usize, off: u64, len: u64) -> Vec<(u64, u64, u64)> {
+        let unit = self.recovery_unit();
+        let mut spans = Vec::new();
+        let mut m = off;
+        while m < off + len {
+            let n = ((m / unit + 1) * unit).min(off + len) - m;
+            if let Some(s) = self.g.reverse_copy(role, m / 512) {
+                spans.push((m, s * 512, n));
+            }
+            m += n;
+        }
+        spans
+    }
+
+    /// One window of a resync, check or repair from sync coordinate `pos` (not past `end`):
+    /// the next position and the mismatched sectors.
+    pub(crate) fn scrub_copies(
+        &self,
+        array: &Parts,
+        action: SyncAction,
+        pos: u64,
+        end: u64,
+    ) -> Result<(u64, u64), Stop> {
+        // From `pos`, not from the start of its unit: what lies before it is done, and in a
+        // cluster the other nodes keep their writes out of `pos..` only. Ending on a unit
+        // boundary, the window leaves the next one starting on one.
+        let unit = self.recovery_unit();
+        let to = (pos / unit * unit + self.window_bytes(array)).min(end);
+        let bad = self.scrub_mirror(array, pos, to - pos, Heal::of(action))?;
+        Ok((to, bad))
     }
 
     /// Copy `len` bytes of `role` at member byte `off` (array byte `at`) from another copy

@@ -113,6 +113,13 @@ pub(crate) trait Personality: Send + Sync {
     /// bitmap skip rounds to).
     fn recovery_unit(&self) -> u64;
 
+    /// The most sync-coordinate bytes one background window covers: about
+    /// `ArrayConfig::sync_window_bytes` of each member (RAID10's resync and check: of the
+    /// array), what the walker charges against the rate limit before the window starts.
+    fn sync_window(&self, a: &Parts) -> u64 {
+        a.config.sync_window_bytes
+    }
+
     /// Where a recovery window over member bytes `at..at + len` of `role` is not in sync
     /// coordinates (RAID10): the array byte ranges `(at, len)` its chunks hold, in order.
     fn recovery_array_ranges(&self, role: usize, at: u64, len: u64) -> Option<Vec<(u64, u64)>> {
@@ -368,8 +375,12 @@ impl Personality for Copies {
         self.mirror_write(a, offset_bytes, data, fua)
     }
 
+    fn sync_window(&self, a: &Parts) -> u64 {
+        self.window_bytes(a)
+    }
+
     fn recover_window(&self, a: &Parts, role: usize, pos: u64, end: u64) -> Result<u64, Stop> {
-        self.recover_copies(a, self.recovery_unit(), role, pos, end)
+        self.recover_copies(a, role, pos, end)
     }
 
     fn scrub_window(
@@ -379,11 +390,7 @@ impl Personality for Copies {
         pos: u64,
         end: u64,
     ) -> Result<(u64, u64), Stop> {
-        let step = self.recovery_unit();
-        let off = pos / step * step;
-        let len = step.min(end - off);
-        let bad = self.scrub_mirror(a, off, len, raid456_heal::Heal::of(action))?;
-        Ok((off + len, bad))
+        self.scrub_copies(a, action, pos, end)
     }
 
     fn verify(&self, a: &Parts, ranges: &[(u64, u64)], fix: bool) -> Result<(u64, u64)> {
@@ -458,6 +465,10 @@ impl Personality for Parity {
         intent: Option<intent::WriteIntent>,
     ) -> Result<()> {
         self.parity_write(a, offset_bytes, data, fua, intent)
+    }
+
+    fn sync_window(&self, a: &Parts) -> u64 {
+        self.window_rows(a) * self.g.chunk_sectors() * 512
     }
 
     fn recover_window(&self, a: &Parts, role: usize, pos: u64, end: u64) -> Result<u64, Stop> {

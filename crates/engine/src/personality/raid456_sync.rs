@@ -171,7 +171,7 @@ impl Parity {
         let piece = REBUILD_PIECE_BYTES;
         let pieces: Vec<u64> = (r0 * chunk..r1 * chunk).step_by(piece as usize).collect();
         let at_once = self.pieces_at_once(piece);
-        let lost = in_pieces(&pieces, at_once, array.io.is_deterministic(), |&at| {
+        let lost = in_pieces(&pieces, at_once, array.io.pool(), |&at| {
             let end = (at + piece).min(r1 * chunk);
             let (bufs, gone) = self.read_rebuild_sources(array, at, end)?;
             array.write_rebuilt(role, at, &bufs[role])?;
@@ -327,7 +327,7 @@ impl Parity {
     ) -> Result<u64, Stop> {
         let chunk = self.g.chunk_sectors() * 512;
         let (pieces, at_once) = self.window_pieces(r0, r1);
-        let bad = in_pieces(&pieces, at_once, array.io.is_deterministic(), |&(a, b)| {
+        let bad = in_pieces(&pieces, at_once, array.io.pool(), |&(a, b)| {
             // Pages nothing can rebuild (recorded bad blocks) are passed, as a rebuild passes
             // them: neither counted nor rewritten (a parity write there would clear a record).
             let (bufs, lost) = match self.read_window(array, a, b, heal) {
