@@ -41,6 +41,7 @@ pub struct RunArgs {
     pub read_only: bool,
     pub buffered: bool,
     pub write_hold: Duration,
+    pub stream_hold: Duration,
     /// md's `sync_speed_min`/`sync_speed_max` in bytes per second (None: md's defaults).
     pub speed_min: Option<u64>,
     pub speed_max: Option<u64>,
@@ -136,6 +137,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     let config = ArrayConfig {
         read_only: args.read_only,
         write_hold: args.write_hold,
+        stream_hold: args.stream_hold,
         guide_timeout: args.guide_timeout,
         integrity_cache_bytes: args.integrity_cache_bytes,
         stripe_cache_bytes: args.stripe_cache_bytes,

@@ -130,6 +130,10 @@ enum Cmd {
         /// never waits).
         #[arg(long, default_value_t = 2000)]
         write_hold_us: u64,
+        /// The same bound for a stripe that already holds a whole chunk (a sequential stream's
+        /// writes: waiting for the rest spares reading it). 0: never waits.
+        #[arg(long, default_value_t = 50_000)]
+        stream_hold_us: u64,
         /// Client data held in stripes at most, waiting to be written with its parity (md's
         /// stripe_cache_size; a write-back journal keeps up to half of it cached, and free
         /// stripe buffers are kept up to as much again). At least 1M.
@@ -534,6 +538,7 @@ fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
             read_only,
             no_direct,
             write_hold_us,
+            stream_hold_us,
             stripe_cache,
             speed_min,
             speed_max,
@@ -595,6 +600,7 @@ fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
                 read_only,
                 buffered: no_direct,
                 write_hold: Duration::from_micros(write_hold_us),
+                stream_hold: Duration::from_micros(stream_hold_us),
                 speed_min,
                 speed_max,
                 sync_window,
@@ -965,6 +971,7 @@ fn demo(dir: Option<PathBuf>) -> anyhow::Result<()> {
         read_only: false,
         buffered: false,
         write_hold: Duration::from_micros(2000),
+        stream_hold: engine::ArrayConfig::default().stream_hold,
         speed_min: None,
         speed_max: None,
         sync_window: None,

@@ -206,6 +206,7 @@ fn concurrent_writes_to_one_stripe_share_one_parity_update() {
     const WRITERS: u64 = 4;
     let config = engine::ArrayConfig {
         write_hold: std::time::Duration::from_secs(2),
+        stream_hold: std::time::Duration::from_secs(2),
         ..simkit::config()
     };
     let (sims, probes, array, data_offset) = probed_raid5(5, CHUNK, 16 << 20, false, config);
@@ -470,11 +471,18 @@ struct HeldRow {
 
 impl HeldRow {
     fn new(row: u64) -> HeldRow {
+        HeldRow::with(
+            row,
+            engine::ArrayConfig {
+                write_hold: LONG_HOLD,
+                stream_hold: LONG_HOLD,
+                ..simkit::config()
+            },
+        )
+    }
+
+    fn with(row: u64, config: engine::ArrayConfig) -> HeldRow {
         const CHUNK: u64 = 64 << 10;
-        let config = engine::ArrayConfig {
-            write_hold: LONG_HOLD,
-            ..simkit::config()
-        };
         let (sims, probes, array, data_offset) = probed_raid5(4, CHUNK, 16 << 20, false, config);
         let array = Arc::new(array);
         let stripe_bytes = 3 * CHUNK;
@@ -575,6 +583,48 @@ fn a_write_announced_while_the_leader_waits_joins_the_batch() {
     array.read(base, &mut back).unwrap();
     for (i, piece) in back.chunks(4096).enumerate() {
         assert!(piece.iter().all(|&b| b == i as u8 + 1), "piece {i}");
+    }
+}
+
+/// A stripe that holds a whole chunk (a stream's) waits for its announced writers up to the
+/// stream hold, one of small pieces only up to the write hold: a stream's rest is worth waiting
+/// for (it spares reading it), a random neighbour's is not.
+#[test]
+fn a_stripe_holding_a_whole_chunk_waits_longer_for_its_announced_writers() {
+    const SHORT: std::time::Duration = std::time::Duration::from_millis(20);
+    let config = engine::ArrayConfig {
+        write_hold: SHORT,
+        stream_hold: LONG_HOLD,
+        ..simkit::config()
+    };
+    for (row, first_len, waits) in [(2u64, 64usize << 10, true), (3, 4096, false)] {
+        let r = HeldRow::with(row, config.clone());
+        let (array, base) = (&r.array, r.base);
+        let started = std::time::Instant::now();
+        std::thread::scope(|s| {
+            let intent = array.intend_write(base + (64 << 10), 4096);
+            let a = array.clone();
+            let leader = s.spawn(move || a.write(base, &vec![1; first_len], false).unwrap());
+            std::thread::sleep(SHORT * 10);
+            assert_eq!(
+                !leader.is_finished(),
+                waits,
+                "a stripe holding {first_len} bytes: the leader {} past the write hold",
+                if waits { "went" } else { "still waited" }
+            );
+            array.write_intended(intent, &[2; 4096], false).unwrap();
+            leader.join().unwrap();
+        });
+        assert!(
+            started.elapsed() < LONG_HOLD / 2,
+            "the leader waited for the stream hold"
+        );
+        let p_writes = r.p_writes();
+        assert_eq!(
+            p_writes,
+            if waits { 1 } else { 2 },
+            "P written {p_writes} times (first write of {first_len} bytes)"
+        );
     }
 }
 

@@ -18,11 +18,12 @@ pub fn devs(sims: &[Arc<SimDevice>]) -> Vec<Arc<dyn Device>> {
     sims.iter().map(|s| s.clone() as Arc<dyn Device>).collect()
 }
 
-/// The tests' array config: four I/O threads and a short write hold.
+/// The tests' array config: four I/O threads and short write holds.
 pub fn config() -> ArrayConfig {
     ArrayConfig {
         io_threads: 4,
         write_hold: std::time::Duration::from_micros(200),
+        stream_hold: std::time::Duration::from_millis(2),
         ..ArrayConfig::default()
     }
 }

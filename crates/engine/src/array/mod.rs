@@ -45,6 +45,12 @@ pub struct ArrayConfig {
     /// stripe (there is no timer otherwise: it goes as soon as they have; see `stripe_cache`).
     /// Zero: it never waits. FUA, a full stripe and a flush cut the wait short.
     pub write_hold: Duration,
+    /// The same bound for a stripe that already holds a whole chunk (a sequential stream's
+    /// writes, typically): waiting for the rest then saves reading it, and the writers on their
+    /// way may be slow to arrive on a loaded host (16 streams on 2 cores took longer than
+    /// `write_hold`, and most of their stripes were written in pieces, each piece reading).
+    /// Stripes of small pieces (random writes) keep the short bound: merging them saves little.
+    pub stream_hold: Duration,
     /// Upper bound on client data held in the stripe cache at once.
     pub stripe_cache_bytes: usize,
     /// Threads that issue member I/O in parallel.
@@ -79,6 +85,7 @@ impl Default for ArrayConfig {
     fn default() -> Self {
         ArrayConfig {
             write_hold: Duration::from_micros(2000),
+            stream_hold: Duration::from_micros(50_000),
             stripe_cache_bytes: 64 << 20,
             // As many as cores: the caller runs operations too (`io/pool.rs`), and more threads
             // than cores only add switches for memory-speed members.

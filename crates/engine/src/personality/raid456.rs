@@ -463,8 +463,20 @@ impl Parity {
     pub(crate) fn lead_batch(&self, array: &Parts, row: u64, r: &Row) {
         let m = self.g.data_disks();
         let st = r.claim(r.st.lock());
-        let deadline = array.clock.deadline(array.config.write_hold);
-        let mut st = r.gather(st, deadline, |p| covers_all(p, m));
+        let chunk = self.chunk_bytes();
+        let deadlines = (
+            array.clock.deadline(array.config.write_hold),
+            array.clock.deadline(array.config.stream_hold),
+        );
+        let mut st = r.gather(
+            st,
+            deadlines,
+            |p| covers_all(p, m),
+            |p| {
+                p.iter()
+                    .any(|p| p.offset == 0 && p.data.len() as u64 == chunk)
+            },
+        );
         assert!(
             st.leader,
             "row {row}: leader lost its role before taking the batch"

@@ -275,12 +275,14 @@ impl Row {
     /// one before is placed (the NBD server reads its header ahead), and waiting only for the
     /// writers announced at the start wrote most rows in two batches, reading what the first
     /// left out. A stream that keeps coming holds a batch until the row is full or the
-    /// deadline, no longer.
+    /// deadline, no longer. `deadlines`: for a row of small pieces, and for one holding a whole
+    /// chunk (`whole`: a stream's, whose rest is worth waiting longer for).
     pub fn gather<'a>(
         &'a self,
         mut st: MutexGuard<'a, RowState>,
-        deadline: Instant,
+        deadlines: (Instant, Instant),
         full: impl Fn(&[Piece]) -> bool,
+        whole: impl Fn(&[Piece]) -> bool,
     ) -> MutexGuard<'a, RowState> {
         assert!(st.busy, "gathering into a row that is not claimed");
         while st.arriving > 0
@@ -288,6 +290,11 @@ impl Row {
             && !st.pending.iter().any(|p| p.fua)
             && !full(&st.pending)
         {
+            let deadline = if whole(&st.pending) {
+                deadlines.1
+            } else {
+                deadlines.0
+            };
             if self.cv.wait_until(&mut st, deadline).timed_out() {
                 break;
             }
