@@ -464,9 +464,11 @@ impl Parity {
         let m = self.g.data_disks();
         let st = r.claim(r.st.lock());
         let chunk = self.chunk_bytes();
+        // One clock read for both bounds: this runs for every batch.
+        let now = array.clock.deadline(std::time::Duration::ZERO);
         let deadlines = (
-            array.clock.deadline(array.config.write_hold),
-            array.clock.deadline(array.config.stream_hold),
+            now + array.config.write_hold,
+            now + array.config.stream_hold,
         );
         let mut st = r.gather(
             st,
