@@ -315,6 +315,35 @@ mod tests {
         assert!(b.peak() <= 100);
     }
 
+    /// The releasing thread takes the bytes for the head waiter: they are counted before the
+    /// waiter has even run, and nobody else is woken to look.
+    #[test]
+    fn a_release_hands_the_bytes_to_the_head_waiter() {
+        let b = Budget::new(100);
+        let held = b.acquire(50);
+        let (b2, b3) = (b.clone(), b.clone());
+        let (go, hold) = std::sync::mpsc::channel::<()>();
+        let head = std::thread::spawn(move || {
+            let g = b2.acquire(60);
+            hold.recv().unwrap();
+            g.bytes
+        });
+        while b.waiters() < 1 {
+            std::thread::yield_now();
+        }
+        let behind = std::thread::spawn(move || b3.acquire(60).bytes);
+        while b.waiters() < 2 {
+            std::thread::yield_now();
+        }
+        drop(held);
+        assert_eq!(b.in_use(), 60, "the head's grant is taken at the release");
+        assert_eq!(b.waiters(), 1, "the one behind still waits");
+        go.send(()).unwrap();
+        assert_eq!(head.join().unwrap(), 60);
+        assert_eq!(behind.join().unwrap(), 60);
+        assert_eq!(b.in_use(), 0);
+    }
+
     #[test]
     fn many_threads_never_overdraw() {
         let b = Budget::new(1000);
