@@ -101,5 +101,6 @@ pub use backend::{errno_for, Backend, BlockSizes, Export, GatheredWrite, WriteHi
 pub use budget::{DEFAULT_MAX_INFLIGHT_BYTES, DEFAULT_MAX_INFLIGHT_BYTES_PER_CONN};
 pub use limits::Limits;
 pub use server::Server;
+pub use stream::widen_unix_send_buffer;
 pub use threads::DEFAULT_SHUTDOWN_BACKEND_TIMEOUT;
 pub use tls::{read_certs, read_key, TlsConfig};

@@ -69,9 +69,18 @@ impl Write for Stream {
     }
 }
 
-/// Send buffer asked for on Unix sockets: a 1 MiB reply and its header fit, with the
+/// Send buffer asked for on Unix sockets: a 1 MiB message and its header fit, with the
 /// kernel's per-packet overhead (it doubles what is asked to allow for that).
 const UNIX_SEND_BUFFER: usize = 1 << 20;
+
+/// Make room in a Unix socket's send buffer for a whole large message. A message larger than
+/// the buffer (Linux: 208 KiB by default) goes out in pieces, the sender sleeping until the
+/// peer drains each: a 1 MiB READ reply, or a member client's several queued 256 KiB writes,
+/// cost several sleeps and wake-ups. Best effort: the kernel caps the size at
+/// `net.core.wmem_max`. (TCP sizes its buffers itself; setting them would stop that.)
+pub fn widen_unix_send_buffer(s: &std::os::unix::net::UnixStream) {
+    let _ = socket2::SockRef::from(s).set_send_buffer_size(UNIX_SEND_BUFFER);
+}
 
 /// A tokio socket that can leave the reactor for blocking I/O.
 pub(crate) trait IntoBlocking {
@@ -91,12 +100,7 @@ impl IntoBlocking for tokio::net::UnixStream {
     fn into_blocking(self) -> io::Result<Stream> {
         let s = self.into_std()?;
         s.set_nonblocking(false)?;
-        // A reply larger than the send buffer (Linux: 208 KiB by default) is written in
-        // pieces, each waiting for the client to drain the last: a 1 MiB READ reply costs
-        // the replying thread several sleeps and wake-ups. Room for a whole large reply
-        // makes it one write. (TCP sizes its buffers itself; setting them would stop that.)
-        // Best effort: the kernel caps the size at `net.core.wmem_max`.
-        let _ = socket2::SockRef::from(&s).set_send_buffer_size(UNIX_SEND_BUFFER);
+        widen_unix_send_buffer(&s);
         Ok(Stream::Unix(s))
     }
 }

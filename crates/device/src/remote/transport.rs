@@ -11,10 +11,6 @@ use std::net::{Shutdown, TcpStream, ToSocketAddrs};
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
-/// Send buffer asked for on Unix sockets: four of the largest requests sent, with the
-/// kernel's per-packet overhead (it doubles what is asked to allow for that).
-const UNIX_SEND_BUFFER: usize = 1 << 20;
-
 /// A connected socket.
 pub enum Sock {
     Unix(UnixStream),
@@ -32,11 +28,8 @@ impl Sock {
         let s = match transport {
             Transport::Unix { socket } => {
                 let s = UnixStream::connect(socket)?;
-                // Requests sent faster than the server reads them queue in our send buffer
-                // (Linux: 208 KiB by default, less than one 256 KiB write): a bigger one lets
-                // several writes go out in one go instead of a sleep per piece. Best effort:
-                // the kernel caps it at `net.core.wmem_max`. (TCP sizes its buffers itself.)
-                let _ = socket2::SockRef::from(&s).set_send_buffer_size(UNIX_SEND_BUFFER);
+                // Queued writes go out whole, as the server's replies do.
+                nbd::widen_unix_send_buffer(&s);
                 Sock::Unix(s)
             }
             Transport::Tcp { host, port } => {
