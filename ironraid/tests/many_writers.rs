@@ -535,7 +535,8 @@ fn writes_across_the_front(env: &Env, before: &[u8], hot_per_member: u64) -> Wri
     w
 }
 
-/// `repair` running (held to 512 KiB/s in 64 KiB windows) while the sixteen writers write
+/// `repair` running (held to 128–256 KiB/s in 64 KiB windows: several writer rounds inside
+/// the hot rows even on a loaded host) while the sixteen writers write
 /// across its front: a scrub that rewrote parity (or a mirror copy) from what it read before a
 /// write landed would leave stale redundancy, which `check` and the reads with members failed
 /// would find.
@@ -548,7 +549,7 @@ fn repaired_under_writes(level: &str, members: usize, extra: &[&str]) {
     let d = env.run_with(&["--sync-window", "64K"], &env.members);
     let hot = ROWS * data_members * CHUNK;
     let before = write_all_concurrently(&env.socket(), &env.name, hot);
-    env.ok(&["speed", &env.name, "--min", "256K", "--max", "512K"]);
+    env.ok(&["speed", &env.name, "--min", "128K", "--max", "256K"]);
     env.ok(&["action", &env.name, "repair"]);
     let per_member = if level == "1" {
         hot
