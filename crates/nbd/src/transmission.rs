@@ -8,8 +8,10 @@
 //! request in flight, no bytes buffered) and the backend has been answering
 //! fast — run it while keeping the read side;
 //! the thread that ran a request writes its reply itself, whole, under the
-//! write lock (replies never interleave). So a request costs no thread
-//! hand-off at queue depth 1, and at most one lock hand-off otherwise.
+//! write lock (replies never interleave), or, when another thread holds that
+//! lock and the reply is small, leaves a copy of it to that thread (`reply`).
+//! So a request costs no thread hand-off at queue depth 1, and a small reply
+//! never waits for the lock.
 //! For a backend that gathers writes, a WRITE is read together with the
 //! sequential WRITEs right behind it that are buffered whole, and the run goes
 //! to the backend in one call, its replies in one socket write (`gather`); a
@@ -29,8 +31,10 @@
 //!   `budget`) is taken by the thread holding the read side before the
 //!   payload buffer exists, so when a limit is reached nobody reads the
 //!   socket (back-pressure);
-//! - a reply is written only after the backend call returned, so a later
-//!   FLUSH always covers every write whose reply was already sent;
+//! - a reply is written (or queued for the thread writing) only after the
+//!   backend call returned, so a later FLUSH always covers every write whose
+//!   reply was already sent; a queued reply is written by a thread that holds
+//!   the connection, before that thread lets it go;
 //! - on DISC, shutdown, a protocol violation or EOF the reading stops, every
 //!   request already read still completes and its reply is written, then the
 //!   connection is closed. Shutdown wakes a thread blocked in `recv` with
@@ -44,7 +48,7 @@
 use std::io::{self, BufRead, BufReader, IoSlice, Read, Write};
 use std::net::Shutdown;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::time::Instant;
 
 use tokio::sync::{mpsc, watch};
@@ -69,6 +73,10 @@ const READ_BUF: usize = 64 * 1024;
 
 /// Requests up to this many payload bytes may run on the reading thread.
 const INLINE_MAX_LEN: u32 = 128 * 1024;
+
+/// Replies up to this size (header and data) are queued rather than waited for when the write
+/// lock is taken: copying 4 KiB costs far less than a sleep and a wake-up.
+const QUEUED_REPLY_MAX: usize = 4096 + 64;
 
 /// A request runs on the reading thread (no hand-off) only when nothing else
 /// is pending and the previous request took less than this long in the
@@ -122,6 +130,9 @@ struct Conn {
     ctx: Ctx,
     rd: Mutex<ReadSide>,
     wr: Mutex<Stream>,
+    /// Small replies left by threads that found `wr` taken, whole and back to back, for the
+    /// thread holding it (see `reply`).
+    queued: Mutex<Vec<u8>>,
     /// A handle for `shutdown(2)` from outside the threads.
     ctl: Stream,
     /// Shutdown requested or the socket failed: read nothing more.
@@ -197,6 +208,7 @@ pub(crate) async fn serve(
             announced: None,
         }),
         wr: Mutex::new(wr),
+        queued: Mutex::new(Vec::new()),
         ctl,
         stop: AtomicBool::new(false),
         inflight: AtomicUsize::new(0),
@@ -481,19 +493,63 @@ impl Conn {
     }
 
     /// Writes one whole reply; on failure the connection is torn down.
+    ///
+    /// Why a queue: with many small requests in flight, threads finishing at once used to wait
+    /// for the write lock in turn, each wait a sleep and a wake-up, and each reply its own
+    /// `writev` waking the client. A small reply that finds the lock taken is copied to
+    /// `queued` instead, and the holder writes it with its own before letting go. No reply is
+    /// stranded: the queuer tries the lock again after queueing, and a holder looks at the
+    /// queue again after unlocking, so whichever comes last sees the other's part.
     fn reply(&self, head: &[u8], data: Option<&[u8]>) -> bool {
-        let r = {
-            let mut w = lock(&self.wr);
-            write_all2(&mut w, head, data.unwrap_or(&[]))
+        let data = data.unwrap_or(&[]);
+        let w = if head.len() + data.len() <= QUEUED_REPLY_MAX {
+            match self.wr.try_lock() {
+                Ok(w) => w,
+                Err(TryLockError::Poisoned(e)) => e.into_inner(),
+                Err(TryLockError::WouldBlock) => {
+                    let mut q = lock(&self.queued);
+                    q.extend_from_slice(head);
+                    q.extend_from_slice(data);
+                    drop(q);
+                    return match self.wr.try_lock() {
+                        Ok(w) => self.write_out(w, &[], &[]),
+                        Err(TryLockError::Poisoned(e)) => self.write_out(e.into_inner(), &[], &[]),
+                        Err(TryLockError::WouldBlock) => true,
+                    };
+                }
+            }
+        } else {
+            lock(&self.wr)
         };
-        match r {
-            Ok(()) => true,
-            Err(e) => {
+        self.write_out(w, head, data)
+    }
+
+    /// With the write lock: write what is queued and `head` + `data`, then, after unlocking,
+    /// whatever was queued meanwhile (if the lock is free again).
+    fn write_out<'c>(&'c self, mut w: MutexGuard<'c, Stream>, head: &[u8], data: &[u8]) -> bool {
+        let (mut head, mut data) = (head, data);
+        let mut batch = Vec::new();
+        loop {
+            std::mem::swap(&mut batch, &mut *lock(&self.queued));
+            let r = write_all(&mut w, &mut [&batch[..], head, data]);
+            drop(w);
+            if let Err(e) = r {
                 debug!("reply not sent: {e}");
                 self.stop.store(true, Ordering::SeqCst);
                 let _ = self.ctl.shutdown(Shutdown::Both);
-                false
+                return false;
             }
+            batch.clear();
+            (head, data) = (&[], &[]);
+            if lock(&self.queued).is_empty() {
+                return true;
+            }
+            w = match self.wr.try_lock() {
+                Ok(w) => w,
+                Err(TryLockError::Poisoned(e)) => e.into_inner(),
+                // Its holder writes the queue.
+                Err(TryLockError::WouldBlock) => return true,
+            };
         }
     }
 }
@@ -507,27 +563,33 @@ fn discard(r: &mut impl Read, len: u32) -> io::Result<()> {
     Ok(())
 }
 
-/// Writes `a` then `b` with as few syscalls as possible.
-fn write_all2(w: &mut Stream, mut a: &[u8], mut b: &[u8]) -> io::Result<()> {
-    while !a.is_empty() || !b.is_empty() {
-        let r = if a.is_empty() {
-            w.write(b)
-        } else if b.is_empty() {
-            w.write(a)
-        } else {
-            w.write_vectored(&[IoSlice::new(a), IoSlice::new(b)])
-        };
-        let n = match r {
+/// Writes every slice of `parts`, in order, with as few syscalls as possible.
+fn write_all(w: &mut Stream, parts: &mut [&[u8]]) -> io::Result<()> {
+    let mut first = 0;
+    loop {
+        while first < parts.len() && parts[first].is_empty() {
+            first += 1;
+        }
+        if first == parts.len() {
+            return Ok(());
+        }
+        let slices: Vec<IoSlice<'_>> = parts[first..]
+            .iter()
+            .filter(|p| !p.is_empty())
+            .map(|p| IoSlice::new(p))
+            .collect();
+        let mut n = match w.write_vectored(&slices) {
             Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
             Ok(n) => n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(e),
         };
-        let k = n.min(a.len());
-        a = &a[k..];
-        b = &b[n - k..];
+        for p in parts[first..].iter_mut() {
+            let k = n.min(p.len());
+            *p = &p[k..];
+            n -= k;
+        }
     }
-    Ok(())
 }
 
 fn error_reply(ctx: &Ctx, req: &Request, rej: Rejection) -> Vec<u8> {
