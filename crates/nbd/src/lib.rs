@@ -5,8 +5,10 @@
 //! - [`codec`]: parsing/encoding of every message, big-endian, no I/O, never
 //!   panics on arbitrary input (proptest + fuzz targets);
 //! - [`command`]: pure validation of a request against the negotiation;
-//! - [`Limits`], `shutdown`, `stream`: what the phases below the server share
-//!   (resource limits, the shutdown signal, the socket in blocking mode);
+//! - [`Limits`], `shutdown`, `stream`, [`combine`]: what the phases below the server share
+//!   (resource limits, the shutdown signal, the socket in blocking mode, a writer that
+//!   combines small messages of several threads; the member client writes with its
+//!   `write_all_vectored`);
 //! - `handshake`: async protocol state machine over any
 //!   `AsyncRead + AsyncWrite` stream;
 //! - `transmission`: the request loop on blocking threads per connection,
@@ -69,7 +71,8 @@
 //! threads per connection (started as needed, at most
 //! `Limits::max_threads_per_conn`) take turns reading requests from the
 //! blocking socket; the thread that read a request calls the backend and
-//! writes the reply itself, whole, under the connection's write lock
+//! writes the reply itself, whole, under the connection's write lock, or
+//! leaves a small one to the thread holding that lock ([`combine`])
 //! (requests run concurrently and are answered out of order; a lone small
 //! request runs without any thread hand-off). A backend that asks for it
 //! ([`Backend::gathers_writes`]) gets a sequential stream's WRITEs that arrived
@@ -86,6 +89,7 @@ mod backend;
 mod budget;
 pub mod buf;
 pub mod codec;
+pub mod combine;
 pub mod command;
 mod handshake;
 mod limits;

@@ -9,7 +9,7 @@
 //! fast — run it while keeping the read side;
 //! the thread that ran a request writes its reply itself, whole, under the
 //! write lock (replies never interleave), or, when another thread holds that
-//! lock and the reply is small, leaves a copy of it to that thread (`reply`).
+//! lock and the reply is small, leaves a copy of it to that thread (`combine`).
 //! So a request costs no thread hand-off at queue depth 1, and a small reply
 //! never waits for the lock.
 //! For a backend that gathers writes, a WRITE is read together with the
@@ -45,10 +45,10 @@
 //!   is spawned until it exits, so the server's shutdown can wait for backend
 //!   calls that outlive their connection (see `threads`).
 
-use std::io::{self, BufRead, BufReader, IoSlice, Read, Write};
+use std::io::{self, BufRead, BufReader, Read};
 use std::net::Shutdown;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use tokio::sync::{mpsc, watch};
@@ -58,6 +58,7 @@ use crate::backend::{errno_for, Backend, BlockSizes, WriteHint};
 use crate::budget::{Budget, PayloadGrant};
 use crate::buf::{AlignedBuf, BufPool};
 use crate::codec::{self, Request};
+use crate::combine::{write_all_vectored, Combining};
 use crate::command::{validate, Command, ExportParams, Rejection};
 use crate::handshake::Negotiated;
 use crate::proto::*;
@@ -129,10 +130,7 @@ struct ReadSide {
 struct Conn {
     ctx: Ctx,
     rd: Mutex<ReadSide>,
-    wr: Mutex<Stream>,
-    /// Small replies left by threads that found `wr` taken, whole and back to back, for the
-    /// thread holding it (see `reply`).
-    queued: Mutex<Vec<u8>>,
+    wr: Combining<Stream>,
     /// A handle for `shutdown(2)` from outside the threads.
     ctl: Stream,
     /// Shutdown requested or the socket failed: read nothing more.
@@ -207,8 +205,7 @@ pub(crate) async fn serve(
             in_stream: false,
             announced: None,
         }),
-        wr: Mutex::new(wr),
-        queued: Mutex::new(Vec::new()),
+        wr: Combining::new(wr, QUEUED_REPLY_MAX),
         ctl,
         stop: AtomicBool::new(false),
         inflight: AtomicUsize::new(0),
@@ -492,64 +489,18 @@ impl Conn {
         drop(job.grant);
     }
 
-    /// Writes one whole reply; on failure the connection is torn down.
-    ///
-    /// Why a queue: with many small requests in flight, threads finishing at once used to wait
-    /// for the write lock in turn, each wait a sleep and a wake-up, and each reply its own
-    /// `writev` waking the client. A small reply that finds the lock taken is copied to
-    /// `queued` instead, and the holder writes it with its own before letting go. No reply is
-    /// stranded: the queuer tries the lock again after queueing, and a holder looks at the
-    /// queue again after unlocking, so whichever comes last sees the other's part.
+    /// Writes one whole reply, or leaves it to the thread writing (`combine`); on failure the
+    /// connection is torn down.
     fn reply(&self, head: &[u8], data: Option<&[u8]>) -> bool {
-        let data = data.unwrap_or(&[]);
-        let w = if head.len() + data.len() <= QUEUED_REPLY_MAX {
-            match self.wr.try_lock() {
-                Ok(w) => w,
-                Err(TryLockError::Poisoned(e)) => e.into_inner(),
-                Err(TryLockError::WouldBlock) => {
-                    let mut q = lock(&self.queued);
-                    q.extend_from_slice(head);
-                    q.extend_from_slice(data);
-                    drop(q);
-                    return match self.wr.try_lock() {
-                        Ok(w) => self.write_out(w, &[], &[]),
-                        Err(TryLockError::Poisoned(e)) => self.write_out(e.into_inner(), &[], &[]),
-                        Err(TryLockError::WouldBlock) => true,
-                    };
-                }
-            }
-        } else {
-            lock(&self.wr)
-        };
-        self.write_out(w, head, data)
-    }
-
-    /// With the write lock: write what is queued and `head` + `data`, then, after unlocking,
-    /// whatever was queued meanwhile (if the lock is free again).
-    fn write_out<'c>(&'c self, mut w: MutexGuard<'c, Stream>, head: &[u8], data: &[u8]) -> bool {
-        let (mut head, mut data) = (head, data);
-        let mut batch = Vec::new();
-        loop {
-            std::mem::swap(&mut batch, &mut *lock(&self.queued));
-            let r = write_all(&mut w, &mut [&batch[..], head, data]);
-            drop(w);
-            if let Err(e) = r {
+        let parts = [head, data.unwrap_or(&[])];
+        match self.wr.send(&parts, write_all_vectored) {
+            Ok(()) => true,
+            Err(e) => {
                 debug!("reply not sent: {e}");
                 self.stop.store(true, Ordering::SeqCst);
                 let _ = self.ctl.shutdown(Shutdown::Both);
-                return false;
+                false
             }
-            batch.clear();
-            (head, data) = (&[], &[]);
-            if lock(&self.queued).is_empty() {
-                return true;
-            }
-            w = match self.wr.try_lock() {
-                Ok(w) => w,
-                Err(TryLockError::Poisoned(e)) => e.into_inner(),
-                // Its holder writes the queue.
-                Err(TryLockError::WouldBlock) => return true,
-            };
         }
     }
 }
@@ -561,35 +512,6 @@ fn discard(r: &mut impl Read, len: u32) -> io::Result<()> {
         return Err(io::ErrorKind::UnexpectedEof.into());
     }
     Ok(())
-}
-
-/// Writes every slice of `parts`, in order, with as few syscalls as possible.
-fn write_all(w: &mut Stream, parts: &mut [&[u8]]) -> io::Result<()> {
-    let mut first = 0;
-    loop {
-        while first < parts.len() && parts[first].is_empty() {
-            first += 1;
-        }
-        if first == parts.len() {
-            return Ok(());
-        }
-        let slices: Vec<IoSlice<'_>> = parts[first..]
-            .iter()
-            .filter(|p| !p.is_empty())
-            .map(|p| IoSlice::new(p))
-            .collect();
-        let mut n = match w.write_vectored(&slices) {
-            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
-        };
-        for p in parts[first..].iter_mut() {
-            let k = n.min(p.len());
-            *p = &p[k..];
-            n -= k;
-        }
-    }
 }
 
 fn error_reply(ctx: &Ctx, req: &Request, rej: Rejection) -> Vec<u8> {

@@ -16,8 +16,9 @@
 //! reader waits for that send; the send timeout ends it (the connection is then dropped and
 //! its requests retried).
 
-use super::transport::{write_all_vectored, RecvHalf, SendHalf, Sock, Split};
+use super::transport::{RecvHalf, SendHalf, Sock, Split};
 use super::uri::{NbdUri, TlsParams, Transport};
+use nbd::combine::write_all_vectored;
 use nbd::{read_certs, read_key};
 use parking_lot::Mutex;
 use rustls::pki_types::ServerName;

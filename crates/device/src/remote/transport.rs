@@ -6,6 +6,7 @@
 //! two halves over shared state.
 
 use super::uri::Transport;
+use nbd::combine::write_all_vectored;
 use std::io::{self, IoSlice, Read, Write};
 use std::net::{Shutdown, TcpStream, ToSocketAddrs};
 use std::os::unix::net::UnixStream;
@@ -131,31 +132,6 @@ impl RecvHalf for Sock {
     fn recv(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         self.read(buf)
     }
-}
-
-/// Every byte of `parts`, in as few system calls as the socket takes.
-pub fn write_all_vectored(w: &mut impl Write, parts: &[&[u8]]) -> io::Result<()> {
-    let total: usize = parts.iter().map(|p| p.len()).sum();
-    let mut sent = 0usize;
-    while sent < total {
-        let mut skip = sent;
-        let mut iov = Vec::with_capacity(parts.len());
-        for p in parts {
-            if skip >= p.len() {
-                skip -= p.len();
-                continue;
-            }
-            iov.push(IoSlice::new(&p[skip..]));
-            skip = 0;
-        }
-        match w.write_vectored(&iov) {
-            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(n) => sent += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
 }
 
 /// The two halves of a negotiated connection, and a handle that can shut it down.
