@@ -510,14 +510,20 @@ fn log_fails_then_kill(kill_after_ms: u64) {
 fn writes_across_the_front(env: &Env, before: &[u8], hot_per_member: u64) -> Written {
     let inside = AtomicU64::new(0);
     let past_at = std::sync::OnceLock::new();
+    // An action that has not started yet (a recovery starts after `add` returns) is not past.
+    let seen_running = AtomicBool::new(false);
     let w = write_concurrently(&[(&env.socket(), &env.name)], before, |round| {
         let sync = &env.detail()["sync"];
         let done = sync["done_bytes"].as_u64().unwrap_or(0);
         let running = sync["action"] != "idle";
+        if running {
+            seen_running.store(true, Ordering::Relaxed);
+        }
         if running && done > 0 && done < hot_per_member {
             inside.fetch_add(1, Ordering::Relaxed);
         }
-        if past_at.get().is_none() && (!running || done >= hot_per_member) {
+        let ended = !running && (seen_running.load(Ordering::Relaxed) || round >= 1000);
+        if past_at.get().is_none() && (ended || done >= hot_per_member) {
             past_at.set(round).unwrap();
         }
         past_at.get().is_none_or(|&r| round < r + 2)
