@@ -231,17 +231,58 @@ fn rot_during_writes(level: &str, members: usize, rotting: usize) {
     let model = written.model;
     compare(&env.socket(), &env.name, &model)
         .unwrap_or_else(|e| panic!("after {flips} flips: {e}"));
+    let struck = readd_members_failed_by_strikes(&env, &env.members[..rotting]);
     env.action_wait("repair");
     let detail = env.detail();
     let caught: u64 = (0..rotting)
         .map(|i| detail["members"][i]["checksum_errors"].as_u64().unwrap())
         .sum();
-    eprintln!("RAID{level}: {flips} flips, {caught} blocks caught");
+    let rewrites = &detail["integrity_detail"]["rewrite_failures"];
+    eprintln!(
+        "RAID{level}: {flips} flips, {caught} blocks caught, {rewrites} rewrites read back \
+         wrong, {struck} members failed for it and added back"
+    );
     assert!(caught > 0, "none of {flips} flips was caught");
     env.ok(&["fail", &env.name, env.members[rotting].to_str().unwrap()]);
     compare(&env.socket(), &env.name, &model)
         .unwrap_or_else(|e| panic!("after {flips} flips, repair and a failed member: {e}"));
     env.stop(d);
+}
+
+/// The injector flips thousands of bits a second in a few MiB, so on a loaded host one now and
+/// then lands between a heal's rewrite of a block and its read-back; a member whose rewrites
+/// read back wrong three times is failed (it does not keep what it is given), which is right,
+/// though here the injector is to blame (seen once in a full run: "manyrot6 is degraded").
+/// Such members of `rotting` are removed and added back, and rebuilt; any other faulty member
+/// fails the test. Returns how many were added back.
+fn readd_members_failed_by_strikes(env: &Env, rotting: &[PathBuf]) -> usize {
+    let detail = env.detail();
+    let struck = detail["integrity_detail"]["rewrite_failures"]
+        .as_u64()
+        .unwrap();
+    let faulty: Vec<&PathBuf> = env
+        .members
+        .iter()
+        .filter(|m| common::member_state(&detail, m) != "in_sync")
+        .collect();
+    if faulty.is_empty() {
+        return 0;
+    }
+    assert!(
+        faulty.iter().all(|m| rotting.contains(m)) && struck >= 3 * faulty.len() as u64,
+        "members failed, not by rewrite strikes on rotting members: {detail:#}"
+    );
+    for m in &faulty {
+        env.ok(&["remove", &env.name, m.to_str().unwrap()]);
+        env.ok(&["add", &env.name, m.to_str().unwrap()]);
+    }
+    env.wait_detail("the rebuild of members failed by strikes", 120, |d| {
+        faulty
+            .iter()
+            .all(|m| common::member_state(d, m) == "in_sync")
+            && d["sync"]["action"] == "idle"
+    });
+    faulty.len()
 }
 
 #[test]
