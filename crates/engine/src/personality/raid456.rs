@@ -32,7 +32,7 @@ use crate::io::{IoOutcome, MemberIo};
 use crate::personality::intent::WriteIntent;
 use crate::personality::parts::Parts;
 use crate::personality::raid456_heal::Heal;
-use crate::personality::stripe_cache::{covers_all, BatchError, Completion, Piece, Row};
+use crate::personality::stripe_cache::{covers_all, BatchError, Completion, Lent, Piece, Row};
 use crate::personality::Parity;
 use layout::{Level, StripeRoles};
 use std::sync::Arc;
@@ -43,13 +43,33 @@ const PAGE: u64 = 4096;
 /// How often one interval may be planned again after member failures before giving up.
 const MAX_REPLANS: usize = 4;
 
-/// A write whose pieces are in their rows: what [`Parity::parity_wait`] waits for.
-pub(crate) struct Placed {
+/// A write whose pieces are in their rows: what [`Parity::parity_wait`] waits for. Its pieces
+/// hold the writer's bytes lent ([`Lent`]), so it must not go before they are all written: it
+/// borrows them (`'a`), and dropping it waits for the pieces (never `mem::forget` one).
+pub(crate) struct Placed<'a> {
     offset_bytes: u64,
     len_bytes: u64,
     done: Arc<Completion>,
     /// The rows it touches, each with a reference taken on it.
     rows: Vec<(u64, Arc<Row>)>,
+    waited: bool,
+    lent: std::marker::PhantomData<&'a [u8]>,
+}
+
+impl Drop for Placed<'_> {
+    fn drop(&mut self) {
+        if self.waited {
+            return;
+        }
+        if std::thread::panicking() {
+            // Leaders of other rows may still read the bytes this unwinding frame owns, and
+            // rows this thread was to lead would never complete: neither waiting nor going on
+            // is safe.
+            eprintln!("a writer panicked with its bytes lent to the stripe cache; aborting");
+            std::process::abort();
+        }
+        let _ = self.done.wait();
+    }
 }
 
 pub(crate) enum Outcome {
@@ -365,15 +385,15 @@ impl Parity {
 
     /// Place a write's pieces into its rows (the caller has reserved their bytes); the rows it
     /// found without a leader are appended to `led`, which the caller must then lead.
-    pub(crate) fn parity_place(
+    pub(crate) fn parity_place<'a>(
         &self,
         array: &Parts,
         offset_bytes: u64,
-        data: &[u8],
+        data: &'a [u8],
         fua: bool,
         intent: Option<WriteIntent>,
         led: &mut Vec<(u64, Arc<Row>)>,
-    ) -> Placed {
+    ) -> Placed<'a> {
         let pieces = self.parity_pieces(offset_bytes, data.len());
         let done = Completion::new(pieces.len());
         let rows = match intent {
@@ -382,7 +402,7 @@ impl Parity {
         };
         for (row, r) in &rows {
             let mine = pieces.iter().filter(|p| p.0 == *row);
-            if self.place(array, r, mine, data, fua, &done) {
+            if self.place(r, mine, data, fua, &done) {
                 led.push((*row, r.clone()));
             }
         }
@@ -391,13 +411,16 @@ impl Parity {
             len_bytes: data.len() as u64,
             done,
             rows,
+            waited: false,
+            lent: std::marker::PhantomData,
         }
     }
 
     /// Wait for a placed write's pieces to be written and let go of its rows.
-    pub(crate) fn parity_wait(&self, array: &Parts, placed: Placed) -> Result<()> {
+    pub(crate) fn parity_wait(&self, array: &Parts, mut placed: Placed<'_>) -> Result<()> {
         let res = placed.done.wait();
-        for (row, _) in placed.rows {
+        placed.waited = true;
+        for (row, _) in std::mem::take(&mut placed.rows) {
             array.stripes.put(row);
         }
         let (offset_bytes, len_bytes) = (placed.offset_bytes, placed.len_bytes);
@@ -420,23 +443,22 @@ impl Parity {
     }
 
     /// Place a request's pieces of one announced row (`(row, data index, offset in chunk,
-    /// length, offset in request)`, copied out of `data`). True: the row had no leader and the
-    /// caller now leads it.
+    /// length, offset in request)`, lent out of `data` until `done` is waited for). True: the
+    /// row had no leader and the caller now leads it.
     fn place<'p>(
         &self,
-        array: &Parts,
         r: &Row,
         pieces: impl Iterator<Item = &'p (u64, usize, u64, usize, usize)>,
         data: &[u8],
         fua: bool,
         done: &Arc<Completion>,
     ) -> bool {
-        // Copied before the lock is taken: a leader waiting for this row waits for the copy
-        // anyway (it counts us as arriving), other writers need not.
         let copies: Vec<Piece> = pieces
             .map(|&(_, d, off, len, at)| {
-                let mut bytes = array.bufs.get(len);
-                bytes.copy_from_slice(&data[at..at + len]);
+                // SAFETY: `done` counts this piece, and the `Placed` holding `done` is waited
+                // for before `parity_place`'s caller lets go of `data` (its drop waits, or
+                // aborts when unwinding); the leader reads the piece only before completing it.
+                let bytes = unsafe { Lent::new(&data[at..at + len]) };
                 Piece {
                     data_index: d,
                     offset: off,
