@@ -36,6 +36,16 @@ impl Rig {
         d
     }
 
+    /// Stop `array` without a clean stop and lose every unflushed write of every device, as
+    /// a power cut would.
+    fn power_cut(&self, array: Array) {
+        drop(array);
+        for m in &self.members {
+            m.power_cut();
+        }
+        self.log.power_cut();
+    }
+
     fn boot(&self, devs: Vec<Arc<dyn Device>>, opts: AssembleOptions) -> engine::Result<Array> {
         assemble(
             devs,
@@ -136,11 +146,7 @@ fn data_in_the_log_survives_a_crash_before_it_reached_the_members() {
     array.flush().expect("flush");
     // The flush needed no member flush: the log holds the write. Lose every unflushed member
     // write, as a power cut would.
-    drop(array);
-    for m in &rig.members {
-        m.power_cut();
-    }
-    rig.log.power_cut();
+    rig.power_cut(array);
     let again = rig
         .boot(rig.all(), AssembleOptions::default())
         .expect("reassemble");
@@ -181,11 +187,7 @@ fn whole_stripes_logged_without_parity_come_home_with_computed_parity() {
             logged < 2 * stripe + CHUNK,
             "{level:?}: {logged} bytes logged: parity of the whole stripes was logged"
         );
-        drop(array);
-        for m in &rig.members {
-            m.power_cut();
-        }
-        rig.log.power_cut();
+        rig.power_cut(array);
         let again = rig
             .boot(rig.all(), AssembleOptions::default())
             .expect("reassemble");
@@ -212,11 +214,7 @@ fn a_member_that_fails_under_the_replay_is_failed_and_the_array_starts() {
     let data = pattern(11, 192 << 10);
     array.write(3 << 20, &data, false).expect("write");
     array.flush().expect("flush");
-    drop(array);
-    for m in &rig.members {
-        m.power_cut();
-    }
-    rig.log.power_cut();
+    rig.power_cut(array);
     rig.members[1].set_faults(device::Faults {
         write_error: 1.0,
         ..device::Faults::default()
@@ -261,11 +259,7 @@ fn a_dropped_log_is_replayed_before_the_table_forgets_it() {
     let data = pattern(13, 320 << 10);
     array.write(1 << 20, &data, false).expect("write");
     array.flush().expect("flush");
-    drop(array);
-    for m in &rig.members {
-        m.power_cut();
-    }
-    rig.log.power_cut();
+    rig.power_cut(array);
     let dropped = rig
         .boot(
             rig.all(),
