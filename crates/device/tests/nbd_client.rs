@@ -132,6 +132,70 @@ fn reads_writes_zeroes_and_splits_over_a_real_server() {
 
 /// A server without multi-conn, FUA or WRITE_ZEROES: one connection shared by every thread,
 /// FUA as a write plus a flush, zeroing by writing zeroes; the data comes out the same.
+/// Structured replies: qemu-nbd sends a sparse file's holes as OFFSET_HOLE chunks and its data
+/// as OFFSET_DATA chunks; each lands where its offset says, over buffers full of 0xff.
+#[test]
+fn structured_replies_bring_data_and_holes_into_place() {
+    if !require_tools(&["qemu-nbd"]) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("sparse.img");
+    let mut want = vec![0u8; 4 << 20];
+    want[1 << 20..(1 << 20) + (64 << 10)].copy_from_slice(&pattern(64 << 10, 3));
+    want[(3 << 20) + 4096..(3 << 20) + 12288].copy_from_slice(&pattern(8192, 9));
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::File::create(&file).unwrap();
+        f.set_len(want.len() as u64).unwrap();
+        f.write_all_at(&want[1 << 20..(1 << 20) + (64 << 10)], 1 << 20)
+            .unwrap();
+        f.write_all_at(&want[(3 << 20) + 4096..(3 << 20) + 12288], (3 << 20) + 4096)
+            .unwrap();
+    }
+    let sock = dir.path().join("q.sock");
+    // Killed however the test ends.
+    struct Kill(Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _server = Kill(
+        Command::new("qemu-nbd")
+            .args(["-t", "-f", "raw", "-k"])
+            .arg(&sock)
+            .arg(&file)
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("spawn qemu-nbd"),
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::os::unix::net::UnixStream::connect(&sock).is_err() {
+        assert!(Instant::now() < deadline, "qemu-nbd did not listen");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let uri = format!("nbd+unix:///?socket={}", sock.display());
+    let dev = NbdDevice::open(&uri, opts(2000, 2000)).unwrap();
+    assert!(
+        dev.structured_replies(),
+        "qemu-nbd offers structured replies"
+    );
+    let mut back = vec![0xffu8; want.len()];
+    dev.read_at(&mut back, 0).unwrap();
+    let wrong = back.iter().zip(&want).position(|(a, b)| a != b);
+    assert_eq!(wrong, None, "the whole export read back");
+    // A read that starts inside the data and ends inside a hole.
+    let at = (1 << 20) + 4096;
+    let mut part = vec![0xffu8; 1 << 20];
+    dev.read_at(&mut part, at as u64).unwrap();
+    assert!(
+        part == want[at..at + part.len()],
+        "a read across data and a hole"
+    );
+}
+
 #[test]
 fn fallbacks_without_multi_conn_fua_or_write_zeroes() {
     if !require_tools(&["nbdkit"]) {

@@ -187,6 +187,11 @@ impl NbdDevice {
         })
     }
 
+    /// The server answers in structured chunks (`NBD_OPT_STRUCTURED_REPLY` was accepted).
+    pub fn structured_replies(&self) -> bool {
+        self.export.structured
+    }
+
     /// Connections the pool may hold (1 without multi-conn).
     pub fn max_connections(&self) -> usize {
         self.max_conns

@@ -42,6 +42,8 @@ const RECV_BUFFER_BYTES: usize = 16 << 10;
 struct Dest {
     ptr: *mut u8,
     len: usize,
+    /// The export byte its first byte reads (structured chunks say where their data goes).
+    offset: u64,
 }
 
 // SAFETY: the pointer is written only by the caller holding the reading role, while the
@@ -53,10 +55,68 @@ struct Slot {
     dest: Option<Dest>,
     /// The reader is writing into `dest` now: only the reader may set the result.
     filling: bool,
+    /// What of `dest` structured chunks have filled so far.
+    covered: Covered,
+    /// An error chunk came (structured replies): the result once the last chunk has.
+    error: Option<Failure>,
     /// Set once; the caller takes it and removes the slot.
     result: Option<Result<(), Failure>>,
     /// Milliseconds after the connection's birth when the request was registered.
     sent_ms: u64,
+}
+
+/// Ranges of a READ's buffer (from its start) that chunks filled; the first kept inline, as
+/// most reads come in one chunk and this is on every reply's path.
+#[derive(Default)]
+struct Covered {
+    first: Option<(u64, u64)>,
+    rest: Vec<(u64, u64)>,
+}
+
+impl Covered {
+    /// Add `start..end`; false if it overlaps a range added before.
+    fn add(&mut self, start: u64, end: u64) -> bool {
+        if self
+            .first
+            .iter()
+            .chain(&self.rest)
+            .any(|&(a, b)| start < b && a < end)
+        {
+            return false;
+        }
+        match self.first {
+            None => self.first = Some((start, end)),
+            Some(_) => self.rest.push((start, end)),
+        }
+        true
+    }
+
+    fn bytes(&self) -> u64 {
+        self.first
+            .iter()
+            .chain(&self.rest)
+            .map(|(a, b)| b - a)
+            .sum()
+    }
+}
+
+impl Slot {
+    /// The result of a structured reply whose last chunk came: an error chunk's, or the READ
+    /// whole (its chunks do not overlap, so their sum is what they cover). Err: the server
+    /// broke the protocol.
+    fn finish(&mut self) -> Result<Result<(), Failure>, String> {
+        if let Some(e) = self.error.take() {
+            return Ok(Err(e));
+        }
+        let want = self.dest.as_ref().map_or(0, |d| d.len as u64);
+        let covered = self.covered.bytes();
+        if covered != want {
+            return Err(format!(
+                "a read's chunks covered {covered} of its {want} bytes"
+            ));
+        }
+        Ok(Ok(()))
+    }
 }
 
 struct State {
@@ -74,6 +134,8 @@ struct Shared {
     state: Mutex<State>,
     closer: Sock,
     timeout: Duration,
+    /// Replies may come as structured chunks.
+    structured: bool,
     born: Instant,
     /// Milliseconds after `born` when the reader last looked for an overdue request.
     checked_ms: AtomicU64,
@@ -100,7 +162,7 @@ pub fn stall_tick(timeout: Duration) -> Duration {
 
 impl Pipeline {
     /// Start transmission on `split` (already negotiated, receive timeout [`stall_tick`]).
-    pub fn start(split: Split, timeout: Duration) -> Pipeline {
+    pub fn start(split: Split, timeout: Duration, structured: bool) -> Pipeline {
         Pipeline {
             shared: Shared {
                 send: Mutex::new(split.send),
@@ -118,6 +180,7 @@ impl Pipeline {
                 }),
                 closer: split.closer,
                 timeout,
+                structured,
                 born: Instant::now(),
                 checked_ms: AtomicU64::new(0),
             },
@@ -172,6 +235,7 @@ impl Pipeline {
                 let dest = Dest {
                     ptr: b.as_mut_ptr(),
                     len: b.len(),
+                    offset: req.offset,
                 };
                 (Some(dest), &[])
             }
@@ -233,6 +297,8 @@ impl Shared {
             waiter: thread::current(),
             dest,
             filling: false,
+            covered: Covered::default(),
+            error: None,
             result: None,
             sent_ms: self.now_ms(),
         };
@@ -267,7 +333,7 @@ impl Shared {
         let mut rx = self.recv.lock();
         loop {
             match read_one_reply(self, &mut rx) {
-                Ok(done) if done == handle => return,
+                Ok(Some(done)) if done == handle => return,
                 Ok(_) if self.overdue_now() => {
                     self.die(self.overdue_why());
                     return;
@@ -322,6 +388,67 @@ impl Shared {
                 slot.waiter.unpark();
             }
         }
+    }
+
+    /// Write `len` bytes at export byte `at` of `handle`'s READ buffer with `fill`, the slot
+    /// marked `filling` meanwhile (see the module comment). The bytes must lie inside the
+    /// request and overlap no earlier chunk's. With `done` (the reply's last chunk) the
+    /// request is completed here, under the same lock; returns whether it was.
+    fn fill_chunk(
+        &self,
+        handle: u64,
+        at: u64,
+        len: u64,
+        done: bool,
+        fill: impl FnOnce(&mut [u8]) -> Result<(), String>,
+    ) -> Result<bool, String> {
+        let (ptr, start) = {
+            let mut st = self.state.lock();
+            let slot = st
+                .slots
+                .get_mut(&handle)
+                .filter(|s| s.result.is_none())
+                .ok_or_else(|| format!("reply chunk for handle {handle} nobody waits for"))?;
+            let dest = slot
+                .dest
+                .as_ref()
+                .ok_or_else(|| format!("a data chunk for handle {handle}, not a read"))?;
+            let start = at
+                .checked_sub(dest.offset)
+                .filter(|s| s + len <= dest.len as u64)
+                .ok_or_else(|| {
+                    format!(
+                        "a chunk at {at}+{len} outside its read at {}+{}",
+                        dest.offset, dest.len
+                    )
+                })?;
+            if !slot.covered.add(start, start + len) {
+                return Err(format!("chunks overlap at {at}+{len}"));
+            }
+            slot.filling = true;
+            (dest.ptr, start as usize)
+        };
+        // SAFETY: as for a simple reply's data (`read_one_reply`): the caller waits until its
+        // slot holds a result, which no one else sets while it is `filling`; the range lies
+        // inside the buffer it lent.
+        let buf = unsafe { std::slice::from_raw_parts_mut(ptr.add(start), len as usize) };
+        let filled = fill(buf);
+        let mut st = self.state.lock();
+        let dead = st.dead.clone();
+        let slot = st.slots.get_mut(&handle).expect("a filling slot stays");
+        slot.filling = false;
+        // `die` passed over this slot while it was filling: its result is ours to set.
+        if let Some(why) = filled.as_ref().err().or(dead.as_ref()) {
+            slot.result = Some(Err(transport(why)));
+            slot.waiter.unpark();
+            return filled.map(|()| false);
+        }
+        if !done {
+            return Ok(false);
+        }
+        slot.result = Some(slot.finish()?);
+        slot.waiter.unpark();
+        Ok(true)
     }
 
     /// The reply for `handle` is complete.
@@ -403,11 +530,20 @@ impl Drop for Role<'_> {
     }
 }
 
-/// One reply read and handed to its caller; returns its handle.
-fn read_one_reply(shared: &Shared, rx: &mut Receiver) -> Result<u64, String> {
-    let mut header = [0u8; SIMPLE_REPLY_LEN];
-    rx.fill(shared, &mut header)?;
-    let reply = codec::parse_simple_reply(&header).map_err(|e| format!("reply: {e}"))?;
+/// One reply (or one chunk of a structured reply) read and handed to its caller; returns the
+/// handle of a request whose reply is complete.
+fn read_one_reply(shared: &Shared, rx: &mut Receiver) -> Result<Option<u64>, String> {
+    let mut header = [0u8; STRUCTURED_HEADER_LEN];
+    rx.fill(shared, &mut header[..4])?;
+    let magic = u32::from_be_bytes(header[..4].try_into().expect("4 bytes"));
+    if magic == STRUCTURED_REPLY_MAGIC && shared.structured {
+        rx.fill(shared, &mut header[4..])?;
+        let chunk = codec::parse_chunk_header(&header).map_err(|e| format!("reply: {e}"))?;
+        return read_chunk(shared, rx, &chunk);
+    }
+    rx.fill(shared, &mut header[4..SIMPLE_REPLY_LEN])?;
+    let reply = codec::parse_simple_reply(&header[..SIMPLE_REPLY_LEN])
+        .map_err(|e| format!("reply: {e}"))?;
     let dest = {
         let mut st = shared.state.lock();
         let slot = st
@@ -418,7 +554,7 @@ fn read_one_reply(shared: &Shared, rx: &mut Receiver) -> Result<u64, String> {
         if reply.error != 0 {
             slot.result = Some(Err(Failure::Server(reply.error)));
             slot.waiter.unpark();
-            return Ok(reply.handle);
+            return Ok(Some(reply.handle));
         }
         slot.filling = slot.dest.is_some();
         slot.dest.take()
@@ -435,5 +571,70 @@ fn read_one_reply(shared: &Shared, rx: &mut Receiver) -> Result<u64, String> {
         }
     }
     shared.complete(reply.handle, Ok(()));
-    Ok(reply.handle)
+    Ok(Some(reply.handle))
+}
+
+/// Longest error chunk taken (its message is for people; NBD caps strings at 4 KiB).
+const MAX_ERROR_CHUNK: u32 = 8 << 10;
+
+/// One chunk of a structured reply. Data and holes go into the READ's buffer where their
+/// offset says (each must lie inside the request; together they must cover it exactly once,
+/// which is checked by count at the last chunk); an error chunk is kept as the result. The
+/// request completes with the chunk flagged DONE.
+fn read_chunk(
+    shared: &Shared,
+    rx: &mut Receiver,
+    chunk: &codec::ChunkHeader,
+) -> Result<Option<u64>, String> {
+    let handle = chunk.handle;
+    let done = chunk.flags & REPLY_FLAG_DONE != 0;
+    match chunk.chunk_type {
+        REPLY_TYPE_NONE if chunk.length == 0 && done => {}
+        REPLY_TYPE_OFFSET_DATA if chunk.length >= 8 => {
+            let mut at = [0u8; 8];
+            rx.fill(shared, &mut at)?;
+            let len = u64::from(chunk.length - 8);
+            let at = u64::from_be_bytes(at);
+            let finished = shared.fill_chunk(handle, at, len, done, |buf| rx.fill(shared, buf))?;
+            return Ok(finished.then_some(handle));
+        }
+        REPLY_TYPE_OFFSET_HOLE if chunk.length == 12 => {
+            let mut hole = [0u8; 12];
+            rx.fill(shared, &mut hole)?;
+            let at = u64::from_be_bytes(hole[..8].try_into().expect("8 bytes"));
+            let len = u32::from_be_bytes(hole[8..].try_into().expect("4 bytes"));
+            let finished = shared.fill_chunk(handle, at, u64::from(len), done, |buf| {
+                buf.fill(0);
+                Ok(())
+            })?;
+            return Ok(finished.then_some(handle));
+        }
+        t if t & (1 << 15) != 0 && (6..=MAX_ERROR_CHUNK).contains(&chunk.length) => {
+            let mut body = vec![0u8; chunk.length as usize];
+            rx.fill(shared, &mut body)?;
+            let errno = u32::from_be_bytes(body[..4].try_into().expect("4 bytes"));
+            let mut st = shared.state.lock();
+            let slot = st
+                .slots
+                .get_mut(&handle)
+                .filter(|s| s.result.is_none())
+                .ok_or_else(|| format!("reply chunk for handle {handle} nobody waits for"))?;
+            // An error without a code is still an error (the protocol forbids zero).
+            slot.error = Some(Failure::Server(if errno == 0 { EIO } else { errno }));
+        }
+        t => return Err(format!("reply chunk of type {t} ({} bytes)", chunk.length)),
+    }
+    if !done {
+        return Ok(None);
+    }
+    let result = {
+        let mut st = shared.state.lock();
+        st.slots
+            .get_mut(&handle)
+            .filter(|s| s.result.is_none())
+            .ok_or_else(|| format!("reply chunk for handle {handle} nobody waits for"))?
+            .finish()?
+    };
+    shared.complete(handle, result);
+    Ok(Some(handle))
 }

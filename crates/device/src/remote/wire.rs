@@ -39,6 +39,8 @@ pub struct ExportInfo {
     pub flags: u16,
     pub min_block: u32,
     pub max_block: u32,
+    /// Structured replies were negotiated (`NBD_OPT_STRUCTURED_REPLY`).
+    pub structured: bool,
 }
 
 impl ExportInfo {
@@ -71,19 +73,21 @@ pub fn open(
     greet(&mut sock)?;
     let (info, split) = match tls {
         None => {
-            let info = go(&mut sock, &uri.export)?;
+            let structured = structured_replies(&mut sock)?;
+            let info = go(&mut sock, &uri.export, structured)?;
             sock.set_timeouts(timeout, stall_tick(timeout))?;
             (info, split_plain(sock)?)
         }
         Some(tls) => {
             starttls(&mut sock)?;
             let mut stream = tls.handshake(sock)?;
-            let info = go(&mut stream, &uri.export)?;
+            let structured = structured_replies(&mut stream)?;
+            let info = go(&mut stream, &uri.export, structured)?;
             stream.sock().set_timeouts(timeout, stall_tick(timeout))?;
             (info, stream.split()?)
         }
     };
-    Ok((Pipeline::start(split, timeout), info))
+    Ok((Pipeline::start(split, timeout, info.structured), info))
 }
 
 fn read_u16(b: &[u8], at: usize) -> u16 {
@@ -143,8 +147,33 @@ fn starttls(s: &mut (impl Read + Write)) -> io::Result<()> {
     ))
 }
 
+/// `NBD_OPT_STRUCTURED_REPLY`: whether the server will answer in chunks (a server that does
+/// not know the option says so, and simple replies it is). Why ask: a read's error then says
+/// where it failed, and a sparse export's holes come as a length instead of zeroes.
+fn structured_replies(s: &mut (impl Read + Write)) -> io::Result<bool> {
+    s.write_all(&codec::encode_option(OPT_STRUCTURED_REPLY, &[]))?;
+    let mut h = [0u8; 20];
+    s.read_exact(&mut h)?;
+    let h = codec::parse_option_reply_header(&h)
+        .map_err(|e| protocol_error(format!("option reply: {e}")))?;
+    if h.option != OPT_STRUCTURED_REPLY || h.length > MAX_OPTION_REPLY_BYTES {
+        return Err(protocol_error(
+            "unexpected option reply to NBD_OPT_STRUCTURED_REPLY",
+        ));
+    }
+    let mut data = vec![0u8; h.length as usize];
+    s.read_exact(&mut data)?;
+    match h.reply_type {
+        REP_ACK => Ok(true),
+        t if t & (1 << 31) != 0 => Ok(false),
+        t => Err(protocol_error(format!(
+            "NBD_OPT_STRUCTURED_REPLY answered with reply type {t:#x}"
+        ))),
+    }
+}
+
 /// `NBD_OPT_GO` asking for block sizes; replies until `NBD_REP_ACK`.
-fn go(s: &mut (impl Read + Write), export: &str) -> io::Result<ExportInfo> {
+fn go(s: &mut (impl Read + Write), export: &str, structured: bool) -> io::Result<ExportInfo> {
     let go = codec::encode_info_request(export, &[INFO_BLOCK_SIZE]);
     s.write_all(&codec::encode_option(OPT_GO, &go))?;
     let mut info = None;
@@ -169,6 +198,7 @@ fn go(s: &mut (impl Read + Write), export: &str) -> io::Result<ExportInfo> {
                     flags,
                     min_block: sizes.0,
                     max_block: sizes.1,
+                    structured,
                 });
             }
             REP_INFO if data.len() >= 2 => match read_u16(&data, 0) {
