@@ -128,6 +128,17 @@ struct State {
     reading: bool,
 }
 
+impl State {
+    /// The slot of `handle` while its caller waits for a result (a chunk for anything else
+    /// breaks the protocol).
+    fn waiting(&mut self, handle: u64) -> Result<&mut Slot, String> {
+        self.slots
+            .get_mut(&handle)
+            .filter(|s| s.result.is_none())
+            .ok_or_else(|| format!("reply chunk for handle {handle} nobody waits for"))
+    }
+}
+
 struct Shared {
     send: Mutex<Box<dyn SendHalf>>,
     recv: Mutex<Receiver>,
@@ -404,11 +415,7 @@ impl Shared {
     ) -> Result<bool, String> {
         let (ptr, start) = {
             let mut st = self.state.lock();
-            let slot = st
-                .slots
-                .get_mut(&handle)
-                .filter(|s| s.result.is_none())
-                .ok_or_else(|| format!("reply chunk for handle {handle} nobody waits for"))?;
+            let slot = st.waiting(handle)?;
             let dest = slot
                 .dest
                 .as_ref()
@@ -614,11 +621,7 @@ fn read_chunk(
             rx.fill(shared, &mut body)?;
             let errno = u32::from_be_bytes(body[..4].try_into().expect("4 bytes"));
             let mut st = shared.state.lock();
-            let slot = st
-                .slots
-                .get_mut(&handle)
-                .filter(|s| s.result.is_none())
-                .ok_or_else(|| format!("reply chunk for handle {handle} nobody waits for"))?;
+            let slot = st.waiting(handle)?;
             // An error without a code is still an error (the protocol forbids zero).
             slot.error = Some(Failure::Server(if errno == 0 { EIO } else { errno }));
         }
@@ -629,11 +632,7 @@ fn read_chunk(
     }
     let result = {
         let mut st = shared.state.lock();
-        st.slots
-            .get_mut(&handle)
-            .filter(|s| s.result.is_none())
-            .ok_or_else(|| format!("reply chunk for handle {handle} nobody waits for"))?
-            .finish()?
+        st.waiting(handle)?.finish()?
     };
     shared.complete(handle, result);
     Ok(Some(handle))

@@ -118,29 +118,36 @@ fn greet(s: &mut (impl Read + Write)) -> io::Result<()> {
     s.write_all(&client_flags.to_be_bytes())
 }
 
-/// `NBD_OPT_STARTTLS`: the server must acknowledge it; anything else ends the connection (the
-/// URI asked for TLS: never go on in plaintext).
-fn starttls(s: &mut (impl Read + Write)) -> io::Result<()> {
-    s.write_all(&codec::encode_option(OPT_STARTTLS, &[]))?;
+/// Send `option` without data and read its one reply: the reply type and its data.
+fn one_reply_option(
+    s: &mut (impl Read + Write),
+    option: u32,
+    name: &str,
+) -> io::Result<(u32, Vec<u8>)> {
+    s.write_all(&codec::encode_option(option, &[]))?;
     let mut h = [0u8; 20];
     s.read_exact(&mut h)?;
     let h = codec::parse_option_reply_header(&h)
         .map_err(|e| protocol_error(format!("option reply: {e}")))?;
-    if h.option != OPT_STARTTLS || h.length > MAX_OPTION_REPLY_BYTES {
-        return Err(protocol_error(
-            "unexpected option reply to NBD_OPT_STARTTLS",
-        ));
+    if h.option != option || h.length > MAX_OPTION_REPLY_BYTES {
+        return Err(protocol_error(format!("unexpected option reply to {name}")));
     }
     let mut data = vec![0u8; h.length as usize];
     s.read_exact(&mut data)?;
-    if h.reply_type == REP_ACK {
+    Ok((h.reply_type, data))
+}
+
+/// `NBD_OPT_STARTTLS`: the server must acknowledge it; anything else ends the connection (the
+/// URI asked for TLS: never go on in plaintext).
+fn starttls(s: &mut (impl Read + Write)) -> io::Result<()> {
+    let (reply, data) = one_reply_option(s, OPT_STARTTLS, "NBD_OPT_STARTTLS")?;
+    if reply == REP_ACK {
         return Ok(());
     }
     Err(io::Error::new(
         io::ErrorKind::ConnectionRefused,
         format!(
-            "the server refused TLS (NBD reply {:#x}{}{}); not going on in plaintext",
-            h.reply_type,
+            "the server refused TLS (NBD reply {reply:#x}{}{}); not going on in plaintext",
             if data.is_empty() { "" } else { ": " },
             String::from_utf8_lossy(&data)
         ),
@@ -151,19 +158,7 @@ fn starttls(s: &mut (impl Read + Write)) -> io::Result<()> {
 /// not know the option says so, and simple replies it is). Why ask: a read's error then says
 /// where it failed, and a sparse export's holes come as a length instead of zeroes.
 fn structured_replies(s: &mut (impl Read + Write)) -> io::Result<bool> {
-    s.write_all(&codec::encode_option(OPT_STRUCTURED_REPLY, &[]))?;
-    let mut h = [0u8; 20];
-    s.read_exact(&mut h)?;
-    let h = codec::parse_option_reply_header(&h)
-        .map_err(|e| protocol_error(format!("option reply: {e}")))?;
-    if h.option != OPT_STRUCTURED_REPLY || h.length > MAX_OPTION_REPLY_BYTES {
-        return Err(protocol_error(
-            "unexpected option reply to NBD_OPT_STRUCTURED_REPLY",
-        ));
-    }
-    let mut data = vec![0u8; h.length as usize];
-    s.read_exact(&mut data)?;
-    match h.reply_type {
+    match one_reply_option(s, OPT_STRUCTURED_REPLY, "NBD_OPT_STRUCTURED_REPLY")?.0 {
         REP_ACK => Ok(true),
         t if t & (1 << 31) != 0 => Ok(false),
         t => Err(protocol_error(format!(
