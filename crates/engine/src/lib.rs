@@ -22,6 +22,7 @@ mod members;
 mod personality;
 mod policy;
 mod status;
+mod stripe_parity;
 mod work;
 
 pub use array::{AnyBytes, Array, ArrayConfig, SyncWindow};

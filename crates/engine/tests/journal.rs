@@ -40,6 +40,11 @@ impl Rig {
     /// a power cut would.
     fn power_cut(&self, array: Array) {
         drop(array);
+        self.cut_devices();
+    }
+
+    /// Power off every device: what was not flushed is lost, kept or torn.
+    fn cut_devices(&self) {
         for m in &self.members {
             m.power_cut();
         }
@@ -596,12 +601,9 @@ fn reads_during_a_write_out_see_the_cached_data() {
 // Issue 21, items 2 and 5: a log that fails, and read-only starts after a cut.
 // ---------------------------------------------------------------------------------------------
 
-/// Power off every device of the rig: what was not flushed is lost, kept or torn.
+/// Power off every device of the rig, the log coming back alive if it was dead.
 fn cut(rig: &Rig) {
-    for m in &rig.members {
-        m.power_cut();
-    }
-    rig.log.power_cut();
+    rig.cut_devices();
     rig.log.set_dead(false);
 }
 

@@ -135,7 +135,7 @@ impl State {
         self.slots
             .get_mut(&handle)
             .filter(|s| s.result.is_none())
-            .ok_or_else(|| format!("reply chunk for handle {handle} nobody waits for"))
+            .ok_or_else(|| format!("reply for handle {handle} nobody waits for"))
     }
 }
 
@@ -435,27 +435,29 @@ impl Shared {
             slot.filling = true;
             (dest.ptr, start as usize)
         };
-        // SAFETY: as for a simple reply's data (`read_one_reply`): the caller waits until its
-        // slot holds a result, which no one else sets while it is `filling`; the range lies
-        // inside the buffer it lent.
+        // SAFETY: `dest` is the buffer of a READ whose caller stays in `wait` until its slot
+        // holds a result. The slot is marked `filling`, so no one but this thread sets that
+        // result (`die` skips it), and this thread sets it only after the fill; the range lies
+        // inside the buffer: the memory is lent to us alone for the whole of this borrow.
         let buf = unsafe { std::slice::from_raw_parts_mut(ptr.add(start), len as usize) };
         let filled = fill(buf);
         let mut st = self.state.lock();
         let dead = st.dead.clone();
         let slot = st.slots.get_mut(&handle).expect("a filling slot stays");
         slot.filling = false;
-        // `die` passed over this slot while it was filling: its result is ours to set.
-        if let Some(why) = filled.as_ref().err().or(dead.as_ref()) {
-            slot.result = Some(Err(transport(why)));
-            slot.waiter.unpark();
-            return filled.map(|()| false);
-        }
-        if !done {
-            return Ok(false);
-        }
-        slot.result = Some(slot.finish()?);
+        // `die` passed over this slot while it was filling: its result is ours to set (a reply
+        // whose last chunk came whole is complete, dead connection or not).
+        let result = match &filled {
+            Err(why) => Err(transport(why)),
+            Ok(()) if done => slot.finish()?,
+            Ok(()) => match dead {
+                Some(why) => Err(transport(&why)),
+                None => return Ok(false),
+            },
+        };
+        slot.result = Some(result);
         slot.waiter.unpark();
-        Ok(true)
+        filled.map(|()| done)
     }
 
     /// The reply for `handle` is complete.
@@ -551,34 +553,25 @@ fn read_one_reply(shared: &Shared, rx: &mut Receiver) -> Result<Option<u64>, Str
     rx.fill(shared, &mut header[4..SIMPLE_REPLY_LEN])?;
     let reply = codec::parse_simple_reply(&header[..SIMPLE_REPLY_LEN])
         .map_err(|e| format!("reply: {e}"))?;
-    let dest = {
+    let handle = reply.handle;
+    let whole = {
         let mut st = shared.state.lock();
-        let slot = st
-            .slots
-            .get_mut(&reply.handle)
-            .filter(|s| s.result.is_none())
-            .ok_or_else(|| format!("reply for handle {} nobody waits for", reply.handle))?;
+        let slot = st.waiting(handle)?;
         if reply.error != 0 {
             slot.result = Some(Err(Failure::Server(reply.error)));
             slot.waiter.unpark();
-            return Ok(Some(reply.handle));
+            return Ok(Some(handle));
         }
-        slot.filling = slot.dest.is_some();
-        slot.dest.take()
+        slot.dest.as_ref().map(|d| (d.offset, d.len as u64))
     };
-    if let Some(dest) = dest {
-        // SAFETY: `dest` is the buffer of a READ whose caller stays in `wait` until its slot
-        // holds a result. The slot is marked `filling`, so no one but this thread sets that
-        // result (`die` skips it), and this thread sets it only after the fill: the memory is
-        // lent to us alone for the whole of this borrow.
-        let buf = unsafe { std::slice::from_raw_parts_mut(dest.ptr, dest.len) };
-        if let Err(why) = rx.fill(shared, buf) {
-            shared.complete(reply.handle, Err(transport(&why)));
-            return Err(why);
+    match whole {
+        // A READ's data follows: the whole buffer, as one last chunk would bring it.
+        Some((at, len)) => {
+            shared.fill_chunk(handle, at, len, true, |buf| rx.fill(shared, buf))?;
         }
+        None => shared.complete(handle, Ok(())),
     }
-    shared.complete(reply.handle, Ok(()));
-    Ok(Some(reply.handle))
+    Ok(Some(handle))
 }
 
 /// Longest error chunk taken (its message is for people; NBD caps strings at 4 KiB).

@@ -1052,17 +1052,9 @@ impl Parity {
     ) -> (PoolBuf, Option<PoolBuf>) {
         let len = data[0].len();
         let mut p = array.bufs.get(len);
-        if roles.q_dev().is_none() {
-            parity::xor_gen(data, &mut p);
-            return (p, None);
-        }
-        let mut q = array.bufs.get(len);
-        let mut by_syndrome: Vec<&[u8]> = vec![&[]; data.len()];
-        for (d, buf) in data.iter().enumerate() {
-            by_syndrome[roles.syndrome(d)] = buf;
-        }
-        parity::pq_gen(&by_syndrome, &mut p, &mut q);
-        (p, Some(q))
+        let mut q = roles.q_dev().map(|_| array.bufs.get(len));
+        crate::stripe_parity::fill(roles, data, &mut p, q.as_deref_mut());
+        (p, q)
     }
 
     /// One row's chunks over `at..at + len` (member bytes), the missing ones reconstructed

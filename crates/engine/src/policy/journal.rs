@@ -1591,18 +1591,8 @@ fn complete_columns_parity<'a>(
         };
         let roles = geometry.stripe_roles(column / chunk_sectors);
         let mut p = AlignedBuf::zeroed(PAGE);
-        let q = if roles.q_dev().is_some() {
-            let mut q = AlignedBuf::zeroed(PAGE);
-            let mut by_syndrome: Vec<&[u8]> = vec![&[]; m];
-            for (d, &page) in pages.iter().enumerate() {
-                by_syndrome[roles.syndrome(d)] = page;
-            }
-            parity::pq_gen(&by_syndrome, &mut p, &mut q);
-            Some(q)
-        } else {
-            parity::xor_gen(&pages, &mut p);
-            None
-        };
+        let mut q = roles.q_dev().map(|_| AlignedBuf::zeroed(PAGE));
+        crate::stripe_parity::fill(&roles, &pages, &mut p, q.as_deref_mut());
         done.push((column, pages, p, q));
         false
     });
