@@ -1,8 +1,9 @@
 //! Opening a connection to an NBD export: fixed-newstyle handshake with `NBD_OPT_GO`, then
 //! transmission through a [`Pipeline`] (many requests in flight).
 //!
-//! No structured replies are negotiated, so every reply is a simple reply (the server must not
-//! send structured ones then); wire encoding is the server crate's codec.
+//! Structured replies are asked for and used when the server agrees (a server that does not
+//! know them answers in simple replies, and then a chunk is a protocol error); wire encoding is
+//! the server crate's codec.
 
 use super::pipeline::{stall_tick, Pipeline};
 use super::tls::TlsSetup;
