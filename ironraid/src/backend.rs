@@ -5,9 +5,11 @@
 //! keeps a partial-sector patch from undoing a neighbour's write).
 
 use engine::{Array, WriteIntent};
+use layout::Level;
 use nbd::proto::{STATE_HOLE, STATE_ZERO};
 use nbd::{Backend, BlockSizes, GatheredWrite, WriteHint};
 use std::io;
+use std::os::fd::BorrowedFd;
 use std::sync::Arc;
 
 pub struct ArrayBackend(pub Arc<Array>);
@@ -47,6 +49,16 @@ impl Backend for ArrayBackend {
     /// with zeroes for a region never written.
     fn read_fills_buffer(&self) -> bool {
         true
+    }
+
+    /// Linear and RAID0 reads may go from the members' page caches to the socket
+    /// ([`Array::read_to_pipe`] says where and when).
+    fn splices_reads(&self) -> bool {
+        matches!(self.0.geometry().level(), Level::Linear | Level::Raid0)
+    }
+
+    fn read_to_pipe(&self, offset: u64, len: usize, pipe: BorrowedFd<'_>) -> bool {
+        self.0.read_to_pipe(offset, len, pipe)
     }
 
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> io::Result<()> {

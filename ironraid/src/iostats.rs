@@ -5,6 +5,7 @@
 use device::Device;
 use parking_lot::Mutex;
 use std::io;
+use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -100,6 +101,23 @@ impl Device for Counted {
         let c = &self.counts;
         let r = self.inner.write_vectored_at(bufs, offset_bytes, fua);
         Self::count(&c.writes, Some((&c.write_bytes, len)), &c.write_errors, r)
+    }
+
+    /// Counted as a read when it moved the bytes; a failure is not a read error here (the
+    /// caller reads the range the ordinary way next, which counts one if the device has it).
+    fn splice_to_pipe(
+        &self,
+        pipe: BorrowedFd<'_>,
+        offset_bytes: u64,
+        len: usize,
+    ) -> io::Result<()> {
+        let r = self.inner.splice_to_pipe(pipe, offset_bytes, len);
+        if r.is_ok() {
+            let c = &self.counts;
+            c.reads.fetch_add(1, Ordering::Relaxed);
+            c.read_bytes.fetch_add(len as u64, Ordering::Relaxed);
+        }
+        r
     }
 
     fn flush(&self) -> io::Result<()> {

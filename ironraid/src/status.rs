@@ -62,6 +62,10 @@ pub struct Detail {
     /// Extension: degraded reads refused for that reason since the start.
     #[serde(default)]
     pub torn_reads_refused: u64,
+    /// Extension: client reads sent straight from the members' page caches (`splice`, linear
+    /// and RAID0 over local members) since the start.
+    #[serde(default)]
+    pub spliced_reads: u64,
     /// Extension: what each bounded pool and queue of the daemon holds, against its limit
     /// (null where the daemon's own figures are not known, e.g. in metrics).
     #[serde(default)]
@@ -704,6 +708,7 @@ impl Detail {
             read_only_reason: s.read_only_reason.clone(),
             torn_rows_exposed: s.torn_rows_exposed,
             torn_reads_refused: s.torn_reads_refused,
+            spliced_reads: s.spliced_reads,
             no_space: s.no_space.as_ref().map(|n| NoSpaceDetail {
                 member: n.member.clone(),
                 since_unix_ms: n.since_unix_ms,
@@ -993,6 +998,7 @@ mod tests {
             read_only_reason: None,
             torn_rows_exposed: 0,
             torn_reads_refused: 0,
+            spliced_reads: 0,
             no_space: None,
             memory: None,
             cluster: None,

@@ -96,6 +96,65 @@ fn nbdcopy_roundtrip_raid0() {
     copy_roundtrip("0", 3, &["--chunk", "64K"]);
 }
 
+/// Linear and RAID0 reads go from the members' page caches to the socket (`splice`): what
+/// fio's verifying readers and nbdcopy get back is what was written, concurrent writes and
+/// reads of every size up to the pipe's 1 MiB included, and the daemon says it spliced.
+/// Canary: splicing from the member offset without the data offset failed fio's verify.
+#[test]
+fn spliced_reads_of_linear_and_raid0_return_what_was_written() {
+    if !require_tools(&["nbdcopy", "fio"]) {
+        return;
+    }
+    for level in ["linear", "0"] {
+        let env = Env::new(&format!("splice{level}"), 3, MEMBER);
+        env.create(level, &["--chunk", "64K"]);
+        let d = env.run_all();
+        let out = sh(
+            "fio",
+            &[
+                "--name=splice",
+                "--ioengine=nbd",
+                &format!("--uri={}", env.uri()),
+                "--rw=randrw",
+                "--bsrange=4k-1m",
+                "--size=96m",
+                "--iodepth=16",
+                "--numjobs=2",
+                "--offset_increment=96m",
+                "--verify=crc32c",
+                "--verify_fatal=1",
+                "--verify_state_save=0",
+                "--do_verify=1",
+                "--group_reporting",
+            ],
+        );
+        assert!(out.contains("err= 0"), "{level}: fio {out}");
+        assert!(!out.contains("verify: bad"), "{level}: fio {out}");
+        let src = env.dir.path().join("src.bin");
+        let back = env.dir.path().join("back.bin");
+        random_file(&src, DATA, 7);
+        sh(
+            "nbdcopy",
+            &["--connections=4", src.to_str().unwrap(), &env.uri()],
+        );
+        sh(
+            "nbdcopy",
+            &["--request-size=1048576", &env.uri(), back.to_str().unwrap()],
+        );
+        let got = std::fs::read(&back).unwrap();
+        assert!(
+            got[..DATA] == std::fs::read(&src).unwrap()[..],
+            "{level}: data read back differs"
+        );
+        let spliced = env.detail()["spliced_reads"].as_u64().unwrap();
+        assert!(
+            spliced >= (DATA >> 20) as u64,
+            "{level}: {spliced} reads spliced"
+        );
+        env.stop(d);
+    }
+}
+
 #[test]
 fn nbdcopy_roundtrip_raid1() {
     if !require_tools(&["nbdcopy"]) {

@@ -10,6 +10,7 @@ use crate::{check_range, Device, SECTOR_BYTES};
 use rustix::fs::{FallocateFlags, FlockOperation, StatxFlags};
 use std::fs::{File, OpenOptions};
 use std::io::{self, IoSlice, Seek, SeekFrom};
+use std::os::fd::BorrowedFd;
 use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
 use std::path::Path;
 
@@ -227,6 +228,37 @@ impl Device for FileDevice {
                 skip = 0;
             }
             skip += n;
+        }
+        Ok(())
+    }
+
+    /// From the buffered descriptor: the page cache is what `splice` moves (a range last
+    /// written through `O_DIRECT` was dropped from it then, so it is read afresh).
+    fn splice_to_pipe(
+        &self,
+        pipe: BorrowedFd<'_>,
+        offset_bytes: u64,
+        len: usize,
+    ) -> io::Result<()> {
+        check_range(self, offset_bytes, len as u64);
+        let mut at = offset_bytes;
+        let end = offset_bytes + len as u64;
+        while at < end {
+            let left = (end - at) as usize;
+            let n = rustix::pipe::splice(
+                &self.buffered,
+                Some(&mut at),
+                pipe,
+                None,
+                left,
+                rustix::pipe::SpliceFlags::empty(),
+            )?;
+            if n == 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    format!("{}: end of file at byte {at}", self.name),
+                ));
+            }
         }
         Ok(())
     }

@@ -31,6 +31,7 @@ pub use remote::{is_nbd_uri, NbdDevice, RemoteOptions};
 pub use sim::{Faults, PowerRail, SimDevice, SimStats};
 
 use std::io;
+use std::os::fd::BorrowedFd;
 
 /// md's sector: every offset and length a device sees is a multiple of this.
 pub const SECTOR_BYTES: u64 = 512;
@@ -57,6 +58,19 @@ pub trait Device: Send + Sync {
             at += b.len();
         }
         self.write_at(&all, offset_bytes, fua)
+    }
+    /// Move the `len` bytes at `offset_bytes` into the pipe `pipe` without copying them
+    /// through user space (`splice(2)` of page-cache pages), for a server that sends them on
+    /// from there. Any error leaves the pipe holding part of them; `Unsupported` (the default)
+    /// means this device cannot, and the caller reads instead.
+    fn splice_to_pipe(
+        &self,
+        pipe: BorrowedFd<'_>,
+        offset_bytes: u64,
+        len: usize,
+    ) -> io::Result<()> {
+        let _ = (pipe, offset_bytes, len);
+        Err(io::ErrorKind::Unsupported.into())
     }
     /// Make every write that completed before this call durable.
     fn flush(&self) -> io::Result<()>;

@@ -67,6 +67,8 @@ pub struct ArrayStatus {
     pub torn_rows_exposed: u64,
     /// Degraded reads refused because their block would be rebuilt from such a row.
     pub torn_reads_refused: u64,
+    /// Client reads sent from the members' page caches without a copy (linear, RAID0).
+    pub spliced_reads: u64,
     /// Writes failing because a member's backing store is full (None: they go through).
     pub no_space: Option<crate::io::no_space::NoSpaceStatus>,
     pub memory: MemoryStatus,
@@ -160,6 +162,7 @@ impl Parts {
                 self.walker.resync_owed(),
             ),
             torn_reads_refused: self.torn_reads_refused.load(Ordering::Relaxed),
+            spliced_reads: self.spliced_reads.load(Ordering::Relaxed),
             no_space: self.commit.no_space.status(),
             memory: MemoryStatus {
                 stripe_cache: self.stripes.usage(),

@@ -2,6 +2,7 @@
 //! translated into the handful of errno values NBD allows on the wire.
 
 use std::io;
+use std::os::fd::BorrowedFd;
 use std::sync::Arc;
 
 use crate::proto::{EINVAL, EIO, ENOSPC, ENOTSUP, EOVERFLOW, EPERM};
@@ -92,6 +93,19 @@ pub trait Backend: Send + Sync + 'static {
     /// saves zeroing it (a memset of every byte read). False by default: the buffer is zeroed
     /// first, so that what a backend leaves unwritten never reaches a client.
     fn read_fills_buffer(&self) -> bool {
+        false
+    }
+    /// Whether [`Backend::read_to_pipe`] may succeed (asked once per connection; false by
+    /// default, and then it is never called).
+    fn splices_reads(&self) -> bool {
+        false
+    }
+    /// Moves the `len` bytes at `offset` into the pipe `pipe` without copying them through
+    /// user space (`splice(2)` from files), for a READ the server then sends from the pipe.
+    /// False: not for this range, and the pipe may hold part of it (the server throws that
+    /// away) before it calls [`Backend::read`], which reports whatever failed here.
+    fn read_to_pipe(&self, offset: u64, len: usize, pipe: BorrowedFd<'_>) -> bool {
+        let _ = (offset, len, pipe);
         false
     }
     /// Writes `data` at `offset`; durable before returning if `fua`.

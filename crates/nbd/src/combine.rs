@@ -52,7 +52,7 @@ impl<W> Combining<W> {
                     }
                     drop(q);
                     return match try_lock(&self.w) {
-                        Some(w) => self.write_out(w, &[], write),
+                        Some(w) => self.write_out(w, |w, queued| write(w, &[queued]), &write),
                         None => Ok(()),
                     };
                 }
@@ -60,7 +60,30 @@ impl<W> Combining<W> {
         } else {
             lock(&self.w)
         };
-        self.write_out(w, parts, write)
+        self.write_out(w, |w, queued| write(w, &with_queued(queued, parts)), &write)
+    }
+
+    /// Send a message whose first part is `head` (written with `write`, after what is queued)
+    /// and whose rest `then` writes to the writer by other means (a `splice`), with the writer
+    /// held throughout, so that nothing comes between the two.
+    pub fn send_then<F>(
+        &self,
+        head: &[u8],
+        then: impl FnOnce(&mut W) -> io::Result<()>,
+        write: F,
+    ) -> io::Result<()>
+    where
+        F: Fn(&mut W, &[&[u8]]) -> io::Result<()>,
+    {
+        let w = lock(&self.w);
+        self.write_out(
+            w,
+            |w, queued| {
+                write(w, &with_queued(queued, &[head]))?;
+                then(w)
+            },
+            &write,
+        )
     }
 
     /// The writer alone, for a message that must go now (after what is queued).
@@ -68,29 +91,24 @@ impl<W> Combining<W> {
         lock(&self.w)
     }
 
-    /// With the writer: what is queued, then `parts`; after unlocking, whatever was queued
-    /// meanwhile, if the writer is free again (else its holder writes it).
+    /// With the writer: `own` (given what is queued, which it writes first); after unlocking,
+    /// whatever was queued meanwhile, if the writer is free again (else its holder writes it).
     fn write_out<'c, F>(
         &'c self,
         mut w: MutexGuard<'c, W>,
-        parts: &[&[u8]],
-        write: F,
+        own: impl FnOnce(&mut W, &[u8]) -> io::Result<()>,
+        write: &F,
     ) -> io::Result<()>
     where
         F: Fn(&mut W, &[&[u8]]) -> io::Result<()>,
     {
-        let mut own = parts;
         let mut batch = Vec::new();
+        std::mem::swap(&mut batch, &mut *lock(&self.queued));
+        let r = own(&mut w, &batch);
+        drop(w);
+        r?;
         loop {
-            std::mem::swap(&mut batch, &mut *lock(&self.queued));
-            let mut all = Vec::with_capacity(own.len() + 1);
-            all.push(&batch[..]);
-            all.extend_from_slice(own);
-            let r = write(&mut w, &all);
-            drop(w);
-            r?;
             batch.clear();
-            own = &[];
             if lock(&self.queued).is_empty() {
                 return Ok(());
             }
@@ -98,8 +116,20 @@ impl<W> Combining<W> {
                 Some(w) => w,
                 None => return Ok(()),
             };
+            std::mem::swap(&mut batch, &mut *lock(&self.queued));
+            let r = write(&mut w, &[&batch]);
+            drop(w);
+            r?;
         }
     }
+}
+
+/// What is queued, then `parts`.
+fn with_queued<'a>(queued: &'a [u8], parts: &[&'a [u8]]) -> Vec<&'a [u8]> {
+    let mut all = Vec::with_capacity(parts.len() + 1);
+    all.push(queued);
+    all.extend_from_slice(parts);
+    all
 }
 
 /// Every byte of `parts`, in order, in as few system calls as the writer takes.

@@ -93,6 +93,7 @@ pub mod combine;
 pub mod command;
 mod handshake;
 mod limits;
+mod pipe;
 pub mod proto;
 mod server;
 mod shutdown;

@@ -3,6 +3,7 @@
 
 use std::io::{self, IoSlice, Read, Write};
 use std::net::Shutdown;
+use std::os::fd::{AsFd, BorrowedFd};
 
 /// A connected socket in blocking mode.
 pub(crate) enum Stream {
@@ -36,6 +37,15 @@ impl Stream {
         match self {
             Stream::Unix(s) => s.shutdown(how),
             Stream::Tcp(s) => s.shutdown(how),
+        }
+    }
+}
+
+impl AsFd for Stream {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        match self {
+            Stream::Unix(s) => s.as_fd(),
+            Stream::Tcp(s) => s.as_fd(),
         }
     }
 }

@@ -47,6 +47,7 @@
 
 use std::io::{self, BufRead, BufReader, Read};
 use std::net::Shutdown;
+use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
@@ -61,6 +62,7 @@ use crate::codec::{self, Request};
 use crate::combine::{write_all_vectored, Combining};
 use crate::command::{validate, Command, ExportParams, Rejection};
 use crate::handshake::Negotiated;
+use crate::pipe;
 use crate::proto::*;
 use crate::shutdown::stopped;
 use crate::stream::Stream;
@@ -93,6 +95,8 @@ struct Ctx {
     gathers: bool,
     /// [`Backend::read_fills_buffer`], asked once.
     reads_fill: bool,
+    /// [`Backend::splices_reads`], asked once.
+    splices: bool,
     params: ExportParams,
     bs: BlockSizes,
 }
@@ -194,6 +198,7 @@ pub(crate) async fn serve(
             bufs: cfg.bufs.clone(),
             gathers: backend.gathers_writes(),
             reads_fill: backend.read_fills_buffer(),
+            splices: backend.splices_reads(),
             backend,
             params,
             bs,
@@ -479,9 +484,22 @@ impl Conn {
     /// Runs `job` against the backend and writes its reply.
     fn run(&self, job: Job) {
         let start = Instant::now();
+        let note_time = || {
+            let ns = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
+            self.last_exec_ns.store(ns, Ordering::Relaxed);
+        };
+        if let Command::Read { offset, len, .. } = job.cmd {
+            if self.ctx.splices
+                && len > 0
+                && self.read_spliced(job.req.handle, offset, len, &note_time)
+            {
+                self.inflight.fetch_sub(1, Ordering::SeqCst);
+                drop(job.grant);
+                return;
+            }
+        }
         let (head, data) = execute(&self.ctx, &job.req, job.cmd, job.payload, job.hint);
-        let ns = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
-        self.last_exec_ns.store(ns, Ordering::Relaxed);
+        note_time();
         self.reply(&head, data.as_ref().map(|d| d.as_slice()));
         self.inflight.fetch_sub(1, Ordering::SeqCst);
         // The reply buffer is gone: give its bytes back.
@@ -489,11 +507,48 @@ impl Conn {
         drop(job.grant);
     }
 
+    /// A READ answered from this thread's pipe, which the backend filled (`pipe`); false
+    /// when the backend would not (the caller reads through a buffer then).
+    fn read_spliced(&self, h: u64, offset: u64, len: u32, note_time: &impl Fn()) -> bool {
+        let len = len as usize;
+        pipe::with_pipe(len, |p| {
+            if !self.ctx.backend.read_to_pipe(offset, len, p.input()) {
+                return (false, p.holds(0));
+            }
+            if !p.holds(len) {
+                // A backend bug; sending would wait forever for bytes that never come.
+                warn!("the backend's spliced read of {offset}+{len} put the wrong byte count in");
+                return (false, false);
+            }
+            note_time();
+            let head = if self.ctx.params.structured {
+                // `len` <= 32 MiB: one chunk always fits.
+                codec::chunk_offset_data_prefix(h, REPLY_FLAG_DONE, offset, len)
+                    .map(|a| a.to_vec())
+                    .unwrap_or_default()
+            } else {
+                codec::simple_reply(0, h).to_vec()
+            };
+            let sent = self
+                .wr
+                .send_then(&head, |w| p.send_to(w.as_fd(), len), write_all_vectored);
+            // Sent or not, the reply is done with: a failed send tears the connection down.
+            let ok = self.sent(sent);
+            (true, ok)
+        })
+        .unwrap_or(false)
+    }
+
     /// Writes one whole reply, or leaves it to the thread writing (`combine`); on failure the
     /// connection is torn down.
     fn reply(&self, head: &[u8], data: Option<&[u8]>) -> bool {
         let parts = [head, data.unwrap_or(&[])];
-        match self.wr.send(&parts, write_all_vectored) {
+        self.sent(self.wr.send(&parts, write_all_vectored))
+    }
+
+    /// Whether a reply went out; a failure tears the connection down.
+    fn sent(&self, r: io::Result<()>) -> bool {
+        match r {
             Ok(()) => true,
             Err(e) => {
                 debug!("reply not sent: {e}");

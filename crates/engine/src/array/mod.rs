@@ -31,6 +31,7 @@ use crate::personality::stripe_cache::StripeCache;
 use crate::policy::{BitmapPolicy, ConsistencyPolicy, JournalPolicy, ResyncPolicy};
 use crate::status::ArrayStatus;
 use layout::Geometry;
+use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -289,6 +290,7 @@ impl Array {
             clock: sync.clock.clone(),
             walker: sync.clone(),
             torn_reads_refused: std::sync::atomic::AtomicU64::new(0),
+            spliced_reads: std::sync::atomic::AtomicU64::new(0),
         };
         let array = Array {
             parts,
@@ -351,6 +353,35 @@ impl Array {
             at += len;
         }
         Ok(())
+    }
+
+    /// A client read moved into `pipe` without passing through user space, for a server that
+    /// sends it on from there (`splice`): where the level reads each byte from the one place it
+    /// lies (linear, RAID0), each member there is in sync, has no recorded bad block and can
+    /// splice (a local file or block device), and nothing stands between client and members
+    /// (a cluster's read refusal, a verify owed first, a used-region map's zeroes). False: the
+    /// caller reads the ordinary way, which handles whatever failed here; the pipe may hold part
+    /// of the range then, for the caller to throw away.
+    pub fn read_to_pipe(&self, offset_bytes: u64, len: usize, pipe: BorrowedFd<'_>) -> bool {
+        let ok = len > 0
+            && offset_bytes.is_multiple_of(512)
+            && len.is_multiple_of(512)
+            && self.used.is_none()
+            && self.check_range(offset_bytes, len as u64).is_ok()
+            && self.members.coordinator().read_refusal().is_none()
+            && self
+                .policy
+                .before_client_io(&self.parts, offset_bytes, len as u64, false)
+                .is_ok();
+        if !ok {
+            return false;
+        }
+        self.sync.note_client_io();
+        let moved = self.personality.read_to_pipe(self, offset_bytes, len, pipe);
+        if moved {
+            self.spliced_reads.fetch_add(1, Ordering::Relaxed);
+        }
+        moved
     }
 
     fn read_members(&self, offset_bytes: u64, buf: &mut [u8]) -> Result<()> {

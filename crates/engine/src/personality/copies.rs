@@ -17,6 +17,7 @@ use crate::lock::REGION_BYTES;
 use crate::personality::parts::Parts;
 use crate::personality::Copies;
 use layout::Level;
+use std::os::fd::BorrowedFd;
 use std::sync::atomic::Ordering;
 
 /// One contiguous piece of a request that lives on the same copies.
@@ -48,6 +49,39 @@ impl Copies {
             done += n as usize;
         }
         out
+    }
+
+    /// Each piece's only copy spliced into `pipe`, in order (linear, RAID0), while every one is
+    /// in sync there, has no recorded bad block there and can splice. False at the first that
+    /// cannot: the caller reads the range the ordinary way, which handles what failed here.
+    pub(crate) fn splice_only_copies(
+        &self,
+        array: &Parts,
+        offset_bytes: u64,
+        len: usize,
+        pipe: BorrowedFd<'_>,
+    ) -> bool {
+        for p in self.pieces(offset_bytes, len) {
+            assert_eq!(
+                p.copies.len(),
+                1,
+                "splicing from a level with copies to choose from"
+            );
+            let copy = p.copies.get(0);
+            let (at, n) = (copy.dev_sector * 512, p.len as u64);
+            let Some(member) = array.members.slot(copy.dev).in_sync_member(at, n) else {
+                return false;
+            };
+            if member.health.overlaps(at, n)
+                || member
+                    .dev
+                    .splice_to_pipe(pipe, member.data_offset_bytes + at, p.len)
+                    .is_err()
+            {
+                return false;
+            }
+        }
+        true
     }
 
     pub(crate) fn mirror_read(

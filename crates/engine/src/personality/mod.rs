@@ -36,6 +36,7 @@ use crate::error::Result;
 use crate::personality::parts::Parts;
 use crate::work::{Stop, SyncAction};
 use layout::{Geometry, Level};
+use std::os::fd::BorrowedFd;
 use std::sync::atomic::AtomicUsize;
 
 /// What the engine asks of a level. Pure questions take only the geometry the personality was
@@ -128,6 +129,15 @@ pub(crate) trait Personality: Send + Sync {
     }
 
     fn read(&self, a: &Parts, offset_bytes: u64, buf: &mut [u8]) -> Result<()>;
+
+    /// The array bytes `offset_bytes..+len` moved into `pipe` from the members' page caches,
+    /// where each byte is read from the one place it lies (see [`crate::Array::read_to_pipe`]).
+    /// False (the default: levels whose reads choose, verify or compute) means the caller
+    /// reads instead; the pipe may hold part of the range then.
+    fn read_to_pipe(&self, a: &Parts, offset_bytes: u64, len: usize, pipe: BorrowedFd<'_>) -> bool {
+        let _ = (a, offset_bytes, len, pipe);
+        false
+    }
 
     fn write(
         &self,
@@ -224,6 +234,10 @@ impl Personality for Striped {
 
     fn read(&self, a: &Parts, offset_bytes: u64, buf: &mut [u8]) -> Result<()> {
         self.one_copy.mirror_read(a, offset_bytes, buf)
+    }
+
+    fn read_to_pipe(&self, a: &Parts, offset_bytes: u64, len: usize, pipe: BorrowedFd<'_>) -> bool {
+        self.one_copy.splice_only_copies(a, offset_bytes, len, pipe)
     }
 
     fn write(

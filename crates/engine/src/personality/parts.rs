@@ -73,6 +73,8 @@ pub struct Parts {
     pub(crate) walker: Arc<dyn Walker>,
     /// Reads refused because the block had to be rebuilt from a row a crash may have torn.
     pub(crate) torn_reads_refused: std::sync::atomic::AtomicU64,
+    /// Client reads answered by splicing from the members' page caches ([`crate::Array::read_to_pipe`]).
+    pub(crate) spliced_reads: std::sync::atomic::AtomicU64,
 }
 
 impl CommitParts for Parts {

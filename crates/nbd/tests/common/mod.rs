@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 use std::io::{self, Read, Write};
+use std::os::fd::BorrowedFd;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -40,6 +41,14 @@ pub struct MemBackend {
     pub hint_delay: Duration,
     /// `hints_given` as each `write` began.
     pub hints_at_write: Mutex<Vec<usize>>,
+    /// Answer reads through the server's pipe (`Backend::read_to_pipe`, by writing the bytes
+    /// into it); a read touching `fail_reads` puts its first half in and gives up.
+    pub splices: bool,
+    /// Reads put whole into the pipe, and reads given up on halfway.
+    pub spliced: AtomicUsize,
+    pub splices_given_up: AtomicUsize,
+    /// A read given up on halfway claims success instead (a backend bug the server survives).
+    pub splice_lies: bool,
 }
 
 /// A hint that counts itself out of `MemBackend::hints_live` when dropped.
@@ -74,6 +83,10 @@ impl MemBackend {
             reads_given_dirty: AtomicUsize::new(0),
             hint_delay: Duration::ZERO,
             hints_at_write: Mutex::new(Vec::new()),
+            splices: false,
+            spliced: AtomicUsize::new(0),
+            splices_given_up: AtomicUsize::new(0),
+            splice_lies: false,
         }
     }
 
@@ -119,6 +132,30 @@ impl Backend for MemBackend {
         }
         buf.copy_from_slice(&self.data.lock().unwrap()[r]);
         Ok(())
+    }
+    fn splices_reads(&self) -> bool {
+        self.splices
+    }
+    fn read_to_pipe(&self, offset: u64, len: usize, pipe: BorrowedFd<'_>) -> bool {
+        let Ok(r) = self.range(offset, len as u64) else {
+            return false;
+        };
+        let bytes = self.data.lock().unwrap()[r.clone()].to_vec();
+        let fails = self
+            .fail_reads
+            .is_some_and(|(s, e)| (r.start as u64) < e && (r.end as u64) > s);
+        let put = if fails { &bytes[..len / 2] } else { &bytes[..] };
+        let mut done = 0;
+        while done < put.len() {
+            done += rustix::io::write(pipe, &put[done..]).expect("the pipe holds a whole read");
+        }
+        let counter = if fails {
+            &self.splices_given_up
+        } else {
+            &self.spliced
+        };
+        counter.fetch_add(1, Ordering::SeqCst);
+        !fails || self.splice_lies
     }
     fn write(&self, offset: u64, data: &[u8], _fua: bool) -> io::Result<()> {
         let hints = self.hints_given.load(Ordering::SeqCst);
