@@ -5,7 +5,6 @@
 //! keeps a partial-sector patch from undoing a neighbour's write).
 
 use engine::{Array, WriteIntent};
-use layout::Level;
 use nbd::proto::{STATE_HOLE, STATE_ZERO};
 use nbd::{Backend, BlockSizes, GatheredWrite, WriteHint};
 use std::io;
@@ -51,10 +50,10 @@ impl Backend for ArrayBackend {
         true
     }
 
-    /// Linear and RAID0 reads may go from the members' page caches to the socket
+    /// Reads of levels without parity may go from the members' page caches to the socket
     /// ([`Array::read_to_pipe`] says where and when).
     fn splices_reads(&self) -> bool {
-        matches!(self.0.geometry().level(), Level::Linear | Level::Raid0)
+        !self.0.geometry().level().is_parity()
     }
 
     fn read_to_pipe(&self, offset: u64, len: usize, pipe: BorrowedFd<'_>) -> bool {

@@ -62,8 +62,8 @@ pub struct Detail {
     /// Extension: degraded reads refused for that reason since the start.
     #[serde(default)]
     pub torn_reads_refused: u64,
-    /// Extension: client reads sent straight from the members' page caches (`splice`, linear
-    /// and RAID0 over local members) since the start.
+    /// Extension: client reads sent straight from the members' page caches (`splice`; levels
+    /// without parity or integrity, local members) since the start.
     #[serde(default)]
     pub spliced_reads: u64,
     /// Extension: what each bounded pool and queue of the daemon holds, against its limit

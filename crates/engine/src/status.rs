@@ -67,7 +67,7 @@ pub struct ArrayStatus {
     pub torn_rows_exposed: u64,
     /// Degraded reads refused because their block would be rebuilt from such a row.
     pub torn_reads_refused: u64,
-    /// Client reads sent from the members' page caches without a copy (linear, RAID0).
+    /// Client reads sent from the members' page caches without a copy (levels without parity or integrity).
     pub spliced_reads: u64,
     /// Writes failing because a member's backing store is full (None: they go through).
     pub no_space: Option<crate::io::no_space::NoSpaceStatus>,

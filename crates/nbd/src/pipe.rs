@@ -15,6 +15,11 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 /// default `fs.pipe-max-size`; a longer one is read through a buffer).
 const PIPE_BYTES: usize = 1 << 20;
 
+/// Shorter READs go through a buffer: their copies cost less than the two `splice` calls and
+/// the byte count check a spliced one makes beside the reply's write (4 KiB random reads ran
+/// 0.81–1.00× the buffered path's IOPS spliced, `bench/transport`, 2026-11-28).
+pub(crate) const SPLICE_MIN_BYTES: usize = 64 << 10;
+
 pub(crate) struct Pipe {
     read: OwnedFd,
     write: OwnedFd,

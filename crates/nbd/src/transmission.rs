@@ -490,7 +490,7 @@ impl Conn {
         };
         if let Command::Read { offset, len, .. } = job.cmd {
             if self.ctx.splices
-                && len > 0
+                && len as usize >= pipe::SPLICE_MIN_BYTES
                 && self.read_spliced(job.req.handle, offset, len, &note_time)
             {
                 self.inflight.fetch_sub(1, Ordering::SeqCst);

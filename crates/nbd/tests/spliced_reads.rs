@@ -52,9 +52,9 @@ fn spliced_reads_reply_as_buffered_ones_do() {
     let want = pattern(MIB);
     let mut c = RawClient::connect(&t.sock, "d", false);
     let reads = [
-        (0u64, 4096u32),
-        (4096, 61440),
-        (131072, MIB as u32 - 131072),
+        (0u64, 65536u32),
+        (131072, 131072),
+        (262144, MIB as u32 - 262144),
     ];
     for (h, (at, len)) in reads.into_iter().enumerate() {
         let got = read_simple(&mut c, h as u64, at, len).unwrap();
@@ -64,14 +64,17 @@ fn spliced_reads_reply_as_buffered_ones_do() {
         );
     }
     let mut s = RawClient::connect(&t.sock, "d", true);
-    s.request(CMD_READ, CMD_FLAG_DF, 9, 8192, 16384);
+    s.request(CMD_READ, CMD_FLAG_DF, 9, 139264, 65536);
     let (h, d) = s.chunk();
     assert_eq!(
         (h.chunk_type, h.flags, h.handle),
         (REPLY_TYPE_OFFSET_DATA, REPLY_FLAG_DONE, 9)
     );
-    assert_eq!(u64::from_be_bytes(d[..8].try_into().unwrap()), 8192);
-    assert!(d[8..] == want[8192..8192 + 16384], "structured read");
+    assert_eq!(u64::from_be_bytes(d[..8].try_into().unwrap()), 139264);
+    assert!(d[8..] == want[139264..139264 + 65536], "structured read");
+    assert_eq!(b.spliced.load(Ordering::SeqCst), 4);
+    // Below 64 KiB the buffered path is cheaper: not spliced.
+    assert!(read_simple(&mut c, 8, 4096, 61440).unwrap() == want[4096..65536]);
     assert_eq!(b.spliced.load(Ordering::SeqCst), 4);
     // The whole MiB touches the failing range: given up, then EIO through the buffer.
     assert_eq!(read_simple(&mut c, 7, 0, MIB as u32), Err(EIO));
@@ -87,7 +90,7 @@ fn a_backend_that_gives_up_halfway_leaves_nothing_on_the_wire() {
     let want = pattern(MIB);
     let mut c = RawClient::connect(&t.sock, "d", false);
     for round in 0..3u64 {
-        assert_eq!(read_simple(&mut c, 10 * round, 65536, 8192), Err(EIO));
+        assert_eq!(read_simple(&mut c, 10 * round, 65536, 65536), Err(EIO));
         let got = read_simple(&mut c, 10 * round + 1, 262144, 65536).unwrap();
         assert!(
             got == want[262144..262144 + 65536],
@@ -97,7 +100,7 @@ fn a_backend_that_gives_up_halfway_leaves_nothing_on_the_wire() {
     assert_eq!(b.splices_given_up.load(Ordering::SeqCst), 3);
     assert_eq!(b.spliced.load(Ordering::SeqCst), 3);
     let mut s = RawClient::connect(&t.sock, "d", true);
-    s.request(CMD_READ, CMD_FLAG_DF, 5, 65536, 8192);
+    s.request(CMD_READ, CMD_FLAG_DF, 5, 32768, 65536);
     let (h, d) = s.chunk();
     assert_eq!((h.chunk_type, h.flags), (REPLY_TYPE_ERROR, REPLY_FLAG_DONE));
     assert_eq!(u32::from_be_bytes(d[..4].try_into().unwrap()), EIO);
@@ -112,7 +115,7 @@ fn a_short_spliced_read_goes_through_the_buffer() {
     let (b, t) = server_with(|m| m.splice_lies = true);
     let want = pattern(MIB);
     let mut c = RawClient::connect(&t.sock, "d", false);
-    assert_eq!(read_simple(&mut c, 1, 65536, 8192), Err(EIO));
+    assert_eq!(read_simple(&mut c, 1, 65536, 65536), Err(EIO));
     assert!(read_simple(&mut c, 2, 0, 4096).unwrap() == want[..4096]);
     assert_eq!(b.splices_given_up.load(Ordering::SeqCst), 1);
 }

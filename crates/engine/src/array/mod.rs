@@ -356,18 +356,22 @@ impl Array {
     }
 
     /// A client read moved into `pipe` without passing through user space, for a server that
-    /// sends it on from there (`splice`): where the level reads each byte from the one place it
-    /// lies (linear, RAID0), each member there is in sync, has no recorded bad block and can
-    /// splice (a local file or block device), and nothing stands between client and members
-    /// (a cluster's read refusal, a verify owed first, a used-region map's zeroes). False: the
-    /// caller reads the ordinary way, which handles whatever failed here; the pipe may hold part
-    /// of the range then, for the caller to throw away.
+    /// sends it on from there (`splice`): on levels without parity and without integrity
+    /// records, from the copy an ordinary read would take first, where that member is in sync,
+    /// has no recorded bad block and can splice (a local file or block device), and nothing
+    /// stands between client and members (a cluster's read refusal, a verify owed first, a
+    /// region the used-region map says reads as zeroes). False: the caller reads the ordinary
+    /// way, which handles whatever failed here; the pipe may hold part of the range then, for
+    /// the caller to throw away.
     pub fn read_to_pipe(&self, offset_bytes: u64, len: usize, pipe: BorrowedFd<'_>) -> bool {
         let ok = len > 0
             && offset_bytes.is_multiple_of(512)
             && len.is_multiple_of(512)
-            && self.used.is_none()
             && self.check_range(offset_bytes, len as u64).is_ok()
+            && self
+                .zero_runs(offset_bytes, len as u64)
+                .iter()
+                .all(|&(_, zero)| !zero)
             && self.members.coordinator().read_refusal().is_none()
             && self
                 .policy

@@ -51,23 +51,27 @@ impl Copies {
         out
     }
 
-    /// Each piece's only copy spliced into `pipe`, in order (linear, RAID0), while every one is
-    /// in sync there, has no recorded bad block there and can splice. False at the first that
-    /// cannot: the caller reads the range the ordinary way, which handles what failed here.
-    pub(crate) fn splice_only_copies(
+    /// Each piece spliced into `pipe` in order, from the copy [`Copies::mirror_read`] would
+    /// read first, while that one has no recorded bad block there and can splice; never with
+    /// integrity records (they verify bytes in memory). False at the first piece that cannot:
+    /// the caller reads the range the ordinary way, which tries the other copies and handles
+    /// what failed here.
+    pub(crate) fn splice_copies(
         &self,
         array: &Parts,
         offset_bytes: u64,
         len: usize,
         pipe: BorrowedFd<'_>,
     ) -> bool {
-        for p in self.pieces(offset_bytes, len) {
-            assert_eq!(
-                p.copies.len(),
-                1,
-                "splicing from a level with copies to choose from"
-            );
-            let copy = p.copies.get(0);
+        if array.integrity.is_some() {
+            return false;
+        }
+        let spread = self.first_copy(array);
+        for (i, p) in self.pieces(offset_bytes, len).iter().enumerate() {
+            let start = if spread == 0 { 0 } else { spread + i };
+            let Some(copy) = self.pick_copy(array, p, start, &mut 0) else {
+                return false;
+            };
             let (at, n) = (copy.dev_sector * 512, p.len as u64);
             let Some(member) = array.members.slot(copy.dev).in_sync_member(at, n) else {
                 return false;

@@ -237,7 +237,7 @@ impl Personality for Striped {
     }
 
     fn read_to_pipe(&self, a: &Parts, offset_bytes: u64, len: usize, pipe: BorrowedFd<'_>) -> bool {
-        self.one_copy.splice_only_copies(a, offset_bytes, len, pipe)
+        self.one_copy.splice_copies(a, offset_bytes, len, pipe)
     }
 
     fn write(
@@ -376,6 +376,10 @@ impl Personality for Copies {
 
     fn read(&self, a: &Parts, offset_bytes: u64, buf: &mut [u8]) -> Result<()> {
         self.mirror_read(a, offset_bytes, buf)
+    }
+
+    fn read_to_pipe(&self, a: &Parts, offset_bytes: u64, len: usize, pipe: BorrowedFd<'_>) -> bool {
+        self.splice_copies(a, offset_bytes, len, pipe)
     }
 
     fn write(
