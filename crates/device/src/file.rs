@@ -233,7 +233,10 @@ impl Device for FileDevice {
     }
 
     /// From the buffered descriptor: the page cache is what `splice` moves (a range last
-    /// written through `O_DIRECT` was dropped from it then, so it is read afresh).
+    /// written through `O_DIRECT` was dropped from it then, so it is read afresh). Never waits
+    /// for room in the pipe: each page a range touches takes a slot of its own, so a range not
+    /// page-aligned needs one more than its bytes say, and a full pipe no one drains would wait
+    /// for ever (`WouldBlock` instead).
     fn splice_to_pipe(
         &self,
         pipe: BorrowedFd<'_>,
@@ -251,7 +254,7 @@ impl Device for FileDevice {
                 pipe,
                 None,
                 left,
-                rustix::pipe::SpliceFlags::empty(),
+                rustix::pipe::SpliceFlags::NONBLOCK,
             )?;
             if n == 0 {
                 return Err(io::Error::new(

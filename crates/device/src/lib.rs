@@ -61,8 +61,9 @@ pub trait Device: Send + Sync {
     }
     /// Move the `len` bytes at `offset_bytes` into the pipe `pipe` without copying them
     /// through user space (`splice(2)` of page-cache pages), for a server that sends them on
-    /// from there. Any error leaves the pipe holding part of them; `Unsupported` (the default)
-    /// means this device cannot, and the caller reads instead.
+    /// from there. Never waits for room in the pipe (`WouldBlock`: the caller sized it and no
+    /// one drains it meanwhile). Any error leaves the pipe holding part of them; `Unsupported`
+    /// (the default) means this device cannot, and the caller reads instead.
     fn splice_to_pipe(
         &self,
         pipe: BorrowedFd<'_>,
