@@ -168,7 +168,7 @@ fn spliced_reads_return_what_was_written() {
         ] {
             let out = sh(
                 "timeout",
-                &["60", "qemu-io", "-f", "raw", &env.uri(), "-c", &op],
+                &["60", "qemu-io", "-f", "raw", &env.uri(), "-c", op],
             );
             assert!(
                 !out.contains("Pattern verification failed"),
