@@ -475,6 +475,12 @@ fn feature_series(s: &mut Sheet, d: &Detail) {
             i.unrecoverable,
         );
     }
+    s.counter(
+        "spliced_reads",
+        "Client reads sent from the members' page caches to the socket without a copy.",
+        labels(&[("device", dev)]),
+        d.spliced_reads,
+    );
 }
 
 fn member_series(s: &mut Sheet, d: &Detail) {

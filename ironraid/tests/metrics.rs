@@ -314,6 +314,10 @@ fn metrics_over_a_unix_socket_with_integrity_counts() {
         json_u64(&det["integrity_detail"]["repaired"])
     );
     assert_eq!(
+        value(&text, "ironraid_spliced_reads_total", &dev),
+        json_u64(&det["spliced_reads"])
+    );
+    assert_eq!(
         value(
             &text,
             "ironraid_integrity_errors_found_total",
