@@ -14,12 +14,18 @@ pub struct EtcdServer {
     pub endpoint: String,
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
+/// Two loopback ports free now (held together while asked for, so they differ). Another test
+/// may still take one before etcd binds it: see [`EtcdServer::start_with`].
+fn free_ports() -> (u16, u16) {
+    let bind = || TcpListener::bind("127.0.0.1:0").expect("a free port");
+    let (a, b) = (bind(), bind());
+    let port = |l: &TcpListener| l.local_addr().expect("bound").port();
+    (port(&a), port(&b))
 }
+
+/// Starts tried before giving up: a port taken by another test between our asking and
+/// etcd's bind makes etcd exit, and a new pair is tried.
+const START_ATTEMPTS: usize = 5;
 
 impl EtcdServer {
     /// Start one; None if `etcd` is missing (and the test may skip, see
@@ -37,14 +43,28 @@ impl EtcdServer {
 
     fn start_with(certs: Option<&std::path::Path>) -> Option<EtcdServer> {
         let etcd = crate::require_tool("etcd")?;
-        let dir = std::env::temp_dir().join(format!(
-            "ironraid-etcd-{}-{}",
-            std::process::id(),
-            free_port()
-        ));
+        let mut why = String::new();
+        for _ in 0..START_ATTEMPTS {
+            match EtcdServer::spawn(&etcd, certs) {
+                Ok(server) => return Some(server),
+                Err(log) => why = log,
+            }
+        }
+        panic!("etcd did not start in {START_ATTEMPTS} attempts; last log:\n{why}");
+    }
+
+    /// One etcd on fresh ports, up and answering; Err with its log if it exited or never
+    /// answered. Answering is not enough: when another test's process holds the port, the
+    /// connect reaches that one while ours exits, so it must also still run a moment later.
+    fn spawn(
+        etcd: &std::path::Path,
+        certs: Option<&std::path::Path>,
+    ) -> Result<EtcdServer, String> {
+        let (client, peer) = free_ports();
+        let dir =
+            std::env::temp_dir().join(format!("ironraid-etcd-{}-{client}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("etcd data directory");
-        let (client, peer) = (free_port(), free_port());
         let scheme = if certs.is_some() { "https" } else { "http" };
         let endpoint = format!("{scheme}://127.0.0.1:{client}");
         let peer_url = format!("http://127.0.0.1:{peer}");
@@ -73,22 +93,25 @@ impl EtcdServer {
             .stderr(log)
             .spawn()
             .expect("start etcd");
-        let server = EtcdServer {
+        let mut server = EtcdServer {
             child,
             dir,
             endpoint,
         };
         let t0 = Instant::now();
         let addr = format!("127.0.0.1:{client}");
+        let exited = |s: &mut EtcdServer| s.child.try_wait().ok().flatten().is_some();
         while std::net::TcpStream::connect(&addr).is_err() {
-            assert!(
-                t0.elapsed() < Duration::from_secs(20),
-                "etcd did not start: {}",
-                server.log()
-            );
+            if exited(&mut server) || t0.elapsed() > Duration::from_secs(20) {
+                return Err(server.log());
+            }
             std::thread::sleep(Duration::from_millis(50));
         }
-        Some(server)
+        std::thread::sleep(Duration::from_millis(300));
+        if exited(&mut server) {
+            return Err(server.log());
+        }
+        Ok(server)
     }
 
     /// What etcd logged so far (for a failing test's message).
