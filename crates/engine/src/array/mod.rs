@@ -321,15 +321,25 @@ impl Array {
 
     /// Read `buf.len()` bytes at `offset_bytes` (both multiples of 512).
     pub fn read(&self, offset_bytes: u64, buf: &mut [u8]) -> Result<()> {
-        self.check_range(offset_bytes, buf.len() as u64)?;
-        self.policy
-            .before_client_io(&self.parts, offset_bytes, buf.len() as u64, false)?;
-        self.read_unverified(offset_bytes, buf)
+        self.admit_read(offset_bytes, buf.len() as u64, true)?;
+        self.read_admitted(offset_bytes, buf)
     }
 
     /// A read without the verify a `guided` array awaiting guidance does first.
     pub(crate) fn read_unverified(&self, offset_bytes: u64, buf: &mut [u8]) -> Result<()> {
-        self.check_range(offset_bytes, buf.len() as u64)?;
+        self.admit_read(offset_bytes, buf.len() as u64, false)?;
+        self.read_admitted(offset_bytes, buf)
+    }
+
+    /// What every client read passes before it reaches the members: the range, the policy's
+    /// verify owed first (with `verify`), the cluster's read refusal; then the read counts as
+    /// client I/O (background work yields to it).
+    fn admit_read(&self, offset_bytes: u64, len: u64, verify: bool) -> Result<()> {
+        self.check_range(offset_bytes, len)?;
+        if verify {
+            self.policy
+                .before_client_io(&self.parts, offset_bytes, len, false)?;
+        }
         if let Some(reason) = self.members.coordinator().read_refusal() {
             return Err(EngineError::Unavailable {
                 array: self.name.clone(),
@@ -337,6 +347,12 @@ impl Array {
             });
         }
         self.sync.note_client_io();
+        Ok(())
+    }
+
+    /// A read [`Array::admit_read`] let through: unused regions read as zeroes, the rest from
+    /// the members.
+    fn read_admitted(&self, offset_bytes: u64, buf: &mut [u8]) -> Result<()> {
         if self.used.is_none() {
             return self.read_members(offset_bytes, buf);
         }
@@ -367,20 +383,14 @@ impl Array {
         let ok = len > 0
             && offset_bytes.is_multiple_of(512)
             && len.is_multiple_of(512)
-            && self.check_range(offset_bytes, len as u64).is_ok()
+            && self.admit_read(offset_bytes, len as u64, true).is_ok()
             && self
                 .zero_runs(offset_bytes, len as u64)
                 .iter()
-                .all(|&(_, zero)| !zero)
-            && self.members.coordinator().read_refusal().is_none()
-            && self
-                .policy
-                .before_client_io(&self.parts, offset_bytes, len as u64, false)
-                .is_ok();
+                .all(|&(_, zero)| !zero);
         if !ok {
             return false;
         }
-        self.sync.note_client_io();
         let moved = self.personality.read_to_pipe(self, offset_bytes, len, pipe);
         if moved {
             self.spliced_reads.fetch_add(1, Ordering::Relaxed);
