@@ -53,7 +53,7 @@ impl Backend for ArrayBackend {
     /// Reads of levels without parity may go from the members' page caches to the socket
     /// ([`Array::read_to_pipe`] says where and when).
     fn splices_reads(&self) -> bool {
-        !self.0.geometry().level().is_parity()
+        self.0.splices_reads()
     }
 
     fn read_to_pipe(&self, offset: u64, len: usize, pipe: BorrowedFd<'_>) -> bool {

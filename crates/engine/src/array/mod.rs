@@ -371,14 +371,21 @@ impl Array {
         Ok(())
     }
 
+    /// Whether [`Array::read_to_pipe`] can ever move a read: not where every read's bytes
+    /// are checked in memory (integrity records, a read verifier).
+    pub fn splices_reads(&self) -> bool {
+        self.integrity.is_none() && self.config.read_verifier.is_none()
+    }
+
     /// A client read moved into `pipe` without passing through user space, for a server that
-    /// sends it on from there (`splice`): on levels without parity and without integrity
-    /// records, from the copy an ordinary read would take first, where that member is in sync,
-    /// has no recorded bad block and can splice (a local file or block device), and nothing
-    /// stands between client and members (a cluster's read refusal, a verify owed first, a
-    /// region the used-region map says reads as zeroes). False: the caller reads the ordinary
-    /// way, which handles whatever failed here; the pipe may hold part of the range then, for
-    /// the caller to throw away.
+    /// sends it on from there (`splice`): without integrity records, from where an ordinary
+    /// read would take each byte as it lies (a mirror level's first copy, a parity level's
+    /// data chunk outside the write-back cache), where that member is in sync, has no
+    /// recorded bad block and can splice (a local file or block device), and nothing stands
+    /// between client and members (a cluster's read refusal, a verify owed first, a region
+    /// the used-region map says reads as zeroes). False: the caller reads the ordinary way,
+    /// which handles whatever failed here (a degraded row's reconstruction among it); the
+    /// pipe may hold part of the range then, for the caller to throw away.
     pub fn read_to_pipe(&self, offset_bytes: u64, len: usize, pipe: BorrowedFd<'_>) -> bool {
         let ok = len > 0
             && offset_bytes.is_multiple_of(512)

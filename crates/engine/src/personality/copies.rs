@@ -63,29 +63,16 @@ impl Copies {
         len: usize,
         pipe: BorrowedFd<'_>,
     ) -> bool {
-        if array.integrity.is_some() {
-            return false;
-        }
         let spread = self.first_copy(array);
-        for (i, p) in self.pieces(offset_bytes, len).iter().enumerate() {
-            let start = if spread == 0 { 0 } else { spread + i };
-            let Some(copy) = self.pick_copy(array, p, start, &mut 0) else {
-                return false;
-            };
-            let (at, n) = (copy.dev_sector * 512, p.len as u64);
-            let Some(member) = array.members.slot(copy.dev).in_sync_member(at, n) else {
-                return false;
-            };
-            if member.health.overlaps(at, n)
-                || member
-                    .dev
-                    .splice_to_pipe(pipe, member.data_offset_bytes + at, p.len)
-                    .is_err()
-            {
-                return false;
-            }
-        }
-        true
+        self.pieces(offset_bytes, len)
+            .iter()
+            .enumerate()
+            .all(|(i, p)| {
+                let start = if spread == 0 { 0 } else { spread + i };
+                self.pick_copy(array, p, start, &mut 0).is_some_and(|copy| {
+                    array.splice_member(copy.dev, copy.dev_sector * 512, p.len, pipe)
+                })
+            })
     }
 
     pub(crate) fn mirror_read(

@@ -131,13 +131,10 @@ pub(crate) trait Personality: Send + Sync {
     fn read(&self, a: &Parts, offset_bytes: u64, buf: &mut [u8]) -> Result<()>;
 
     /// The array bytes `offset_bytes..+len` moved into `pipe` from the members' page caches,
-    /// where each byte is read from the one place it lies (see [`crate::Array::read_to_pipe`]).
-    /// False (the default: levels whose reads choose, verify or compute) means the caller
-    /// reads instead; the pipe may hold part of the range then.
-    fn read_to_pipe(&self, a: &Parts, offset_bytes: u64, len: usize, pipe: BorrowedFd<'_>) -> bool {
-        let _ = (a, offset_bytes, len, pipe);
-        false
-    }
+    /// where each byte is read from the place an ordinary read takes it as it lies (see
+    /// [`crate::Array::read_to_pipe`]). False means the caller reads instead (where a read
+    /// would choose, verify or compute); the pipe may hold part of the range then.
+    fn read_to_pipe(&self, a: &Parts, offset_bytes: u64, len: usize, pipe: BorrowedFd<'_>) -> bool;
 
     fn write(
         &self,
@@ -472,6 +469,10 @@ impl Personality for Parity {
 
     fn read(&self, a: &Parts, offset_bytes: u64, buf: &mut [u8]) -> Result<()> {
         self.parity_read(a, offset_bytes, buf)
+    }
+
+    fn read_to_pipe(&self, a: &Parts, offset_bytes: u64, len: usize, pipe: BorrowedFd<'_>) -> bool {
+        self.splice_data(a, offset_bytes, len, pipe)
     }
 
     fn write(

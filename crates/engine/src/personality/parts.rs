@@ -25,6 +25,7 @@ use crate::policy::ConsistencyPolicy;
 use crate::work::VerifyReport;
 use crate::ArrayConfig;
 use layout::Geometry;
+use std::os::fd::BorrowedFd;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -286,6 +287,31 @@ impl Parts {
             writes_in_commit: self.commit.writes_inside(),
         };
         self.io.run(&cx, ios)
+    }
+
+    /// Member bytes `at..at + len` of role `dev` moved into `pipe` from the member's page
+    /// cache (`splice`), where an ordinary read would return them as they lie: the role's
+    /// member in sync there, no bad block recorded there, and nothing to check them in
+    /// memory (integrity records, a read verifier). False: nothing or part of it moved; the
+    /// caller reads the ordinary way, which handles what failed here.
+    pub(crate) fn splice_member(
+        &self,
+        dev: usize,
+        at: u64,
+        len: usize,
+        pipe: BorrowedFd<'_>,
+    ) -> bool {
+        if self.integrity.is_some() || self.config.read_verifier.is_some() {
+            return false;
+        }
+        let Some(member) = self.members.slot(dev).in_sync_member(at, len as u64) else {
+            return false;
+        };
+        !member.health.overlaps(at, len as u64)
+            && member
+                .dev
+                .splice_to_pipe(pipe, member.data_offset_bytes + at, len)
+                .is_ok()
     }
 
     /// Is there a journal, and has it not failed?

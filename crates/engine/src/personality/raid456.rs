@@ -35,6 +35,7 @@ use crate::personality::raid456_heal::Heal;
 use crate::personality::stripe_cache::{covers_all, BatchError, Completion, Lent, Piece, Row};
 use crate::personality::Parity;
 use layout::{Level, StripeRoles};
+use std::os::fd::BorrowedFd;
 use std::sync::Arc;
 
 /// Journal pages and integrity records cover this many bytes.
@@ -249,6 +250,33 @@ impl Parity {
             self.degraded_read(array, row, d, off, out)?;
         }
         Ok(())
+    }
+
+    /// The data chunks' pieces of array bytes `offset_bytes..+len` spliced into `pipe` in
+    /// order, from the members that hold them, where [`Parity::parity_read`] would read them
+    /// directly: no row held by the write-back cache, every piece's member in sync (checked
+    /// for all pieces before any moves: a degraded read would only fill the pipe in vain).
+    /// False: the caller reads the ordinary way.
+    pub(crate) fn splice_data(
+        &self,
+        array: &Parts,
+        offset_bytes: u64,
+        len: usize,
+        pipe: BorrowedFd<'_>,
+    ) -> bool {
+        let chunk = self.chunk_bytes();
+        let mut pieces = Vec::new();
+        for (row, d, off, n, _) in self.parity_pieces(offset_bytes, len) {
+            let dev = self.g.stripe_roles(row).data_dev(d);
+            let at = row * chunk + off;
+            if array.policy.is_cached(row) || !array.members.slot(dev).in_sync(at, n as u64) {
+                return false;
+            }
+            pieces.push((dev, at, n));
+        }
+        pieces
+            .into_iter()
+            .all(|(dev, at, n)| array.splice_member(dev, at, n, pipe))
     }
 
     /// Read `out` from `dev` at `skip` bytes into member bytes `at..` (whole pages when
