@@ -50,8 +50,8 @@ impl Backend for ArrayBackend {
         true
     }
 
-    /// Reads of levels without parity may go from the members' page caches to the socket
-    /// ([`Array::read_to_pipe`] says where and when).
+    /// Reads of arrays without integrity records may go from the members' page caches to the
+    /// socket ([`Array::read_to_pipe`] says where and when).
     fn splices_reads(&self) -> bool {
         self.0.splices_reads()
     }
