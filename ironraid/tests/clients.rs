@@ -2,7 +2,9 @@
 
 mod common;
 
-use common::{assert_same_image, random_file, require_tools, same_files, sh, Env};
+use common::{
+    assert_same_image, member_state, random_file, require_tools, same_files, sh, Env, FailingFile,
+};
 
 const MEMBER: u64 = 64 << 20;
 const DATA: usize = 24 << 20;
@@ -278,6 +280,60 @@ fn spliced_reads_during_a_rebuild_skip_the_spare_past_its_recovery_point() {
         assert!(
             std::fs::read(&back).unwrap()[..DATA] == want[..],
             "level {level}: differs after the rebuild"
+        );
+        env.stop(d);
+    }
+}
+
+/// A member that starts failing every request while reads splice: the reads that reach it
+/// (its page cache dropped) fail in the splice, fall back to the buffered read, which reads
+/// around it (the other copy, or the row's reconstruction) and fails it when the rewrite fails
+/// too; every read returns what was written. RAID1 and RAID5, the failing member a file on
+/// nbdfuse over nbdkit's error filter.
+#[test]
+fn spliced_reads_go_around_a_member_that_starts_failing() {
+    if !require_tools(&["nbdcopy", "nbdkit", "nbdfuse", "dd"]) {
+        return;
+    }
+    for (level, n) in [("1", 2), ("5", 3)] {
+        let mut env = Env::new(&format!("splfail{level}"), n - 1, MEMBER);
+        let failing = FailingFile::new(&env, "m", MEMBER);
+        env.members.push(failing.path());
+        env.create(level, &["--chunk", "64K"]);
+        let d = env.run_all();
+        let src = env.dir.path().join("src.bin");
+        let back = env.dir.path().join("back.bin");
+        random_file(&src, DATA, 13);
+        sh(
+            "nbdcopy",
+            &["--connections=4", src.to_str().unwrap(), &env.uri()],
+        );
+        let want = std::fs::read(&src).unwrap();
+        let read_back = |what: &str| {
+            sh(
+                "nbdcopy",
+                &["--request-size=1048576", &env.uri(), back.to_str().unwrap()],
+            );
+            let got = std::fs::read(&back).unwrap();
+            if let Some(at) = (0..DATA).find(|&i| got[i] != want[i]) {
+                panic!("level {level}: {what}: differs from byte {at}");
+            }
+        };
+        read_back("healthy");
+        assert!(
+            env.detail()["spliced_reads"].as_u64() > Some(0),
+            "level {level}: nothing spliced while healthy"
+        );
+        // Its pages out of the page cache, so that reads reach the failing export.
+        let fuse = format!("if={}", failing.path().display());
+        sh("dd", &[&fuse, "iflag=nocache", "count=0", "status=none"]);
+        failing.fail(true);
+        read_back("with a member failing");
+        let det = env.detail();
+        assert_eq!(
+            member_state(&det, &failing.path()),
+            "faulty",
+            "level {level}: the failing member was never read: {det:#}"
         );
         env.stop(d);
     }

@@ -8,7 +8,7 @@ mod journal_log;
 
 use common::{
     assert_same_image, canon, mdadm_field, member_state, random_file, require_tools, sh, wait_for,
-    Env, FailingLog,
+    Env, FailingFile,
 };
 use journal_log::{decode_log, log_super, model_parity, newest_pages, Model, PAGE};
 use std::collections::BTreeMap;
@@ -648,7 +648,7 @@ fn journal_io_errors_then_new_journal() {
         return;
     }
     let env = Env::new("jeio", 4, MEMBER);
-    let failing = FailingLog::new(&env, 16 << 20);
+    let failing = FailingFile::new(&env, "log", 16 << 20);
     let log = failing.path();
     env.create_with_journal(&log, "write-through");
     let d = env.run(&with_log(&env, &log));

@@ -490,7 +490,7 @@ fn a_write_back_log_that_fails_under_sixteen_writers_and_a_kill_loses_no_acknowl
 
 fn log_fails_then_kill(kill_after_ms: u64) {
     let env = Env::new(&format!("manylogfail{kill_after_ms}"), 4, MEMBER);
-    let failing = common::FailingLog::new(&env, 64 << 20);
+    let failing = common::FailingFile::new(&env, "log", 64 << 20);
     let log = failing.path();
     env.create_with_journal(&log, "write-back");
     let mut run = env.members.clone();

@@ -621,18 +621,20 @@ pub fn make_certificates(dir: &Path) -> PathBuf {
     client
 }
 
-/// A log device that fails on demand with real I/O errors: a file served by nbdkit through its
-/// error filter (every request fails with EIO while `trigger` exists), mounted as a file by
-/// nbdfuse. (device-mapper's `error` target would do too, where the kernel has it.)
-pub struct FailingLog {
+/// A device that fails on demand with real I/O errors (a log device, a member): a file served
+/// by nbdkit through its error filter (every request fails with EIO while `trigger` exists),
+/// mounted as a file by nbdfuse. (device-mapper's `error` target would do too, where the
+/// kernel has it.)
+pub struct FailingFile {
     export: FuseExport,
     trigger: PathBuf,
 }
 
-impl FailingLog {
-    pub fn new(env: &Env, bytes: u64) -> FailingLog {
-        let img = env.file("log-backing.img", bytes);
-        let trigger = env.dir.path().join("log-fails");
+impl FailingFile {
+    /// `name` keeps several apart in one env.
+    pub fn new(env: &Env, name: &str, bytes: u64) -> FailingFile {
+        let img = env.file(&format!("{name}-backing.img"), bytes);
+        let trigger = env.dir.path().join(format!("{name}-fails"));
         let args = [
             "--filter=error".to_string(),
             "file".into(),
@@ -641,13 +643,13 @@ impl FailingLog {
             "error-rate=100%".into(),
             format!("error-file={}", trigger.display()),
         ];
-        FailingLog {
-            export: FuseExport::start(env.dir.path(), "logfuse", &args),
+        FailingFile {
+            export: FuseExport::start(env.dir.path(), &format!("{name}fuse"), &args),
             trigger,
         }
     }
 
-    /// The log device, as the array sees it.
+    /// The device, as the array sees it.
     pub fn path(&self) -> PathBuf {
         self.export.path()
     }
