@@ -98,6 +98,29 @@ fn nbdcopy_roundtrip_raid0() {
     copy_roundtrip("0", 3, &["--chunk", "64K"]);
 }
 
+/// `DATA` random bytes (from `seed`) written to the export over 4 connections; returns them.
+fn write_random(env: &Env, seed: u64) -> Vec<u8> {
+    let src = env.dir.path().join("src.bin");
+    random_file(&src, DATA, seed);
+    sh(
+        "nbdcopy",
+        &["--connections=4", src.to_str().unwrap(), &env.uri()],
+    );
+    std::fs::read(&src).unwrap()
+}
+
+/// The export's first `DATA` bytes, read with 1 MiB requests (each may be spliced).
+fn read_in_mib(env: &Env) -> Vec<u8> {
+    let back = env.dir.path().join("back.bin");
+    sh(
+        "nbdcopy",
+        &["--request-size=1048576", &env.uri(), back.to_str().unwrap()],
+    );
+    let mut got = std::fs::read(&back).unwrap();
+    got.truncate(DATA);
+    got
+}
+
 /// Reads of levels without parity go from the members' page caches to the socket (`splice`):
 /// what fio's verifying readers and nbdcopy get back is what was written, with concurrent
 /// writes and reads of every size up to the pipe's 1 MiB, and the daemon says it spliced; an
@@ -166,22 +189,8 @@ fn spliced_reads_return_what_was_written() {
         );
         assert!(out.contains("err= 0"), "{what}: fio {out}");
         assert!(!out.contains("verify: bad"), "{what}: fio {out}");
-        let src = env.dir.path().join("src.bin");
-        let back = env.dir.path().join("back.bin");
-        random_file(&src, DATA, 7);
-        sh(
-            "nbdcopy",
-            &["--connections=4", src.to_str().unwrap(), &env.uri()],
-        );
-        sh(
-            "nbdcopy",
-            &["--request-size=1048576", &env.uri(), back.to_str().unwrap()],
-        );
-        let got = std::fs::read(&back).unwrap();
-        assert!(
-            got[..DATA] == std::fs::read(&src).unwrap()[..],
-            "{what}: data read back differs"
-        );
+        let want = write_random(&env, 7);
+        assert!(read_in_mib(&env) == want, "{what}: data read back differs");
         // 1 MiB not page-aligned: one page more than the pipe has slots for; it must come back
         // through the buffer, not wait for room.
         for op in [
@@ -227,14 +236,7 @@ fn spliced_reads_during_a_rebuild_skip_the_spare_past_its_recovery_point() {
         let env = Env::new(&format!("splrb{level}"), n, MEMBER);
         env.create(level, extra);
         let d = env.run_with(&["--speed-min", "1M", "--speed-max", "1M"], &env.members);
-        let src = env.dir.path().join("src.bin");
-        let back = env.dir.path().join("back.bin");
-        random_file(&src, DATA, 11);
-        sh(
-            "nbdcopy",
-            &["--connections=4", src.to_str().unwrap(), &env.uri()],
-        );
-        let want = std::fs::read(&src).unwrap();
+        let want = write_random(&env, 11);
         let gone = env.members[0].to_str().unwrap();
         env.ok(&["fail", &env.name, gone]);
         env.ok(&["remove", &env.name, gone]);
@@ -247,11 +249,7 @@ fn spliced_reads_during_a_rebuild_skip_the_spare_past_its_recovery_point() {
         });
         let spliced_before = env.detail()["spliced_reads"].as_u64().unwrap();
         for round in 0..3 {
-            sh(
-                "nbdcopy",
-                &["--request-size=1048576", &env.uri(), back.to_str().unwrap()],
-            );
-            let got = std::fs::read(&back).unwrap();
+            let got = read_in_mib(&env);
             let det = env.detail();
             assert_eq!(
                 det["sync"]["action"], "recover",
@@ -273,12 +271,8 @@ fn spliced_reads_during_a_rebuild_skip_the_spare_past_its_recovery_point() {
         );
         env.ok(&["speed", &env.name, "--max", "500M"]);
         env.wait_detail("the rebuild to end", 60, |d| d["state"] == "clean");
-        sh(
-            "nbdcopy",
-            &["--request-size=1048576", &env.uri(), back.to_str().unwrap()],
-        );
         assert!(
-            std::fs::read(&back).unwrap()[..DATA] == want[..],
+            read_in_mib(&env) == want,
             "level {level}: differs after the rebuild"
         );
         env.stop(d);
@@ -301,20 +295,9 @@ fn spliced_reads_go_around_a_member_that_starts_failing() {
         env.members.push(failing.path());
         env.create(level, &["--chunk", "64K"]);
         let d = env.run_all();
-        let src = env.dir.path().join("src.bin");
-        let back = env.dir.path().join("back.bin");
-        random_file(&src, DATA, 13);
-        sh(
-            "nbdcopy",
-            &["--connections=4", src.to_str().unwrap(), &env.uri()],
-        );
-        let want = std::fs::read(&src).unwrap();
+        let want = write_random(&env, 13);
         let read_back = |what: &str| {
-            sh(
-                "nbdcopy",
-                &["--request-size=1048576", &env.uri(), back.to_str().unwrap()],
-            );
-            let got = std::fs::read(&back).unwrap();
+            let got = read_in_mib(&env);
             if let Some(at) = (0..DATA).find(|&i| got[i] != want[i]) {
                 panic!("level {level}: {what}: differs from byte {at}");
             }
